@@ -1,0 +1,159 @@
+/* jfa — Jagged Flash Attention: the C ABI.
+ *
+ * Sequences are packed end to end (no padding) in tensors of shape [total, heads, head_dim] and
+ * addressed by cumulative offsets ("cu_seqlens", B+1 int32, cu_seqlens[0] = 0,
+ * cu_seqlens[B] = total). Every entry point returns a jfa_status; on failure
+ * jfa_last_error_message() names the argument and the rule that was broken. No entry aborts the
+ * process. */
+#ifndef JFA_JFA_H_
+#define JFA_JFA_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define JFA_API __declspec(dllexport)
+#else
+#define JFA_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define JFA_VERSION_MAJOR 0
+#define JFA_VERSION_MINOR 1
+#define JFA_VERSION_PATCH 0
+#define JFA_VERSION_STRING "0.1.0"
+
+typedef enum jfa_status {
+  JFA_SUCCESS = 0,
+  JFA_ERROR_INVALID_ARGUMENT = 1, /* a value breaks a documented rule */
+  JFA_ERROR_UNSUPPORTED = 2,      /* valid, but not implemented for this backend/dtype/shape */
+  JFA_ERROR_BACKEND_UNAVAILABLE = 3, /* the requested backend is not built or has no device */
+  JFA_ERROR_CUDA = 4,             /* a CUDA runtime call or kernel launch failed */
+  JFA_ERROR_OUT_OF_MEMORY = 5,
+  JFA_ERROR_INTERNAL = 6,
+  JFA_STATUS_MAX_ENUM = 0x7FFFFFFF /* keeps the enum 32-bit: any int read back is well defined */
+} jfa_status;
+
+typedef enum jfa_dtype {
+  JFA_DTYPE_FLOAT16 = 0,
+  JFA_DTYPE_BFLOAT16 = 1,
+  JFA_DTYPE_FLOAT32 = 2, /* CPU backend only */
+  JFA_DTYPE_MAX_ENUM = 0x7FFFFFFF
+} jfa_dtype;
+
+typedef enum jfa_backend {
+  JFA_BACKEND_AUTO = 0, /* CUDA when the tensors live on a supported GPU, else CPU */
+  JFA_BACKEND_CPU = 1,  /* fast float32 tiled path, multithreaded */
+  JFA_BACKEND_CUDA = 2,
+  JFA_BACKEND_MAX_ENUM = 0x7FFFFFFF
+} jfa_backend;
+
+/* Strides are in elements; the last dimension (head_dim) is contiguous. */
+typedef struct jfa_tensor_layout {
+  int64_t token_stride;
+  int64_t head_stride;
+} jfa_tensor_layout;
+
+/* Parameters of the attention forward. Fill with jfa_attention_params_init() first, then set the
+ * fields you need. */
+typedef struct jfa_attention_params {
+  const void* q; /* [total_q, heads_q, head_dim] */
+  const void* k; /* [total_k, heads_kv, head_dim] */
+  const void* v; /* [total_k, heads_kv, head_dim] */
+  void* out;     /* [total_q, heads_q, head_dim], same dtype as q */
+  float* lse;    /* optional, NULL or float32 [heads_q, total_q] contiguous: natural-log log-sum-exp
+                    of the scaled scores of each row; -inf for a row with no keys */
+
+  const int32_t* cu_seqlens_q; /* batch + 1 offsets into q/out */
+  const int32_t* cu_seqlens_k; /* batch + 1 offsets into k/v; may equal cu_seqlens_q */
+  int64_t batch;
+  int64_t total_q;
+  int64_t total_k;
+
+  int32_t heads_q;
+  int32_t heads_kv; /* heads_q must be a multiple of heads_kv (GQA / MQA) */
+  int32_t head_dim;
+  jfa_dtype dtype;
+
+  /* Zero strides mean "packed": token_stride = heads * head_dim, head_stride = head_dim. */
+  jfa_tensor_layout q_layout, k_layout, v_layout, out_layout;
+
+  float softmax_scale; /* NaN (the default) means 1/sqrt(head_dim) */
+  int causal;          /* nonzero: key j is seen by query i iff j <= i + (len_k - len_q) */
+
+  /* Optional hints: the longest q / k sequence, or 0 when unknown. A hint smaller than the real
+   * maximum is an error where it can be detected; the result never depends on it. */
+  int32_t max_seqlen_q;
+  int32_t max_seqlen_k;
+
+  jfa_backend backend;
+  void* stream; /* cudaStream_t for the CUDA backend; ignored by the CPU backend */
+} jfa_attention_params;
+
+/* Semantics of a query row with no visible key (an empty key sequence, or causal with
+ * len_q > len_k for its first len_q - len_k rows): its output is zeros and its LSE is -inf. */
+
+JFA_API void jfa_attention_params_init(jfa_attention_params* params);
+
+/* out = softmax(scale * q k^T [+ causal mask]) v, per sequence and head. */
+JFA_API jfa_status jfa_attention_forward(const jfa_attention_params* params);
+
+/* The float64 reference (the oracle of every test): host memory only, any dtype. Computes the
+ * rows of the query tokens listed in q_tokens (n_tokens entries, each in [0, total_q)), or of every
+ * token when q_tokens is NULL (then n_tokens must equal total_q). out: [n_tokens, heads_q,
+ * head_dim] float64; lse: NULL or [heads_q, n_tokens] float64. params->out and params->lse are
+ * ignored. */
+JFA_API jfa_status jfa_attention_reference(const jfa_attention_params* params,
+                                           const int64_t* q_tokens, int64_t n_tokens,
+                                           double* out, double* lse);
+
+/* Useful floating-point operations of the forward, 4 * pairs * heads_q * head_dim, from host
+ * offsets. pairs: len_q * len_k per sequence; causal: half of that for equal lengths (the usual
+ * convention), the exact count of visible (query, key) pairs otherwise. */
+JFA_API jfa_status jfa_attention_flops(const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
+                                       int64_t batch, int32_t heads_q, int32_t head_dim,
+                                       int causal, double* flops);
+
+/* ---- Jagged utilities (host memory) ---------------------------------------------------------- */
+
+/* offsets[0] = 0, offsets[i+1] = offsets[i] + lengths[i]. Lengths must be >= 0 and the total must
+ * fit in int32. */
+JFA_API jfa_status jfa_lengths_to_offsets(const int32_t* lengths, int64_t batch, int32_t* offsets);
+
+/* Checks offsets[0] == 0, non-decreasing, and offsets[batch] == total (skipped when total < 0). */
+JFA_API jfa_status jfa_validate_offsets(const int32_t* offsets, int64_t batch, int64_t total);
+
+/* The longest sequence, max(offsets[i+1] - offsets[i]), 0 for an empty batch. */
+JFA_API jfa_status jfa_max_length(const int32_t* offsets, int64_t batch, int32_t* max_length);
+
+/* Rows of row_elems elements of dtype. jagged: [offsets[batch], row_elems]; padded:
+ * [batch, max_length, row_elems]. Rows of a sequence beyond max_length are an error; padded rows
+ * past a sequence's end are set to padding_value (converted to dtype). */
+JFA_API jfa_status jfa_jagged_to_padded(const void* jagged, const int32_t* offsets, int64_t batch,
+                                        int64_t row_elems, jfa_dtype dtype, int32_t max_length,
+                                        double padding_value, void* padded);
+JFA_API jfa_status jfa_padded_to_jagged(const void* padded, const int32_t* offsets, int64_t batch,
+                                        int64_t row_elems, jfa_dtype dtype, int32_t max_length,
+                                        void* jagged);
+
+/* ---- Errors, version, capabilities --------------------------------------------------------- */
+
+/* The message of the last failed call on this thread ("" after a success). */
+JFA_API const char* jfa_last_error_message(void);
+JFA_API const char* jfa_status_string(jfa_status status);
+JFA_API const char* jfa_version(void);
+JFA_API size_t jfa_dtype_size(jfa_dtype dtype);
+/* Threads the CPU backend uses: JFA_NUM_THREADS when set to a positive number, else the number
+ * of hardware threads. */
+JFA_API int jfa_cpu_thread_count(void);
+/* 1 when the CUDA backend is built and a supported GPU is visible, else 0. */
+JFA_API int jfa_cuda_available(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* JFA_JFA_H_ */

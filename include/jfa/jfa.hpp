@@ -1,0 +1,208 @@
+// jfa — Jagged Flash Attention: the C++ API, a thin header-only layer over the C ABI in jfa.h.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "jfa/jfa.h"
+
+namespace jfa {
+
+enum class Status : int {
+  kSuccess = JFA_SUCCESS,
+  kInvalidArgument = JFA_ERROR_INVALID_ARGUMENT,
+  kUnsupported = JFA_ERROR_UNSUPPORTED,
+  kBackendUnavailable = JFA_ERROR_BACKEND_UNAVAILABLE,
+  kCuda = JFA_ERROR_CUDA,
+  kOutOfMemory = JFA_ERROR_OUT_OF_MEMORY,
+  kInternal = JFA_ERROR_INTERNAL,
+};
+
+enum class DType : int {
+  kFloat16 = JFA_DTYPE_FLOAT16,
+  kBFloat16 = JFA_DTYPE_BFLOAT16,
+  kFloat32 = JFA_DTYPE_FLOAT32,
+};
+
+enum class Backend : int { kAuto = JFA_BACKEND_AUTO, kCpu = JFA_BACKEND_CPU, kCuda = JFA_BACKEND_CUDA };
+
+// Thrown by the C++ API when a C entry point fails; carries the status and the message.
+class Error : public std::runtime_error {
+ public:
+  Error(Status status, const std::string& message)
+      : std::runtime_error(message), status_(status) {}
+  Status status() const noexcept { return status_; }
+
+ private:
+  Status status_;
+};
+
+inline void check(jfa_status status) {
+  if (status != JFA_SUCCESS) {
+    throw Error(static_cast<Status>(status), jfa_last_error_message());
+  }
+}
+
+inline std::string version() { return jfa_version(); }
+inline bool cuda_available() { return jfa_cuda_available() != 0; }
+inline int cpu_thread_count() { return jfa_cpu_thread_count(); }
+inline std::size_t dtype_size(DType dtype) { return jfa_dtype_size(static_cast<jfa_dtype>(dtype)); }
+
+// A view of a jagged tensor [total, heads, head_dim]; strides in elements, 0 meaning packed.
+struct JaggedTensor {
+  void* data = nullptr;
+  DType dtype = DType::kFloat16;
+  int64_t total = 0;
+  int32_t heads = 0;
+  int32_t head_dim = 0;
+  int64_t token_stride = 0;
+  int64_t head_stride = 0;
+};
+
+struct AttentionOptions {
+  bool causal = false;
+  std::optional<float> softmax_scale;  // default 1/sqrt(head_dim)
+  float* lse = nullptr;                // optional float32 [heads_q, total_q]
+  int32_t max_seqlen_q = 0;            // optional hints, 0 = unknown
+  int32_t max_seqlen_k = 0;
+  Backend backend = Backend::kAuto;
+  void* stream = nullptr;  // cudaStream_t
+};
+
+inline jfa_attention_params make_params(const JaggedTensor& q, const JaggedTensor& k,
+                                        const JaggedTensor& v, const JaggedTensor& out,
+                                        const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
+                                        int64_t batch, const AttentionOptions& options) {
+  jfa_attention_params p;
+  jfa_attention_params_init(&p);
+  p.q = q.data;
+  p.k = k.data;
+  p.v = v.data;
+  p.out = out.data;
+  p.lse = options.lse;
+  p.cu_seqlens_q = cu_seqlens_q;
+  p.cu_seqlens_k = cu_seqlens_k;
+  p.batch = batch;
+  p.total_q = q.total;
+  p.total_k = k.total;
+  p.heads_q = q.heads;
+  p.heads_kv = k.heads;
+  p.head_dim = q.head_dim;
+  p.dtype = static_cast<jfa_dtype>(q.dtype);
+  p.q_layout = {q.token_stride, q.head_stride};
+  p.k_layout = {k.token_stride, k.head_stride};
+  p.v_layout = {v.token_stride, v.head_stride};
+  p.out_layout = {out.token_stride, out.head_stride};
+  if (options.softmax_scale) p.softmax_scale = *options.softmax_scale;
+  p.causal = options.causal ? 1 : 0;
+  p.max_seqlen_q = options.max_seqlen_q;
+  p.max_seqlen_k = options.max_seqlen_k;
+  p.backend = static_cast<jfa_backend>(options.backend);
+  p.stream = options.stream;
+  return p;
+}
+
+// Checks that the views agree with each other (the C layer checks everything else).
+inline void check_views(const JaggedTensor& q, const JaggedTensor& k, const JaggedTensor& v,
+                        const JaggedTensor& out) {
+  if (k.dtype != q.dtype || v.dtype != q.dtype || out.dtype != q.dtype)
+    throw Error(Status::kInvalidArgument, "q, k, v and out must have the same dtype");
+  if (v.total != k.total || v.heads != k.heads)
+    throw Error(Status::kInvalidArgument, "v must have the shape of k ([total_k, heads_kv, d])");
+  if (out.total != q.total || out.heads != q.heads)
+    throw Error(Status::kInvalidArgument, "out must have the shape of q ([total_q, heads_q, d])");
+  if (k.head_dim != q.head_dim || v.head_dim != q.head_dim || out.head_dim != q.head_dim)
+    throw Error(Status::kInvalidArgument, "q, k, v and out must have the same head_dim");
+}
+
+// out = jagged attention of q, k, v. cu_seqlens_k may be the same pointer as cu_seqlens_q.
+inline void attention(const JaggedTensor& q, const JaggedTensor& k, const JaggedTensor& v,
+                      const JaggedTensor& out, const int32_t* cu_seqlens_q,
+                      const int32_t* cu_seqlens_k, int64_t batch,
+                      const AttentionOptions& options = {}) {
+  check_views(q, k, v, out);
+  const jfa_attention_params p =
+      make_params(q, k, v, out, cu_seqlens_q, cu_seqlens_k, batch, options);
+  check(jfa_attention_forward(&p));
+}
+
+// The float64 reference over host memory: rows of the given query tokens (every token when
+// q_tokens is nullopt; an empty list computes nothing). Returns out [n, heads_q, d]; fills lse
+// [heads_q, n] when given.
+inline std::vector<double> attention_reference(const JaggedTensor& q, const JaggedTensor& k,
+                                               const JaggedTensor& v,
+                                               const int32_t* cu_seqlens_q,
+                                               const int32_t* cu_seqlens_k, int64_t batch,
+                                               const AttentionOptions& options = {},
+                                               std::optional<std::span<const int64_t>> q_tokens = {},
+                                               std::vector<double>* lse = nullptr) {
+  JaggedTensor out_view = q;
+  out_view.data = nullptr;
+  check_views(q, k, v, out_view);
+  const jfa_attention_params p =
+      make_params(q, k, v, out_view, cu_seqlens_q, cu_seqlens_k, batch, options);
+  const int64_t n = q_tokens ? static_cast<int64_t>(q_tokens->size()) : q.total;
+  std::vector<double> out(static_cast<std::size_t>(n) * q.heads * q.head_dim);
+  if (lse) lse->assign(static_cast<std::size_t>(n) * q.heads, 0.0);
+  static const int64_t kNoToken = 0;  // a non-null list pointer for an empty selection
+  const int64_t* tokens = q_tokens ? (q_tokens->empty() ? &kNoToken : q_tokens->data()) : nullptr;
+  check(jfa_attention_reference(&p, tokens, n, out.data(),
+                                lse ? lse->data() : nullptr));
+  return out;
+}
+
+inline double attention_flops(std::span<const int32_t> cu_seqlens_q,
+                              std::span<const int32_t> cu_seqlens_k, int32_t heads_q,
+                              int32_t head_dim, bool causal) {
+  if (cu_seqlens_q.empty() || cu_seqlens_k.size() != cu_seqlens_q.size())
+    throw Error(Status::kInvalidArgument, "cu_seqlens_q and cu_seqlens_k must both hold batch + 1 offsets");
+  double flops = 0;
+  check(jfa_attention_flops(cu_seqlens_q.data(), cu_seqlens_k.data(),
+                            static_cast<int64_t>(cu_seqlens_q.size()) - 1, heads_q, head_dim,
+                            causal ? 1 : 0, &flops));
+  return flops;
+}
+
+// ---- Jagged utilities ------------------------------------------------------------------------
+
+inline std::vector<int32_t> lengths_to_offsets(std::span<const int32_t> lengths) {
+  std::vector<int32_t> offsets(lengths.size() + 1);
+  check(jfa_lengths_to_offsets(lengths.data(), static_cast<int64_t>(lengths.size()),
+                               offsets.data()));
+  return offsets;
+}
+
+inline void validate_offsets(std::span<const int32_t> offsets, int64_t total = -1) {
+  if (offsets.empty()) throw Error(Status::kInvalidArgument, "offsets must hold batch + 1 entries");
+  check(jfa_validate_offsets(offsets.data(), static_cast<int64_t>(offsets.size()) - 1, total));
+}
+
+inline int32_t max_length(std::span<const int32_t> offsets) {
+  if (offsets.empty()) throw Error(Status::kInvalidArgument, "offsets must hold batch + 1 entries");
+  int32_t m = 0;
+  check(jfa_max_length(offsets.data(), static_cast<int64_t>(offsets.size()) - 1, &m));
+  return m;
+}
+
+inline void jagged_to_padded(const void* jagged, std::span<const int32_t> offsets,
+                             int64_t row_elems, DType dtype, int32_t max_len, double padding_value,
+                             void* padded) {
+  if (offsets.empty()) throw Error(Status::kInvalidArgument, "offsets must hold batch + 1 entries");
+  check(jfa_jagged_to_padded(jagged, offsets.data(), static_cast<int64_t>(offsets.size()) - 1,
+                             row_elems, static_cast<jfa_dtype>(dtype), max_len, padding_value,
+                             padded));
+}
+
+inline void padded_to_jagged(const void* padded, std::span<const int32_t> offsets,
+                             int64_t row_elems, DType dtype, int32_t max_len, void* jagged) {
+  if (offsets.empty()) throw Error(Status::kInvalidArgument, "offsets must hold batch + 1 entries");
+  check(jfa_padded_to_jagged(padded, offsets.data(), static_cast<int64_t>(offsets.size()) - 1,
+                             row_elems, static_cast<jfa_dtype>(dtype), max_len, jagged));
+}
+
+}  // namespace jfa

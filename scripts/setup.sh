@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what the build and the tests need, when it is missing (Debian/Ubuntu, apt-get).
+set -euo pipefail
+
+need=()
+command -v cmake >/dev/null || need+=(cmake)
+command -v ninja >/dev/null || need+=(ninja-build)
+command -v g++ >/dev/null || need+=(g++)
+dpkg -s libgtest-dev >/dev/null 2>&1 || need+=(libgtest-dev)
+dpkg -s libgmock-dev >/dev/null 2>&1 || need+=(libgmock-dev)
+
+if ((${#need[@]})); then
+  echo "setup: installing ${need[*]}"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}"
+fi
+
+cmake_version=$(cmake --version | head -n1 | awk '{print $3}')
+if ! printf '3.25\n%s\n' "$cmake_version" | sort -V -C; then
+  echo "setup: CMake >= 3.25 is required, found $cmake_version" >&2
+  exit 1
+fi

@@ -1,0 +1,186 @@
+// C entry points of the attention forward: validation, backend choice, dispatch.
+#include <cmath>
+#include <limits>
+
+#include "api/error.hpp"
+#include "api/memory_probe.hpp"
+#include "api/validate.hpp"
+#include "cpu/attention_cpu.hpp"
+#include "cpu/parallel.hpp"
+#ifdef JFA_WITH_CUDA
+#endif
+
+using jfa::detail::fail;
+using jfa::detail::guarded;
+using jfa::detail::MemoryKind;
+using jfa::detail::Params;
+
+namespace {
+
+const char* backend_name(jfa_backend b) {
+  switch (b) {
+    case JFA_BACKEND_CPU:
+      return "cpu";
+    case JFA_BACKEND_CUDA:
+      return "cuda";
+    default:
+      return "auto";
+  }
+}
+
+// All buffers must live on one side; returns the side or fails naming the odd one out.
+jfa_status locate_buffers(const Params& p, MemoryKind* kind) {
+  struct Named {
+    const void* ptr;
+    const char* name;
+  };
+  const Named buffers[] = {{p.cu_seqlens_q, "cu_seqlens_q"}, {p.cu_seqlens_k, "cu_seqlens_k"},
+                           {p.q, "q"}, {p.k, "k"}, {p.v, "v"}, {p.out, "out"}, {p.lse, "lse"}};
+  const Named* first = nullptr;
+  MemoryKind first_kind = MemoryKind::kHost;
+  for (const Named& b : buffers) {
+    if (b.ptr == nullptr) continue;
+    const MemoryKind k = jfa::detail::memory_kind(b.ptr);
+    if (first == nullptr) {
+      first = &b;
+      first_kind = k;
+    } else if (k != first_kind) {
+      return fail(JFA_ERROR_INVALID_ARGUMENT,
+                  "%s is in %s memory but %s is in %s memory; all buffers must be on one side",
+                  b.name, k == MemoryKind::kDevice ? "device" : "host", first->name,
+                  first_kind == MemoryKind::kDevice ? "device" : "host");
+    }
+  }
+  *kind = first_kind;
+  return JFA_SUCCESS;
+}
+
+#ifdef JFA_WITH_CUDA
+jfa_status forward_cuda(const Params&) {
+  return fail(JFA_ERROR_UNSUPPORTED,
+              "no CUDA attention kernel is built into this libjfa; pass host buffers to use the "
+              "CPU backend");
+}
+#endif
+
+}  // namespace
+
+extern "C" {
+
+void jfa_attention_params_init(jfa_attention_params* params) {
+  if (params == nullptr) return;
+  *params = jfa_attention_params{};
+  params->dtype = JFA_DTYPE_FLOAT16;
+  params->softmax_scale = std::numeric_limits<float>::quiet_NaN();
+  params->backend = JFA_BACKEND_AUTO;
+}
+
+jfa_status jfa_attention_forward(const jfa_attention_params* params) {
+  return guarded([&] {
+    Params p;
+    jfa_status s = jfa::detail::build_params(params, &p);
+    if (s != JFA_SUCCESS) return s;
+    MemoryKind kind;
+    if ((s = locate_buffers(p, &kind)) != JFA_SUCCESS) return s;
+    jfa_backend backend = params->backend;
+    if (backend == JFA_BACKEND_AUTO)
+      backend = kind == MemoryKind::kDevice ? JFA_BACKEND_CUDA : JFA_BACKEND_CPU;
+    if (backend == JFA_BACKEND_CPU) {
+      if (kind == MemoryKind::kDevice)
+        return fail(JFA_ERROR_INVALID_ARGUMENT,
+                    "backend=cpu needs host buffers, but the buffers are in device memory");
+      if ((s = jfa::detail::validate_host_offsets(p)) != JFA_SUCCESS) return s;
+      jfa::detail::attention_forward_cpu(p);
+      return JFA_SUCCESS;
+    }
+#ifndef JFA_WITH_CUDA
+    return fail(JFA_ERROR_BACKEND_UNAVAILABLE,
+                "backend=%s: this libjfa was built without CUDA", backend_name(backend));
+#else
+    if (kind == MemoryKind::kHost)
+      return fail(JFA_ERROR_INVALID_ARGUMENT,
+                  "backend=%s needs device buffers, but the buffers are in host memory",
+                  backend_name(backend));
+    return forward_cuda(p);
+#endif
+  });
+}
+
+jfa_status jfa_attention_reference(const jfa_attention_params* params, const int64_t* q_tokens,
+                                   int64_t n_tokens, double* out, double* lse) {
+  return guarded([&] {
+    Params p;
+    jfa_status s = jfa::detail::build_params(params, &p, /*needs_output=*/false);
+    p.out = nullptr;
+    p.lse = nullptr;
+    if (s != JFA_SUCCESS) return s;
+    MemoryKind kind;
+    if ((s = locate_buffers(p, &kind)) != JFA_SUCCESS) return s;
+    if (kind == MemoryKind::kDevice)
+      return fail(JFA_ERROR_INVALID_ARGUMENT, "the reference needs host buffers");
+    if ((s = jfa::detail::validate_host_offsets(p)) != JFA_SUCCESS) return s;
+    if (q_tokens == nullptr && n_tokens != p.total_q)
+      return fail(JFA_ERROR_INVALID_ARGUMENT,
+                  "n_tokens must equal total_q (%lld) when q_tokens is NULL, got %lld",
+                  static_cast<long long>(p.total_q), static_cast<long long>(n_tokens));
+    if (n_tokens < 0)
+      return fail(JFA_ERROR_INVALID_ARGUMENT, "n_tokens must be >= 0, got %lld",
+                  static_cast<long long>(n_tokens));
+    if (q_tokens != nullptr) {
+      for (int64_t i = 0; i < n_tokens; ++i) {
+        if (q_tokens[i] < 0 || q_tokens[i] >= p.total_q)
+          return fail(JFA_ERROR_INVALID_ARGUMENT, "q_tokens[%lld]=%lld is outside [0, total_q=%lld)",
+                      static_cast<long long>(i), static_cast<long long>(q_tokens[i]),
+                      static_cast<long long>(p.total_q));
+      }
+    }
+    if (n_tokens > 0 && out == nullptr)
+      return fail(JFA_ERROR_INVALID_ARGUMENT, "out must not be NULL when there are rows");
+    jfa::detail::attention_reference_cpu(p, q_tokens, n_tokens, out, lse);
+    return JFA_SUCCESS;
+  });
+}
+
+jfa_status jfa_attention_flops(const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
+                               int64_t batch, int32_t heads_q, int32_t head_dim, int causal,
+                               double* flops) {
+  return guarded([&] {
+    jfa_status s;
+    if ((s = jfa::detail::validate_offsets_named(cu_seqlens_q, batch, -1, "cu_seqlens_q")) !=
+        JFA_SUCCESS)
+      return s;
+    if ((s = jfa::detail::validate_offsets_named(cu_seqlens_k, batch, -1, "cu_seqlens_k")) !=
+        JFA_SUCCESS)
+      return s;
+    if (heads_q <= 0 || head_dim <= 0)
+      return fail(JFA_ERROR_INVALID_ARGUMENT, "heads_q and head_dim must be > 0");
+    if (flops == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "flops must not be NULL");
+    double pairs = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      const double lq = cu_seqlens_q[b + 1] - cu_seqlens_q[b];
+      const double lk = cu_seqlens_k[b + 1] - cu_seqlens_k[b];
+      if (!causal) {
+        pairs += lq * lk;
+      } else if (lq == lk) {
+        pairs += lq * lk / 2;  // the usual convention: causal with equal lengths counts half
+      } else {
+        // Row i sees clamp(i + lk - lq + 1, 0, lk) keys (bottom-right aligned); sum in closed form.
+        auto prefix = [lk](double x) {  // sum of min(a, lk) for a = 1..x
+          if (x <= 0) return 0.0;
+          return x <= lk ? x * (x + 1) / 2 : lk * (lk + 1) / 2 + (x - lk) * lk;
+        };
+        pairs += prefix(lk) - prefix(lk - lq);
+      }
+    }
+    *flops = 4.0 * pairs * heads_q * head_dim;
+    return JFA_SUCCESS;
+  });
+}
+
+const char* jfa_version(void) { return JFA_VERSION_STRING; }
+
+int jfa_cpu_thread_count(void) { return jfa::detail::cpu_thread_count(); }
+
+int jfa_cuda_available(void) { return 0; }
+
+}  // extern "C"

@@ -1,0 +1,23 @@
+// Validation of the public parameters into the internal Params struct.
+#pragma once
+
+#include "common/params.hpp"
+#include "jfa/jfa.h"
+
+namespace jfa::detail {
+
+// Largest head_dim any backend accepts; backends narrow it further.
+inline constexpr int32_t kMaxHeadDim = 512;
+
+// Checks everything that does not need to read the offsets; fills `out` on success. The reference
+// writes into its own buffers, so it passes needs_output = false.
+jfa_status build_params(const jfa_attention_params* in, Params* out, bool needs_output = true);
+
+// Offsets rules for host-visible offsets; `name` appears in the message.
+jfa_status validate_offsets_named(const int32_t* offsets, int64_t batch, int64_t total,
+                                  const char* name);
+
+// Host-side checks of both offsets arrays and the max-length hints.
+jfa_status validate_host_offsets(const Params& p);
+
+}  // namespace jfa::detail

@@ -1,0 +1,41 @@
+// The one parameter struct that flows from the API to every backend. Built once by validation
+// (src/api/validate.cpp); backends never re-derive what is here.
+#pragma once
+
+#include <cstdint>
+
+#include "jfa/jfa.h"
+
+namespace jfa::detail {
+
+struct Layout {
+  int64_t token_stride;  // elements
+  int64_t head_stride;   // elements
+};
+
+struct Params {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;
+  float* lse;  // nullable, [heads_q, total_q]
+  const int32_t* cu_seqlens_q;
+  const int32_t* cu_seqlens_k;
+  int64_t batch;
+  int64_t total_q;
+  int64_t total_k;
+  int32_t heads_q;
+  int32_t heads_kv;
+  int32_t head_dim;
+  jfa_dtype dtype;
+  Layout q_layout, k_layout, v_layout, out_layout;
+  float softmax_scale;  // resolved: never NaN
+  bool causal;
+  int32_t max_seqlen_q;  // hint, 0 = unknown
+  int32_t max_seqlen_k;
+  void* stream;
+
+  int32_t group_size() const { return heads_q / heads_kv; }
+};
+
+}  // namespace jfa::detail

@@ -1,0 +1,231 @@
+// Fast CPU attention: float32 tiles of kRows queries against kCols keys, online softmax in base 2
+// with the scale folded into Q, fp16/bf16 converted while the tiles are loaded. Work items
+// (sequence, head, q tile) are balanced across threads, longest first.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numbers>
+#include <vector>
+
+#include "common/float_convert.hpp"
+#include "cpu/attention_cpu.hpp"
+#include "cpu/parallel.hpp"
+
+namespace jfa::detail {
+namespace {
+
+constexpr int kRows = 64;  // queries per tile
+constexpr int kCols = 64;  // keys per tile
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct WorkItem {
+  int64_t batch_index;
+  int32_t head;
+  int32_t q_tile;
+  double cost;
+};
+
+// Register-blocked micro-kernels: kBlockRows x kBlockCols accumulators stay in registers while the
+// inner dimension streams through, which is what lets the compiler keep the FMA units busy.
+constexpr int kBlockRows = 4;
+constexpr int kBlockCols = 16;
+
+// Scratch tiles owned by one worker thread. Rows of q, v and o are `width` floats: head_dim
+// rounded up to kBlockCols, the extra columns staying zero.
+struct Scratch {
+  explicit Scratch(int d)
+      : width((d + kBlockCols - 1) / kBlockCols * kBlockCols), q(kRows * width),
+        kt(static_cast<size_t>(d) * kCols), v(static_cast<size_t>(kCols) * width),
+        s(kRows * kCols), o(kRows * width), m(kRows), l(kRows), row(d) {}
+  int width;
+  std::vector<float> q, kt, v, s, o, m, l, row;
+};
+
+// Visible keys of query row i: [0, key_limit(i)).
+inline int64_t key_limit(bool causal, int64_t i, int64_t len_q, int64_t len_k) {
+  if (!causal) return len_k;
+  return std::clamp<int64_t>(i + (len_k - len_q) + 1, 0, len_k);
+}
+
+std::vector<WorkItem> make_work_items(const Params& p) {
+  std::vector<WorkItem> items;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t len_q = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
+    const int64_t len_k = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+    const int64_t tiles = (len_q + kRows - 1) / kRows;
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t last_row = std::min(len_q, (t + 1) * kRows) - 1;
+      const double cost = static_cast<double>(kRows) *
+                          static_cast<double>(key_limit(p.causal, last_row, len_q, len_k) + kCols);
+      for (int32_t h = 0; h < p.heads_q; ++h)
+        items.push_back({b, h, static_cast<int32_t>(t), cost});
+    }
+  }
+  std::stable_sort(items.begin(), items.end(),
+                   [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
+  return items;
+}
+
+// Eight floats; the compiler maps it to one AVX register or two SSE registers. The helpers are
+// always inlined, so the ABI note GCC gives for such types does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+typedef float Vec8 __attribute__((vector_size(32)));
+
+__attribute__((always_inline)) inline Vec8 load8(const float* p) {
+  Vec8 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+__attribute__((always_inline)) inline void store8(float* p, Vec8 v) { std::memcpy(p, &v, sizeof(v)); }
+
+// s[kRows][kCols] = q[kRows][:d] * kt[d][kCols]
+inline void scores_tile(const float* __restrict q, const float* __restrict kt, float* __restrict s,
+                        int d, int width) {
+  for (int i0 = 0; i0 < kRows; i0 += kBlockRows) {
+    for (int j0 = 0; j0 < kCols; j0 += kBlockCols) {
+      Vec8 acc[kBlockRows][2] = {};
+      for (int c = 0; c < d; ++c) {
+        const float* krow = kt + static_cast<size_t>(c) * kCols + j0;
+        const Vec8 k0 = load8(krow), k1 = load8(krow + 8);
+        for (int r = 0; r < kBlockRows; ++r) {
+          const float qv = q[static_cast<size_t>(i0 + r) * width + c];
+          acc[r][0] += qv * k0;
+          acc[r][1] += qv * k1;
+        }
+      }
+      for (int r = 0; r < kBlockRows; ++r) {
+        store8(&s[(i0 + r) * kCols + j0], acc[r][0]);
+        store8(&s[(i0 + r) * kCols + j0 + 8], acc[r][1]);
+      }
+    }
+  }
+}
+
+// o[kRows][width] += p[kRows][kCols] * v[kCols][width]
+inline void accumulate_pv(const float* __restrict p, const float* __restrict v,
+                          float* __restrict o, int width) {
+  for (int i0 = 0; i0 < kRows; i0 += kBlockRows) {
+    for (int c0 = 0; c0 < width; c0 += kBlockCols) {
+      Vec8 acc[kBlockRows][2];
+      for (int r = 0; r < kBlockRows; ++r) {
+        acc[r][0] = load8(&o[static_cast<size_t>(i0 + r) * width + c0]);
+        acc[r][1] = load8(&o[static_cast<size_t>(i0 + r) * width + c0 + 8]);
+      }
+      for (int j = 0; j < kCols; ++j) {
+        const float* vrow = v + static_cast<size_t>(j) * width + c0;
+        const Vec8 v0 = load8(vrow), v1 = load8(vrow + 8);
+        for (int r = 0; r < kBlockRows; ++r) {
+          const float pv = p[(i0 + r) * kCols + j];
+          acc[r][0] += pv * v0;
+          acc[r][1] += pv * v1;
+        }
+      }
+      for (int r = 0; r < kBlockRows; ++r) {
+        store8(&o[static_cast<size_t>(i0 + r) * width + c0], acc[r][0]);
+        store8(&o[static_cast<size_t>(i0 + r) * width + c0 + 8], acc[r][1]);
+      }
+    }
+  }
+}
+
+// Built for AVX2+FMA as well as the baseline; the loader picks the best the CPU has.
+__attribute__((target_clones("arch=x86-64-v3", "default")))
+void run_tile(const Params& p, const WorkItem& item, Scratch& w) {
+  const int d = p.head_dim;
+  const int64_t b = item.batch_index;
+  const int32_t hq = item.head;
+  const int32_t hk = hq / p.group_size();
+  const int64_t q_start = p.cu_seqlens_q[b], k_start = p.cu_seqlens_k[b];
+  const int64_t len_q = p.cu_seqlens_q[b + 1] - q_start;
+  const int64_t len_k = p.cu_seqlens_k[b + 1] - k_start;
+  const int64_t row0 = static_cast<int64_t>(item.q_tile) * kRows;
+  const int rows = static_cast<int>(std::min<int64_t>(kRows, len_q - row0));
+  const float q_scale = p.softmax_scale * std::numbers::log2e_v<float>;
+
+  const int width = w.width;
+  for (int i = 0; i < kRows; ++i) {
+    float* qi = &w.q[static_cast<size_t>(i) * width];
+    if (i >= rows) {  // rows past the sequence end: zeros, so their scores stay finite
+      std::fill(qi, qi + d, 0.0f);
+      continue;
+    }
+    load_row_as_float(p.q, (q_start + row0 + i) * p.q_layout.token_stride + hq * p.q_layout.head_stride,
+                      d, p.dtype, qi);
+    for (int c = 0; c < d; ++c) qi[c] *= q_scale;
+  }
+  std::fill(w.o.begin(), w.o.end(), 0.0f);
+  std::fill(w.m.begin(), w.m.end(), kNegInf);
+  std::fill(w.l.begin(), w.l.end(), 0.0f);
+
+  const int64_t k_end = key_limit(p.causal, row0 + rows - 1, len_q, len_k);
+  for (int64_t k0 = 0; k0 < k_end; k0 += kCols) {
+    const int cols = static_cast<int>(std::min<int64_t>(kCols, k_end - k0));
+    // K transposed to [d][kCols] so the score loop runs along keys.
+    for (int j = 0; j < cols; ++j) {
+      const int64_t token = k_start + k0 + j;
+      load_row_as_float(p.k, token * p.k_layout.token_stride + hk * p.k_layout.head_stride, d,
+                        p.dtype, w.row.data());
+      for (int c = 0; c < d; ++c) w.kt[static_cast<size_t>(c) * kCols + j] = w.row[c];
+      load_row_as_float(p.v, token * p.v_layout.token_stride + hk * p.v_layout.head_stride, d,
+                        p.dtype, &w.v[static_cast<size_t>(j) * width]);
+    }
+    if (cols < kCols) {  // a partial last tile: no stale keys or values from the previous tile
+      for (int c = 0; c < d; ++c)
+        std::fill(&w.kt[static_cast<size_t>(c) * kCols + cols], &w.kt[(c + 1) * size_t{kCols}], 0.0f);
+      std::fill(w.v.begin() + static_cast<size_t>(cols) * width, w.v.end(), 0.0f);
+    }
+    scores_tile(w.q.data(), w.kt.data(), w.s.data(), d, width);
+    for (int i = 0; i < kRows; ++i) {
+      float* si = &w.s[static_cast<size_t>(i) * kCols];
+      const int limit =
+          i < rows
+              ? static_cast<int>(std::clamp<int64_t>(key_limit(p.causal, row0 + i, len_q, len_k) - k0, 0, cols))
+              : 0;
+      std::fill(si + limit, si + kCols, 0.0f);  // hidden keys weigh nothing in P V
+      if (limit == 0) continue;
+      float tile_max = kNegInf;
+      for (int j = 0; j < limit; ++j) tile_max = std::max(tile_max, si[j]);
+      const float m_new = std::max(w.m[i], tile_max);
+      const float alpha = std::exp2(w.m[i] - m_new);  // 0 on the first visible tile
+      float sum = 0;
+      for (int j = 0; j < limit; ++j) {
+        si[j] = std::exp2(si[j] - m_new);
+        sum += si[j];
+      }
+      w.m[i] = m_new;
+      w.l[i] = w.l[i] * alpha + sum;
+      float* oi = &w.o[static_cast<size_t>(i) * width];
+      for (int c = 0; c < d; ++c) oi[c] *= alpha;
+    }
+    accumulate_pv(w.s.data(), w.v.data(), w.o.data(), width);
+  }
+
+  for (int i = 0; i < rows; ++i) {
+    const int64_t token = q_start + row0 + i;
+    const float l = w.l[i];
+    const float inv = l > 0 ? 1.0f / l : 0.0f;  // a row with no keys gives zeros
+    const int64_t base = token * p.out_layout.token_stride + hq * p.out_layout.head_stride;
+    const float* oi = &w.o[static_cast<size_t>(i) * width];
+    for (int c = 0; c < d; ++c) store_from_float(p.out, base + c, p.dtype, oi[c] * inv);
+    if (p.lse) {
+      p.lse[hq * p.total_q + token] =
+          l > 0 ? (w.m[i] + std::log2(l)) * std::numbers::ln2_v<float> : kNegInf;
+    }
+  }
+}
+
+}  // namespace
+
+void attention_forward_cpu(const Params& p) {
+  const std::vector<WorkItem> items = make_work_items(p);
+  const int workers = cpu_thread_count();
+  std::vector<Scratch> scratch;
+  scratch.reserve(static_cast<size_t>(workers));
+  for (int w = 0; w < workers; ++w) scratch.emplace_back(p.head_dim);
+  parallel_for(static_cast<int64_t>(items.size()), workers,
+               [&](int64_t i, int worker) { run_tile(p, items[i], scratch[worker]); });
+}
+
+}  // namespace jfa::detail

@@ -1,0 +1,121 @@
+// Every validation rule of jfa_attention_forward: the right status and a message that names the
+// argument.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "jfa/jfa.h"
+
+namespace {
+
+struct Fixture {
+  std::vector<int32_t> cu = {0, 3, 5};
+  std::vector<uint16_t> q = std::vector<uint16_t>(5 * 4 * 16, 0x3C00);
+  std::vector<uint16_t> kv = std::vector<uint16_t>(5 * 2 * 16, 0x3C00);
+  std::vector<uint16_t> out = std::vector<uint16_t>(5 * 4 * 16);
+  jfa_attention_params p;
+
+  Fixture() {
+    jfa_attention_params_init(&p);
+    p.q = q.data();
+    p.k = kv.data();
+    p.v = kv.data();
+    p.out = out.data();
+    p.cu_seqlens_q = cu.data();
+    p.cu_seqlens_k = cu.data();
+    p.batch = 2;
+    p.total_q = 5;
+    p.total_k = 5;
+    p.heads_q = 4;
+    p.heads_kv = 2;
+    p.head_dim = 16;
+    p.backend = JFA_BACKEND_CPU;
+  }
+};
+
+struct Rule {
+  const char* name;
+  std::function<void(Fixture&)> breaks;
+  jfa_status status;
+  const char* message;
+};
+
+class ValidationTest : public ::testing::TestWithParam<Rule> {};
+
+TEST_P(ValidationTest, ReportsStatusAndMessage) {
+  Fixture f;
+  ASSERT_EQ(jfa_attention_forward(&f.p), JFA_SUCCESS) << jfa_last_error_message();
+  EXPECT_STREQ(jfa_last_error_message(), "");
+  GetParam().breaks(f);
+  EXPECT_EQ(jfa_attention_forward(&f.p), GetParam().status) << jfa_last_error_message();
+  EXPECT_NE(std::string(jfa_last_error_message()).find(GetParam().message), std::string::npos)
+      << "message: " << jfa_last_error_message();
+}
+
+const jfa_status kInvalid = JFA_ERROR_INVALID_ARGUMENT;
+
+INSTANTIATE_TEST_SUITE_P(
+    Rules, ValidationTest,
+    ::testing::Values(
+        Rule{"non_monotone", [](Fixture& f) { f.cu = {0, 4, 3}; f.p.cu_seqlens_q = f.cu.data(); f.p.total_q = 3; },
+             kInvalid, "cu_seqlens_q must be non-decreasing; cu_seqlens_q[2]=3 < cu_seqlens_q[1]=4"},
+        Rule{"first_offset", [](Fixture& f) { f.cu = {1, 3, 5}; }, kInvalid, "cu_seqlens_q[0] must be 0, got 1"},
+        Rule{"last_offset", [](Fixture& f) { f.p.total_k = 4; }, kInvalid, "cu_seqlens_k[batch]=cu_seqlens_k[2]=5 must equal the total 4"},
+        Rule{"negative_batch", [](Fixture& f) { f.p.batch = -1; }, kInvalid, "batch must be in"},
+        Rule{"negative_total", [](Fixture& f) { f.p.total_q = -5; }, kInvalid, "total_q must be in"},
+        Rule{"overflowing_total", [](Fixture& f) { f.p.total_k = int64_t{1} << 32; }, kInvalid, "total_k must be in"},
+        Rule{"zero_heads", [](Fixture& f) { f.p.heads_q = 0; }, kInvalid, "heads_q must be > 0"},
+        Rule{"heads_not_multiple", [](Fixture& f) { f.p.heads_kv = 3; }, kInvalid, "heads_q must be a multiple of heads_kv"},
+        Rule{"zero_head_dim", [](Fixture& f) { f.p.head_dim = 0; }, kInvalid, "head_dim must be > 0"},
+        Rule{"huge_head_dim", [](Fixture& f) { f.p.head_dim = 1024; }, JFA_ERROR_UNSUPPORTED, "head_dim 1024 is not supported"},
+        Rule{"bad_dtype", [](Fixture& f) { f.p.dtype = static_cast<jfa_dtype>(7); }, kInvalid, "dtype 7 is not a jfa_dtype"},
+        Rule{"bad_backend", [](Fixture& f) { f.p.backend = static_cast<jfa_backend>(9); }, kInvalid, "backend 9 is not a jfa_backend"},
+        Rule{"null_q", [](Fixture& f) { f.p.q = nullptr; }, kInvalid, "q must not be NULL"},
+        Rule{"null_out", [](Fixture& f) { f.p.out = nullptr; }, kInvalid, "out must not be NULL"},
+        Rule{"null_offsets", [](Fixture& f) { f.p.cu_seqlens_k = nullptr; }, kInvalid, "cu_seqlens_k must not be NULL"},
+        Rule{"negative_stride", [](Fixture& f) { f.p.k_layout = {-32, 16}; }, kInvalid, "k strides must both be > 0"},
+        Rule{"overlapping_rows", [](Fixture& f) { f.p.q_layout = {16, 8}; }, kInvalid, "q strides make rows overlap"},
+        Rule{"overflowing_stride", [](Fixture& f) { f.p.v_layout = {int64_t{1} << 62, 16}; }, kInvalid, "v: strides times sizes overflow int64"},
+        Rule{"infinite_scale", [](Fixture& f) { f.p.softmax_scale = INFINITY; }, kInvalid, "softmax_scale must be finite"},
+        Rule{"short_hint", [](Fixture& f) { f.p.max_seqlen_q = 2; }, kInvalid, "max_seqlen_q=2 is smaller than the length 3 of sequence 0"},
+        Rule{"negative_hint", [](Fixture& f) { f.p.max_seqlen_k = -1; }, kInvalid, "max_seqlen_k must be >= 0"}),
+    [](const ::testing::TestParamInfo<Rule>& info) { return std::string(info.param.name); });
+
+TEST(Validation, NullParams) {
+  EXPECT_EQ(jfa_attention_forward(nullptr), JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("params must not be NULL"), std::string::npos);
+}
+
+TEST(Validation, CudaBackendOnHostBuffersIsAClearError) {
+  Fixture f;
+  f.p.backend = JFA_BACKEND_CUDA;
+  const jfa_status s = jfa_attention_forward(&f.p);
+  EXPECT_TRUE(s == JFA_ERROR_BACKEND_UNAVAILABLE || s == JFA_ERROR_INVALID_ARGUMENT) << s;
+  EXPECT_NE(std::string(jfa_last_error_message()).find("backend=cuda"), std::string::npos)
+      << jfa_last_error_message();
+}
+
+TEST(Validation, StatusStringsAndVersion) {
+  EXPECT_STREQ(jfa_status_string(JFA_SUCCESS), "success");
+  EXPECT_STREQ(jfa_status_string(JFA_ERROR_UNSUPPORTED), "unsupported");
+  EXPECT_STREQ(jfa_version(), JFA_VERSION_STRING);
+  EXPECT_EQ(jfa_dtype_size(JFA_DTYPE_BFLOAT16), 2u);
+}
+
+TEST(Validation, FlopsCountVisiblePairs) {
+  const int32_t cu[] = {0, 4, 4};
+  const int32_t cu_k[] = {0, 6, 9};
+  double flops = 0;
+  ASSERT_EQ(jfa_attention_flops(cu, cu, 2, 2, 8, 0, &flops), JFA_SUCCESS);
+  EXPECT_EQ(flops, 4.0 * 16 * 2 * 8);
+  ASSERT_EQ(jfa_attention_flops(cu, cu, 2, 2, 8, 1, &flops), JFA_SUCCESS);
+  EXPECT_EQ(flops, 4.0 * 8 * 2 * 8);  // equal lengths: half
+  // lq = 4, lk = 6, causal: rows see 3, 4, 5, 6 keys.
+  ASSERT_EQ(jfa_attention_flops(cu, cu_k, 2, 1, 1, 1, &flops), JFA_SUCCESS);
+  EXPECT_EQ(flops, 4.0 * 18);
+}
+
+}  // namespace

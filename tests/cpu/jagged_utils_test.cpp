@@ -1,0 +1,123 @@
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "common/jagged_batch.hpp"
+#include "jfa/jfa.hpp"
+#include "test_seed.hpp"
+
+namespace {
+
+using jfa::DType;
+using jfa::Status;
+
+Status status_of(auto&& fn) {
+  try {
+    fn();
+  } catch (const jfa::Error& e) {
+    return e.status();
+  }
+  return Status::kSuccess;
+}
+
+TEST(JaggedUtils, LengthsToOffsetsMatchesTheSeedExample) {
+  const std::vector<int32_t> lengths = {128, 4096, 512, 2048};
+  EXPECT_EQ(jfa::lengths_to_offsets(lengths), (std::vector<int32_t>{0, 128, 4224, 4736, 6784}));
+  EXPECT_EQ(jfa::max_length(jfa::lengths_to_offsets(lengths)), 4096);
+}
+
+TEST(JaggedUtils, EmptyBatchAndZeroLengths) {
+  EXPECT_EQ(jfa::lengths_to_offsets(std::vector<int32_t>{}), (std::vector<int32_t>{0}));
+  EXPECT_EQ(jfa::max_length(std::vector<int32_t>{0}), 0);
+  const std::vector<int32_t> offsets = jfa::lengths_to_offsets(std::vector<int32_t>{0, 3, 0});
+  EXPECT_EQ(offsets, (std::vector<int32_t>{0, 0, 3, 3}));
+  EXPECT_NO_THROW(jfa::validate_offsets(offsets, 3));
+}
+
+TEST(JaggedUtils, LengthsToOffsetsRejectsNegativeAndOverflow) {
+  const std::vector<int32_t> negative = {3, -1};
+  EXPECT_EQ(status_of([&] { jfa::lengths_to_offsets(negative); }), Status::kInvalidArgument);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("lengths[1]=-1"), std::string::npos);
+  const std::vector<int32_t> huge = {2000000000, 2000000000};
+  EXPECT_EQ(status_of([&] { jfa::lengths_to_offsets(huge); }), Status::kInvalidArgument);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("overflows int32"), std::string::npos);
+}
+
+TEST(JaggedUtils, ValidateOffsetsNamesTheBrokenRule) {
+  EXPECT_EQ(status_of([] { jfa::validate_offsets(std::vector<int32_t>{1, 2}); }),
+            Status::kInvalidArgument);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("offsets[0] must be 0"), std::string::npos);
+  EXPECT_EQ(status_of([] { jfa::validate_offsets(std::vector<int32_t>{0, 52, 40}); }),
+            Status::kInvalidArgument);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("offsets[2]=40 < offsets[1]=52"),
+            std::string::npos);
+  EXPECT_EQ(status_of([] { jfa::validate_offsets(std::vector<int32_t>{0, 5}, 6); }),
+            Status::kInvalidArgument);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("must equal the total 6"), std::string::npos);
+  EXPECT_EQ(jfa_validate_offsets(nullptr, 1, -1), JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(jfa_validate_offsets(std::vector<int32_t>{0}.data(), -1, -1), JFA_ERROR_INVALID_ARGUMENT);
+}
+
+class PaddedRoundTrip : public ::testing::TestWithParam<DType> {};
+
+TEST_P(PaddedRoundTrip, JaggedToPaddedAndBackIsIdentity) {
+  const DType dtype = GetParam();
+  std::mt19937_64 rng(jfa::testing::logged_seed());
+  std::uniform_int_distribution<int32_t> length(0, 9);
+  std::vector<int32_t> lengths(7);
+  for (auto& l : lengths) l = length(rng);
+  lengths[2] = 0;
+  const std::vector<int32_t> offsets = jfa::lengths_to_offsets(lengths);
+  const int32_t max_len = jfa::max_length(offsets) + 2;  // longer than needed is allowed
+  const int64_t row = 5;
+  jfa::tools::HostBuffer jagged(dtype, offsets.back() * row);
+  jfa::tools::fill_normal(jagged, rng);
+  jfa::tools::HostBuffer padded(dtype, static_cast<int64_t>(lengths.size()) * max_len * row);
+  jfa::tools::poison(padded);
+  jfa::jagged_to_padded(jagged.data(), offsets, row, dtype, max_len, -7.5, padded.data());
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    for (int32_t t = 0; t < max_len; ++t) {
+      for (int64_t e = 0; e < row; ++e) {
+        const int64_t p = (static_cast<int64_t>(b) * max_len + t) * row + e;
+        const double got = jfa::tools::element_as_double(padded, p);
+        if (t < lengths[b]) {
+          EXPECT_EQ(got, jfa::tools::element_as_double(jagged, (offsets[b] + t) * row + e));
+        } else {
+          EXPECT_EQ(got, -7.5) << "padding of sequence " << b << " row " << t;
+        }
+      }
+    }
+  }
+  jfa::tools::HostBuffer back(dtype, jagged.count());
+  jfa::tools::poison(back);
+  jfa::padded_to_jagged(padded.data(), offsets, row, dtype, max_len, back.data());
+  EXPECT_EQ(back.bytes, jagged.bytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDtypes, PaddedRoundTrip,
+                         ::testing::Values(DType::kFloat16, DType::kBFloat16, DType::kFloat32));
+
+TEST(JaggedUtils, PaddedRejectsSequencesLongerThanMaxLength) {
+  const std::vector<int32_t> offsets = {0, 3, 8};
+  std::vector<float> jagged(8), padded(2 * 4);
+  EXPECT_EQ(status_of([&] {
+              jfa::jagged_to_padded(jagged.data(), offsets, 1, DType::kFloat32, 4, 0.0,
+                                    padded.data());
+            }),
+            Status::kInvalidArgument);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("sequence 1 has length 5 > max_length 4"),
+            std::string::npos);
+  EXPECT_EQ(jfa_jagged_to_padded(jagged.data(), offsets.data(), 2, 1, JFA_DTYPE_FLOAT32, 8, 0.0,
+                                 nullptr),
+            JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(jfa_padded_to_jagged(padded.data(), offsets.data(), 2, -1, JFA_DTYPE_FLOAT32, 8,
+                                 jagged.data()),
+            JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(jfa_padded_to_jagged(padded.data(), offsets.data(), 2, 1, static_cast<jfa_dtype>(9),
+                                 8, jagged.data()),
+            JFA_ERROR_INVALID_ARGUMENT);
+}
+
+}  // namespace

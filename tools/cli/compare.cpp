@@ -1,0 +1,43 @@
+#include "cli/compare.hpp"
+
+#include "cli/padded.hpp"
+
+namespace jfa::cli {
+
+Comparison compare(Runner& runner, const tools::JaggedBatch& batch, const CompareOptions& options) {
+  Comparison result;
+  const double flops =
+      attention_flops(batch.cu_q, batch.cu_k, batch.heads_q, batch.head_dim, options.config.causal);
+
+  runner.upload(batch, options.config);
+  if (options.check) {
+    runner.poison_output();
+    runner.run();
+    tools::HostBuffer out;
+    runner.download(&out, nullptr);
+    result.check = check_against_reference(
+        batch, options.config.causal, out, nullptr,
+        sample_tokens(batch, options.check_tokens_per_sequence, options.check_seed));
+  }
+  result.jagged.layout = "jagged";
+  result.jagged.timing = runner.time(options.warmup, options.repeats);
+  result.jagged.useful_flops = flops;
+  result.jagged.tokens_q = batch.total_q();
+  result.jagged.tokens_k = batch.total_k();
+
+  if (options.padded) {
+    const tools::JaggedBatch padded = make_padded(batch);
+    runner.upload(padded, options.config);
+    Measurement m;
+    m.layout = "padded";
+    m.timing = runner.time(options.warmup, options.repeats);
+    m.useful_flops = flops;
+    m.tokens_q = padded.total_q();
+    m.tokens_k = padded.total_k();
+    result.padded = std::move(m);
+  }
+  runner.release();
+  return result;
+}
+
+}  // namespace jfa::cli

@@ -1,0 +1,74 @@
+// The CPU runner: the library's multithreaded float32 path on host memory, timed on the wall clock.
+#include <algorithm>
+#include <limits>
+#include <memory>
+
+#include "cli/format.hpp"
+#include "cli/runner.hpp"
+
+namespace jfa::cli {
+namespace {
+
+class CpuRunner final : public Runner {
+ public:
+  Backend backend() const override { return Backend::kCpu; }
+
+  std::string device() const override {
+    const int n = cpu_threads();
+    return strprintf("CPU (%d thread%s)", n, n == 1 ? "" : "s");
+  }
+
+  bool supports(DType) const override { return true; }
+
+  void upload(const tools::JaggedBatch& batch, const RunConfig& config) override {
+    call_ = make_host_call(batch, config, Backend::kCpu);
+    out_ = batch.make_output();
+    call_.out.data = out_.data();
+    lse_.clear();
+    call_.options.lse = nullptr;
+    if (config.with_lse) {
+      lse_.resize(static_cast<size_t>(batch.total_q()) * batch.heads_q);
+      call_.options.lse = lse_.data();
+    }
+  }
+
+  void poison_output() override {
+    tools::poison(out_);
+    std::fill(lse_.begin(), lse_.end(), std::numeric_limits<float>::quiet_NaN());
+  }
+
+  void run() override { call_(); }
+
+  Timing time(int warmup, int repeats) override {
+    for (int i = 0; i < warmup; ++i) call_();
+    Timing timing;
+    for (int i = 0; i < repeats; ++i) {
+      Stopwatch watch;
+      call_();
+      timing.ms.push_back(watch.elapsed_ms());
+    }
+    return timing;
+  }
+
+  void download(tools::HostBuffer* out, std::vector<float>* lse) override {
+    if (out != nullptr) *out = out_;
+    if (lse != nullptr) *lse = lse_;
+  }
+
+  void release() override {
+    call_ = AttentionCall();
+    out_ = tools::HostBuffer();
+    lse_ = std::vector<float>();
+  }
+
+ private:
+  AttentionCall call_;
+  tools::HostBuffer out_;
+  std::vector<float> lse_;
+};
+
+}  // namespace
+
+std::unique_ptr<Runner> make_cpu_runner() { return std::make_unique<CpuRunner>(); }
+
+}  // namespace jfa::cli

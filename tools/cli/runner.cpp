@@ -1,0 +1,56 @@
+#include "cli/runner.hpp"
+
+#include <cstdlib>
+
+
+namespace jfa::cli {
+namespace {
+
+JaggedTensor host_view(const tools::HostBuffer& buffer, int64_t total, int32_t heads,
+                       int32_t head_dim) {
+  // JaggedTensor carries a mutable pointer; the library only reads inputs.
+  return {const_cast<void*>(buffer.data()), buffer.dtype, total, heads, head_dim, 0, 0};
+}
+
+}  // namespace
+
+AttentionCall make_host_call(const tools::JaggedBatch& batch, const RunConfig& config,
+                             Backend backend) {
+  AttentionCall call;
+  call.q = host_view(batch.q, batch.total_q(), batch.heads_q, batch.head_dim);
+  call.k = host_view(batch.k, batch.total_k(), batch.heads_kv, batch.head_dim);
+  call.v = host_view(batch.v, batch.total_k(), batch.heads_kv, batch.head_dim);
+  call.out = call.q;
+  call.out.data = nullptr;
+  call.cu_seqlens_q = batch.cu_q.data();
+  call.cu_seqlens_k = batch.cu_k.data();
+  call.batch = batch.batch();
+  call.options.causal = config.causal;
+  call.options.max_seqlen_q = max_length(batch.cu_q);
+  call.options.max_seqlen_k = max_length(batch.cu_k);
+  call.options.backend = backend;
+  return call;
+}
+
+int cpu_threads() { return jfa::cpu_thread_count(); }
+
+bool device_runner_available() {
+#ifdef JFA_WITH_CUDA
+  return cuda_available();
+#else
+  return false;
+#endif
+}
+
+std::unique_ptr<Runner> make_runner(BackendChoice choice) {
+  switch (choice) {
+    case BackendChoice::kCpu:
+      return make_cpu_runner();
+    case BackendChoice::kCuda:
+      return make_device_runner();
+    default:
+      return device_runner_available() ? make_device_runner() : make_cpu_runner();
+  }
+}
+
+}  // namespace jfa::cli

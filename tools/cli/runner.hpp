@@ -1,0 +1,76 @@
+// Runners execute one jagged attention problem on a backend: upload the inputs, run, time repeated
+// runs, download the output. The CPU runner works in place on host memory; the device runner
+// copies to GPU memory and times with CUDA events. Commands only talk to this interface.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/args.hpp"
+#include "cli/timing.hpp"
+#include "common/jagged_batch.hpp"
+#include "jfa/jfa.hpp"
+
+namespace jfa::cli {
+
+struct RunConfig {
+  bool causal = false;
+  bool with_lse = false;  // also produce the float32 log-sum-exp [heads_q, total_q]
+};
+
+// One call of the library on buffers that live wherever the runner keeps them.
+struct AttentionCall {
+  JaggedTensor q, k, v, out;
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  int64_t batch = 0;
+  AttentionOptions options;
+
+  void operator()() const { attention(q, k, v, out, cu_seqlens_q, cu_seqlens_k, batch, options); }
+};
+
+// The call for `batch` on its host buffers (out left null), with the max-length hints set.
+AttentionCall make_host_call(const tools::JaggedBatch& batch, const RunConfig& config,
+                             Backend backend);
+
+class Runner {
+ public:
+  virtual ~Runner() = default;
+
+  virtual Backend backend() const = 0;
+  const char* backend_name() const { return backend() == Backend::kCuda ? "cuda" : "cpu"; }
+  // What runs the work, for humans: "CPU (2 threads)", "NVIDIA H200 (sm_90, 132 SMs, ...)".
+  virtual std::string device() const = 0;
+  virtual bool supports(DType dtype) const = 0;
+
+  // Makes `batch` the current problem and allocates its output. The runner may keep pointers into
+  // `batch`, which must outlive the runner or the next upload().
+  virtual void upload(const tools::JaggedBatch& batch, const RunConfig& config) = 0;
+  // Fills the output (and LSE) with NaN so that anything left unwritten is caught.
+  virtual void poison_output() = 0;
+  // One forward pass, complete when it returns.
+  virtual void run() = 0;
+  // `warmup` untimed runs, then `repeats` timed ones.
+  virtual Timing time(int warmup, int repeats) = 0;
+  // The output of the last run into host memory; lse (when not null) gets [heads_q, total_q].
+  virtual void download(tools::HostBuffer* out, std::vector<float>* lse) = 0;
+  // Forgets the current problem and frees its buffers.
+  virtual void release() = 0;
+};
+
+std::unique_ptr<Runner> make_cpu_runner();
+// Throws jfa::Error (backend unavailable) when the tool was built without CUDA.
+std::unique_ptr<Runner> make_device_runner();
+
+// Whether `auto` would pick the GPU: the tool is built with CUDA and the library sees a GPU.
+bool device_runner_available();
+
+// auto: the device runner when available, else the CPU runner; cpu and cuda as asked (cuda
+// throws jfa::Error when it is not available).
+std::unique_ptr<Runner> make_runner(BackendChoice choice);
+
+// The CPU path's thread count: JFA_NUM_THREADS when set, else the hardware threads.
+int cpu_threads();
+
+}  // namespace jfa::cli

@@ -1,0 +1,92 @@
+#include "cli/verify.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "cli/format.hpp"
+#include "cli/runner.hpp"
+
+namespace jfa::cli {
+
+std::vector<int64_t> all_tokens(const tools::JaggedBatch& batch) {
+  std::vector<int64_t> tokens(static_cast<size_t>(batch.total_q()));
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int64_t>(i);
+  return tokens;
+}
+
+std::vector<int64_t> sample_tokens(const tools::JaggedBatch& batch, int per_sequence,
+                                   uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> tokens;
+  for (int64_t b = 0; b < batch.batch(); ++b) {
+    const int64_t start = batch.cu_q[b], len = batch.cu_q[b + 1] - start;
+    if (len <= per_sequence) {
+      for (int64_t i = 0; i < len; ++i) tokens.push_back(start + i);
+      continue;
+    }
+    std::vector<int64_t> picked = {0, len - 1};
+    while (static_cast<int64_t>(picked.size()) < per_sequence) {
+      const int64_t i = static_cast<int64_t>(rng() % static_cast<uint64_t>(len));
+      if (std::find(picked.begin(), picked.end(), i) == picked.end()) picked.push_back(i);
+    }
+    std::sort(picked.begin(), picked.end());
+    for (const int64_t i : picked) tokens.push_back(start + i);
+  }
+  return tokens;
+}
+
+CheckReport check_against_reference(const tools::JaggedBatch& batch, bool causal,
+                                    const tools::HostBuffer& out, const std::vector<float>* lse,
+                                    const std::vector<int64_t>& tokens) {
+  CheckReport report;
+  report.rows = static_cast<int64_t>(tokens.size());
+  report.tolerance = tools::tolerance(batch.dtype);
+  for (int64_t i = 0, n = out.count(); i < n; ++i)
+    if (!std::isfinite(tools::element_as_double(out, i))) ++report.non_finite;
+
+  const AttentionCall call = make_host_call(batch, {.causal = causal}, Backend::kCpu);
+  std::vector<double> ref_lse;
+  const std::vector<double> ref =
+      tokens.empty() ? std::vector<double>()
+                     : attention_reference(call.q, call.k, call.v, call.cu_seqlens_q,
+                                           call.cu_seqlens_k, call.batch, call.options, tokens,
+                                           lse != nullptr ? &ref_lse : nullptr);
+  const int64_t row_elems = static_cast<int64_t>(batch.heads_q) * batch.head_dim;
+  report.rel_error = tokens.empty() ? 0.0 : tools::relative_error(out, ref, tokens, row_elems);
+
+  if (lse != nullptr && !tokens.empty()) {
+    report.lse_checked = true;
+    const int64_t n = report.rows, total = batch.total_q();
+    for (int32_t h = 0; h < batch.heads_q; ++h) {
+      for (int64_t i = 0; i < n; ++i) {
+        const double r = ref_lse[static_cast<size_t>(h * n + i)];
+        const double o = (*lse)[static_cast<size_t>(h * total + tokens[static_cast<size_t>(i)])];
+        double err;
+        if (std::isinf(r) && r < 0) {
+          err = (std::isinf(o) && o < 0) ? 0.0 : std::numeric_limits<double>::infinity();
+        } else {
+          err = std::isfinite(o) ? std::abs(o - r) / (1.0 + std::abs(r))
+                                 : std::numeric_limits<double>::infinity();
+        }
+        report.lse_error = std::max(report.lse_error, err);
+      }
+    }
+  }
+
+  if (report.non_finite > 0) {
+    report.failure =
+        strprintf("%lld non-finite output values", static_cast<long long>(report.non_finite));
+  } else if (!(report.rel_error <= report.tolerance)) {
+    report.failure = strprintf("relative error %.2e above the %s tolerance %.0e", report.rel_error,
+                               tools::dtype_name(batch.dtype), report.tolerance);
+  } else if (report.lse_checked && !(report.lse_error <= kLseTolerance)) {
+    report.failure =
+        strprintf("log-sum-exp error %.2e above %.0e", report.lse_error, kLseTolerance);
+  }
+  report.passed = report.failure.empty();
+  return report;
+}
+
+}  // namespace jfa::cli
