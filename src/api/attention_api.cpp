@@ -8,6 +8,7 @@
 #include "cpu/attention_cpu.hpp"
 #include "cpu/parallel.hpp"
 #ifdef JFA_WITH_CUDA
+#include "cuda/sm90/fwd_sm90.hpp"
 #endif
 
 using jfa::detail::fail;
@@ -56,10 +57,15 @@ jfa_status locate_buffers(const Params& p, MemoryKind* kind) {
 }
 
 #ifdef JFA_WITH_CUDA
-jfa_status forward_cuda(const Params&) {
+jfa_status forward_cuda(const Params& p) {
+#ifdef JFA_WITH_CUDA
+  return jfa::sm90::forward(p);
+#else
+  (void)p;
   return fail(JFA_ERROR_UNSUPPORTED,
               "no CUDA attention kernel is built into this libjfa; pass host buffers to use the "
               "CPU backend");
+#endif
 }
 #endif
 
@@ -181,6 +187,12 @@ const char* jfa_version(void) { return JFA_VERSION_STRING; }
 
 int jfa_cpu_thread_count(void) { return jfa::detail::cpu_thread_count(); }
 
-int jfa_cuda_available(void) { return 0; }
+int jfa_cuda_available(void) {
+#ifdef JFA_WITH_CUDA
+  return jfa::sm90::hopper_available() ? 1 : 0;
+#else
+  return 0;
+#endif
+}
 
 }  // extern "C"

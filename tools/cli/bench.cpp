@@ -32,6 +32,7 @@ struct BenchOptions {
   bool no_padded = false;
   bool json = false;
   bool check = false;
+  bool print_lengths = false;
 };
 
 constexpr int32_t kMaxLength = INT32_MAX;
@@ -176,6 +177,10 @@ int bench_main(std::span<const std::string> args) {
                   "check the jagged output against the float64 reference on sampled "
                   "query tokens (exit 1 on failure)",
                   &o.check);
+  parser.add_flag("--print-lengths",
+                  "print the query lengths (comma-separated) and exit, so other tools can run the "
+                  "same batch",
+                  &o.print_lengths);
   parser.add_flag("--json", "print one JSON object per measured layout per line, nothing else",
                   &o.json);
   parser.set_epilog("workloads:\n" + preset_help() +
@@ -188,6 +193,12 @@ int bench_main(std::span<const std::string> args) {
                                o.heads_kv, o.heads));
   }
   const Workload w = resolve_workload(parser, o);
+  if (o.print_lengths) {
+    for (size_t i = 0; i < w.lengths_q.size(); ++i)
+      std::printf("%s%d", i ? "," : "", w.lengths_q[i]);
+    std::printf("\n");
+    return 0;
+  }
 
   std::unique_ptr<Runner> runner = make_runner(o.backend);
   if (!runner->supports(o.dtype)) {

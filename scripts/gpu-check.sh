@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Everything the GPU machine can check: build (all cores), GPU and CPU tests, compute-sanitizer
+# memcheck and racecheck over a reduced GPU case set, the CLI benchmark (when the CLI exists) and
+# the W1 comparison with varlen FlashAttention-2. Logs go to OUTDIR; a summary table is printed last.
+#
+# usage: scripts/gpu-check.sh OUTDIR
+# env:   BUILD_DIR (default build/gpu-check), SKIP_SANITIZERS=1, SKIP_BENCH=1, SANITIZER_TIMEOUT,
+#        CLI_TIMEOUT (seconds per run)
+set -u -o pipefail
+OUT=${1:?usage: scripts/gpu-check.sh OUTDIR}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+cd "$(dirname "$0")/.."
+BUILD=${BUILD_DIR:-build/gpu-check}
+JOBS=$(nproc 2>/dev/null || echo 4)
+declare -a SUMMARY=()
+note() { SUMMARY+=("$(printf '%-28s %s' "$1" "$2")"); }
+
+# A googletest install may be carried next to the sources (.gtest/, a copy of an install prefix).
+EXTRA=()
+[ -d .gtest ] && EXTRA+=("-DCMAKE_PREFIX_PATH=$PWD/.gtest")
+
+if cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DJFA_BUILD_TOOLS=ON -DJFA_BUILD_BENCH=OFF \
+     "${EXTRA[@]}" >"$OUT/build.log" 2>&1 &&
+   cmake --build "$BUILD" -j"$JOBS" -- -k 0 >>"$OUT/build.log" 2>&1; then
+  note build ok
+else
+  note build "FAILED (see build.log; continuing with what was built)"
+fi
+
+GPU_TESTS=$(find "$BUILD" -name jfa_gpu_tests -type f | head -1)
+(cd "$BUILD" && ctest -L gpu --output-on-failure) >"$OUT/ctest_gpu.log" 2>&1
+note "ctest -L gpu" "$(grep -E 'tests passed|tests failed' "$OUT/ctest_gpu.log" | tail -1) $(grep -c '\[  FAILED  \]' "$OUT/ctest_gpu.log") failed-lines"
+(cd "$BUILD" && ctest -L cpu --output-on-failure -j"$JOBS") >"$OUT/ctest_cpu.log" 2>&1
+note "ctest -L cpu" "$(grep -E 'tests passed|tests failed' "$OUT/ctest_cpu.log" | tail -1)"
+
+if [ -z "${SKIP_SANITIZERS:-}" ] && [ -n "$GPU_TESTS" ] && command -v compute-sanitizer >/dev/null; then
+  FILTER='TlxTma.*:TlxMBarrier.*:TlxWgmma.Fp16D128N128:AttentionGpu.EdgeLengths*:AttentionGpu.DifferentQueryAndKeyLengthsGqa:AttentionGpu.GarbageDeviceOffsetsStayInBounds:AttentionGpu.NoKeysAnywhere:AttentionGpu.ManyTinySequences:AttentionGpu.OverlappedScheduleMatchesReference'
+  for tool in memcheck racecheck; do
+    JFA_GPU_TESTS_QUICK=1 timeout "${SANITIZER_TIMEOUT:-600}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
+      "$GPU_TESTS" --gtest_filter="$FILTER" >"$OUT/$tool.log" 2>&1
+    rc=$?
+    note "compute-sanitizer $tool" "rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.log" | tail -1)"
+  done
+fi
+
+if [ -z "${SKIP_BENCH:-}" ]; then
+  CLI=$(find "$BUILD" -path '*tools*' -name jfa -type f -perm -u+x | head -1)
+  if [ -n "$CLI" ]; then
+    : >"$OUT/cli_bench.log"
+    for w in W1 W2 W3 W4; do
+      for c in "" "--causal"; do
+        echo "== $w $c" >>"$OUT/cli_bench.log"
+        timeout "${CLI_TIMEOUT:-120}" "$CLI" bench --workload "$w" --dtype fp16 $c --backend cuda --json --no-padded \
+          >>"$OUT/cli_bench.log" 2>&1 || echo "(exit $?)" >>"$OUT/cli_bench.log"
+      done
+    done
+    note "jfa bench W1..W4" "see cli_bench.log"
+  else
+    note "jfa bench W1..W4" "skipped (no CLI binary)"
+  fi
+  LIB=$(find "$BUILD" -name 'libjfa.so' | head -1)
+  if [ -n "$LIB" ] && python3 -c 'import torch' 2>/dev/null; then
+    W1_LENGTHS=()
+    [ -n "${CLI:-}" ] && W1_LENGTHS=(--lengths "$("$CLI" bench --workload W1 --print-lengths)")
+    PYTHONUNBUFFERED=1 timeout 600 python3 bench/gpu_w1_vs_fa2.py --lib "$LIB" "${W1_LENGTHS[@]}" \
+      >"$OUT/fa2_bench.log" 2>&1
+    note "W1 vs varlen FA2" "rc=$? $(grep -E '^(non-causal|causal) ' "$OUT/fa2_bench.log" | awk '{printf "%s jfa %s / fa2 %s TF/s; ", $1, $7, $8}')"
+  fi
+fi
+
+{
+  echo "==== gpu-check summary ($(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
+  for line in "${SUMMARY[@]}"; do echo "$line"; done
+} | tee "$OUT/summary.txt"

@@ -1,0 +1,65 @@
+#include "cuda/common/tensor_map.hpp"
+
+#include <cuda_runtime_api.h>
+#include <cudaTypedefs.h>
+
+#include <cstdio>
+#include <mutex>
+
+namespace jfa::cuda {
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn(std::string* error) {
+  static std::once_flag once;
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static std::string failure;
+  std::call_once(once, [] {
+    void* entry = nullptr;
+    cudaDriverEntryPointQueryResult query = cudaDriverEntryPointSymbolNotFound;
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &entry, 12000,
+                                                           cudaEnableDefault, &query);
+    if (e != cudaSuccess || query != cudaDriverEntryPointSuccess || entry == nullptr) {
+      failure = std::string("cuTensorMapEncodeTiled is not available from the driver (") +
+                (e != cudaSuccess ? cudaGetErrorString(e) : "symbol not found") + ")";
+      cudaGetLastError();
+      return;
+    }
+    fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(entry);
+  });
+  if (fn == nullptr && error != nullptr) *error = failure;
+  return fn;
+}
+
+}  // namespace
+
+bool encode_tiled_map(const TiledMapSpec& spec, CUtensorMap* map, std::string* error) {
+  PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn(error);
+  if (fn == nullptr) return false;
+  cuuint64_t dims[5];
+  cuuint64_t strides[4];
+  cuuint32_t box[5];
+  cuuint32_t element_strides[5];
+  for (int i = 0; i < spec.rank; ++i) {
+    dims[i] = spec.dims[i];
+    box[i] = spec.box[i];
+    element_strides[i] = 1;
+    if (i + 1 < spec.rank) strides[i] = spec.strides[i];
+  }
+  const CUresult r =
+      fn(map, spec.dtype, static_cast<cuuint32_t>(spec.rank), const_cast<void*>(spec.base), dims,
+         strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, spec.swizzle,
+         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    if (error != nullptr) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf,
+                    "cuTensorMapEncodeTiled failed (CUresult %d) for a rank-%d map at %p", static_cast<int>(r),
+                    spec.rank, spec.base);
+      *error = buf;
+    }
+    return false;
+  }
+  return true;
+}
+
+}  // namespace jfa::cuda

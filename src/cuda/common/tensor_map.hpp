@@ -1,0 +1,25 @@
+// Host encoding of TMA tensor maps. cuTensorMapEncodeTiled lives in the driver library; it is
+// reached through the runtime's driver entry point so that libjfa never links libcuda.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <string>
+
+namespace jfa::cuda {
+
+struct TiledMapSpec {
+  CUtensorMapDataType dtype = CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  int rank = 0;                // 1..5
+  const void* base = nullptr;  // 16-byte aligned
+  uint64_t dims[5] = {};       // elements, innermost first
+  uint64_t strides[4] = {};    // bytes of dims 1..rank-1, multiples of 16
+  uint32_t box[5] = {};        // elements per dim; box[0] * element size <= 128 with 128B swizzle
+  CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
+};
+
+// Fills `map`; on failure returns false and writes a message naming the failed rule or call.
+bool encode_tiled_map(const TiledMapSpec& spec, CUtensorMap* map, std::string* error);
+
+}  // namespace jfa::cuda

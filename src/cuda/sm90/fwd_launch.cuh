@@ -1,0 +1,170 @@
+// Host side of the sm90 forward: tensor maps, work-list prologue, persistent launch.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include "api/error.hpp"
+#include "cuda/common/tensor_map.hpp"
+#include "cuda/sm90/fwd_kernel.cuh"
+#include "cuda/sm90/fwd_sm90.hpp"
+
+namespace jfa::sm90 {
+
+namespace launch_detail {
+
+inline int sm_count(int device) {
+  static std::mutex mu;
+  static int cached[64] = {};
+  std::lock_guard<std::mutex> lock(mu);
+  if (device < 0 || device >= 64) return 132;
+  if (cached[device] == 0) {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0) {
+      cudaGetLastError();
+      n = 132;
+    }
+    cached[device] = n;
+  }
+  return cached[device];
+}
+
+template <typename T>
+CUtensorMapDataType map_dtype() {
+  return std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+}
+
+// Map over a packed [total, heads, d] tensor: dims (d, heads, total), box (64, 1, rows).
+template <typename T>
+bool encode_qkv_map(const void* base, int64_t total, int32_t heads, int32_t d,
+                    const jfa::detail::Layout& layout, uint32_t rows, CUtensorMap* map,
+                    std::string* error) {
+  jfa::cuda::TiledMapSpec spec;
+  spec.dtype = map_dtype<T>();
+  spec.rank = 3;
+  spec.base = base;
+  spec.dims[0] = static_cast<uint64_t>(d);
+  spec.dims[1] = static_cast<uint64_t>(heads);
+  spec.dims[2] = static_cast<uint64_t>(std::max<int64_t>(total, 1));
+  spec.strides[0] = static_cast<uint64_t>(layout.head_stride) * sizeof(T);
+  spec.strides[1] = static_cast<uint64_t>(layout.token_stride) * sizeof(T);
+  spec.box[0] = 64;
+  spec.box[1] = 1;
+  spec.box[2] = rows;
+  spec.swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
+  return jfa::cuda::encode_tiled_map(spec, map, error);
+}
+
+// Mainloop schedule: the plain one (0, measured faster on W1 so far) unless JFA_SM90_SCHEDULE=1
+// asks for the overlapped one (a tuning switch; both compute the same function).
+inline int schedule_choice() {
+  const char* env = std::getenv("JFA_SM90_SCHEDULE");
+  return (env != nullptr && env[0] == '1') ? 1 : 0;
+}
+
+}  // namespace launch_detail
+
+template <typename T, int kHeadDim>
+jfa_status run_forward(const jfa::detail::Params& p) {
+  using jfa::detail::fail;
+  using Cfg = FwdConfig<T, kHeadDim>;
+  if (p.total_q == 0 || p.batch == 0) return JFA_SUCCESS;
+  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return fail(JFA_ERROR_CUDA, "cudaGetDevice failed: %s", cudaGetErrorString(e));
+
+  // With no keys anywhere, K/V may be NULL: point their (never used) maps at q.
+  const bool no_keys = p.total_k == 0;
+  CUtensorMap tm_q, tm_k, tm_v;
+  std::string err;
+  if (!launch_detail::encode_qkv_map<T>(p.q, p.total_q, p.heads_q, kHeadDim, p.q_layout, Cfg::kBlockM,
+                                        &tm_q, &err) ||
+      !launch_detail::encode_qkv_map<T>(no_keys ? p.q : p.k, no_keys ? p.total_q : p.total_k,
+                                        no_keys ? p.heads_q : p.heads_kv, kHeadDim,
+                                        no_keys ? p.q_layout : p.k_layout, Cfg::kBlockN, &tm_k, &err) ||
+      !launch_detail::encode_qkv_map<T>(no_keys ? p.q : p.v, no_keys ? p.total_q : p.total_k,
+                                        no_keys ? p.heads_q : p.heads_kv, kHeadDim,
+                                        no_keys ? p.q_layout : p.v_layout, Cfg::kBlockN, &tm_v, &err))
+    return fail(JFA_ERROR_CUDA, "tensor map encoding failed: %s", err.c_str());
+
+  // Work list capacity: sum over sequences of ceil(len / 128) <= total_q / 128 + batch.
+  const int64_t capacity64 = (p.total_q + Cfg::kBlockM - 1) / Cfg::kBlockM + p.batch;
+  if (capacity64 > (int64_t{1} << 30))
+    return fail(JFA_ERROR_UNSUPPORTED, "batch too large for the CUDA backend (%lld tiles)",
+                static_cast<long long>(capacity64));
+  const int32_t capacity = static_cast<int32_t>(capacity64);
+
+  void* workspace = nullptr;
+  const size_t ws_bytes = 16 + sizeof(WorkTile) * static_cast<size_t>(capacity);
+  e = cudaMallocAsync(&workspace, ws_bytes, stream);
+  if (e != cudaSuccess)
+    return fail(e == cudaErrorMemoryAllocation ? JFA_ERROR_OUT_OF_MEMORY : JFA_ERROR_CUDA,
+                "cudaMallocAsync of the %zu-byte work list failed: %s", ws_bytes, cudaGetErrorString(e));
+  int32_t* count = static_cast<int32_t*>(workspace);
+  WorkTile* work = reinterpret_cast<WorkTile*>(static_cast<char*>(workspace) + 16);
+
+  build_work_list<Cfg::kBlockM><<<1, 1024, 0, stream>>>(p.cu_seqlens_q, p.batch, p.total_q, work, count,
+                                                        capacity);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) {
+    cudaFreeAsync(workspace, stream);
+    return fail(JFA_ERROR_CUDA, "work-list kernel launch failed: %s", cudaGetErrorString(e));
+  }
+
+  FwdArgs a{};
+  a.out = p.out;
+  a.lse = p.lse;
+  a.cu_q = p.cu_seqlens_q;
+  a.cu_k = p.cu_seqlens_k;
+  a.work = work;
+  a.work_count = count;
+  a.batch = p.batch;
+  a.total_q = p.total_q;
+  a.total_k = p.total_k;
+  a.out_token_stride = p.out_layout.token_stride;
+  a.out_head_stride = p.out_layout.head_stride;
+  a.heads_q = p.heads_q;
+  a.heads_kv = p.heads_kv;
+  a.group = p.heads_q / p.heads_kv;
+  a.work_capacity = capacity;
+  a.softmax_scale = p.softmax_scale;
+  a.scale_log2 = static_cast<float>(static_cast<double>(p.softmax_scale) * 1.4426950408889634);
+  a.causal = p.causal ? 1 : 0;
+  a.schedule = launch_detail::schedule_choice();
+
+  {
+    // The shared-memory opt-in is per device; remember where it was done.
+    static std::mutex attr_mu;
+    static bool attr_done[64] = {};
+    std::lock_guard<std::mutex> lock(attr_mu);
+    if (device < 0 || device >= 64 || !attr_done[device]) {
+      const cudaError_t ae = cudaFuncSetAttribute(
+          fwd_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+      if (ae != cudaSuccess) {
+        cudaFreeAsync(workspace, stream);
+        return fail(JFA_ERROR_CUDA, "cudaFuncSetAttribute (%d bytes of shared memory) failed: %s",
+                    Cfg::kSmemBytes, cudaGetErrorString(ae));
+      }
+      if (device >= 0 && device < 64) attr_done[device] = true;
+    }
+  }
+  const int64_t max_items = capacity64 * p.heads_q;
+  const int grid = static_cast<int>(std::min<int64_t>(launch_detail::sm_count(device), max_items));
+  fwd_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, a);
+  e = cudaGetLastError();
+  const cudaError_t free_error = cudaFreeAsync(workspace, stream);
+  if (e != cudaSuccess)
+    return fail(JFA_ERROR_CUDA, "attention kernel launch failed: %s", cudaGetErrorString(e));
+  if (free_error != cudaSuccess)
+    return fail(JFA_ERROR_CUDA, "cudaFreeAsync failed: %s", cudaGetErrorString(free_error));
+  return JFA_SUCCESS;
+}
+
+}  // namespace jfa::sm90

@@ -1,0 +1,37 @@
+// Device-side arguments of the sm90 forward (a POD passed by value next to the tensor maps).
+#pragma once
+
+#include <cstdint>
+
+namespace jfa::sm90 {
+
+// One entry of the work list built on the device: a (sequence, q tile) pair; each entry expands to
+// heads_q work items (consecutive heads of one q tile are neighbours, so their K/V stay in L2).
+struct WorkTile {
+  int32_t seq;
+  int32_t m_block;
+};
+
+struct FwdArgs {
+  void* out;
+  float* lse;  // nullable, [heads_q, total_q]
+  const int32_t* cu_q;
+  const int32_t* cu_k;
+  const WorkTile* work;      // built by the prologue kernel
+  const int32_t* work_count; // number of valid entries of `work`
+  int64_t batch;
+  int64_t total_q;
+  int64_t total_k;
+  int64_t out_token_stride;  // elements
+  int64_t out_head_stride;
+  int32_t heads_q;
+  int32_t heads_kv;
+  int32_t group;  // heads_q / heads_kv
+  int32_t work_capacity;
+  float softmax_scale;
+  float scale_log2;  // softmax_scale * log2(e)
+  int32_t causal;
+  int32_t schedule;  // 0: one K tile at a time per group; 1: overlapped MMAs, groups take turns
+};
+
+}  // namespace jfa::sm90

@@ -1,0 +1,22 @@
+// Entry of the Hopper forward: support checks, then the (dtype, head_dim) instantiation.
+#pragma once
+
+#include "common/params.hpp"
+#include "jfa/jfa.h"
+
+namespace jfa::sm90 {
+
+// Head dims with a compiled kernel.
+inline constexpr int kSupportedHeadDims[] = {64, 128};
+
+// Whether a compute-capability-9.0 GPU is visible.
+bool hopper_available();
+
+// Runs the forward on the stream in `p`; returns a status and sets the error message on failure.
+jfa_status forward(const jfa::detail::Params& p);
+
+// One per (dtype, head_dim) instantiation (src/cuda/sm90/instantiations/).
+template <typename T, int kHeadDim>
+jfa_status run_forward(const jfa::detail::Params& p);
+
+}  // namespace jfa::sm90

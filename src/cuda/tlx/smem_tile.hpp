@@ -1,0 +1,47 @@
+// Shared-memory tiles in the 128-byte-swizzled layout that TMA writes and wgmma reads.
+//
+// A tile of kRows x kCols 16-bit elements is stored as kCols/64 column boxes; each box holds kRows
+// rows of 64 elements (128 bytes). Inside a box, the 16-byte chunk c of row r sits at chunk
+// c ^ (r % 8): TMA's CU_TENSOR_MAP_SWIZZLE_128B and wgmma's 128B layout type agree on this as long
+// as every box starts on a 1024-byte boundary.
+#pragma once
+
+#include "cuda/tlx/arch.hpp"
+
+namespace jfa::tlx {
+
+inline constexpr int kSwizzleBytes = 128;
+inline constexpr int kSwizzleAtomBytes = 1024;  // 8 rows of 128 bytes
+
+template <typename T, int kRows, int kCols>
+struct SwizzledTile {
+  static_assert(sizeof(T) == 2, "16-bit elements");
+  static constexpr int kBoxCols = kSwizzleBytes / static_cast<int>(sizeof(T));  // 64
+  static_assert(kCols % kBoxCols == 0, "columns come in 128-byte boxes");
+  static_assert(kRows % 8 == 0, "rows come in 8-row swizzle atoms");
+  static constexpr int kBoxes = kCols / kBoxCols;
+  static constexpr int kBoxBytes = kRows * kSwizzleBytes;
+  static constexpr int kBytes = kBoxes * kBoxBytes;
+  static constexpr int rows = kRows;
+  static constexpr int cols = kCols;
+
+  alignas(kSwizzleAtomBytes) T data[kRows * kCols];
+
+  // Byte offset of element (r, c) from the start of the tile.
+  __host__ __device__ static constexpr int offset_bytes(int r, int c) {
+    const int box = c / kBoxCols;
+    const int in_row = (c % kBoxCols) * static_cast<int>(sizeof(T));
+    const int chunk = (in_row >> 4) ^ (r & 7);
+    return box * kBoxBytes + r * kSwizzleBytes + (chunk << 4) + (in_row & 15);
+  }
+  JFA_DEVICE T& at(int r, int c) {
+    return *reinterpret_cast<T*>(reinterpret_cast<char*>(data) + offset_bytes(r, c));
+  }
+  JFA_DEVICE const T& at(int r, int c) const {
+    return *reinterpret_cast<const T*>(reinterpret_cast<const char*>(data) + offset_bytes(r, c));
+  }
+  JFA_DEVICE T* box(int b) { return reinterpret_cast<T*>(reinterpret_cast<char*>(data) + b * kBoxBytes); }
+  JFA_DEVICE uint32_t box_addr(int b) const { return smem_addr(data) + b * kBoxBytes; }
+};
+
+}  // namespace jfa::tlx

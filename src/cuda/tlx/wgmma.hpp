@@ -1,0 +1,144 @@
+// wgmma (warp-group MMA, sm_90a): D[64 x N] (+)= A[64 x 16] * B[16 x N] per instruction, fp16/bf16
+// operands, fp32 accumulators in registers, issued by a whole warp group (128 threads).
+//
+// Accumulator fragment of m64nN (N/2 floats per thread): thread t (warp w = t/32 within the
+// group, lane l) holds, for j in [0, N/8):
+//   d[4j + 0], d[4j + 1] -> row 16w + l/4,     cols 8j + 2(l%4) + {0, 1}
+//   d[4j + 2], d[4j + 3] -> row 16w + l/4 + 8, cols 8j + 2(l%4) + {0, 1}
+// A fragment of the register form (m64k16, 4 x b32 of two 16-bit values each):
+//   a[0] row r, cols 2(l%4)+{0,1};  a[1] row r+8, same cols;  a[2] row r, cols 8+2(l%4)+{0,1};
+//   a[3] row r+8, cols 8+2(l%4)+{0,1}   (r = 16w + l/4)
+// so k-chunk kk of a 64 x N accumulator becomes an A fragment by packing d[8kk .. 8kk+7] in order.
+//
+// Shared-memory operands are described by 64-bit matrix descriptors (see make_desc_sw128).
+// Ordering rules: wgmma_fence() before the first wgmma after ordinary code wrote its accumulator or
+// A registers; wgmma_commit() after issuing; wgmma_wait<N>() before reading results.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "cuda/tlx/arch.hpp"
+#include "cuda/tlx/smem_tile.hpp"
+
+namespace jfa::tlx {
+
+// Matrix descriptor for a 128-byte-swizzled operand.
+//   bits  0-13 start address >> 4      bits 16-29 leading byte offset >> 4
+//   bits 32-45 stride byte offset >> 4 bits 49-51 base offset (0: atoms are 1024-byte aligned)
+//   bits 62-63 layout: 1 = 128-byte swizzle
+// K-major operand (rows of 64 K-elements per box): the K extent of one instruction (16 elements,
+// 32 bytes) stays inside a row, LBO is unused, SBO = 1024 (the next 8-row group). Advance along K by
+// adding 32 bytes to the start address inside a box, and by a box for the next 64 elements.
+// MN-major operand (B read transposed: rows of 64 N-elements per box, K along rows): LBO = the
+// byte distance between 64-wide N boxes, SBO = 1024 (the next 8 K-rows). Advance along K by 16 rows
+// (2048 bytes).
+JFA_DEVICE uint64_t make_desc_sw128(uint32_t smem_byte_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  uint64_t desc = 0;
+  desc |= static_cast<uint64_t>((smem_byte_addr & 0x3FFFFu) >> 4);
+  desc |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFFu) << 16;
+  desc |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFFu) << 32;
+  desc |= static_cast<uint64_t>(1) << 62;
+  return desc;
+}
+
+// Adds a byte offset to a descriptor's start address (stays within the 18-bit shared window).
+JFA_DEVICE uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+  return desc + static_cast<uint64_t>(bytes >> 4);
+}
+
+JFA_DEVICE void wgmma_fence() {
+#if JFA_TLX_SM90A
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#endif
+}
+
+JFA_DEVICE void wgmma_commit() {
+#if JFA_TLX_SM90A
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#endif
+}
+
+template <int kPending>
+JFA_DEVICE void wgmma_wait() {
+#if JFA_TLX_SM90A
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+#endif
+}
+
+// Pins accumulator registers so the compiler neither reads nor moves them across the points where
+// the asynchronous MMA owns them.
+template <int kN>
+JFA_DEVICE void fence_operand(float (&d)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int kN>
+JFA_DEVICE void fence_operand(uint32_t (&d)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+
+template <int kM, int kN>
+JFA_DEVICE void fence_operand(uint32_t (&d)[kM][kN]) {
+#pragma unroll
+  for (int i = 0; i < kM; ++i) fence_operand(d[i]);
+}
+
+#include "cuda/tlx/wgmma_ops.inc"
+
+// D[64 x N] (+)= A * B, A and B from shared memory. accumulate = 0 overwrites D.
+template <typename T, int kN, int kTransB>
+JFA_DEVICE void wgmma_ss(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b, uint32_t accumulate) {
+  constexpr bool kHalf = std::is_same_v<T, __half>;
+  static_assert(kHalf || std::is_same_v<T, __nv_bfloat16>, "fp16 or bf16 operands");
+  if constexpr (kN == 64) {
+    if constexpr (kHalf) wgmma_ss_m64n64k16_Fp16<kTransB>(d, desc_a, desc_b, accumulate);
+    else wgmma_ss_m64n64k16_Bf16<kTransB>(d, desc_a, desc_b, accumulate);
+  } else {
+    static_assert(kN == 128, "N = 64 or 128");
+    if constexpr (kHalf) wgmma_ss_m64n128k16_Fp16<kTransB>(d, desc_a, desc_b, accumulate);
+    else wgmma_ss_m64n128k16_Bf16<kTransB>(d, desc_a, desc_b, accumulate);
+  }
+}
+
+// D[64 x N] (+)= A * B, A from registers (fragment above), B from shared memory.
+template <typename T, int kN, int kTransB>
+JFA_DEVICE void wgmma_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t desc_b, uint32_t accumulate) {
+  constexpr bool kHalf = std::is_same_v<T, __half>;
+  static_assert(kHalf || std::is_same_v<T, __nv_bfloat16>, "fp16 or bf16 operands");
+  if constexpr (kN == 64) {
+    if constexpr (kHalf) wgmma_rs_m64n64k16_Fp16<kTransB>(d, a, desc_b, accumulate);
+    else wgmma_rs_m64n64k16_Bf16<kTransB>(d, a, desc_b, accumulate);
+  } else {
+    static_assert(kN == 128, "N = 64 or 128");
+    if constexpr (kHalf) wgmma_rs_m64n128k16_Fp16<kTransB>(d, a, desc_b, accumulate);
+    else wgmma_rs_m64n128k16_Bf16<kTransB>(d, a, desc_b, accumulate);
+  }
+}
+
+// Two floats packed as one b32 of 16-bit values (low half = first), round to nearest.
+template <typename T>
+JFA_DEVICE uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __half>) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  } else {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+}
+
+// Converts a 64 x N fp32 accumulator into N/16 A fragments (k-chunks of 16 columns).
+template <typename T, int kN>
+JFA_DEVICE void accum_to_a_frags(const float (&d)[kN / 2], uint32_t (&a)[kN / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kN / 16; ++kk) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[kk][i] = pack2<T>(d[8 * kk + 2 * i], d[8 * kk + 2 * i + 1]);
+  }
+}
+
+}  // namespace jfa::tlx

@@ -1,0 +1,521 @@
+// The CUDA forward through the public API against the float64 CPU reference: jagged batches with
+// fresh seeds, both dtypes, every built head_dim, causal or not, GQA/MQA, q/k lengths that differ,
+// LSE, strided layouts, guard regions around the outputs, determinism, graph capture, and the error
+// paths (unsupported combinations, host/device mix-ups).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/jagged_batch.hpp"
+#include "gpu_test_util.hpp"
+#include "jfa/jfa.h"
+#include "jfa/jfa.hpp"
+
+using jfa::DType;
+using jfa::gpu_test::DeviceBuffer;
+using jfa::gpu_test::fresh_seed;
+using jfa::gpu_test::quick_mode;
+using jfa::tools::HostBuffer;
+using jfa::tools::JaggedBatch;
+
+namespace {
+
+constexpr int kHeadDims[] = {64, 128};
+constexpr size_t kGuardBytes = 4096;  // poisoned bytes before and after every output buffer
+
+struct Case {
+  std::vector<int32_t> lq, lk;
+  int32_t heads_q = 2, heads_kv = 2, head_dim = 64;
+  DType dtype = DType::kFloat16;
+  bool causal = false;
+  bool with_lse = true;
+  int64_t token_pad = 0;    // extra elements per token row in every tensor (strided layout)
+  int64_t max_check = 0;    // > 0: compare only this many sampled query tokens
+  bool hints = false;       // pass max_seqlen hints
+  float scale = std::numeric_limits<float>::quiet_NaN();
+};
+
+std::string describe(const Case& c) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%s d=%d hq=%d hkv=%d causal=%d batch=%zu pad=%lld lse=%d",
+                jfa::tools::dtype_name(c.dtype), c.head_dim, c.heads_q, c.heads_kv, c.causal ? 1 : 0,
+                c.lq.size(), static_cast<long long>(c.token_pad), c.with_lse ? 1 : 0);
+  return buf;
+}
+
+// Host copy of a packed tensor laid out with `pad` extra elements per token, padding filled with NaN.
+HostBuffer with_padding(const HostBuffer& packed, int64_t total, int32_t heads, int32_t d, int64_t pad) {
+  HostBuffer out(packed.dtype, total * (heads * d + pad));
+  std::fill(out.bytes.begin(), out.bytes.end(), 0xFF);
+  const size_t es = jfa::dtype_size(packed.dtype);
+  for (int64_t t = 0; t < total; ++t)
+    std::memcpy(out.bytes.data() + t * (heads * d + pad) * es, packed.bytes.data() + t * heads * d * es,
+                heads * d * es);
+  return out;
+}
+
+struct DeviceRun {
+  std::vector<unsigned char> out_bytes;  // with guards
+  std::vector<float> lse;                // with guards (as floats)
+};
+
+class AttentionRunner {
+ public:
+  explicit AttentionRunner(const Case& c, uint64_t seed) : c_(c) {
+    b_ = jfa::tools::make_batch(c.lq, c.lk, c.heads_q, c.heads_kv, c.head_dim, c.dtype, seed);
+    es_ = jfa::dtype_size(c.dtype);
+    q_host_ = with_padding(b_.q, b_.total_q(), c.heads_q, c.head_dim, c.token_pad);
+    k_host_ = with_padding(b_.k, b_.total_k(), c.heads_kv, c.head_dim, c.token_pad);
+    v_host_ = with_padding(b_.v, b_.total_k(), c.heads_kv, c.head_dim, c.token_pad);
+    out_elems_ = b_.total_q() * (c.heads_q * c.head_dim + c.token_pad);
+  }
+
+  jfa_attention_params params(const void* q, const void* k, const void* v, void* out, float* lse,
+                              const int32_t* cu_q, const int32_t* cu_k) const {
+    jfa_attention_params p;
+    jfa_attention_params_init(&p);
+    p.q = q;
+    p.k = k;
+    p.v = v;
+    p.out = out;
+    p.lse = lse;
+    p.cu_seqlens_q = cu_q;
+    p.cu_seqlens_k = cu_k;
+    p.batch = b_.batch();
+    p.total_q = b_.total_q();
+    p.total_k = b_.total_k();
+    p.heads_q = c_.heads_q;
+    p.heads_kv = c_.heads_kv;
+    p.head_dim = c_.head_dim;
+    p.dtype = static_cast<jfa_dtype>(c_.dtype);
+    const int64_t qts = c_.heads_q * c_.head_dim + c_.token_pad;
+    const int64_t kts = c_.heads_kv * c_.head_dim + c_.token_pad;
+    p.q_layout = {qts, c_.head_dim};
+    p.k_layout = {kts, c_.head_dim};
+    p.v_layout = {kts, c_.head_dim};
+    p.out_layout = {qts, c_.head_dim};
+    p.softmax_scale = c_.scale;
+    p.causal = c_.causal ? 1 : 0;
+    if (c_.hints) {
+      p.max_seqlen_q = *std::max_element(c_.lq.begin(), c_.lq.end());
+      p.max_seqlen_k = *std::max_element(c_.lk.begin(), c_.lk.end());
+    }
+    return p;
+  }
+
+  // Uploads inputs once.
+  void upload() {
+    dq_ = DeviceBuffer(std::max<size_t>(q_host_.bytes.size(), 16));
+    dk_ = DeviceBuffer(std::max<size_t>(k_host_.bytes.size(), 16));
+    dv_ = DeviceBuffer(std::max<size_t>(v_host_.bytes.size(), 16));
+    dcq_ = DeviceBuffer(b_.cu_q.size() * 4);
+    dck_ = DeviceBuffer(b_.cu_k.size() * 4);
+    cudaMemcpy(dq_.ptr, q_host_.data(), q_host_.bytes.size(), cudaMemcpyHostToDevice);
+    cudaMemcpy(dk_.ptr, k_host_.data(), k_host_.bytes.size(), cudaMemcpyHostToDevice);
+    cudaMemcpy(dv_.ptr, v_host_.data(), v_host_.bytes.size(), cudaMemcpyHostToDevice);
+    cudaMemcpy(dcq_.ptr, b_.cu_q.data(), b_.cu_q.size() * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(dck_.ptr, b_.cu_k.data(), b_.cu_k.size() * 4, cudaMemcpyHostToDevice);
+    const size_t out_bytes = out_elems_ * es_ + 2 * kGuardBytes;
+    const size_t lse_bytes = b_.total_q() * c_.heads_q * 4 + 2 * kGuardBytes;
+    dout_ = DeviceBuffer(out_bytes);
+    dlse_ = DeviceBuffer(lse_bytes);
+  }
+
+  // Poisons the outputs (guards included), runs, downloads. Returns the status.
+  jfa_status run(DeviceRun* r, jfa_backend backend = JFA_BACKEND_AUTO, cudaStream_t stream = nullptr) {
+    poison();
+    jfa_attention_params p = device_params();
+    p.backend = backend;
+    p.stream = stream;
+    const jfa_status s = jfa_attention_forward(&p);
+    if (s != JFA_SUCCESS) return s;
+    if (cudaStreamSynchronize(stream) != cudaSuccess) return JFA_ERROR_CUDA;
+    download(r);
+    return s;
+  }
+
+  void poison() {
+    cudaMemset(dout_.ptr, 0xFF, dout_.bytes);
+    cudaMemset(dlse_.ptr, 0xFF, dlse_.bytes);
+  }
+
+  jfa_attention_params device_params() {
+    return params(dq_.ptr, b_.total_k() ? dk_.ptr : nullptr, b_.total_k() ? dv_.ptr : nullptr,
+                  static_cast<unsigned char*>(dout_.ptr) + kGuardBytes,
+                  c_.with_lse ? reinterpret_cast<float*>(static_cast<unsigned char*>(dlse_.ptr) + kGuardBytes)
+                              : nullptr,
+                  dcq_.as<int32_t>(), dck_.as<int32_t>());
+  }
+
+  void download(DeviceRun* r) {
+    r->out_bytes.resize(dout_.bytes);
+    cudaMemcpy(r->out_bytes.data(), dout_.ptr, dout_.bytes, cudaMemcpyDeviceToHost);
+    r->lse.resize(dlse_.bytes / 4);
+    cudaMemcpy(r->lse.data(), dlse_.ptr, dlse_.bytes, cudaMemcpyDeviceToHost);
+  }
+
+  // Checks guards, poison, padding, and the values against the reference.
+  void check(const DeviceRun& r, uint64_t seed) {
+    SCOPED_TRACE(describe(c_) + " seed=" + std::to_string(seed));
+    const unsigned char* bytes = r.out_bytes.data();
+    for (size_t i = 0; i < kGuardBytes; ++i) {
+      ASSERT_EQ(bytes[i], 0xFF) << "write before the output buffer at byte " << i;
+      ASSERT_EQ(bytes[r.out_bytes.size() - kGuardBytes + i], 0xFF) << "write after the output buffer";
+    }
+    const int64_t row_elems = c_.heads_q * c_.head_dim;
+    const int64_t qts = row_elems + c_.token_pad;
+    HostBuffer out(c_.dtype, b_.total_q() * row_elems);  // packed copy of the result
+    for (int64_t t = 0; t < b_.total_q(); ++t) {
+      const unsigned char* row = bytes + kGuardBytes + t * qts * es_;
+      std::memcpy(out.bytes.data() + t * row_elems * es_, row, row_elems * es_);
+      for (int64_t e = row_elems * es_; e < qts * static_cast<int64_t>(es_); ++e)
+        ASSERT_EQ(row[e], 0xFF) << "write into the padding of token " << t;
+    }
+    int64_t non_finite = 0;
+    for (int64_t i = 0; i < out.count(); ++i)
+      if (!std::isfinite(jfa::tools::element_as_double(out, i))) ++non_finite;
+    ASSERT_EQ(non_finite, 0) << "unwritten (poisoned) or non-finite output elements";
+
+    // Rows to compare.
+    std::vector<int64_t> rows;
+    if (c_.max_check > 0 && b_.total_q() > c_.max_check) {
+      std::mt19937_64 rng(seed ^ 0x5eed);
+      std::uniform_int_distribution<int64_t> pick(0, b_.total_q() - 1);
+      for (int64_t i = 0; i < c_.max_check; ++i) rows.push_back(pick(rng));
+      for (size_t s = 0; s + 1 < b_.cu_q.size() && rows.size() < static_cast<size_t>(2 * c_.max_check); ++s) {
+        if (b_.cu_q[s + 1] > b_.cu_q[s]) {
+          rows.push_back(b_.cu_q[s]);
+          rows.push_back(b_.cu_q[s + 1] - 1);
+        }
+      }
+    }
+    jfa_attention_params hp = params(q_host_.data(), b_.total_k() ? k_host_.data() : nullptr,
+                                     b_.total_k() ? v_host_.data() : nullptr, nullptr, nullptr,
+                                     b_.cu_q.data(), b_.cu_k.data());
+    hp.max_seqlen_q = hp.max_seqlen_k = 0;
+    const int64_t n = rows.empty() ? b_.total_q() : static_cast<int64_t>(rows.size());
+    std::vector<double> ref(n * row_elems), ref_lse(n * c_.heads_q);
+    ASSERT_EQ(jfa_attention_reference(&hp, rows.empty() ? nullptr : rows.data(), n, ref.data(), ref_lse.data()),
+              JFA_SUCCESS)
+        << jfa_last_error_message();
+    const double err = jfa::tools::relative_error(out, ref, rows, row_elems);
+    std::printf("  %s: rel err %.3g over %lld rows (tol %.g)\n", describe(c_).c_str(), err,
+                static_cast<long long>(n), jfa::tools::tolerance(c_.dtype));
+    EXPECT_LE(err, jfa::tools::tolerance(c_.dtype));
+
+    // LSE: guards, then values (abs tolerance; -inf must match exactly).
+    const size_t guard_floats = kGuardBytes / 4;
+    const uint32_t* lse_bits = reinterpret_cast<const uint32_t*>(r.lse.data());
+    for (size_t i = 0; i < guard_floats; ++i) {
+      ASSERT_EQ(lse_bits[i], 0xFFFFFFFFu) << "LSE write before its buffer";
+      ASSERT_EQ(lse_bits[r.lse.size() - guard_floats + i], 0xFFFFFFFFu) << "LSE write after its buffer";
+    }
+    if (!c_.with_lse) {
+      for (size_t i = 0; i < r.lse.size(); ++i) ASSERT_EQ(lse_bits[i], 0xFFFFFFFFu) << "LSE written while NULL";
+      return;
+    }
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t token = rows.empty() ? i : rows[i];
+      for (int h = 0; h < c_.heads_q; ++h) {
+        const float got = r.lse[guard_floats + h * b_.total_q() + token];
+        const double want = ref_lse[h * n + i];
+        const bool ok = std::isinf(want) ? (std::isinf(got) && got < 0) : std::abs(got - want) <= 2e-3 * (1 + std::abs(want));
+        if (!ok && bad++ < 5) ADD_FAILURE() << "LSE token " << token << " head " << h << ": got " << got << " want " << want;
+      }
+    }
+    EXPECT_EQ(bad, 0);
+  }
+
+  JaggedBatch& batch() { return b_; }
+
+ private:
+  Case c_;
+  JaggedBatch b_;
+  size_t es_ = 2;
+  HostBuffer q_host_, k_host_, v_host_;
+  int64_t out_elems_ = 0;
+  DeviceBuffer dq_, dk_, dv_, dcq_, dck_, dout_, dlse_;
+};
+
+void run_case(const Case& c, bool check_determinism = true) {
+  const uint64_t seed = fresh_seed(describe(c).c_str());
+  AttentionRunner runner(c, seed);
+  runner.upload();
+  DeviceRun first;
+  const jfa_status s = runner.run(&first);
+  ASSERT_EQ(s, JFA_SUCCESS) << jfa_last_error_message();
+  runner.check(first, seed);
+  if (check_determinism) {
+    DeviceRun second;
+    ASSERT_EQ(runner.run(&second), JFA_SUCCESS) << jfa_last_error_message();
+    EXPECT_TRUE(first.out_bytes == second.out_bytes) << "two runs differ (output)";
+    EXPECT_TRUE(std::memcmp(first.lse.data(), second.lse.data(), first.lse.size() * 4) == 0)
+        << "two runs differ (LSE)";
+  }
+}
+
+std::vector<int32_t> random_lengths(std::mt19937_64& rng, int n, int lo, int hi) {
+  std::uniform_int_distribution<int> len(lo, hi);
+  std::vector<int32_t> v(n);
+  for (auto& x : v) x = len(rng);
+  return v;
+}
+
+const std::vector<int32_t> kEdgeLengths = {0, 1, 63, 64, 65, 127, 129, 200, 128, 2};
+
+TEST(AttentionGpu, EdgeLengthsAllDtypesHeadDimsMasks) {
+  for (DType dt : {DType::kFloat16, DType::kBFloat16})
+    for (int d : kHeadDims)
+      for (bool causal : {false, true}) {
+        Case c;
+        c.lq = c.lk = kEdgeLengths;
+        c.heads_q = c.heads_kv = 3;
+        c.head_dim = d;
+        c.dtype = dt;
+        c.causal = causal;
+        run_case(c);
+      }
+}
+
+TEST(AttentionGpu, DifferentQueryAndKeyLengthsGqa) {
+  for (DType dt : {DType::kFloat16, DType::kBFloat16})
+    for (int d : kHeadDims)
+      for (bool causal : {false, true}) {
+        Case c;
+        c.lq = {1, 100, 300, 0, 64, 129, 5, 250};
+        c.lk = {200, 17, 300, 50, 0, 64, 260, 129};
+        c.heads_q = 8;
+        c.heads_kv = 2;
+        c.head_dim = d;
+        c.dtype = dt;
+        c.causal = causal;
+        c.hints = causal;
+        run_case(c);
+      }
+}
+
+TEST(AttentionGpu, MqaAndStridedLayoutWithoutLse) {
+  for (int d : kHeadDims) {
+    Case c;
+    c.lq = {77, 300, 1, 128};
+    c.lk = {150, 300, 40, 1};
+    c.heads_q = 4;
+    c.heads_kv = 1;
+    c.head_dim = d;
+    c.causal = d == 128;
+    c.token_pad = 24;
+    c.with_lse = d == 64;
+    c.scale = 0.3f;
+    run_case(c);
+  }
+}
+
+TEST(AttentionGpu, RandomBatchesFreshSeeds) {
+  std::mt19937_64 rng(fresh_seed("random batch shapes"));
+  const int iters = quick_mode() ? 3 : 10;
+  for (int i = 0; i < iters; ++i) {
+    Case c;
+    const int batch = std::uniform_int_distribution<int>(1, 12)(rng);
+    c.lq = random_lengths(rng, batch, 0, 400);
+    c.lk = (rng() % 2) ? c.lq : random_lengths(rng, batch, 0, 400);
+    c.heads_kv = std::uniform_int_distribution<int>(1, 3)(rng);
+    c.heads_q = c.heads_kv * std::uniform_int_distribution<int>(1, 3)(rng);
+    c.head_dim = kHeadDims[rng() % 2];
+    c.dtype = (rng() % 2) ? DType::kFloat16 : DType::kBFloat16;
+    c.causal = rng() % 2;
+    c.hints = rng() % 2;
+    run_case(c, false);
+  }
+}
+
+TEST(AttentionGpu, LongSequencesSampled) {
+  if (quick_mode()) GTEST_SKIP() << "quick mode";
+  for (bool causal : {false, true}) {
+    Case c;
+    c.lq = {4096, 1000, 4500};
+    c.lk = {4096, 1000, 3000};
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    c.head_dim = 128;
+    c.causal = causal;
+    c.max_check = 300;
+    run_case(c);
+  }
+  Case c;
+  c.lq = c.lk = {5000, 17};
+  c.heads_q = c.heads_kv = 2;
+  c.head_dim = 64;
+  c.dtype = DType::kBFloat16;
+  c.max_check = 300;
+  run_case(c);
+}
+
+TEST(AttentionGpu, ManyTinySequences) {
+  std::mt19937_64 rng(fresh_seed("tiny lengths"));
+  for (bool causal : {false, true}) {
+    Case c;
+    c.lq = random_lengths(rng, quick_mode() ? 300 : 4096, 0, 64);
+    c.lk = causal ? c.lq : random_lengths(rng, static_cast<int>(c.lq.size()), 0, 64);
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    c.head_dim = causal ? 128 : 64;
+    c.dtype = causal ? DType::kFloat16 : DType::kBFloat16;
+    c.causal = causal;
+    c.max_check = quick_mode() ? 0 : 2000;
+    run_case(c);
+  }
+}
+
+// The overlapped mainloop (JFA_SM90_SCHEDULE=1) on the cases that stress masks, GQA and lengths.
+TEST(AttentionGpu, OverlappedScheduleMatchesReference) {
+  setenv("JFA_SM90_SCHEDULE", "1", 1);
+  std::mt19937_64 rng(fresh_seed("overlapped schedule"));
+  for (DType dt : {DType::kFloat16, DType::kBFloat16})
+    for (int d : kHeadDims)
+      for (bool causal : {false, true}) {
+        Case c;
+        c.lq = kEdgeLengths;
+        c.lk = (d == 64) ? kEdgeLengths : random_lengths(rng, static_cast<int>(kEdgeLengths.size()), 0, 500);
+        c.heads_q = 4;
+        c.heads_kv = 2;
+        c.head_dim = d;
+        c.dtype = dt;
+        c.causal = causal;
+        run_case(c);
+      }
+  unsetenv("JFA_SM90_SCHEDULE");
+}
+
+TEST(AttentionGpu, NoKeysAnywhere) {
+  Case c;
+  c.lq = {5, 130, 0};
+  c.lk = {0, 0, 0};
+  c.head_dim = 128;
+  run_case(c);
+}
+
+TEST(AttentionGpu, EmptyBatchAndZeroTokens) {
+  Case c;
+  c.lq = {0, 0};
+  c.lk = {3, 0};
+  run_case(c);
+}
+
+TEST(AttentionGpu, GraphCaptureReplaysWithNewLengths) {
+  // Capture once, then change the offsets in place (same totals) and replay: the result must follow.
+  Case c;
+  c.lq = c.lk = {100, 200, 50};
+  c.head_dim = 128;
+  c.causal = true;
+  const uint64_t seed = fresh_seed("graph");
+  AttentionRunner runner(c, seed);
+  runner.upload();
+  cudaStream_t stream;
+  JFA_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  jfa_attention_params p = runner.device_params();
+  p.stream = stream;
+  cudaGraph_t graph;
+  JFA_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const jfa_status s = jfa_attention_forward(&p);
+  JFA_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  ASSERT_EQ(s, JFA_SUCCESS) << jfa_last_error_message();
+  cudaGraphExec_t exec;
+  JFA_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  DeviceRun direct, replayed;
+  ASSERT_EQ(runner.run(&direct, JFA_BACKEND_AUTO, stream), JFA_SUCCESS);
+  JFA_CUDA_OK(cudaMemset(const_cast<void*>(static_cast<const void*>(p.out)), 0xFF, 16));
+  JFA_CUDA_OK(cudaGraphLaunch(exec, stream));
+  JFA_CUDA_OK(cudaStreamSynchronize(stream));
+  runner.download(&replayed);
+  EXPECT_TRUE(direct.out_bytes == replayed.out_bytes) << "graph replay differs from a direct run";
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST(AttentionGpu, GarbageDeviceOffsetsStayInBounds) {
+  // Offsets are not validated on the device; the kernel clamps them. Results are unspecified but no
+  // access may leave the buffers (run this under compute-sanitizer memcheck) and guards stay intact.
+  Case c;
+  c.lq = c.lk = {100, 200, 50};
+  c.head_dim = 64;
+  AttentionRunner runner(c, fresh_seed("garbage offsets"));
+  runner.upload();
+  jfa_attention_params p = runner.device_params();
+  const std::vector<std::vector<int32_t>> garbage = {
+      {0, 1000000, -5, 350}, {-100, 50, 40, 2000000000}, {0, 350, 0, 350}, {7, 3, 500, -1}};
+  DeviceBuffer cu(4 * 4);
+  for (const auto& g : garbage) {
+    JFA_CUDA_OK(cudaMemcpy(cu.ptr, g.data(), 16, cudaMemcpyHostToDevice));
+    runner.poison();
+    p.cu_seqlens_q = cu.as<int32_t>();
+    p.cu_seqlens_k = cu.as<int32_t>();
+    ASSERT_EQ(jfa_attention_forward(&p), JFA_SUCCESS) << jfa_last_error_message();
+    JFA_CUDA_OK(cudaDeviceSynchronize());
+    DeviceRun r;
+    runner.download(&r);
+    for (size_t i = 0; i < kGuardBytes; ++i) {
+      ASSERT_EQ(r.out_bytes[i], 0xFF);
+      ASSERT_EQ(r.out_bytes[r.out_bytes.size() - kGuardBytes + i], 0xFF);
+    }
+  }
+}
+
+TEST(AttentionGpu, UnsupportedCombinationsAreReported) {
+  Case c;
+  c.lq = c.lk = {10};
+  c.head_dim = 64;
+  AttentionRunner runner(c, 1);
+  runner.upload();
+  jfa_attention_params p = runner.device_params();
+  p.head_dim = 96;  // not built (layout still valid: strides 2*64 >= 96)
+  p.q_layout = p.k_layout = p.v_layout = p.out_layout = {2 * 96, 96};
+  EXPECT_EQ(jfa_attention_forward(&p), JFA_ERROR_UNSUPPORTED);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("head_dim"), std::string::npos);
+  p = runner.device_params();
+  p.dtype = JFA_DTYPE_FLOAT32;
+  p.total_q = p.total_k = 5;  // fp32 is twice the bytes: stay inside the buffers
+  EXPECT_EQ(jfa_attention_forward(&p), JFA_ERROR_UNSUPPORTED);
+  p = runner.device_params();
+  p.q_layout = {2 * 64 + 4, 64};  // token stride not a multiple of 8 elements
+  p.total_q = 9;
+  EXPECT_EQ(jfa_attention_forward(&p), JFA_ERROR_UNSUPPORTED);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("strides"), std::string::npos);
+  p = runner.device_params();
+  p.backend = JFA_BACKEND_CUDA;
+  EXPECT_EQ(jfa_attention_forward(&p), JFA_SUCCESS) << jfa_last_error_message();
+  EXPECT_EQ(jfa_cuda_available(), 1);
+}
+
+TEST(AttentionGpuApi, HostOrDeviceMismatchesAreErrors) {
+  Case c;
+  c.lq = c.lk = {10, 20};
+  AttentionRunner runner(c, 2);
+  runner.upload();
+  JaggedBatch& b = runner.batch();
+  HostBuffer host_out = b.make_output();
+  jfa_attention_params hp = runner.params(b.q.data(), b.k.data(), b.v.data(), host_out.data(), nullptr,
+                                          b.cu_q.data(), b.cu_k.data());
+  hp.backend = JFA_BACKEND_CUDA;
+  EXPECT_EQ(jfa_attention_forward(&hp), JFA_ERROR_INVALID_ARGUMENT) << "host buffers with backend=cuda";
+  jfa_attention_params dp = runner.device_params();
+  dp.backend = JFA_BACKEND_CPU;
+  EXPECT_EQ(jfa_attention_forward(&dp), JFA_ERROR_INVALID_ARGUMENT) << "device buffers with backend=cpu";
+  jfa_attention_params mixed = runner.device_params();
+  mixed.out = host_out.data();
+  EXPECT_EQ(jfa_attention_forward(&mixed), JFA_ERROR_INVALID_ARGUMENT) << "mixed host/device";
+  mixed = runner.device_params();
+  mixed.cu_seqlens_q = b.cu_q.data();
+  EXPECT_EQ(jfa_attention_forward(&mixed), JFA_ERROR_INVALID_ARGUMENT) << "host offsets, device tensors";
+}
+
+}  // namespace

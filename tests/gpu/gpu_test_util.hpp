@@ -1,0 +1,67 @@
+// Helpers shared by the GPU tests: CUDA checks, seeds, device buffers.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+
+#define JFA_CUDA_OK(expr)                                                            \
+  do {                                                                              \
+    const cudaError_t jfa_e_ = (expr);                                              \
+    ASSERT_EQ(jfa_e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(jfa_e_); \
+  } while (0)
+
+namespace jfa::gpu_test {
+
+// A fresh seed per call unless JFA_TEST_SEED is set; printed so a failure can be replayed.
+inline uint64_t fresh_seed(const char* what) {
+  static std::random_device rd;
+  uint64_t seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  if (const char* env = std::getenv("JFA_TEST_SEED")) seed = std::strtoull(env, nullptr, 10);
+  std::printf("[seed] %s: %llu\n", what, static_cast<unsigned long long>(seed));
+  return seed;
+}
+
+// Reduced case set (for the sanitizers): JFA_GPU_TESTS_QUICK=1.
+inline bool quick_mode() {
+  const char* env = std::getenv("JFA_GPU_TESTS_QUICK");
+  return env != nullptr && env[0] != '\0' && env[0] != '0';
+}
+
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t n) : bytes(n) {
+    if (n > 0 && cudaMalloc(&ptr, n) != cudaSuccess) {
+      ptr = nullptr;
+      ADD_FAILURE() << "cudaMalloc of " << n << " bytes failed";
+    }
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr(o.ptr), bytes(o.bytes) { o.ptr = nullptr; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      if (ptr) cudaFree(ptr);
+      ptr = o.ptr;
+      bytes = o.bytes;
+      o.ptr = nullptr;
+    }
+    return *this;
+  }
+  ~DeviceBuffer() {
+    if (ptr) cudaFree(ptr);
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr);
+  }
+};
+
+}  // namespace jfa::gpu_test
