@@ -45,8 +45,8 @@ int main(int argc, char** argv) {
 
   std::vector<double> ref;
   const double ref_s = seconds([&] {
-    ref = jfa::attention_reference(b.q_view(), b.k_view(), b.v_view(), b.cu_q.data(),
-                                   b.cu_k.data(), b.batch());
+    ref = jfa::attention_reference(b.q_view(), b.k_view(), b.v_view(), b.cu_q.data(), b.cu_k.data(),
+                                   b.batch());
   });
   const double err = jfa::tools::relative_error(out, ref, {}, int64_t{heads} * 128);
 

@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 jobs=$(nproc)
 
+echo "== generated sources are up to date"
+python3 tools/gen_wgmma_ops.py --check
+
 echo "== release build and tests"
 cmake --preset release
 cmake --build --preset release -j "$jobs"

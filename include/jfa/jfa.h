@@ -28,10 +28,10 @@ extern "C" {
 
 typedef enum jfa_status {
   JFA_SUCCESS = 0,
-  JFA_ERROR_INVALID_ARGUMENT = 1, /* a value breaks a documented rule */
-  JFA_ERROR_UNSUPPORTED = 2,      /* valid, but not implemented for this backend/dtype/shape */
+  JFA_ERROR_INVALID_ARGUMENT = 1,    /* a value breaks a documented rule */
+  JFA_ERROR_UNSUPPORTED = 2,         /* valid, but not implemented for this backend/dtype/shape */
   JFA_ERROR_BACKEND_UNAVAILABLE = 3, /* the requested backend is not built or has no device */
-  JFA_ERROR_CUDA = 4,             /* a CUDA runtime call or kernel launch failed */
+  JFA_ERROR_CUDA = 4,                /* a CUDA runtime call or kernel launch failed */
   JFA_ERROR_OUT_OF_MEMORY = 5,
   JFA_ERROR_INTERNAL = 6,
   JFA_STATUS_MAX_ENUM = 0x7FFFFFFF /* keeps the enum 32-bit: any int read back is well defined */
@@ -107,15 +107,15 @@ JFA_API jfa_status jfa_attention_forward(const jfa_attention_params* params);
  * head_dim] float64; lse: NULL or [heads_q, n_tokens] float64. params->out and params->lse are
  * ignored. */
 JFA_API jfa_status jfa_attention_reference(const jfa_attention_params* params,
-                                           const int64_t* q_tokens, int64_t n_tokens,
-                                           double* out, double* lse);
+                                           const int64_t* q_tokens, int64_t n_tokens, double* out,
+                                           double* lse);
 
 /* Useful floating-point operations of the forward, 4 * pairs * heads_q * head_dim, from host
  * offsets. pairs: len_q * len_k per sequence; causal: half of that for equal lengths (the usual
  * convention), the exact count of visible (query, key) pairs otherwise. */
 JFA_API jfa_status jfa_attention_flops(const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
-                                       int64_t batch, int32_t heads_q, int32_t head_dim,
-                                       int causal, double* flops);
+                                       int64_t batch, int32_t heads_q, int32_t head_dim, int causal,
+                                       double* flops);
 
 /* ---- Jagged utilities (host memory) ---------------------------------------------------------- */
 

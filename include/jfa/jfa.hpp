@@ -29,13 +29,16 @@ enum class DType : int {
   kFloat32 = JFA_DTYPE_FLOAT32,
 };
 
-enum class Backend : int { kAuto = JFA_BACKEND_AUTO, kCpu = JFA_BACKEND_CPU, kCuda = JFA_BACKEND_CUDA };
+enum class Backend : int {
+  kAuto = JFA_BACKEND_AUTO,
+  kCpu = JFA_BACKEND_CPU,
+  kCuda = JFA_BACKEND_CUDA
+};
 
 // Thrown by the C++ API when a C entry point fails; carries the status and the message.
 class Error : public std::runtime_error {
  public:
-  Error(Status status, const std::string& message)
-      : std::runtime_error(message), status_(status) {}
+  Error(Status status, const std::string& message) : std::runtime_error(message), status_(status) {}
   Status status() const noexcept { return status_; }
 
  private:
@@ -134,13 +137,11 @@ inline void attention(const JaggedTensor& q, const JaggedTensor& k, const Jagged
 // The float64 reference over host memory: rows of the given query tokens (every token when
 // q_tokens is nullopt; an empty list computes nothing). Returns out [n, heads_q, d]; fills lse
 // [heads_q, n] when given.
-inline std::vector<double> attention_reference(const JaggedTensor& q, const JaggedTensor& k,
-                                               const JaggedTensor& v,
-                                               const int32_t* cu_seqlens_q,
-                                               const int32_t* cu_seqlens_k, int64_t batch,
-                                               const AttentionOptions& options = {},
-                                               std::optional<std::span<const int64_t>> q_tokens = {},
-                                               std::vector<double>* lse = nullptr) {
+inline std::vector<double> attention_reference(
+    const JaggedTensor& q, const JaggedTensor& k, const JaggedTensor& v,
+    const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k, int64_t batch,
+    const AttentionOptions& options = {}, std::optional<std::span<const int64_t>> q_tokens = {},
+    std::vector<double>* lse = nullptr) {
   JaggedTensor out_view = q;
   out_view.data = nullptr;
   check_views(q, k, v, out_view);
@@ -151,8 +152,7 @@ inline std::vector<double> attention_reference(const JaggedTensor& q, const Jagg
   if (lse) lse->assign(static_cast<std::size_t>(n) * q.heads, 0.0);
   static const int64_t kNoToken = 0;  // a non-null list pointer for an empty selection
   const int64_t* tokens = q_tokens ? (q_tokens->empty() ? &kNoToken : q_tokens->data()) : nullptr;
-  check(jfa_attention_reference(&p, tokens, n, out.data(),
-                                lse ? lse->data() : nullptr));
+  check(jfa_attention_reference(&p, tokens, n, out.data(), lse ? lse->data() : nullptr));
   return out;
 }
 
@@ -160,7 +160,8 @@ inline double attention_flops(std::span<const int32_t> cu_seqlens_q,
                               std::span<const int32_t> cu_seqlens_k, int32_t heads_q,
                               int32_t head_dim, bool causal) {
   if (cu_seqlens_q.empty() || cu_seqlens_k.size() != cu_seqlens_q.size())
-    throw Error(Status::kInvalidArgument, "cu_seqlens_q and cu_seqlens_k must both hold batch + 1 offsets");
+    throw Error(Status::kInvalidArgument,
+                "cu_seqlens_q and cu_seqlens_k must both hold batch + 1 offsets");
   double flops = 0;
   check(jfa_attention_flops(cu_seqlens_q.data(), cu_seqlens_k.data(),
                             static_cast<int64_t>(cu_seqlens_q.size()) - 1, heads_q, head_dim,
@@ -172,8 +173,8 @@ inline double attention_flops(std::span<const int32_t> cu_seqlens_q,
 
 inline std::vector<int32_t> lengths_to_offsets(std::span<const int32_t> lengths) {
   std::vector<int32_t> offsets(lengths.size() + 1);
-  check(jfa_lengths_to_offsets(lengths.data(), static_cast<int64_t>(lengths.size()),
-                               offsets.data()));
+  check(
+      jfa_lengths_to_offsets(lengths.data(), static_cast<int64_t>(lengths.size()), offsets.data()));
   return offsets;
 }
 

@@ -35,8 +35,13 @@ jfa_status locate_buffers(const Params& p, MemoryKind* kind) {
     const void* ptr;
     const char* name;
   };
-  const Named buffers[] = {{p.cu_seqlens_q, "cu_seqlens_q"}, {p.cu_seqlens_k, "cu_seqlens_k"},
-                           {p.q, "q"}, {p.k, "k"}, {p.v, "v"}, {p.out, "out"}, {p.lse, "lse"}};
+  const Named buffers[] = {{p.cu_seqlens_q, "cu_seqlens_q"},
+                           {p.cu_seqlens_k, "cu_seqlens_k"},
+                           {p.q, "q"},
+                           {p.k, "k"},
+                           {p.v, "v"},
+                           {p.out, "out"},
+                           {p.lse, "lse"}};
   const Named* first = nullptr;
   MemoryKind first_kind = MemoryKind::kHost;
   for (const Named& b : buffers) {
@@ -100,8 +105,8 @@ jfa_status jfa_attention_forward(const jfa_attention_params* params) {
       return JFA_SUCCESS;
     }
 #ifndef JFA_WITH_CUDA
-    return fail(JFA_ERROR_BACKEND_UNAVAILABLE,
-                "backend=%s: this libjfa was built without CUDA", backend_name(backend));
+    return fail(JFA_ERROR_BACKEND_UNAVAILABLE, "backend=%s: this libjfa was built without CUDA",
+                backend_name(backend));
 #else
     if (kind == MemoryKind::kHost)
       return fail(JFA_ERROR_INVALID_ARGUMENT,
@@ -135,9 +140,9 @@ jfa_status jfa_attention_reference(const jfa_attention_params* params, const int
     if (q_tokens != nullptr) {
       for (int64_t i = 0; i < n_tokens; ++i) {
         if (q_tokens[i] < 0 || q_tokens[i] >= p.total_q)
-          return fail(JFA_ERROR_INVALID_ARGUMENT, "q_tokens[%lld]=%lld is outside [0, total_q=%lld)",
-                      static_cast<long long>(i), static_cast<long long>(q_tokens[i]),
-                      static_cast<long long>(p.total_q));
+          return fail(JFA_ERROR_INVALID_ARGUMENT,
+                      "q_tokens[%lld]=%lld is outside [0, total_q=%lld)", static_cast<long long>(i),
+                      static_cast<long long>(q_tokens[i]), static_cast<long long>(p.total_q));
       }
     }
     if (n_tokens > 0 && out == nullptr)

@@ -10,8 +10,7 @@ namespace jfa::detail {
 
 // Records a printf-style message for this thread and returns the status, so callers can write
 // `return fail(JFA_ERROR_INVALID_ARGUMENT, "head_dim must be > 0, got %d", d);`.
-jfa_status fail(jfa_status status, const char* format, ...)
-    __attribute__((format(printf, 2, 3)));
+jfa_status fail(jfa_status status, const char* format, ...) __attribute__((format(printf, 2, 3)));
 
 void clear_error();
 const std::string& last_error_message();

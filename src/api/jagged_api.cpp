@@ -36,9 +36,8 @@ jfa_status check_copy(const void* src, const char* src_name, const int32_t* offs
   for (int64_t b = 0; b < batch; ++b) {
     const int32_t len = offsets[b + 1] - offsets[b];
     if (len > max_length)
-      return fail(JFA_ERROR_INVALID_ARGUMENT,
-                  "sequence %lld has length %d > max_length %d", static_cast<long long>(b), len,
-                  max_length);
+      return fail(JFA_ERROR_INVALID_ARGUMENT, "sequence %lld has length %d > max_length %d",
+                  static_cast<long long>(b), len, max_length);
   }
   const bool empty = offsets[batch] == 0 && (batch == 0 || max_length == 0);
   if (!empty && row_elems > 0) {
@@ -70,7 +69,8 @@ jfa_status jfa_lengths_to_offsets(const int32_t* lengths, int64_t batch, int32_t
       total += lengths[b];
       if (total > std::numeric_limits<int32_t>::max())
         return fail(JFA_ERROR_INVALID_ARGUMENT,
-                    "the sum of lengths overflows int32 at lengths[%lld]", static_cast<long long>(b));
+                    "the sum of lengths overflows int32 at lengths[%lld]",
+                    static_cast<long long>(b));
     }
     offsets[0] = 0;
     for (int64_t b = 0; b < batch; ++b) offsets[b + 1] = offsets[b] + lengths[b];
@@ -85,7 +85,8 @@ jfa_status jfa_validate_offsets(const int32_t* offsets, int64_t batch, int64_t t
 
 jfa_status jfa_max_length(const int32_t* offsets, int64_t batch, int32_t* max_length) {
   return guarded([&] {
-    if (max_length == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "max_length must not be NULL");
+    if (max_length == nullptr)
+      return fail(JFA_ERROR_INVALID_ARGUMENT, "max_length must not be NULL");
     jfa_status s = jfa::detail::validate_offsets_named(offsets, batch, -1, "offsets");
     if (s != JFA_SUCCESS) return s;
     int32_t m = 0;
@@ -115,8 +116,7 @@ jfa_status jfa_padded_to_jagged(const void* padded, const int32_t* offsets, int6
     jfa_status s = check_copy(padded, "padded", offsets, batch, row_elems, dtype, max_length,
                               jagged, "jagged");
     if (s != JFA_SUCCESS) return s;
-    jfa::detail::padded_to_jagged_cpu(padded, offsets, batch, row_elems, dtype, max_length,
-                                      jagged);
+    jfa::detail::padded_to_jagged_cpu(padded, offsets, batch, row_elems, dtype, max_length, jagged);
     return JFA_SUCCESS;
   });
 }

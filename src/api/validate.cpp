@@ -12,8 +12,7 @@ constexpr int64_t kMaxTotal = std::numeric_limits<int32_t>::max();
 
 // A tensor [total, heads, d] with the given strides: every (token, head) row must be distinct and
 // the furthest element must be addressable in int64.
-jfa_status check_layout(const char* name, Layout& layout, int64_t total, int32_t heads,
-                        int32_t d) {
+jfa_status check_layout(const char* name, Layout& layout, int64_t total, int32_t heads, int32_t d) {
   if (layout.token_stride == 0 && layout.head_stride == 0) {
     layout.head_stride = d;
     layout.token_stride = static_cast<int64_t>(heads) * d;
@@ -36,7 +35,8 @@ jfa_status check_layout(const char* name, Layout& layout, int64_t total, int32_t
                 "[%lld, %d, %d] (need head_stride >= head_dim and token_stride >= heads * "
                 "head_stride, or the transposed nesting)",
                 name, static_cast<long long>(layout.token_stride),
-                static_cast<long long>(layout.head_stride), static_cast<long long>(total), heads, d);
+                static_cast<long long>(layout.head_stride), static_cast<long long>(total), heads,
+                d);
   }
   const __int128 reach = (total > 0 ? (total - 1) * ts : 0) + (heads - 1) * hs + d;
   if (reach > std::numeric_limits<int64_t>::max()) {
@@ -82,14 +82,16 @@ jfa_status build_params(const jfa_attention_params* in, Params* out, bool needs_
   if (p.total_k < 0 || p.total_k > kMaxTotal)
     return fail(JFA_ERROR_INVALID_ARGUMENT, "total_k must be in [0, 2^31 - 1], got %lld",
                 static_cast<long long>(p.total_k));
-  if (p.heads_q <= 0) return fail(JFA_ERROR_INVALID_ARGUMENT, "heads_q must be > 0, got %d", p.heads_q);
+  if (p.heads_q <= 0)
+    return fail(JFA_ERROR_INVALID_ARGUMENT, "heads_q must be > 0, got %d", p.heads_q);
   if (p.heads_kv <= 0)
     return fail(JFA_ERROR_INVALID_ARGUMENT, "heads_kv must be > 0, got %d", p.heads_kv);
   if (p.heads_q % p.heads_kv != 0)
     return fail(JFA_ERROR_INVALID_ARGUMENT,
                 "heads_q must be a multiple of heads_kv (GQA/MQA), got heads_q=%d heads_kv=%d",
                 p.heads_q, p.heads_kv);
-  if (p.head_dim <= 0) return fail(JFA_ERROR_INVALID_ARGUMENT, "head_dim must be > 0, got %d", p.head_dim);
+  if (p.head_dim <= 0)
+    return fail(JFA_ERROR_INVALID_ARGUMENT, "head_dim must be > 0, got %d", p.head_dim);
   if (p.head_dim > kMaxHeadDim)
     return fail(JFA_ERROR_UNSUPPORTED, "head_dim %d is not supported (at most %d)", p.head_dim,
                 kMaxHeadDim);
@@ -99,7 +101,8 @@ jfa_status build_params(const jfa_attention_params* in, Params* out, bool needs_
                 static_cast<int>(p.dtype));
   if (in->backend != JFA_BACKEND_AUTO && in->backend != JFA_BACKEND_CPU &&
       in->backend != JFA_BACKEND_CUDA)
-    return fail(JFA_ERROR_INVALID_ARGUMENT, "backend %d is not a jfa_backend (auto=0, cpu=1, cuda=2)",
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "backend %d is not a jfa_backend (auto=0, cpu=1, cuda=2)",
                 static_cast<int>(in->backend));
   if (p.cu_seqlens_q == nullptr)
     return fail(JFA_ERROR_INVALID_ARGUMENT, "cu_seqlens_q must not be NULL (batch + 1 offsets)");
@@ -123,15 +126,19 @@ jfa_status build_params(const jfa_attention_params* in, Params* out, bool needs_
   if (std::isnan(in->softmax_scale)) {
     p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(p.head_dim));
   } else if (!std::isfinite(in->softmax_scale)) {
-    return fail(JFA_ERROR_INVALID_ARGUMENT, "softmax_scale must be finite (or NaN for the default)");
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "softmax_scale must be finite (or NaN for the default)");
   } else {
     p.softmax_scale = in->softmax_scale;
   }
 
   jfa_status s;
-  if ((s = check_layout("q", p.q_layout, p.total_q, p.heads_q, p.head_dim)) != JFA_SUCCESS) return s;
-  if ((s = check_layout("k", p.k_layout, p.total_k, p.heads_kv, p.head_dim)) != JFA_SUCCESS) return s;
-  if ((s = check_layout("v", p.v_layout, p.total_k, p.heads_kv, p.head_dim)) != JFA_SUCCESS) return s;
+  if ((s = check_layout("q", p.q_layout, p.total_q, p.heads_q, p.head_dim)) != JFA_SUCCESS)
+    return s;
+  if ((s = check_layout("k", p.k_layout, p.total_k, p.heads_kv, p.head_dim)) != JFA_SUCCESS)
+    return s;
+  if ((s = check_layout("v", p.v_layout, p.total_k, p.heads_kv, p.head_dim)) != JFA_SUCCESS)
+    return s;
   if (needs_output &&
       (s = check_layout("out", p.out_layout, p.total_q, p.heads_q, p.head_dim)) != JFA_SUCCESS)
     return s;
@@ -142,7 +149,9 @@ jfa_status build_params(const jfa_attention_params* in, Params* out, bool needs_
 jfa_status validate_offsets_named(const int32_t* offsets, int64_t batch, int64_t total,
                                   const char* name) {
   if (offsets == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "%s must not be NULL", name);
-  if (batch < 0) return fail(JFA_ERROR_INVALID_ARGUMENT, "batch must be >= 0, got %lld", static_cast<long long>(batch));
+  if (batch < 0)
+    return fail(JFA_ERROR_INVALID_ARGUMENT, "batch must be >= 0, got %lld",
+                static_cast<long long>(batch));
   if (offsets[0] != 0)
     return fail(JFA_ERROR_INVALID_ARGUMENT, "%s[0] must be 0, got %d", name, offsets[0]);
   for (int64_t i = 1; i <= batch; ++i) {
@@ -177,11 +186,14 @@ jfa_status check_hint(const int32_t* offsets, int64_t batch, int32_t hint, const
 
 jfa_status validate_host_offsets(const Params& p) {
   jfa_status s;
-  if ((s = validate_offsets_named(p.cu_seqlens_q, p.batch, p.total_q, "cu_seqlens_q")) != JFA_SUCCESS)
+  if ((s = validate_offsets_named(p.cu_seqlens_q, p.batch, p.total_q, "cu_seqlens_q")) !=
+      JFA_SUCCESS)
     return s;
-  if ((s = validate_offsets_named(p.cu_seqlens_k, p.batch, p.total_k, "cu_seqlens_k")) != JFA_SUCCESS)
+  if ((s = validate_offsets_named(p.cu_seqlens_k, p.batch, p.total_k, "cu_seqlens_k")) !=
+      JFA_SUCCESS)
     return s;
-  if ((s = check_hint(p.cu_seqlens_q, p.batch, p.max_seqlen_q, "max_seqlen_q")) != JFA_SUCCESS) return s;
+  if ((s = check_hint(p.cu_seqlens_q, p.batch, p.max_seqlen_q, "max_seqlen_q")) != JFA_SUCCESS)
+    return s;
   return check_hint(p.cu_seqlens_k, p.batch, p.max_seqlen_k, "max_seqlen_k");
 }
 

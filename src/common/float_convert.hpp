@@ -39,8 +39,8 @@ inline uint16_t float_to_half(float f) {
     return sign | (abs > 0x7F800000u ? 0x7E00u : 0x7C00u);
   }
   if (abs >= 0x477FF000u) return sign | 0x7C00u;  // rounds past 65504: inf
-  if (abs < 0x38800000u) {                         // below the smallest normal half: subnormal
-    if (abs < 0x33000000u) return sign;            // under half of the smallest subnormal
+  if (abs < 0x38800000u) {                        // below the smallest normal half: subnormal
+    if (abs < 0x33000000u) return sign;           // under half of the smallest subnormal
     const uint32_t exponent = abs >> 23;
     const uint32_t mantissa = (abs & 0x7FFFFFu) | 0x800000u;
     const uint32_t shift = 126 - exponent;  // 14 .. 24
@@ -59,11 +59,14 @@ inline uint16_t float_to_half(float f) {
   return sign | static_cast<uint16_t>(result);
 }
 
-inline float bf16_to_float(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
+inline float bf16_to_float(uint16_t b) {
+  return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
+}
 
 inline uint16_t float_to_bf16(float f) {
   const uint32_t x = std::bit_cast<uint32_t>(f);
-  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet nan
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u)
+    return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet nan
   const uint32_t rounding = 0x7FFFu + ((x >> 16) & 1u);
   return static_cast<uint16_t>((x + rounding) >> 16);
 }

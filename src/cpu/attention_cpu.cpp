@@ -1,6 +1,8 @@
 // Fast CPU attention: float32 tiles of kRows queries against kCols keys, online softmax in base 2
 // with the scale folded into Q, fp16/bf16 converted while the tiles are loaded. Work items
 // (sequence, head, q tile) are balanced across threads, longest first.
+#include "cpu/attention_cpu.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -9,7 +11,6 @@
 #include <vector>
 
 #include "common/float_convert.hpp"
-#include "cpu/attention_cpu.hpp"
 #include "cpu/parallel.hpp"
 
 namespace jfa::detail {
@@ -35,9 +36,15 @@ constexpr int kBlockCols = 16;
 // rounded up to kBlockCols, the extra columns staying zero.
 struct Scratch {
   explicit Scratch(int d)
-      : width((d + kBlockCols - 1) / kBlockCols * kBlockCols), q(kRows * width),
-        kt(static_cast<size_t>(d) * kCols), v(static_cast<size_t>(kCols) * width),
-        s(kRows * kCols), o(kRows * width), m(kRows), l(kRows), row(d) {}
+      : width((d + kBlockCols - 1) / kBlockCols * kBlockCols),
+        q(kRows * width),
+        kt(static_cast<size_t>(d) * kCols),
+        v(static_cast<size_t>(kCols) * width),
+        s(kRows * kCols),
+        o(kRows * width),
+        m(kRows),
+        l(kRows),
+        row(d) {}
   int width;
   std::vector<float> q, kt, v, s, o, m, l, row;
 };
@@ -78,7 +85,9 @@ __attribute__((always_inline)) inline Vec8 load8(const float* p) {
   return v;
 }
 
-__attribute__((always_inline)) inline void store8(float* p, Vec8 v) { std::memcpy(p, &v, sizeof(v)); }
+__attribute__((always_inline)) inline void store8(float* p, Vec8 v) {
+  std::memcpy(p, &v, sizeof(v));
+}
 
 // s[kRows][kCols] = q[kRows][:d] * kt[d][kCols]
 inline void scores_tile(const float* __restrict q, const float* __restrict kt, float* __restrict s,
@@ -104,8 +113,8 @@ inline void scores_tile(const float* __restrict q, const float* __restrict kt, f
 }
 
 // o[kRows][width] += p[kRows][kCols] * v[kCols][width]
-inline void accumulate_pv(const float* __restrict p, const float* __restrict v,
-                          float* __restrict o, int width) {
+inline void accumulate_pv(const float* __restrict p, const float* __restrict v, float* __restrict o,
+                          int width) {
   for (int i0 = 0; i0 < kRows; i0 += kBlockRows) {
     for (int c0 = 0; c0 < width; c0 += kBlockCols) {
       Vec8 acc[kBlockRows][2];
@@ -131,8 +140,9 @@ inline void accumulate_pv(const float* __restrict p, const float* __restrict v,
 }
 
 // Built for AVX2+FMA as well as the baseline; the loader picks the best the CPU has.
-__attribute__((target_clones("arch=x86-64-v3", "default")))
-void run_tile(const Params& p, const WorkItem& item, Scratch& w) {
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void run_tile(const Params& p,
+                                                                          const WorkItem& item,
+                                                                          Scratch& w) {
   const int d = p.head_dim;
   const int64_t b = item.batch_index;
   const int32_t hq = item.head;
@@ -151,7 +161,8 @@ void run_tile(const Params& p, const WorkItem& item, Scratch& w) {
       std::fill(qi, qi + d, 0.0f);
       continue;
     }
-    load_row_as_float(p.q, (q_start + row0 + i) * p.q_layout.token_stride + hq * p.q_layout.head_stride,
+    load_row_as_float(p.q,
+                      (q_start + row0 + i) * p.q_layout.token_stride + hq * p.q_layout.head_stride,
                       d, p.dtype, qi);
     for (int c = 0; c < d; ++c) qi[c] *= q_scale;
   }
@@ -173,16 +184,16 @@ void run_tile(const Params& p, const WorkItem& item, Scratch& w) {
     }
     if (cols < kCols) {  // a partial last tile: no stale keys or values from the previous tile
       for (int c = 0; c < d; ++c)
-        std::fill(&w.kt[static_cast<size_t>(c) * kCols + cols], &w.kt[(c + 1) * size_t{kCols}], 0.0f);
+        std::fill(&w.kt[static_cast<size_t>(c) * kCols + cols], &w.kt[(c + 1) * size_t{kCols}],
+                  0.0f);
       std::fill(w.v.begin() + static_cast<size_t>(cols) * width, w.v.end(), 0.0f);
     }
     scores_tile(w.q.data(), w.kt.data(), w.s.data(), d, width);
     for (int i = 0; i < kRows; ++i) {
       float* si = &w.s[static_cast<size_t>(i) * kCols];
-      const int limit =
-          i < rows
-              ? static_cast<int>(std::clamp<int64_t>(key_limit(p.causal, row0 + i, len_q, len_k) - k0, 0, cols))
-              : 0;
+      const int limit = i < rows ? static_cast<int>(std::clamp<int64_t>(
+                                       key_limit(p.causal, row0 + i, len_q, len_k) - k0, 0, cols))
+                                 : 0;
       std::fill(si + limit, si + kCols, 0.0f);  // hidden keys weigh nothing in P V
       if (limit == 0) continue;
       float tile_max = kNegInf;

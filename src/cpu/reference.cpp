@@ -20,7 +20,8 @@ void attention_reference_cpu(const Params& p, const int64_t* q_tokens, int64_t n
   parallel_for(n_tokens, cpu_thread_count(), [&](int64_t row, int) {
     const int64_t t = q_tokens ? q_tokens[row] : row;
     // Sequence b holds t when cu_q[b] <= t < cu_q[b + 1]; the last such b skips empty sequences.
-    const int64_t b = std::upper_bound(cu_q, cu_q + p.batch + 1, static_cast<int32_t>(t)) - cu_q - 1;
+    const int64_t b =
+        std::upper_bound(cu_q, cu_q + p.batch + 1, static_cast<int32_t>(t)) - cu_q - 1;
     const int64_t i = t - cu_q[b];
     const int64_t len_q = cu_q[b + 1] - cu_q[b];
     const int64_t len_k = cu_k[b + 1] - cu_k[b];
@@ -34,7 +35,8 @@ void attention_reference_cpu(const Params& p, const int64_t* q_tokens, int64_t n
       for (int32_t c = 0; c < d; ++c) q[c] = load_as_float(p.q, q_base + c, p.dtype);
       double m = -std::numeric_limits<double>::infinity();
       for (int64_t j = 0; j < visible; ++j) {
-        const int64_t k_base = (cu_k[b] + j) * p.k_layout.token_stride + hk * p.k_layout.head_stride;
+        const int64_t k_base =
+            (cu_k[b] + j) * p.k_layout.token_stride + hk * p.k_layout.head_stride;
         double s = 0;
         for (int32_t c = 0; c < d; ++c) s += q[c] * load_as_float(p.k, k_base + c, p.dtype);
         scores[j] = s * static_cast<double>(p.softmax_scale);
@@ -49,7 +51,8 @@ void attention_reference_cpu(const Params& p, const int64_t* q_tokens, int64_t n
       for (int64_t j = 0; j < visible; ++j) {
         const double w = std::exp(scores[j] - m);
         sum += w;
-        const int64_t v_base = (cu_k[b] + j) * p.v_layout.token_stride + hk * p.v_layout.head_stride;
+        const int64_t v_base =
+            (cu_k[b] + j) * p.v_layout.token_stride + hk * p.v_layout.head_stride;
         for (int32_t c = 0; c < d; ++c) o[c] += w * load_as_float(p.v, v_base + c, p.dtype);
       }
       for (int32_t c = 0; c < d; ++c) o[c] /= sum;

@@ -60,33 +60,68 @@ const jfa_status kInvalid = JFA_ERROR_INVALID_ARGUMENT;
 INSTANTIATE_TEST_SUITE_P(
     Rules, ValidationTest,
     ::testing::Values(
-        Rule{"non_monotone", [](Fixture& f) { f.cu = {0, 4, 3}; f.p.cu_seqlens_q = f.cu.data(); f.p.total_q = 3; },
-             kInvalid, "cu_seqlens_q must be non-decreasing; cu_seqlens_q[2]=3 < cu_seqlens_q[1]=4"},
-        Rule{"first_offset", [](Fixture& f) { f.cu = {1, 3, 5}; }, kInvalid, "cu_seqlens_q[0] must be 0, got 1"},
-        Rule{"last_offset", [](Fixture& f) { f.p.total_k = 4; }, kInvalid, "cu_seqlens_k[batch]=cu_seqlens_k[2]=5 must equal the total 4"},
+        Rule{"non_monotone",
+             [](Fixture& f) {
+               f.cu = {0, 4, 3};
+               f.p.cu_seqlens_q = f.cu.data();
+               f.p.total_q = 3;
+             },
+             kInvalid,
+             "cu_seqlens_q must be non-decreasing; cu_seqlens_q[2]=3 < cu_seqlens_q[1]=4"},
+        Rule{"first_offset",
+             [](Fixture& f) {
+               f.cu = {1, 3, 5};
+             },
+             kInvalid, "cu_seqlens_q[0] must be 0, got 1"},
+        Rule{"last_offset", [](Fixture& f) { f.p.total_k = 4; }, kInvalid,
+             "cu_seqlens_k[batch]=cu_seqlens_k[2]=5 must equal the total 4"},
         Rule{"negative_batch", [](Fixture& f) { f.p.batch = -1; }, kInvalid, "batch must be in"},
-        Rule{"negative_total", [](Fixture& f) { f.p.total_q = -5; }, kInvalid, "total_q must be in"},
-        Rule{"overflowing_total", [](Fixture& f) { f.p.total_k = int64_t{1} << 32; }, kInvalid, "total_k must be in"},
+        Rule{"negative_total", [](Fixture& f) { f.p.total_q = -5; }, kInvalid,
+             "total_q must be in"},
+        Rule{"overflowing_total", [](Fixture& f) { f.p.total_k = int64_t{1} << 32; }, kInvalid,
+             "total_k must be in"},
         Rule{"zero_heads", [](Fixture& f) { f.p.heads_q = 0; }, kInvalid, "heads_q must be > 0"},
-        Rule{"heads_not_multiple", [](Fixture& f) { f.p.heads_kv = 3; }, kInvalid, "heads_q must be a multiple of heads_kv"},
-        Rule{"zero_head_dim", [](Fixture& f) { f.p.head_dim = 0; }, kInvalid, "head_dim must be > 0"},
-        Rule{"huge_head_dim", [](Fixture& f) { f.p.head_dim = 1024; }, JFA_ERROR_UNSUPPORTED, "head_dim 1024 is not supported"},
-        Rule{"bad_dtype", [](Fixture& f) { f.p.dtype = static_cast<jfa_dtype>(7); }, kInvalid, "dtype 7 is not a jfa_dtype"},
-        Rule{"bad_backend", [](Fixture& f) { f.p.backend = static_cast<jfa_backend>(9); }, kInvalid, "backend 9 is not a jfa_backend"},
+        Rule{"heads_not_multiple", [](Fixture& f) { f.p.heads_kv = 3; }, kInvalid,
+             "heads_q must be a multiple of heads_kv"},
+        Rule{"zero_head_dim", [](Fixture& f) { f.p.head_dim = 0; }, kInvalid,
+             "head_dim must be > 0"},
+        Rule{"huge_head_dim", [](Fixture& f) { f.p.head_dim = 1024; }, JFA_ERROR_UNSUPPORTED,
+             "head_dim 1024 is not supported"},
+        Rule{"bad_dtype", [](Fixture& f) { f.p.dtype = static_cast<jfa_dtype>(7); }, kInvalid,
+             "dtype 7 is not a jfa_dtype"},
+        Rule{"bad_backend", [](Fixture& f) { f.p.backend = static_cast<jfa_backend>(9); }, kInvalid,
+             "backend 9 is not a jfa_backend"},
         Rule{"null_q", [](Fixture& f) { f.p.q = nullptr; }, kInvalid, "q must not be NULL"},
         Rule{"null_out", [](Fixture& f) { f.p.out = nullptr; }, kInvalid, "out must not be NULL"},
-        Rule{"null_offsets", [](Fixture& f) { f.p.cu_seqlens_k = nullptr; }, kInvalid, "cu_seqlens_k must not be NULL"},
-        Rule{"negative_stride", [](Fixture& f) { f.p.k_layout = {-32, 16}; }, kInvalid, "k strides must both be > 0"},
-        Rule{"overlapping_rows", [](Fixture& f) { f.p.q_layout = {16, 8}; }, kInvalid, "q strides make rows overlap"},
-        Rule{"overflowing_stride", [](Fixture& f) { f.p.v_layout = {int64_t{1} << 62, 16}; }, kInvalid, "v: strides times sizes overflow int64"},
-        Rule{"infinite_scale", [](Fixture& f) { f.p.softmax_scale = INFINITY; }, kInvalid, "softmax_scale must be finite"},
-        Rule{"short_hint", [](Fixture& f) { f.p.max_seqlen_q = 2; }, kInvalid, "max_seqlen_q=2 is smaller than the length 3 of sequence 0"},
-        Rule{"negative_hint", [](Fixture& f) { f.p.max_seqlen_k = -1; }, kInvalid, "max_seqlen_k must be >= 0"}),
+        Rule{"null_offsets", [](Fixture& f) { f.p.cu_seqlens_k = nullptr; }, kInvalid,
+             "cu_seqlens_k must not be NULL"},
+        Rule{"negative_stride",
+             [](Fixture& f) {
+               f.p.k_layout = {-32, 16};
+             },
+             kInvalid, "k strides must both be > 0"},
+        Rule{"overlapping_rows",
+             [](Fixture& f) {
+               f.p.q_layout = {16, 8};
+             },
+             kInvalid, "q strides make rows overlap"},
+        Rule{"overflowing_stride",
+             [](Fixture& f) {
+               f.p.v_layout = {int64_t{1} << 62, 16};
+             },
+             kInvalid, "v: strides times sizes overflow int64"},
+        Rule{"infinite_scale", [](Fixture& f) { f.p.softmax_scale = INFINITY; }, kInvalid,
+             "softmax_scale must be finite"},
+        Rule{"short_hint", [](Fixture& f) { f.p.max_seqlen_q = 2; }, kInvalid,
+             "max_seqlen_q=2 is smaller than the length 3 of sequence 0"},
+        Rule{"negative_hint", [](Fixture& f) { f.p.max_seqlen_k = -1; }, kInvalid,
+             "max_seqlen_k must be >= 0"}),
     [](const ::testing::TestParamInfo<Rule>& info) { return std::string(info.param.name); });
 
 TEST(Validation, NullParams) {
   EXPECT_EQ(jfa_attention_forward(nullptr), JFA_ERROR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(jfa_last_error_message()).find("params must not be NULL"), std::string::npos);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("params must not be NULL"),
+            std::string::npos);
 }
 
 TEST(Validation, CudaBackendOnHostBuffersIsAClearError) {

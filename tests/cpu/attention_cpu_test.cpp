@@ -73,12 +73,13 @@ TEST(AttentionCpu, RandomJaggedBatchesMatchTheReference) {
     }
     const int heads_kv = std::uniform_int_distribution<int>(1, 2)(rng);
     const int heads_q = heads_kv * std::uniform_int_distribution<int>(1, 3)(rng);
-    JaggedBatch b = jfa::tools::make_batch(lq, lk, heads_q, heads_kv, pick(head_dims), pick(dtypes),
-                                           rng());
+    JaggedBatch b =
+        jfa::tools::make_batch(lq, lk, heads_q, heads_kv, pick(head_dims), pick(dtypes), rng());
     jfa::AttentionOptions options;
     options.causal = (c / 2) % 2 == 1;
     if (c % 5 == 0) options.softmax_scale = 0.05f;
-    expect_matches_reference(b, options, "case " + std::to_string(c) + " seed " + std::to_string(seed));
+    expect_matches_reference(b, options,
+                             "case " + std::to_string(c) + " seed " + std::to_string(seed));
   }
 }
 
@@ -97,12 +98,14 @@ TEST(AttentionCpu, ManyTinySequences) {
 TEST(AttentionCpu, EmptyBatchAndAllEmptySequences) {
   const std::vector<int32_t> none = {0};
   jfa::JaggedTensor q{nullptr, DType::kFloat16, 0, 2, 64, 0, 0};
-  EXPECT_NO_THROW(jfa::attention(q, q, q, q, none.data(), none.data(), 0, {.backend = jfa::Backend::kCpu}));
+  EXPECT_NO_THROW(
+      jfa::attention(q, q, q, q, none.data(), none.data(), 0, {.backend = jfa::Backend::kCpu}));
   JaggedBatch b = jfa::tools::make_batch({0, 0, 0}, {0, 5, 0}, 2, 2, 64, DType::kBFloat16, 1);
   expect_matches_reference(b, {}, "zero-length queries");
   JaggedBatch keyless = jfa::tools::make_batch({3, 4}, {0, 0}, 2, 2, 64, DType::kFloat16, 2);
   const Outcome r = run_cpu(keyless, {});
-  for (int64_t i = 0; i < r.out.count(); ++i) ASSERT_EQ(jfa::tools::element_as_double(r.out, i), 0.0);
+  for (int64_t i = 0; i < r.out.count(); ++i)
+    ASSERT_EQ(jfa::tools::element_as_double(r.out, i), 0.0);
   for (float l : r.lse) ASSERT_TRUE(std::isinf(l) && l < 0);
 }
 

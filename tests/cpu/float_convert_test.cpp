@@ -33,7 +33,8 @@ TEST(FloatConvert, FloatToHalfRoundsToNearestEvenLikeTheCompiler) {
     const float f = std::bit_cast<float>(any_bits(rng));
     if (std::isnan(f)) continue;
     const uint16_t expected = std::bit_cast<uint16_t>(static_cast<_Float16>(f));
-    ASSERT_EQ(float_to_half(f), expected) << "float bits 0x" << std::hex << std::bit_cast<uint32_t>(f);
+    ASSERT_EQ(float_to_half(f), expected)
+        << "float bits 0x" << std::hex << std::bit_cast<uint32_t>(f);
   }
 }
 

@@ -46,18 +46,26 @@ TEST(JaggedUtils, LengthsToOffsetsRejectsNegativeAndOverflow) {
 }
 
 TEST(JaggedUtils, ValidateOffsetsNamesTheBrokenRule) {
-  EXPECT_EQ(status_of([] { jfa::validate_offsets(std::vector<int32_t>{1, 2}); }),
+  EXPECT_EQ(status_of([] {
+              jfa::validate_offsets(std::vector<int32_t>{1, 2});
+            }),
             Status::kInvalidArgument);
   EXPECT_NE(std::string(jfa_last_error_message()).find("offsets[0] must be 0"), std::string::npos);
-  EXPECT_EQ(status_of([] { jfa::validate_offsets(std::vector<int32_t>{0, 52, 40}); }),
+  EXPECT_EQ(status_of([] {
+              jfa::validate_offsets(std::vector<int32_t>{0, 52, 40});
+            }),
             Status::kInvalidArgument);
   EXPECT_NE(std::string(jfa_last_error_message()).find("offsets[2]=40 < offsets[1]=52"),
             std::string::npos);
-  EXPECT_EQ(status_of([] { jfa::validate_offsets(std::vector<int32_t>{0, 5}, 6); }),
+  EXPECT_EQ(status_of([] {
+              jfa::validate_offsets(std::vector<int32_t>{0, 5}, 6);
+            }),
             Status::kInvalidArgument);
-  EXPECT_NE(std::string(jfa_last_error_message()).find("must equal the total 6"), std::string::npos);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("must equal the total 6"),
+            std::string::npos);
   EXPECT_EQ(jfa_validate_offsets(nullptr, 1, -1), JFA_ERROR_INVALID_ARGUMENT);
-  EXPECT_EQ(jfa_validate_offsets(std::vector<int32_t>{0}.data(), -1, -1), JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(jfa_validate_offsets(std::vector<int32_t>{0}.data(), -1, -1),
+            JFA_ERROR_INVALID_ARGUMENT);
 }
 
 class PaddedRoundTrip : public ::testing::TestWithParam<DType> {};
@@ -109,14 +117,14 @@ TEST(JaggedUtils, PaddedRejectsSequencesLongerThanMaxLength) {
             Status::kInvalidArgument);
   EXPECT_NE(std::string(jfa_last_error_message()).find("sequence 1 has length 5 > max_length 4"),
             std::string::npos);
-  EXPECT_EQ(jfa_jagged_to_padded(jagged.data(), offsets.data(), 2, 1, JFA_DTYPE_FLOAT32, 8, 0.0,
-                                 nullptr),
-            JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(
+      jfa_jagged_to_padded(jagged.data(), offsets.data(), 2, 1, JFA_DTYPE_FLOAT32, 8, 0.0, nullptr),
+      JFA_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(jfa_padded_to_jagged(padded.data(), offsets.data(), 2, -1, JFA_DTYPE_FLOAT32, 8,
                                  jagged.data()),
             JFA_ERROR_INVALID_ARGUMENT);
-  EXPECT_EQ(jfa_padded_to_jagged(padded.data(), offsets.data(), 2, 1, static_cast<jfa_dtype>(9),
-                                 8, jagged.data()),
+  EXPECT_EQ(jfa_padded_to_jagged(padded.data(), offsets.data(), 2, 1, static_cast<jfa_dtype>(9), 8,
+                                 jagged.data()),
             JFA_ERROR_INVALID_ARGUMENT);
 }
 

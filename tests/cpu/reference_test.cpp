@@ -39,7 +39,8 @@ Explicit explicit_attention(const JaggedBatch& b, bool causal, double scale) {
         for (int j = 0; j < lk; ++j) {
           double dot = 0;
           for (int c = 0; c < d; ++c)
-            dot += at(b.q, b.cu_q[s] + i, b.heads_q, h, c) * at(b.k, b.cu_k[s] + j, b.heads_kv, hk, c);
+            dot +=
+                at(b.q, b.cu_q[s] + i, b.heads_q, h, c) * at(b.k, b.cu_k[s] + j, b.heads_kv, hk, c);
           const bool hidden = causal && j > i + (lk - lq);
           S[i * lk + j] = hidden ? -std::numeric_limits<double>::infinity() : scale * dot;
         }
@@ -78,9 +79,9 @@ TEST_P(ReferenceTest, MatchesExplicitSoftmax) {
     options.causal = c.causal;
     options.softmax_scale = static_cast<float>(scale);
     std::vector<double> lse;
-    const std::vector<double> out = jfa::attention_reference(
-        b.q_view(), b.k_view(), b.v_view(), b.cu_q.data(), b.cu_k.data(), b.batch(), options, {},
-        &lse);
+    const std::vector<double> out =
+        jfa::attention_reference(b.q_view(), b.k_view(), b.v_view(), b.cu_q.data(), b.cu_k.data(),
+                                 b.batch(), options, {}, &lse);
     const Explicit want = explicit_attention(b, c.causal, static_cast<float>(scale));
     ASSERT_EQ(out.size(), want.out.size());
     for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], want.out[i], 1e-12) << i;
@@ -96,12 +97,15 @@ TEST_P(ReferenceTest, MatchesExplicitSoftmax) {
 
 INSTANTIATE_TEST_SUITE_P(
     Tiny, ReferenceTest,
-    ::testing::Values(TinyCase{{3}, {3}, 1, 1, 4, false}, TinyCase{{5, 1, 7}, {5, 1, 7}, 2, 2, 8, false},
+    ::testing::Values(TinyCase{{3}, {3}, 1, 1, 4, false},
+                      TinyCase{{5, 1, 7}, {5, 1, 7}, 2, 2, 8, false},
                       TinyCase{{5, 1, 7}, {5, 1, 7}, 2, 2, 8, true},
                       TinyCase{{0, 4, 3}, {2, 0, 6}, 4, 2, 3, false},  // empty q and empty k
                       TinyCase{{6, 2}, {3, 5}, 4, 1, 5, true},         // lq > lk: rows with no key
                       TinyCase{{1}, {9}, 3, 3, 16, true}),
-    [](const ::testing::TestParamInfo<TinyCase>& info) { return "case" + std::to_string(info.index); });
+    [](const ::testing::TestParamInfo<TinyCase>& info) {
+      return "case" + std::to_string(info.index);
+    });
 
 TEST(Reference, SubsetOfTokensMatchesTheFullRun) {
   JaggedBatch b = jfa::tools::make_batch({4, 0, 9}, {4, 0, 9}, 2, 1, 8, DType::kFloat16,
@@ -113,8 +117,7 @@ TEST(Reference, SubsetOfTokensMatchesTheFullRun) {
                                              b.cu_k.data(), b.batch(), {}, tokens);
   const int64_t row = 2 * 8;
   for (size_t r = 0; r < tokens.size(); ++r)
-    for (int64_t e = 0; e < row; ++e)
-      EXPECT_EQ(part[r * row + e], full[tokens[r] * row + e]);
+    for (int64_t e = 0; e < row; ++e) EXPECT_EQ(part[r * row + e], full[tokens[r] * row + e]);
   const std::vector<int64_t> bad = {13};
   EXPECT_THROW(jfa::attention_reference(b.q_view(), b.k_view(), b.v_view(), b.cu_q.data(),
                                         b.cu_k.data(), b.batch(), {}, bad),

@@ -37,28 +37,31 @@ struct Case {
   DType dtype = DType::kFloat16;
   bool causal = false;
   bool with_lse = true;
-  int64_t token_pad = 0;    // extra elements per token row in every tensor (strided layout)
-  int64_t max_check = 0;    // > 0: compare only this many sampled query tokens
-  bool hints = false;       // pass max_seqlen hints
+  int64_t token_pad = 0;  // extra elements per token row in every tensor (strided layout)
+  int64_t max_check = 0;  // > 0: compare only this many sampled query tokens
+  bool hints = false;     // pass max_seqlen hints
   float scale = std::numeric_limits<float>::quiet_NaN();
 };
 
 std::string describe(const Case& c) {
   char buf[256];
   std::snprintf(buf, sizeof buf, "%s d=%d hq=%d hkv=%d causal=%d batch=%zu pad=%lld lse=%d",
-                jfa::tools::dtype_name(c.dtype), c.head_dim, c.heads_q, c.heads_kv, c.causal ? 1 : 0,
-                c.lq.size(), static_cast<long long>(c.token_pad), c.with_lse ? 1 : 0);
+                jfa::tools::dtype_name(c.dtype), c.head_dim, c.heads_q, c.heads_kv,
+                c.causal ? 1 : 0, c.lq.size(), static_cast<long long>(c.token_pad),
+                c.with_lse ? 1 : 0);
   return buf;
 }
 
-// Host copy of a packed tensor laid out with `pad` extra elements per token, padding filled with NaN.
-HostBuffer with_padding(const HostBuffer& packed, int64_t total, int32_t heads, int32_t d, int64_t pad) {
+// Host copy of a packed tensor laid out with `pad` extra elements per token, padding filled with
+// NaN.
+HostBuffer with_padding(const HostBuffer& packed, int64_t total, int32_t heads, int32_t d,
+                        int64_t pad) {
   HostBuffer out(packed.dtype, total * (heads * d + pad));
   std::fill(out.bytes.begin(), out.bytes.end(), 0xFF);
   const size_t es = jfa::dtype_size(packed.dtype);
   for (int64_t t = 0; t < total; ++t)
-    std::memcpy(out.bytes.data() + t * (heads * d + pad) * es, packed.bytes.data() + t * heads * d * es,
-                heads * d * es);
+    std::memcpy(out.bytes.data() + t * (heads * d + pad) * es,
+                packed.bytes.data() + t * heads * d * es, heads * d * es);
   return out;
 }
 
@@ -130,7 +133,8 @@ class AttentionRunner {
   }
 
   // Poisons the outputs (guards included), runs, downloads. Returns the status.
-  jfa_status run(DeviceRun* r, jfa_backend backend = JFA_BACKEND_AUTO, cudaStream_t stream = nullptr) {
+  jfa_status run(DeviceRun* r, jfa_backend backend = JFA_BACKEND_AUTO,
+                 cudaStream_t stream = nullptr) {
     poison();
     jfa_attention_params p = device_params();
     p.backend = backend;
@@ -148,11 +152,12 @@ class AttentionRunner {
   }
 
   jfa_attention_params device_params() {
-    return params(dq_.ptr, b_.total_k() ? dk_.ptr : nullptr, b_.total_k() ? dv_.ptr : nullptr,
-                  static_cast<unsigned char*>(dout_.ptr) + kGuardBytes,
-                  c_.with_lse ? reinterpret_cast<float*>(static_cast<unsigned char*>(dlse_.ptr) + kGuardBytes)
-                              : nullptr,
-                  dcq_.as<int32_t>(), dck_.as<int32_t>());
+    return params(
+        dq_.ptr, b_.total_k() ? dk_.ptr : nullptr, b_.total_k() ? dv_.ptr : nullptr,
+        static_cast<unsigned char*>(dout_.ptr) + kGuardBytes,
+        c_.with_lse ? reinterpret_cast<float*>(static_cast<unsigned char*>(dlse_.ptr) + kGuardBytes)
+                    : nullptr,
+        dcq_.as<int32_t>(), dck_.as<int32_t>());
   }
 
   void download(DeviceRun* r) {
@@ -168,7 +173,8 @@ class AttentionRunner {
     const unsigned char* bytes = r.out_bytes.data();
     for (size_t i = 0; i < kGuardBytes; ++i) {
       ASSERT_EQ(bytes[i], 0xFF) << "write before the output buffer at byte " << i;
-      ASSERT_EQ(bytes[r.out_bytes.size() - kGuardBytes + i], 0xFF) << "write after the output buffer";
+      ASSERT_EQ(bytes[r.out_bytes.size() - kGuardBytes + i], 0xFF)
+          << "write after the output buffer";
     }
     const int64_t row_elems = c_.heads_q * c_.head_dim;
     const int64_t qts = row_elems + c_.token_pad;
@@ -190,7 +196,8 @@ class AttentionRunner {
       std::mt19937_64 rng(seed ^ 0x5eed);
       std::uniform_int_distribution<int64_t> pick(0, b_.total_q() - 1);
       for (int64_t i = 0; i < c_.max_check; ++i) rows.push_back(pick(rng));
-      for (size_t s = 0; s + 1 < b_.cu_q.size() && rows.size() < static_cast<size_t>(2 * c_.max_check); ++s) {
+      for (size_t s = 0;
+           s + 1 < b_.cu_q.size() && rows.size() < static_cast<size_t>(2 * c_.max_check); ++s) {
         if (b_.cu_q[s + 1] > b_.cu_q[s]) {
           rows.push_back(b_.cu_q[s]);
           rows.push_back(b_.cu_q[s + 1] - 1);
@@ -203,7 +210,8 @@ class AttentionRunner {
     hp.max_seqlen_q = hp.max_seqlen_k = 0;
     const int64_t n = rows.empty() ? b_.total_q() : static_cast<int64_t>(rows.size());
     std::vector<double> ref(n * row_elems), ref_lse(n * c_.heads_q);
-    ASSERT_EQ(jfa_attention_reference(&hp, rows.empty() ? nullptr : rows.data(), n, ref.data(), ref_lse.data()),
+    ASSERT_EQ(jfa_attention_reference(&hp, rows.empty() ? nullptr : rows.data(), n, ref.data(),
+                                      ref_lse.data()),
               JFA_SUCCESS)
         << jfa_last_error_message();
     const double err = jfa::tools::relative_error(out, ref, rows, row_elems);
@@ -216,10 +224,12 @@ class AttentionRunner {
     const uint32_t* lse_bits = reinterpret_cast<const uint32_t*>(r.lse.data());
     for (size_t i = 0; i < guard_floats; ++i) {
       ASSERT_EQ(lse_bits[i], 0xFFFFFFFFu) << "LSE write before its buffer";
-      ASSERT_EQ(lse_bits[r.lse.size() - guard_floats + i], 0xFFFFFFFFu) << "LSE write after its buffer";
+      ASSERT_EQ(lse_bits[r.lse.size() - guard_floats + i], 0xFFFFFFFFu)
+          << "LSE write after its buffer";
     }
     if (!c_.with_lse) {
-      for (size_t i = 0; i < r.lse.size(); ++i) ASSERT_EQ(lse_bits[i], 0xFFFFFFFFu) << "LSE written while NULL";
+      for (size_t i = 0; i < r.lse.size(); ++i)
+        ASSERT_EQ(lse_bits[i], 0xFFFFFFFFu) << "LSE written while NULL";
       return;
     }
     int64_t bad = 0;
@@ -228,8 +238,11 @@ class AttentionRunner {
       for (int h = 0; h < c_.heads_q; ++h) {
         const float got = r.lse[guard_floats + h * b_.total_q() + token];
         const double want = ref_lse[h * n + i];
-        const bool ok = std::isinf(want) ? (std::isinf(got) && got < 0) : std::abs(got - want) <= 2e-3 * (1 + std::abs(want));
-        if (!ok && bad++ < 5) ADD_FAILURE() << "LSE token " << token << " head " << h << ": got " << got << " want " << want;
+        const bool ok = std::isinf(want) ? (std::isinf(got) && got < 0)
+                                         : std::abs(got - want) <= 2e-3 * (1 + std::abs(want));
+        if (!ok && bad++ < 5)
+          ADD_FAILURE() << "LSE token " << token << " head " << h << ": got " << got << " want "
+                        << want;
       }
     }
     EXPECT_EQ(bad, 0);
@@ -384,7 +397,8 @@ TEST(AttentionGpu, OverlappedScheduleMatchesReference) {
       for (bool causal : {false, true}) {
         Case c;
         c.lq = kEdgeLengths;
-        c.lk = (d == 64) ? kEdgeLengths : random_lengths(rng, static_cast<int>(kEdgeLengths.size()), 0, 500);
+        c.lk = (d == 64) ? kEdgeLengths
+                         : random_lengths(rng, static_cast<int>(kEdgeLengths.size()), 0, 500);
         c.heads_q = 4;
         c.heads_kv = 2;
         c.head_dim = d;
@@ -411,7 +425,8 @@ TEST(AttentionGpu, EmptyBatchAndZeroTokens) {
 }
 
 TEST(AttentionGpu, GraphCaptureReplaysWithNewLengths) {
-  // Capture once, then change the offsets in place (same totals) and replay: the result must follow.
+  // Capture once, then change the offsets in place (same totals) and replay: the result must
+  // follow.
   Case c;
   c.lq = c.lk = {100, 200, 50};
   c.head_dim = 128;
@@ -444,7 +459,8 @@ TEST(AttentionGpu, GraphCaptureReplaysWithNewLengths) {
 
 TEST(AttentionGpu, GarbageDeviceOffsetsStayInBounds) {
   // Offsets are not validated on the device; the kernel clamps them. Results are unspecified but no
-  // access may leave the buffers (run this under compute-sanitizer memcheck) and guards stay intact.
+  // access may leave the buffers (run this under compute-sanitizer memcheck) and guards stay
+  // intact.
   Case c;
   c.lq = c.lk = {100, 200, 50};
   c.head_dim = 64;
@@ -503,19 +519,22 @@ TEST(AttentionGpuApi, HostOrDeviceMismatchesAreErrors) {
   runner.upload();
   JaggedBatch& b = runner.batch();
   HostBuffer host_out = b.make_output();
-  jfa_attention_params hp = runner.params(b.q.data(), b.k.data(), b.v.data(), host_out.data(), nullptr,
-                                          b.cu_q.data(), b.cu_k.data());
+  jfa_attention_params hp = runner.params(b.q.data(), b.k.data(), b.v.data(), host_out.data(),
+                                          nullptr, b.cu_q.data(), b.cu_k.data());
   hp.backend = JFA_BACKEND_CUDA;
-  EXPECT_EQ(jfa_attention_forward(&hp), JFA_ERROR_INVALID_ARGUMENT) << "host buffers with backend=cuda";
+  EXPECT_EQ(jfa_attention_forward(&hp), JFA_ERROR_INVALID_ARGUMENT)
+      << "host buffers with backend=cuda";
   jfa_attention_params dp = runner.device_params();
   dp.backend = JFA_BACKEND_CPU;
-  EXPECT_EQ(jfa_attention_forward(&dp), JFA_ERROR_INVALID_ARGUMENT) << "device buffers with backend=cpu";
+  EXPECT_EQ(jfa_attention_forward(&dp), JFA_ERROR_INVALID_ARGUMENT)
+      << "device buffers with backend=cpu";
   jfa_attention_params mixed = runner.device_params();
   mixed.out = host_out.data();
   EXPECT_EQ(jfa_attention_forward(&mixed), JFA_ERROR_INVALID_ARGUMENT) << "mixed host/device";
   mixed = runner.device_params();
   mixed.cu_seqlens_q = b.cu_q.data();
-  EXPECT_EQ(jfa_attention_forward(&mixed), JFA_ERROR_INVALID_ARGUMENT) << "host offsets, device tensors";
+  EXPECT_EQ(jfa_attention_forward(&mixed), JFA_ERROR_INVALID_ARGUMENT)
+      << "host offsets, device tensors";
 }
 
 }  // namespace

@@ -10,9 +10,9 @@
 #include <random>
 #include <string>
 
-#define JFA_CUDA_OK(expr)                                                            \
-  do {                                                                              \
-    const cudaError_t jfa_e_ = (expr);                                              \
+#define JFA_CUDA_OK(expr)                                                          \
+  do {                                                                             \
+    const cudaError_t jfa_e_ = (expr);                                             \
     ASSERT_EQ(jfa_e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(jfa_e_); \
   } while (0)
 

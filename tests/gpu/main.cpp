@@ -16,8 +16,8 @@ int main(int argc, char** argv) {
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
   if (major != 9 || minor != 0) {
-    std::printf("GPU 0 has compute capability %d.%d; these tests need 9.0 (Hopper): skipping\n", major,
-                minor);
+    std::printf("GPU 0 has compute capability %d.%d; these tests need 9.0 (Hopper): skipping\n",
+                major, minor);
     return 77;
   }
   ::testing::InitGoogleTest(&argc, argv);

@@ -1,6 +1,6 @@
 // Unit tests of the tile layer (jfa::tlx) on the GPU: TMA round trip with out-of-bounds fill and
-// clipped stores, wgmma SS/RS against a host reference for the kernel's tile shapes, mbarrier phases
-// over many iterations, named barriers and setmaxnreg roles.
+// clipped stores, wgmma SS/RS against a host reference for the kernel's tile shapes, mbarrier
+// phases over many iterations, named barriers and setmaxnreg roles.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -62,10 +62,11 @@ struct TmaShared {
 };
 
 __global__ void tma_roundtrip_kernel(const __grid_constant__ CUtensorMap in_map,
-                                     const __grid_constant__ CUtensorMap out_map, int row_a, int row_b,
-                                     uint16_t* seen_a, uint16_t* seen_b) {
+                                     const __grid_constant__ CUtensorMap out_map, int row_a,
+                                     int row_b, uint16_t* seen_a, uint16_t* seen_b) {
   extern __shared__ unsigned char raw[];
-  auto& s = *reinterpret_cast<TmaShared*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023});
+  auto& s =
+      *reinterpret_cast<TmaShared*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023});
   if (threadIdx.x == 0) {
     s.bar.init(1);
     tlx::fence_barrier_init();
@@ -122,7 +123,8 @@ void run_tma_case(int row_a, int row_b) {
   std::vector<uint16_t> host(kRows * kCols);
   for (int r = 0; r < kRows; ++r)
     for (int c = 0; c < kCols; ++c) host[r * kCols + c] = to_bits(matrix_value(r, c), true);
-  DeviceBuffer in(host.size() * 2), out(host.size() * 2), seen_a(64 * kCols * 2), seen_b(64 * kCols * 2);
+  DeviceBuffer in(host.size() * 2), out(host.size() * 2), seen_a(64 * kCols * 2),
+      seen_b(64 * kCols * 2);
   JFA_CUDA_OK(cudaMemcpy(in.ptr, host.data(), in.bytes, cudaMemcpyHostToDevice));
   JFA_CUDA_OK(cudaMemset(out.ptr, 0x77, out.bytes));
   CUtensorMap in_map, out_map;
@@ -130,7 +132,8 @@ void run_tma_case(int row_a, int row_b) {
   ASSERT_TRUE(make_2d_map(in.ptr, kRows, &in_map, &err)) << err;
   ASSERT_TRUE(make_2d_map(out.ptr, kRows, &out_map, &err)) << err;
   const int smem = sizeof(TmaShared) + 1024;
-  JFA_CUDA_OK(cudaFuncSetAttribute(tma_roundtrip_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  JFA_CUDA_OK(cudaFuncSetAttribute(tma_roundtrip_kernel,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   tma_roundtrip_kernel<<<1, 128, smem>>>(in_map, out_map, row_a, row_b, seen_a.as<uint16_t>(),
                                          seen_b.as<uint16_t>());
   JFA_CUDA_OK(cudaGetLastError());
@@ -147,7 +150,8 @@ void run_tma_case(int row_a, int row_b) {
         const float want = (gr >= 0 && gr < kRows) ? matrix_value(gr, c) : 0.0f;
         const float g = from_bits(got[r * kCols + c], true);
         if (g != want && bad++ < 5)
-          ADD_FAILURE() << "load round " << round << " (" << r << "," << c << "): got " << g << " want " << want;
+          ADD_FAILURE() << "load round " << round << " (" << r << "," << c << "): got " << g
+                        << " want " << want;
       }
     }
     EXPECT_EQ(bad, 0);
@@ -192,17 +196,22 @@ struct GemmShared {
 
 template <typename T>
 __device__ T bits_to(uint16_t b) {
-  if constexpr (std::is_same_v<T, __half>) return __ushort_as_half(b);
-  else return __ushort_as_bfloat16(b);
+  if constexpr (std::is_same_v<T, __half>)
+    return __ushort_as_half(b);
+  else
+    return __ushort_as_bfloat16(b);
 }
 
 template <typename T, int kD, int kNB>
-__global__ void __launch_bounds__(128) wgmma_chain_kernel(const uint16_t* q, const uint16_t* k,
-                                                          const uint16_t* v, float* s_out, float* o_out) {
+__global__ void __launch_bounds__(128)
+    wgmma_chain_kernel(const uint16_t* q, const uint16_t* k, const uint16_t* v, float* s_out,
+                       float* o_out) {
   extern __shared__ unsigned char raw[];
   using Shared = GemmShared<T, kD, kNB>;
-  auto& sm = *reinterpret_cast<Shared*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023});
-  for (int i = threadIdx.x; i < 64 * kD; i += blockDim.x) sm.q.at(i / kD, i % kD) = bits_to<T>(q[i]);
+  auto& sm =
+      *reinterpret_cast<Shared*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023});
+  for (int i = threadIdx.x; i < 64 * kD; i += blockDim.x)
+    sm.q.at(i / kD, i % kD) = bits_to<T>(q[i]);
   for (int i = threadIdx.x; i < kNB * kD; i += blockDim.x) {
     sm.k.at(i / kD, i % kD) = bits_to<T>(k[i]);
     sm.v.at(i / kD, i % kD) = bits_to<T>(v[i]);
@@ -217,8 +226,8 @@ __global__ void __launch_bounds__(128) wgmma_chain_kernel(const uint16_t* q, con
   for (int kk = 0; kk < kD / 16; ++kk) {
     const uint32_t qa = sm.q.box_addr(kk / 4) + (kk % 4) * 32;
     const uint32_t kb = sm.k.box_addr(kk / 4) + (kk % 4) * 32;
-    tlx::wgmma_ss<T, kNB, 0>(s, tlx::make_desc_sw128(qa, 16, 1024), tlx::make_desc_sw128(kb, 16, 1024),
-                             kk > 0 ? 1u : 0u);
+    tlx::wgmma_ss<T, kNB, 0>(s, tlx::make_desc_sw128(qa, 16, 1024),
+                             tlx::make_desc_sw128(kb, 16, 1024), kk > 0 ? 1u : 0u);
   }
   tlx::wgmma_commit();
   tlx::wgmma_wait<0>();
@@ -239,8 +248,8 @@ __global__ void __launch_bounds__(128) wgmma_chain_kernel(const uint16_t* q, con
 #pragma unroll
   for (int kk = 0; kk < kNB / 16; ++kk) {
     const uint32_t vb = sm.v.box_addr(0) + kk * 16 * tlx::kSwizzleBytes;
-    tlx::wgmma_rs<T, kD, 1>(o, p[kk], tlx::make_desc_sw128(vb, tlx::SwizzledTile<T, kNB, kD>::kBoxBytes, 1024),
-                            1u);
+    tlx::wgmma_rs<T, kD, 1>(
+        o, p[kk], tlx::make_desc_sw128(vb, tlx::SwizzledTile<T, kNB, kD>::kBoxBytes, 1024), 1u);
   }
   tlx::wgmma_commit();
   tlx::wgmma_wait<0>();
@@ -256,7 +265,8 @@ __global__ void __launch_bounds__(128) wgmma_chain_kernel(const uint16_t* q, con
 template <typename T, int kD, int kNB>
 void run_wgmma_case() {
   constexpr bool kHalf = std::is_same_v<T, __half>;
-  SCOPED_TRACE(std::string(kHalf ? "fp16" : "bf16") + " d=" + std::to_string(kD) + " n=" + std::to_string(kNB));
+  SCOPED_TRACE(std::string(kHalf ? "fp16" : "bf16") + " d=" + std::to_string(kD) +
+               " n=" + std::to_string(kNB));
   std::mt19937_64 rng(jfa::gpu_test::fresh_seed("wgmma"));
   std::normal_distribution<float> normal(0.f, 1.f);
   auto fill = [&](std::vector<uint16_t>& buf) {
@@ -269,7 +279,8 @@ void run_wgmma_case() {
   auto val = [&](const std::vector<uint16_t>& b, size_t i) {
     return static_cast<double>(from_bits(b[i], kHalf));
   };
-  DeviceBuffer dq(q.size() * 2), dk(k.size() * 2), dv(v.size() * 2), ds(64 * kNB * 4), d_o(64 * kD * 4);
+  DeviceBuffer dq(q.size() * 2), dk(k.size() * 2), dv(v.size() * 2), ds(64 * kNB * 4),
+      d_o(64 * kD * 4);
   JFA_CUDA_OK(cudaMemcpy(dq.ptr, q.data(), dq.bytes, cudaMemcpyHostToDevice));
   JFA_CUDA_OK(cudaMemcpy(dk.ptr, k.data(), dk.bytes, cudaMemcpyHostToDevice));
   JFA_CUDA_OK(cudaMemcpy(dv.ptr, v.data(), dv.bytes, cudaMemcpyHostToDevice));
@@ -316,8 +327,8 @@ TEST(TlxWgmma, Bf16D64N128) { run_wgmma_case<__nv_bfloat16, 64, 128>(); }
 TEST(TlxWgmma, Bf16D128N128) { run_wgmma_case<__nv_bfloat16, 128, 128>(); }
 
 // ------------------------------------------------------------------------------------------------
-// mbarrier: a producer warp and a consumer warp hand a 3-stage ring back and forth many times; every
-// lane arrives (count 32), so each write is released by its own thread.
+// mbarrier: a producer warp and a consumer warp hand a 3-stage ring back and forth many times;
+// every lane arrives (count 32), so each write is released by its own thread.
 
 __global__ void mbarrier_ring_kernel(int iters, int* errors, long long* sum) {
   constexpr int kStages = 3;

@@ -22,7 +22,8 @@ struct HostBuffer {
   std::vector<unsigned char> bytes;
 
   HostBuffer() = default;
-  HostBuffer(DType t, int64_t count) : dtype(t), bytes(static_cast<size_t>(count) * dtype_size(t)) {}
+  HostBuffer(DType t, int64_t count)
+      : dtype(t), bytes(static_cast<size_t>(count) * dtype_size(t)) {}
   int64_t count() const { return static_cast<int64_t>(bytes.size() / dtype_size(dtype)); }
   void* data() { return bytes.data(); }
   const void* data() const { return bytes.data(); }
@@ -36,7 +37,9 @@ inline void fill_normal(HostBuffer& buffer, std::mt19937_64& rng) {
 }
 
 // Writes a NaN pattern (all ones: a NaN in every float format) so unwritten outputs are caught.
-inline void poison(HostBuffer& buffer) { std::fill(buffer.bytes.begin(), buffer.bytes.end(), 0xFF); }
+inline void poison(HostBuffer& buffer) {
+  std::fill(buffer.bytes.begin(), buffer.bytes.end(), 0xFF);
+}
 
 inline double element_as_double(const HostBuffer& buffer, int64_t i) {
   return detail::load_as_float(buffer.data(), i, static_cast<jfa_dtype>(buffer.dtype));

@@ -1,7 +1,7 @@
 #include "cuda/common/tensor_map.hpp"
 
-#include <cuda_runtime_api.h>
 #include <cudaTypedefs.h>
+#include <cuda_runtime_api.h>
 
 #include <cstdio>
 #include <mutex>
@@ -53,8 +53,8 @@ bool encode_tiled_map(const TiledMapSpec& spec, CUtensorMap* map, std::string* e
     if (error != nullptr) {
       char buf[256];
       std::snprintf(buf, sizeof buf,
-                    "cuTensorMapEncodeTiled failed (CUresult %d) for a rank-%d map at %p", static_cast<int>(r),
-                    spec.rank, spec.base);
+                    "cuTensorMapEncodeTiled failed (CUresult %d) for a rank-%d map at %p",
+                    static_cast<int>(r), spec.rank, spec.base);
       *error = buf;
     }
     return false;

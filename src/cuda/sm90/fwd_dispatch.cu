@@ -17,7 +17,9 @@ constexpr const char* kSupported =
     "capability 9.0 (Hopper) GPUs";
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
-bool stride_ok(const jfa::detail::Layout& l) { return l.token_stride % 8 == 0 && l.head_stride % 8 == 0; }
+bool stride_ok(const jfa::detail::Layout& l) {
+  return l.token_stride % 8 == 0 && l.head_stride % 8 == 0;
+}
 
 }  // namespace
 
@@ -43,8 +45,10 @@ jfa_status forward(const jfa::detail::Params& p) {
   using jfa::detail::fail;
   int device = 0, major = 0, minor = 0;
   cudaError_t e = cudaGetDevice(&device);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   if (e != cudaSuccess) {
     cudaGetLastError();
     return fail(JFA_ERROR_CUDA, "cannot query the current CUDA device: %s", cudaGetErrorString(e));
@@ -64,21 +68,25 @@ jfa_status forward(const jfa::detail::Params& p) {
     const jfa::detail::Layout* layout;
     const char* name;
   };
-  const Named tensors[] = {{p.q, &p.q_layout, "q"}, {p.k, &p.k_layout, "k"},
-                           {p.v, &p.v_layout, "v"}, {p.out, &p.out_layout, "out"}};
+  const Named tensors[] = {{p.q, &p.q_layout, "q"},
+                           {p.k, &p.k_layout, "k"},
+                           {p.v, &p.v_layout, "v"},
+                           {p.out, &p.out_layout, "out"}};
   for (const Named& t : tensors) {
     if (t.ptr != nullptr && !aligned16(t.ptr))
       return fail(JFA_ERROR_UNSUPPORTED, "%s is not 16-byte aligned; %s", t.name, kSupported);
     if (!stride_ok(*t.layout))
-      return fail(JFA_ERROR_UNSUPPORTED,
-                  "%s strides (token_stride=%lld, head_stride=%lld) are not multiples of 8 elements; %s",
-                  t.name, static_cast<long long>(t.layout->token_stride),
-                  static_cast<long long>(t.layout->head_stride), kSupported);
+      return fail(
+          JFA_ERROR_UNSUPPORTED,
+          "%s strides (token_stride=%lld, head_stride=%lld) are not multiples of 8 elements; %s",
+          t.name, static_cast<long long>(t.layout->token_stride),
+          static_cast<long long>(t.layout->head_stride), kSupported);
   }
   if (p.lse != nullptr && (reinterpret_cast<uintptr_t>(p.lse) & 3u) != 0)
     return fail(JFA_ERROR_INVALID_ARGUMENT, "lse must be 4-byte aligned");
   const bool half = p.dtype == JFA_DTYPE_FLOAT16;
-  if (p.head_dim == 64) return half ? run_forward<__half, 64>(p) : run_forward<__nv_bfloat16, 64>(p);
+  if (p.head_dim == 64)
+    return half ? run_forward<__half, 64>(p) : run_forward<__nv_bfloat16, 64>(p);
   return half ? run_forward<__half, 128>(p) : run_forward<__nv_bfloat16, 128>(p);
 }
 

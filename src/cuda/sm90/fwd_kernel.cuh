@@ -6,7 +6,8 @@
 //                 kStages stages guarded by full/empty mbarriers; registers given away.
 //   warp groups 1-2 consumers: 64 Q rows each; S = Q K^T (SS wgmma), online softmax in registers
 //                 (exp2, scale folded into one FMA), P packed to 16 bits as the A operand of
-//                 O += P V (RS wgmma, V read through the transposed-B descriptor), predicated stores.
+//                 O += P V (RS wgmma, V read through the transposed-B descriptor), predicated
+//                 stores.
 //
 // Packed tensors are addressed through one 3-D tensor map each, dims (head_dim, heads, total), box
 // (64, 1, rows): a tile of sequence b starts at token cu_seqlens[b] + row0. Keys past the end of a
@@ -95,7 +96,8 @@ __device__ __forceinline__ TileWork decode_item(const FwdArgs& a, int64_t item) 
   const int64_t tile = item / a.heads_q;
   w.head = static_cast<int32_t>(item - tile * a.heads_q);
   const WorkTile wt = a.work[tile];
-  const int32_t b = wt.seq < 0 ? 0 : (wt.seq >= a.batch ? static_cast<int32_t>(a.batch - 1) : wt.seq);
+  const int32_t b =
+      wt.seq < 0 ? 0 : (wt.seq >= a.batch ? static_cast<int32_t>(a.batch - 1) : wt.seq);
   w.seq = load_bounds(a, b);
   w.m_block = wt.m_block;
   const int64_t row0 = static_cast<int64_t>(w.m_block) * kBlockM;
@@ -169,8 +171,9 @@ struct ConsumerState {
 
 // S = Q K^T for this warp group's 64 rows.
 template <typename Cfg>
-__device__ __forceinline__ void gemm_qk(float (&s_acc)[Cfg::kBlockN / 2], const typename Cfg::QTile& q,
-                                        const typename Cfg::KVTile& k, int group) {
+__device__ __forceinline__ void gemm_qk(float (&s_acc)[Cfg::kBlockN / 2],
+                                        const typename Cfg::QTile& q, const typename Cfg::KVTile& k,
+                                        int group) {
   using T = typename Cfg::Element;
   const uint32_t q_base = q.box_addr(0) + group * 64 * tlx::kSwizzleBytes;
   const uint32_t k_base = k.box_addr(0);
@@ -196,7 +199,8 @@ __device__ __forceinline__ void gemm_pv(float (&o)[Cfg::kD / 2],
 #pragma unroll
   for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk) {
     const uint32_t vb = v_base + kk * 16 * tlx::kSwizzleBytes;
-    tlx::wgmma_rs<T, Cfg::kD, 1>(o, p[kk], tlx::make_desc_sw128(vb, Cfg::KVTile::kBoxBytes, 1024), 1u);
+    tlx::wgmma_rs<T, Cfg::kD, 1>(o, p[kk], tlx::make_desc_sw128(vb, Cfg::KVTile::kBoxBytes, 1024),
+                                 1u);
   }
   tlx::wgmma_commit();
 }
@@ -224,8 +228,9 @@ __device__ __forceinline__ void apply_mask(float (&s_acc)[Cfg::kBlockN / 2], int
 // factors (alpha) by which O must be rescaled; O itself is left alone (it may still be the target
 // of an MMA in flight).
 template <typename Cfg>
-__device__ __forceinline__ void softmax_scores(float (&s_acc)[Cfg::kBlockN / 2], ConsumerState<Cfg>& cs,
-                                               float scale_log2, float (&alpha)[2]) {
+__device__ __forceinline__ void softmax_scores(float (&s_acc)[Cfg::kBlockN / 2],
+                                               ConsumerState<Cfg>& cs, float scale_log2,
+                                               float (&alpha)[2]) {
   float mx[2] = {cs.row_max[0], cs.row_max[1]};
 #pragma unroll
   for (int j = 0; j < Cfg::kBlockN / 8; ++j) {
@@ -273,8 +278,8 @@ __device__ __forceinline__ void rescale_o(ConsumerState<Cfg>& cs, const float (&
 
 // Normalises O and writes this thread's part of the rows that lie inside the sequence, plus LSE.
 template <typename Cfg>
-__device__ __forceinline__ void epilogue(ConsumerState<Cfg>& cs, const FwdArgs& a, const TileWork& w,
-                                         int32_t row0_in_seq, bool no_keys) {
+__device__ __forceinline__ void epilogue(ConsumerState<Cfg>& cs, const FwdArgs& a,
+                                         const TileWork& w, int32_t row0_in_seq, bool no_keys) {
   using T = typename Cfg::Element;
   const int lane = threadIdx.x & 31;
   T* out = static_cast<T*>(a.out);
@@ -292,7 +297,8 @@ __device__ __forceinline__ void epilogue(ConsumerState<Cfg>& cs, const FwdArgs& 
                2 * (lane & 3);
 #pragma unroll
       for (int j = 0; j < Cfg::kD / 8; ++j) {
-        const uint32_t packed = tlx::pack2<T>(cs.o[4 * j + 2 * h] * inv, cs.o[4 * j + 2 * h + 1] * inv);
+        const uint32_t packed =
+            tlx::pack2<T>(cs.o[4 * j + 2 * h] * inv, cs.o[4 * j + 2 * h + 1] * inv);
         *reinterpret_cast<uint32_t*>(dst + 8 * j) = packed;
       }
       if (a.lse != nullptr && (lane & 3) == 0) {
@@ -303,9 +309,31 @@ __device__ __forceinline__ void epilogue(ConsumerState<Cfg>& cs, const FwdArgs& 
   }
 }
 
+// Clears the running state for a new item. An item whose rows see no key is finished here (zeros,
+// LSE -inf) and false is returned.
 template <typename Cfg>
-__device__ __forceinline__ void consumer_loop(typename Cfg::Shared& s, const FwdArgs& a, int64_t n_items,
-                                              int group) {
+__device__ __forceinline__ bool start_item(ConsumerState<Cfg>& cs, const FwdArgs& a,
+                                           const TileWork& w, int32_t row0) {
+#pragma unroll
+  for (int i = 0; i < Cfg::kD / 2; ++i) cs.o[i] = 0.f;
+  cs.row_max[0] = cs.row_max[1] = -INFINITY;
+  cs.row_sum[0] = cs.row_sum[1] = 0.f;
+  if (w.n_blocks != 0) return true;
+  epilogue<Cfg>(cs, a, w, row0, true);
+  return false;
+}
+
+// A K tile needs the mask when it reaches past the sequence end or (causal) past the diagonal of
+// the item's first row.
+__device__ __forceinline__ bool tile_needs_mask(int32_t key0, int32_t block_n, int32_t len_k,
+                                                bool causal, int32_t first_row,
+                                                int32_t diag_shift) {
+  return key0 + block_n > len_k || (causal && key0 + block_n - 1 > first_row + diag_shift);
+}
+
+template <typename Cfg>
+__device__ __forceinline__ void consumer_loop(typename Cfg::Shared& s, const FwdArgs& a,
+                                              int64_t n_items, int group) {
   constexpr int kN = Cfg::kBlockN;
   const int tid = threadIdx.x - 128 * (group + 1);
   const int warp = tid / 32;
@@ -319,17 +347,8 @@ __device__ __forceinline__ void consumer_loop(typename Cfg::Shared& s, const Fwd
     if (!w.active) continue;
     // First of this thread's two rows, as a row index inside the sequence.
     const int32_t row0 = w.m_block * Cfg::kBlockM + group * 64 + warp * 16 + lane / 4;
-#pragma unroll
-    for (int i = 0; i < Cfg::kD / 2; ++i) cs.o[i] = 0.f;
-    cs.row_max[0] = cs.row_max[1] = -INFINITY;
-    cs.row_sum[0] = cs.row_sum[1] = 0.f;
-    if (w.n_blocks == 0) {
-      epilogue<Cfg>(cs, a, w, row0, true);
-      continue;
-    }
+    if (!start_item<Cfg>(cs, a, w, row0)) continue;
     const int32_t diag_shift = w.seq.len_k - w.seq.len_q;
-    // A K tile needs the mask when it reaches past the sequence end or (causal) past the diagonal
-    // of the tile's first row.
     const int32_t first_row = w.m_block * Cfg::kBlockM;
     s.q_full.wait(q_phase);
     for (int it = 0; it < w.n_blocks; ++it) {
@@ -341,9 +360,8 @@ __device__ __forceinline__ void consumer_loop(typename Cfg::Shared& s, const Fwd
       tlx::wgmma_wait<0>();
       tlx::fence_operand(s_acc);
       if (it == w.n_blocks - 1 && leader) s.q_empty.arrive();
-      const bool need_mask =
-          key0 + kN > w.seq.len_k || (a.causal && key0 + kN - 1 > first_row + diag_shift);
-      if (need_mask) apply_mask<Cfg>(s_acc, key0, row0, w.seq.len_k, diag_shift, a.causal != 0);
+      if (tile_needs_mask(key0, kN, w.seq.len_k, a.causal != 0, first_row, diag_shift))
+        apply_mask<Cfg>(s_acc, key0, row0, w.seq.len_k, diag_shift, a.causal != 0);
       float alpha[2];
       softmax_scores<Cfg>(s_acc, cs, a.scale_log2, alpha);
       rescale_o<Cfg>(cs, alpha);
@@ -383,14 +401,7 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
     const TileWork w = decode_item<Cfg::kBlockM, Cfg::kBlockN>(a, item);
     if (!w.active) continue;
     const int32_t row0 = w.m_block * Cfg::kBlockM + group * 64 + warp * 16 + lane / 4;
-#pragma unroll
-    for (int i = 0; i < Cfg::kD / 2; ++i) cs.o[i] = 0.f;
-    cs.row_max[0] = cs.row_max[1] = -INFINITY;
-    cs.row_sum[0] = cs.row_sum[1] = 0.f;
-    if (w.n_blocks == 0) {
-      epilogue<Cfg>(cs, a, w, row0, true);
-      continue;
-    }
+    if (!start_item<Cfg>(cs, a, w, row0)) continue;
     const int32_t diag_shift = w.seq.len_k - w.seq.len_q;
     const int32_t first_row = w.m_block * Cfg::kBlockM;
     const bool causal = a.causal != 0;
@@ -398,9 +409,9 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
 
     uint32_t p[kN / 16][4];
     // Mask (where needed) and online softmax of one S tile; alpha rescales O afterwards.
-    auto scores = [&](float (&s_acc)[kN / 2], int32_t key0, float (&alpha)[2]) {
-      const bool need_mask = key0 + kN > w.seq.len_k || (causal && key0 + kN - 1 > first_row + diag_shift);
-      if (need_mask) apply_mask<Cfg>(s_acc, key0, row0, w.seq.len_k, diag_shift, causal);
+    auto scores = [&](float(&s_acc)[kN / 2], int32_t key0, float(&alpha)[2]) {
+      if (tile_needs_mask(key0, kN, w.seq.len_k, causal, first_row, diag_shift))
+        apply_mask<Cfg>(s_acc, key0, row0, w.seq.len_k, diag_shift, causal);
       softmax_scores<Cfg>(s_acc, cs, a.scale_log2, alpha);
     };
     // First (diagonal or last) tile: S only.
@@ -460,7 +471,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                const __grid_constant__ CUtensorMap tm_v, const FwdArgs args) {
   extern __shared__ unsigned char smem_raw[];
-  const uintptr_t aligned = (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023);
+  const uintptr_t aligned =
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023);
   auto& s = *reinterpret_cast<typename Cfg::Shared*>(aligned);
   const int group = tlx::warp_group_index();
 
@@ -477,7 +489,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
   __syncthreads();
 
-  const int64_t n_items = static_cast<int64_t>(min(*args.work_count, args.work_capacity)) * args.heads_q;
+  const int64_t n_items =
+      static_cast<int64_t>(min(*args.work_count, args.work_capacity)) * args.heads_q;
 
   if (group == 0) {
     tlx::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
@@ -489,8 +502,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   } else {
     tlx::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
-    if (args.schedule == 0) consumer_loop<Cfg>(s, args, n_items, group - 1);
-    else consumer_loop_overlapped<Cfg>(s, args, n_items, group - 1);
+    if (args.schedule == 0)
+      consumer_loop<Cfg>(s, args, n_items, group - 1);
+    else
+      consumer_loop_overlapped<Cfg>(s, args, n_items, group - 1);
   }
 }
 
@@ -498,8 +513,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 // Prologue: the work list, one entry per (sequence, q tile), from cu_seqlens_q on the device.
 // One block; entries past `capacity` (only reachable with invalid offsets) are dropped.
 template <int kBlockM>
-__global__ void __launch_bounds__(1024) build_work_list(const int32_t* cu_q, int64_t batch, int64_t total_q,
-                                                        WorkTile* work, int32_t* count, int32_t capacity) {
+__global__ void __launch_bounds__(1024)
+    build_work_list(const int32_t* cu_q, int64_t batch, int64_t total_q, WorkTile* work,
+                    int32_t* count, int32_t capacity) {
   __shared__ int32_t warp_sums[32];
   __shared__ int64_t running;
   if (threadIdx.x == 0) running = 0;

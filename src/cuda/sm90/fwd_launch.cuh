@@ -25,7 +25,8 @@ inline int sm_count(int device) {
   if (device < 0 || device >= 64) return 132;
   if (cached[device] == 0) {
     int n = 0;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0) {
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        n <= 0) {
       cudaGetLastError();
       n = 132;
     }
@@ -36,7 +37,8 @@ inline int sm_count(int device) {
 
 template <typename T>
 CUtensorMapDataType map_dtype() {
-  return std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                   : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
 }
 
 // Map over a packed [total, heads, d] tensor: dims (d, heads, total), box (64, 1, rows).
@@ -78,20 +80,21 @@ jfa_status run_forward(const jfa::detail::Params& p) {
 
   int device = 0;
   cudaError_t e = cudaGetDevice(&device);
-  if (e != cudaSuccess) return fail(JFA_ERROR_CUDA, "cudaGetDevice failed: %s", cudaGetErrorString(e));
+  if (e != cudaSuccess)
+    return fail(JFA_ERROR_CUDA, "cudaGetDevice failed: %s", cudaGetErrorString(e));
 
   // With no keys anywhere, K/V may be NULL: point their (never used) maps at q.
   const bool no_keys = p.total_k == 0;
   CUtensorMap tm_q, tm_k, tm_v;
   std::string err;
-  if (!launch_detail::encode_qkv_map<T>(p.q, p.total_q, p.heads_q, kHeadDim, p.q_layout, Cfg::kBlockM,
-                                        &tm_q, &err) ||
-      !launch_detail::encode_qkv_map<T>(no_keys ? p.q : p.k, no_keys ? p.total_q : p.total_k,
-                                        no_keys ? p.heads_q : p.heads_kv, kHeadDim,
-                                        no_keys ? p.q_layout : p.k_layout, Cfg::kBlockN, &tm_k, &err) ||
-      !launch_detail::encode_qkv_map<T>(no_keys ? p.q : p.v, no_keys ? p.total_q : p.total_k,
-                                        no_keys ? p.heads_q : p.heads_kv, kHeadDim,
-                                        no_keys ? p.q_layout : p.v_layout, Cfg::kBlockN, &tm_v, &err))
+  if (!launch_detail::encode_qkv_map<T>(p.q, p.total_q, p.heads_q, kHeadDim, p.q_layout,
+                                        Cfg::kBlockM, &tm_q, &err) ||
+      !launch_detail::encode_qkv_map<T>(
+          no_keys ? p.q : p.k, no_keys ? p.total_q : p.total_k, no_keys ? p.heads_q : p.heads_kv,
+          kHeadDim, no_keys ? p.q_layout : p.k_layout, Cfg::kBlockN, &tm_k, &err) ||
+      !launch_detail::encode_qkv_map<T>(
+          no_keys ? p.q : p.v, no_keys ? p.total_q : p.total_k, no_keys ? p.heads_q : p.heads_kv,
+          kHeadDim, no_keys ? p.q_layout : p.v_layout, Cfg::kBlockN, &tm_v, &err))
     return fail(JFA_ERROR_CUDA, "tensor map encoding failed: %s", err.c_str());
 
   // Work list capacity: sum over sequences of ceil(len / 128) <= total_q / 128 + batch.
@@ -106,12 +109,13 @@ jfa_status run_forward(const jfa::detail::Params& p) {
   e = cudaMallocAsync(&workspace, ws_bytes, stream);
   if (e != cudaSuccess)
     return fail(e == cudaErrorMemoryAllocation ? JFA_ERROR_OUT_OF_MEMORY : JFA_ERROR_CUDA,
-                "cudaMallocAsync of the %zu-byte work list failed: %s", ws_bytes, cudaGetErrorString(e));
+                "cudaMallocAsync of the %zu-byte work list failed: %s", ws_bytes,
+                cudaGetErrorString(e));
   int32_t* count = static_cast<int32_t*>(workspace);
   WorkTile* work = reinterpret_cast<WorkTile*>(static_cast<char*>(workspace) + 16);
 
-  build_work_list<Cfg::kBlockM><<<1, 1024, 0, stream>>>(p.cu_seqlens_q, p.batch, p.total_q, work, count,
-                                                        capacity);
+  build_work_list<Cfg::kBlockM>
+      <<<1, 1024, 0, stream>>>(p.cu_seqlens_q, p.batch, p.total_q, work, count, capacity);
   e = cudaGetLastError();
   if (e != cudaSuccess) {
     cudaFreeAsync(workspace, stream);

@@ -17,8 +17,8 @@ struct FwdArgs {
   float* lse;  // nullable, [heads_q, total_q]
   const int32_t* cu_q;
   const int32_t* cu_k;
-  const WorkTile* work;      // built by the prologue kernel
-  const int32_t* work_count; // number of valid entries of `work`
+  const WorkTile* work;       // built by the prologue kernel
+  const int32_t* work_count;  // number of valid entries of `work`
   int64_t batch;
   int64_t total_q;
   int64_t total_k;

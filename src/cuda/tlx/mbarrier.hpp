@@ -12,7 +12,8 @@ struct alignas(8) MBarrier {
 
   // One thread initialises; a block-wide barrier plus fence_barrier_init() must follow before use.
   JFA_DEVICE void init(uint32_t arrive_count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(&word)), "r"(arrive_count)
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(&word)),
+                 "r"(arrive_count)
                  : "memory");
   }
 

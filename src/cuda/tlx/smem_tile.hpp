@@ -40,7 +40,9 @@ struct SwizzledTile {
   JFA_DEVICE const T& at(int r, int c) const {
     return *reinterpret_cast<const T*>(reinterpret_cast<const char*>(data) + offset_bytes(r, c));
   }
-  JFA_DEVICE T* box(int b) { return reinterpret_cast<T*>(reinterpret_cast<char*>(data) + b * kBoxBytes); }
+  JFA_DEVICE T* box(int b) {
+    return reinterpret_cast<T*>(reinterpret_cast<char*>(data) + b * kBoxBytes);
+  }
   JFA_DEVICE uint32_t box_addr(int b) const { return smem_addr(data) + b * kBoxBytes; }
 };
 

@@ -1,7 +1,7 @@
 // TMA (cp.async.bulk.tensor): tile copies between global memory, described by a CUtensorMap, and
 // shared memory. Loads complete on an mbarrier (transaction bytes); stores complete in bulk groups.
-// Maps are passed as `const __grid_constant__ CUtensorMap` kernel parameters. Out-of-bounds parts of
-// a load box are zero-filled (and still count towards the transaction bytes); stores clip at the
+// Maps are passed as `const __grid_constant__ CUtensorMap` kernel parameters. Out-of-bounds parts
+// of a load box are zero-filled (and still count towards the transaction bytes); stores clip at the
 // map's bounds.
 #pragma once
 
@@ -42,10 +42,11 @@ JFA_DEVICE void tma_load_3d(const CUtensorMap* map, MBarrier* bar, void* smem_ds
 // Stores: the shared memory must have been written before with a fence_proxy_async_smem() in each
 // writing thread and a barrier; one thread issues, commits, and waits before the buffer is reused.
 JFA_DEVICE void tma_store_2d(const CUtensorMap* map, const void* smem_src, int32_t c0, int32_t c1) {
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, {%1, %2}], [%3];" ::"l"(
-                   tensor_map_addr(map)),
-               "r"(c0), "r"(c1), "r"(smem_addr(smem_src))
-               : "memory");
+  asm volatile(
+      "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, {%1, %2}], [%3];" ::"l"(
+          tensor_map_addr(map)),
+      "r"(c0), "r"(c1), "r"(smem_addr(smem_src))
+      : "memory");
 }
 
 JFA_DEVICE void tma_store_3d(const CUtensorMap* map, const void* smem_src, int32_t c0, int32_t c1,

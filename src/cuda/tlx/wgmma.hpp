@@ -30,12 +30,13 @@ namespace jfa::tlx {
 //   bits 32-45 stride byte offset >> 4 bits 49-51 base offset (0: atoms are 1024-byte aligned)
 //   bits 62-63 layout: 1 = 128-byte swizzle
 // K-major operand (rows of 64 K-elements per box): the K extent of one instruction (16 elements,
-// 32 bytes) stays inside a row, LBO is unused, SBO = 1024 (the next 8-row group). Advance along K by
-// adding 32 bytes to the start address inside a box, and by a box for the next 64 elements.
+// 32 bytes) stays inside a row, LBO is unused, SBO = 1024 (the next 8-row group). Advance along K
+// by adding 32 bytes to the start address inside a box, and by a box for the next 64 elements.
 // MN-major operand (B read transposed: rows of 64 N-elements per box, K along rows): LBO = the
 // byte distance between 64-wide N boxes, SBO = 1024 (the next 8 K-rows). Advance along K by 16 rows
 // (2048 bytes).
-JFA_DEVICE uint64_t make_desc_sw128(uint32_t smem_byte_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+JFA_DEVICE uint64_t make_desc_sw128(uint32_t smem_byte_addr, uint32_t lbo_bytes,
+                                    uint32_t sbo_bytes) {
   uint64_t desc = 0;
   desc |= static_cast<uint64_t>((smem_byte_addr & 0x3FFFFu) >> 4);
   desc |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFFu) << 16;
@@ -91,31 +92,41 @@ JFA_DEVICE void fence_operand(uint32_t (&d)[kM][kN]) {
 
 // D[64 x N] (+)= A * B, A and B from shared memory. accumulate = 0 overwrites D.
 template <typename T, int kN, int kTransB>
-JFA_DEVICE void wgmma_ss(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b, uint32_t accumulate) {
+JFA_DEVICE void wgmma_ss(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b,
+                         uint32_t accumulate) {
   constexpr bool kHalf = std::is_same_v<T, __half>;
   static_assert(kHalf || std::is_same_v<T, __nv_bfloat16>, "fp16 or bf16 operands");
   if constexpr (kN == 64) {
-    if constexpr (kHalf) wgmma_ss_m64n64k16_Fp16<kTransB>(d, desc_a, desc_b, accumulate);
-    else wgmma_ss_m64n64k16_Bf16<kTransB>(d, desc_a, desc_b, accumulate);
+    if constexpr (kHalf)
+      wgmma_ss_m64n64k16_Fp16<kTransB>(d, desc_a, desc_b, accumulate);
+    else
+      wgmma_ss_m64n64k16_Bf16<kTransB>(d, desc_a, desc_b, accumulate);
   } else {
     static_assert(kN == 128, "N = 64 or 128");
-    if constexpr (kHalf) wgmma_ss_m64n128k16_Fp16<kTransB>(d, desc_a, desc_b, accumulate);
-    else wgmma_ss_m64n128k16_Bf16<kTransB>(d, desc_a, desc_b, accumulate);
+    if constexpr (kHalf)
+      wgmma_ss_m64n128k16_Fp16<kTransB>(d, desc_a, desc_b, accumulate);
+    else
+      wgmma_ss_m64n128k16_Bf16<kTransB>(d, desc_a, desc_b, accumulate);
   }
 }
 
 // D[64 x N] (+)= A * B, A from registers (fragment above), B from shared memory.
 template <typename T, int kN, int kTransB>
-JFA_DEVICE void wgmma_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t desc_b, uint32_t accumulate) {
+JFA_DEVICE void wgmma_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t desc_b,
+                         uint32_t accumulate) {
   constexpr bool kHalf = std::is_same_v<T, __half>;
   static_assert(kHalf || std::is_same_v<T, __nv_bfloat16>, "fp16 or bf16 operands");
   if constexpr (kN == 64) {
-    if constexpr (kHalf) wgmma_rs_m64n64k16_Fp16<kTransB>(d, a, desc_b, accumulate);
-    else wgmma_rs_m64n64k16_Bf16<kTransB>(d, a, desc_b, accumulate);
+    if constexpr (kHalf)
+      wgmma_rs_m64n64k16_Fp16<kTransB>(d, a, desc_b, accumulate);
+    else
+      wgmma_rs_m64n64k16_Bf16<kTransB>(d, a, desc_b, accumulate);
   } else {
     static_assert(kN == 128, "N = 64 or 128");
-    if constexpr (kHalf) wgmma_rs_m64n128k16_Fp16<kTransB>(d, a, desc_b, accumulate);
-    else wgmma_rs_m64n128k16_Bf16<kTransB>(d, a, desc_b, accumulate);
+    if constexpr (kHalf)
+      wgmma_rs_m64n128k16_Fp16<kTransB>(d, a, desc_b, accumulate);
+    else
+      wgmma_rs_m64n128k16_Bf16<kTransB>(d, a, desc_b, accumulate);
   }
 }
 
