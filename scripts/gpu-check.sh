@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything the GPU machine can check: build (all cores), GPU and CPU tests, compute-sanitizer
+# Everything the GPU machine can check: build (all cores), GPU, CPU and Python tests, compute-sanitizer
 # memcheck and racecheck over a reduced GPU case set, the CLI benchmark (when the CLI exists) and
 # the W1 comparison with varlen FlashAttention-2. Logs go to OUTDIR; a summary table is printed last.
 #
@@ -34,6 +34,13 @@ note "ctest -L gpu" "$(grep -E 'tests passed|tests failed' "$OUT/ctest_gpu.log" 
 (cd "$BUILD" && ctest -L cpu --output-on-failure -j"$JOBS") >"$OUT/ctest_cpu.log" 2>&1
 note "ctest -L cpu" "$(grep -E 'tests passed|tests failed' "$OUT/ctest_cpu.log" | tail -1)"
 
+LIB=$(find "$BUILD" -name 'libjfa.so' | head -1)
+if [ -n "$LIB" ] && python3 -c 'import torch, pytest' 2>/dev/null; then
+  JFA_LIBRARY="$(realpath "$LIB")" PYTHONUNBUFFERED=1 timeout 600 python3 -m pytest tests/python -q -rs \
+    >"$OUT/pytest.log" 2>&1
+  note "pytest (torch + CUDA)" "rc=$? $(tail -1 "$OUT/pytest.log")"
+fi
+
 if [ -z "${SKIP_SANITIZERS:-}" ] && [ -n "$GPU_TESTS" ] && command -v compute-sanitizer >/dev/null; then
   FILTER='TlxTma.*:TlxMBarrier.*:TlxWgmma.Fp16D128N128:AttentionGpu.EdgeLengths*:AttentionGpu.DifferentQueryAndKeyLengthsGqa:AttentionGpu.GarbageDeviceOffsetsStayInBounds:AttentionGpu.NoKeysAnywhere:AttentionGpu.ManyTinySequences:AttentionGpu.OverlappedScheduleMatchesReference'
   for tool in memcheck racecheck; do
@@ -59,7 +66,6 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   else
     note "jfa bench W1..W4" "skipped (no CLI binary)"
   fi
-  LIB=$(find "$BUILD" -name 'libjfa.so' | head -1)
   if [ -n "$LIB" ] && python3 -c 'import torch' 2>/dev/null; then
     W1_LENGTHS=()
     [ -n "${CLI:-}" ] && W1_LENGTHS=(--lengths "$("$CLI" bench --workload W1 --print-lengths)")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test this machine can run: the release build (GPU tests report
-# "skipped" without a GPU), then the same tests under AddressSanitizer and UBSan.
+# "skipped" without a GPU), the Python package tests, then the C++ tests under AddressSanitizer
+# and UBSan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -13,6 +14,9 @@ echo "== release build and tests"
 cmake --preset release
 cmake --build --preset release -j "$jobs"
 ctest --preset release -j "$jobs"
+
+echo "== Python package tests (torch and CUDA tests report why they skip)"
+JFA_LIBRARY="$PWD/build/release/src/libjfa.so" python3 -m pytest tests/python -q -rs
 
 echo "== AddressSanitizer + UBSan build and tests"
 cmake --preset sanitize

@@ -1,0 +1,94 @@
+"""Argument checks shared by the numpy and the torch paths (metadata only, no data reads)."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Optional, Sequence, Tuple
+
+INT32_MAX = 2**31 - 1
+
+
+def qkv_shapes(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int]):
+    """Checks [total, heads, head_dim] shapes; returns (total_q, heads_q, total_k, heads_kv, d)."""
+    for name, shape in (("q", q_shape), ("k", k_shape), ("v", v_shape)):
+        if len(shape) != 3:
+            raise ValueError(
+                f"{name} must have 3 dimensions [total, heads, head_dim], got shape {tuple(shape)}")
+    total_q, heads_q, d = q_shape
+    total_k, heads_kv, d_k = k_shape
+    if tuple(v_shape) != tuple(k_shape):
+        raise ValueError(
+            f"v must have the shape of k [total_k, heads_kv, head_dim], got k {tuple(k_shape)} "
+            f"and v {tuple(v_shape)}")
+    if d_k != d:
+        raise ValueError(
+            f"q, k and v must have the same head_dim (last dimension), got q {d} and k/v {d_k}")
+    if heads_q < 1 or heads_kv < 1:
+        raise ValueError(f"heads must be >= 1, got heads_q={heads_q} (q) and heads_kv={heads_kv} (k, v)")
+    if heads_q % heads_kv != 0:
+        raise ValueError(
+            f"the heads of q must be a multiple of the heads of k and v (GQA/MQA), got "
+            f"heads_q={heads_q} and heads_kv={heads_kv}")
+    if d < 1:
+        raise ValueError(f"head_dim must be >= 1, got {d}")
+    return total_q, heads_q, total_k, heads_kv, d
+
+
+def layout(name: str, shape: Sequence[int], strides: Sequence[int], how_to_fix: str) -> Tuple[int, int]:
+    """(token_stride, head_stride) in elements of a [total, heads, head_dim] tensor.
+
+    ``strides`` are in elements. The last dimension must be contiguous; the strides of dimensions
+    of size 1 (and of empty tensors) do not matter and are replaced by packed values.
+    """
+    total, heads, d = shape
+    st, sh, sd = strides
+    if total == 0:  # no element is addressed: strides are meaningless (numpy gives zeros)
+        return int(heads * d), int(d)
+    if d > 1 and sd != 1:
+        raise ValueError(
+            f"{name}: the last dimension (head_dim) must be contiguous (stride 1 element), got "
+            f"stride {sd}; {how_to_fix}")
+    if heads <= 1:
+        sh = d
+    if total <= 1:
+        st = heads * sh
+    if st <= 0 or sh <= 0:
+        raise ValueError(
+            f"{name}: token and head strides must be positive, got token_stride={st} "
+            f"head_stride={sh} (broadcast or reversed views are not supported); {how_to_fix}")
+    return int(st), int(sh)
+
+
+def offsets_count(name_q: str, n_q: int, name_k: str, n_k: int) -> int:
+    """The batch size from the lengths of the two offsets arrays."""
+    if n_q < 1:
+        raise ValueError(f"{name_q} must hold batch + 1 >= 1 offsets, got {n_q} entries")
+    if n_k != n_q:
+        raise ValueError(
+            f"{name_q} and {name_k} must have the same length (batch + 1), got {n_q} and {n_k}")
+    return n_q - 1
+
+
+def seqlen_hint(name: str, value) -> int:
+    """A max_seqlen hint: None means unknown (0); otherwise an int in [0, 2^31 - 1]."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
+    value = int(value)
+    if value < 0 or value > INT32_MAX:
+        raise ValueError(f"{name} must be in [0, 2^31 - 1] (0 or None = unknown), got {value}")
+    return value
+
+
+def scale_value(value: Optional[float]) -> float:
+    """The softmax scale for the C struct: NaN selects the default 1/sqrt(head_dim)."""
+    if value is None:
+        return math.nan
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"softmax_scale must be a float or None, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"softmax_scale must be finite (or None for 1/sqrt(head_dim)), got {value}")
+    return value

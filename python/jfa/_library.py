@@ -1,0 +1,199 @@
+"""Locating and loading libjfa.so, and its C ABI declared through ctypes."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from pathlib import Path
+from typing import List, Optional
+
+from ._errors import SUCCESS, LibraryNotFoundError, error_from_status
+
+LIBRARY_NAME = "libjfa.so"
+
+# enum jfa_dtype
+DTYPE_FLOAT16 = 0
+DTYPE_BFLOAT16 = 1
+DTYPE_FLOAT32 = 2
+
+# enum jfa_backend
+BACKEND_AUTO = 0
+BACKEND_CPU = 1
+BACKEND_CUDA = 2
+
+_c_int64_p = ctypes.POINTER(ctypes.c_int64)
+_c_int32_p = ctypes.POINTER(ctypes.c_int32)
+_c_double_p = ctypes.POINTER(ctypes.c_double)
+
+
+class TensorLayout(ctypes.Structure):
+    """struct jfa_tensor_layout: strides in elements."""
+
+    _fields_ = [("token_stride", ctypes.c_int64), ("head_stride", ctypes.c_int64)]
+
+
+class AttentionParams(ctypes.Structure):
+    """struct jfa_attention_params, field for field (enums are 32-bit ints)."""
+
+    _fields_ = [
+        ("q", ctypes.c_void_p),
+        ("k", ctypes.c_void_p),
+        ("v", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("lse", ctypes.c_void_p),
+        ("cu_seqlens_q", ctypes.c_void_p),
+        ("cu_seqlens_k", ctypes.c_void_p),
+        ("batch", ctypes.c_int64),
+        ("total_q", ctypes.c_int64),
+        ("total_k", ctypes.c_int64),
+        ("heads_q", ctypes.c_int32),
+        ("heads_kv", ctypes.c_int32),
+        ("head_dim", ctypes.c_int32),
+        ("dtype", ctypes.c_int32),
+        ("q_layout", TensorLayout),
+        ("k_layout", TensorLayout),
+        ("v_layout", TensorLayout),
+        ("out_layout", TensorLayout),
+        ("softmax_scale", ctypes.c_float),
+        ("causal", ctypes.c_int),
+        ("max_seqlen_q", ctypes.c_int32),
+        ("max_seqlen_k", ctypes.c_int32),
+        ("backend", ctypes.c_int32),
+        ("stream", ctypes.c_void_p),
+    ]
+
+
+_P = ctypes.POINTER(AttentionParams)
+_c_status = ctypes.c_int32
+
+# name: (restype, argtypes)
+_PROTOTYPES = {
+    "jfa_attention_params_init": (None, [_P]),
+    "jfa_attention_forward": (_c_status, [_P]),
+    "jfa_attention_reference": (_c_status, [_P, _c_int64_p, ctypes.c_int64, _c_double_p, _c_double_p]),
+    "jfa_attention_flops": (
+        _c_status,
+        [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32,
+         ctypes.c_int, _c_double_p],
+    ),
+    "jfa_lengths_to_offsets": (_c_status, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]),
+    "jfa_validate_offsets": (_c_status, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]),
+    "jfa_max_length": (_c_status, [ctypes.c_void_p, ctypes.c_int64, _c_int32_p]),
+    "jfa_jagged_to_padded": (
+        _c_status,
+        [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32,
+         ctypes.c_int32, ctypes.c_double, ctypes.c_void_p],
+    ),
+    "jfa_padded_to_jagged": (
+        _c_status,
+        [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32,
+         ctypes.c_int32, ctypes.c_void_p],
+    ),
+    "jfa_last_error_message": (ctypes.c_char_p, []),
+    "jfa_status_string": (ctypes.c_char_p, [ctypes.c_int32]),
+    "jfa_version": (ctypes.c_char_p, []),
+    "jfa_dtype_size": (ctypes.c_size_t, [ctypes.c_int32]),
+    "jfa_cuda_available": (ctypes.c_int, []),
+}
+
+_lock = threading.Lock()
+_lib: Optional[ctypes.CDLL] = None
+_lib_path: Optional[str] = None
+
+
+def candidate_paths() -> List[str]:
+    """Where libjfa.so is looked for, in order.
+
+    1. ``$JFA_LIBRARY`` (a file, or a directory holding libjfa.so); when set, nothing else is
+       tried.
+    2. The copy inside the installed package (next to this file).
+    3. When running from a source checkout: build/release/src, build/cpu/src and
+       build/python/src under the repository root.
+    """
+    env = os.environ.get("JFA_LIBRARY")
+    if env:
+        p = Path(env)
+        return [str(p / LIBRARY_NAME) if p.is_dir() else str(p)]
+    here = Path(__file__).resolve().parent
+    paths = [here / LIBRARY_NAME]
+    root = here.parent.parent  # python/jfa -> repository root
+    if (root / "include" / "jfa" / "jfa.h").is_file():
+        for build in ("release", "cpu", "python"):
+            paths.append(root / "build" / build / "src" / LIBRARY_NAME)
+    return [str(p) for p in paths]
+
+
+def _load() -> ctypes.CDLL:
+    tried = []
+    for path in candidate_paths():
+        if not os.path.isfile(path):
+            tried.append(f"{path} (not found)")
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            tried.append(f"{path} ({e})")
+            continue
+        missing = [name for name in _PROTOTYPES if not hasattr(lib, name)]
+        if missing:
+            tried.append(f"{path} (lacks {', '.join(missing)}: an older libjfa?)")
+            continue
+        for name, (restype, argtypes) in _PROTOTYPES.items():
+            fn = getattr(lib, name)
+            fn.restype = restype
+            fn.argtypes = argtypes
+        global _lib_path
+        _lib_path = path
+        return lib
+    hint = ("set JFA_LIBRARY to the path of libjfa.so, install the package with "
+            "`pip install .`, or build the library with "
+            "`cmake --preset release && cmake --build --preset release`")
+    raise LibraryNotFoundError("cannot load libjfa.so; tried: " + "; ".join(tried) + ". " + hint)
+
+
+def lib() -> ctypes.CDLL:
+    """The loaded library (loaded on first use)."""
+    global _lib
+    if _lib is None:
+        with _lock:
+            if _lib is None:
+                _lib = _load()
+    return _lib
+
+
+def library_path() -> str:
+    """The path libjfa.so was loaded from (loads it if needed)."""
+    lib()
+    assert _lib_path is not None
+    return _lib_path
+
+
+def check(status: int, function: str) -> None:
+    """Raises the JfaError of a failed status, with the library's message of this thread."""
+    if status != SUCCESS:
+        raw = lib().jfa_last_error_message()
+        message = raw.decode("utf-8", "replace") if raw else ""
+        raise error_from_status(status, message, function)
+
+
+def call(name: str, *args) -> None:
+    """Calls a status-returning entry point and raises on failure."""
+    check(getattr(lib(), name)(*args), name)
+
+
+def new_params() -> AttentionParams:
+    """A jfa_attention_params filled by jfa_attention_params_init()."""
+    p = AttentionParams()
+    lib().jfa_attention_params_init(ctypes.byref(p))
+    return p
+
+
+def version() -> str:
+    """The version string of the loaded libjfa."""
+    return lib().jfa_version().decode()
+
+
+def cuda_available() -> bool:
+    """Whether the loaded libjfa has the CUDA backend and sees a supported (Hopper) GPU."""
+    return bool(lib().jfa_cuda_available())

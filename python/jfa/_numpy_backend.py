@@ -1,0 +1,148 @@
+"""The numpy path: host arrays, the CPU backend of libjfa."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Optional
+
+import numpy as np
+
+from . import _checks
+from ._library import (BACKEND_CPU, DTYPE_FLOAT16, DTYPE_FLOAT32, AttentionParams, call,
+                       new_params)
+
+_DTYPES = {np.dtype(np.float16): DTYPE_FLOAT16, np.dtype(np.float32): DTYPE_FLOAT32}
+_FIX = "use numpy.ascontiguousarray"
+
+
+def jfa_dtype(name: str, a: np.ndarray) -> int:
+    """The jfa_dtype of a float16/float32 array, or a TypeError naming the argument."""
+    dt = a.dtype
+    if dt.kind == "f" and not dt.isnative:
+        raise TypeError(f"{name} must be in native byte order, got dtype {dt.str}")
+    if dt not in _DTYPES:
+        raise TypeError(
+            f"{name} must be float16 or float32 for numpy arrays, got {dt} (bfloat16 is supported "
+            "through torch tensors)")
+    return _DTYPES[dt]
+
+
+def offsets(name: str, x) -> np.ndarray:
+    """A contiguous int32 1-D offsets array from an int32 ndarray or a list/tuple of ints."""
+    if isinstance(x, np.ndarray):
+        if x.dtype != np.dtype(np.int32):
+            raise TypeError(f"{name} must be an int32 array (batch + 1 offsets), got dtype {x.dtype}")
+        arr = x
+    elif isinstance(x, (list, tuple)):
+        arr = np.asarray(x)
+        if arr.size and arr.dtype.kind not in "iu":
+            raise TypeError(f"{name} must hold integers, got {arr.dtype} values")
+        if arr.size and (arr.min() < -2**31 or arr.max() > _checks.INT32_MAX):
+            raise ValueError(f"{name} values must fit in int32")
+        arr = arr.astype(np.int32)
+    else:
+        raise TypeError(
+            f"{name} must be an int32 numpy array or a list of ints, got {type(x).__name__}")
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D (batch + 1 offsets), got shape {arr.shape}")
+    if arr.size < 1:
+        raise ValueError(f"{name} must hold batch + 1 >= 1 offsets, got 0 entries")
+    return np.ascontiguousarray(arr)
+
+
+def _array(name: str, a) -> np.ndarray:
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray or a torch.Tensor, got {type(a).__name__}")
+    return a
+
+
+def _layout(name: str, a: np.ndarray):
+    if a.ndim != 3:
+        raise ValueError(f"{name} must have 3 dimensions [total, heads, head_dim], got shape {a.shape}")
+    if not a.flags.aligned:
+        raise ValueError(f"{name} is not aligned to its element size; {_FIX}")
+    item = a.itemsize
+    for s in a.strides:
+        if s % item:
+            raise ValueError(
+                f"{name} strides {a.strides} (bytes) are not multiples of the element size {item}; {_FIX}")
+    return _checks.layout(name, a.shape, [s // item for s in a.strides], _FIX)
+
+
+def _ptr(a: Optional[np.ndarray]):
+    return None if a is None else a.ctypes.data
+
+
+def build_params(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                 softmax_scale):
+    """Checks everything and fills a jfa_attention_params (out and lse left NULL).
+
+    Returns (params, keep) where keep holds the arrays the pointers refer to."""
+    q, k, v = _array("q", q), _array("k", k), _array("v", v)
+    total_q, heads_q, total_k, heads_kv, d = _checks.qkv_shapes(q.shape, k.shape, v.shape)
+    dtype = jfa_dtype("q", q)
+    for name, a in (("k", k), ("v", v)):
+        if a.dtype != q.dtype:
+            raise TypeError(f"q, k and v must have the same dtype, got q {q.dtype} and {name} {a.dtype}")
+    layouts = [_layout(name, a) for name, a in (("q", q), ("k", k), ("v", v))]
+    cu_q = offsets("cu_seqlens_q", cu_seqlens_q)
+    cu_k = cu_q if cu_seqlens_k is None else offsets("cu_seqlens_k", cu_seqlens_k)
+    batch = _checks.offsets_count("cu_seqlens_q", cu_q.size, "cu_seqlens_k", cu_k.size)
+
+    p: AttentionParams = new_params()
+    p.q, p.k, p.v = _ptr(q), _ptr(k), _ptr(v)
+    p.cu_seqlens_q, p.cu_seqlens_k = _ptr(cu_q), _ptr(cu_k)
+    p.batch, p.total_q, p.total_k = batch, total_q, total_k
+    p.heads_q, p.heads_kv, p.head_dim = heads_q, heads_kv, d
+    p.dtype = dtype
+    for field, (ts, hs) in zip(("q_layout", "k_layout", "v_layout"), layouts):
+        lay = getattr(p, field)
+        lay.token_stride, lay.head_stride = ts, hs
+    p.softmax_scale = _checks.scale_value(softmax_scale)
+    p.causal = 1 if causal else 0
+    p.max_seqlen_q = _checks.seqlen_hint("max_seqlen_q", max_seqlen_q)
+    p.max_seqlen_k = _checks.seqlen_hint("max_seqlen_k", max_seqlen_k)
+    p.backend = BACKEND_CPU
+    return p, (q, k, v, cu_q, cu_k)
+
+
+def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+              softmax_scale, return_lse):
+    p, keep = build_params(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           causal, softmax_scale)
+    q = keep[0]
+    out = np.empty((p.total_q, p.heads_q, p.head_dim), dtype=q.dtype)
+    lse = np.empty((p.heads_q, p.total_q), dtype=np.float32) if return_lse else None
+    p.out = _ptr(out)
+    p.out_layout.token_stride = p.heads_q * p.head_dim
+    p.out_layout.head_stride = p.head_dim
+    p.lse = _ptr(lse)
+    call("jfa_attention_forward", ctypes.byref(p))
+    del keep
+    return (out, lse) if return_lse else out
+
+
+def attention_reference(q, k, v, cu_seqlens_q, cu_seqlens_k=None, *, causal=False,
+                        softmax_scale=None, q_tokens=None, return_lse=False):
+    """libjfa's float64 reference over numpy arrays (the oracle of the C++ tests).
+
+    Returns out float64 [n, heads_q, head_dim] for the query tokens listed in ``q_tokens`` (all
+    tokens when None), and lse float64 [heads_q, n] when ``return_lse``.
+    """
+    p, keep = build_params(q, k, v, cu_seqlens_q, cu_seqlens_k, None, None, causal, softmax_scale)
+    if q_tokens is None:
+        tokens = None
+        n = p.total_q
+    else:
+        tokens = np.ascontiguousarray(np.asarray(q_tokens, dtype=np.int64).reshape(-1))
+        n = tokens.size
+        if n and (tokens.min() < 0 or tokens.max() >= p.total_q):
+            raise ValueError(f"q_tokens must be in [0, total_q={p.total_q})")
+    out = np.empty((n, p.heads_q, p.head_dim), dtype=np.float64)
+    lse = np.empty((p.heads_q, n), dtype=np.float64) if return_lse else None
+    tok_ptr = None if tokens is None else tokens.ctypes.data_as(ctypes.POINTER(ctypes.c_int64))
+    out_ptr = out.ctypes.data_as(ctypes.POINTER(ctypes.c_double))
+    lse_ptr = None if lse is None else lse.ctypes.data_as(ctypes.POINTER(ctypes.c_double))
+    call("jfa_attention_reference", ctypes.byref(p), tok_ptr, n, out_ptr, lse_ptr)
+    del keep
+    return (out, lse) if return_lse else out

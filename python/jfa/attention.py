@@ -1,0 +1,83 @@
+"""jfa.jagged_attention: one entry for numpy arrays and torch tensors."""
+
+from __future__ import annotations
+
+from ._torch_support import ops as _ops
+from ._torch_support import torch as _torch
+
+__all__ = ["jagged_attention", "attention_reference"]
+
+
+def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None,
+                     max_seqlen_k=None, *, causal=False, softmax_scale=None, return_lse=False):
+    """Exact softmax attention over packed variable-length sequences (the forward).
+
+    Follows ``flash_attn_varlen_func``: ``q`` is ``[total_q, heads_q, head_dim]``, ``k`` and ``v``
+    are ``[total_k, heads_kv, head_dim]`` with ``heads_q`` a multiple of ``heads_kv`` (GQA/MQA),
+    and ``cu_seqlens_q`` / ``cu_seqlens_k`` hold ``batch + 1`` int32 offsets (``cu_seqlens_k``
+    defaults to ``cu_seqlens_q``).
+
+    Args:
+        q, k, v: torch tensors (CUDA -> the GPU kernel on the current stream; CPU -> the CPU
+            backend; float16, bfloat16, float32 on CPU) or numpy arrays (float16, float32; CPU
+            backend). The last dimension must be contiguous; other strides are passed through.
+        cu_seqlens_q, cu_seqlens_k: int32 offsets on the device of q (numpy: int32 arrays or
+            lists of ints).
+        max_seqlen_q, max_seqlen_k: optional plain-int hints of the longest sequence (None =
+            unknown). They are never read from the offsets, so the call does not synchronize.
+        causal: bottom-right aligned causal mask: query i sees key j iff j <= i + len_k - len_q.
+        softmax_scale: defaults to 1/sqrt(head_dim).
+        return_lse: also return the float32 log-sum-exp ``[heads_q, total_q]`` (natural log;
+            -inf for rows that see no key).
+
+    Returns:
+        ``out`` ``[total_q, heads_q, head_dim]`` of q's dtype, or ``(out, lse)``.
+
+    Raises:
+        TypeError / ValueError naming the argument for bad types, devices, shapes or strides;
+        jfa.JfaError (a JfaInvalidArgumentError, also a ValueError, for invalid values) with the
+        library's message when libjfa rejects the call.
+    """
+    if _torch is not None and isinstance(q, _torch.Tensor):
+        if not (isinstance(k, _torch.Tensor) and isinstance(v, _torch.Tensor)):
+            raise TypeError("q, k and v must all be torch tensors or all numpy arrays, got "
+                            f"q {type(q).__name__}, k {type(k).__name__}, v {type(v).__name__}")
+        return _ops.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                              causal, softmax_scale, return_lse)
+    if _torch is not None and (isinstance(k, _torch.Tensor) or isinstance(v, _torch.Tensor)):
+        raise TypeError("q, k and v must all be torch tensors or all numpy arrays, got "
+                        f"q {type(q).__name__}, k {type(k).__name__}, v {type(v).__name__}")
+    if _is_foreign_tensor(q):
+        raise TypeError(f"q is a {type(q).__module__}.{type(q).__name__} but torch support is not "
+                        f"available: {_unavailable_reason()}")
+    from . import _numpy_backend
+
+    return _numpy_backend.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, causal, softmax_scale, return_lse)
+
+
+def attention_reference(q, k, v, cu_seqlens_q, cu_seqlens_k=None, *, causal=False,
+                        softmax_scale=None, q_tokens=None, return_lse=False):
+    """libjfa's float64 reference over numpy arrays (float16/float32 inputs).
+
+    Returns ``out`` float64 ``[n, heads_q, head_dim]`` for the query tokens in ``q_tokens`` (all
+    when None), and ``lse`` float64 ``[heads_q, n]`` when ``return_lse``.
+    """
+    if any(_is_foreign_tensor(x) for x in (q, k, v)):
+        raise TypeError("attention_reference takes numpy arrays; pass t.cpu().numpy() for a "
+                        "torch tensor t (float16 or float32)")
+    from . import _numpy_backend
+
+    return _numpy_backend.attention_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal,
+                                              softmax_scale=softmax_scale, q_tokens=q_tokens,
+                                              return_lse=return_lse)
+
+
+def _is_foreign_tensor(x) -> bool:
+    return type(x).__module__.split(".")[0] == "torch"
+
+
+def _unavailable_reason() -> str:
+    from . import _torch_support
+
+    return _torch_support.unavailable_reason

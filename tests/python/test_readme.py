@@ -1,0 +1,37 @@
+"""The README's Python examples run as written: the numpy one everywhere, the torch one where torch
+and a usable CUDA backend are present."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+import jfa
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def python_blocks():
+    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_readme_has_both_examples():
+    blocks = python_blocks()
+    assert any("import torch" in b for b in blocks)
+    assert any("import numpy" in b and "import torch" not in b for b in blocks)
+
+
+def test_numpy_example_runs():
+    for block in python_blocks():
+        if "import torch" not in block:
+            exec(compile(block, "README.md (numpy example)", "exec"), {})
+
+
+def test_torch_example_runs():
+    if not jfa.torch_available():
+        pytest.skip(f"torch path unavailable: {jfa.torch_unavailable_reason()}")
+    if not jfa.cuda_available():
+        pytest.skip("no usable CUDA backend (needs a Hopper GPU and a CUDA build of libjfa)")
+    for block in python_blocks():
+        if "import torch" in block:
+            exec(compile(block, "README.md (torch example)", "exec"), {})

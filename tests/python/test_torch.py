@@ -1,0 +1,369 @@
+"""The torch path: the custom op on CUDA (Hopper) and on CPU, torch.compile, CUDA graphs,
+autograd, torch.nested interop. Skipped, with the reason, where torch or a GPU is missing."""
+
+import math
+
+import numpy as np
+import pytest
+
+import jfa
+
+if not jfa.torch_available():
+    pytest.skip(f"torch path unavailable: {jfa.torch_unavailable_reason()}", allow_module_level=True)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from jfa_reference import attention_ref  # noqa: E402
+
+
+def _cuda_skip_reason():
+    if not torch.cuda.is_available():
+        return "CUDA is not available to torch (no GPU, or a CPU-only torch build)"
+    if not jfa.cuda_available():
+        return (f"the loaded libjfa ({jfa.library_path()}) has no usable CUDA backend: built "
+                "without CUDA, or no compute-capability-9.0 (Hopper) GPU")
+    return ""
+
+
+_CUDA_REASON = _cuda_skip_reason()
+needs_cuda = pytest.mark.skipif(bool(_CUDA_REASON), reason=_CUDA_REASON or "n/a")
+
+TOL = {torch.float16: dict(atol=4e-3, rtol=4e-3), torch.bfloat16: dict(atol=3e-2, rtol=3e-2),
+       torch.float32: dict(atol=5e-5, rtol=5e-5)}
+
+
+def _offsets(lengths, device):
+    return torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32, device=device)
+
+
+def _inputs(seed, lengths_q, lengths_k, hq, hkv, d, dtype, device):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    lengths_k = lengths_q if lengths_k is None else lengths_k
+    cu_q, cu_k = _offsets(lengths_q, device), _offsets(lengths_k, device)
+    tq, tk = int(sum(lengths_q)), int(sum(lengths_k))
+    q = torch.randn((tq, hq, d), generator=g).to(device=device, dtype=dtype)
+    k = torch.randn((tk, hkv, d), generator=g).to(device=device, dtype=dtype)
+    v = torch.randn((tk, hkv, d), generator=g).to(device=device, dtype=dtype)
+    return q, k, v, cu_q, cu_k
+
+
+def sdpa_reference(q, k, v, cu_q, cu_k, causal, scale=None):
+    """Per-sequence torch SDPA in float32, bottom-right causal mask; lse by explicit logsumexp."""
+    cu_q, cu_k = cu_q.tolist(), cu_k.tolist()
+    hq, d = q.shape[1], q.shape[2]
+    group = hq // k.shape[1]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    lse = torch.full((hq, q.shape[0]), -math.inf, dtype=torch.float32, device=q.device)
+    for b in range(len(cu_q) - 1):
+        qs, qe, ks, ke = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
+        lq, lk = qe - qs, ke - ks
+        if lq == 0 or lk == 0:
+            continue
+        Q = q[qs:qe].float().transpose(0, 1)  # [hq, lq, d]
+        K = k[ks:ke].float().transpose(0, 1).repeat_interleave(group, dim=0)
+        V = v[ks:ke].float().transpose(0, 1).repeat_interleave(group, dim=0)
+        i = torch.arange(lq, device=q.device)[:, None]
+        j = torch.arange(lk, device=q.device)[None, :]
+        visible = (j <= i + (lk - lq)) if causal else torch.ones(lq, lk, dtype=torch.bool, device=q.device)
+        rows = visible.any(dim=1)
+        o = F.scaled_dot_product_attention(Q[None], K[None], V[None], attn_mask=visible,
+                                           scale=scale)[0]
+        o = torch.where(rows[None, :, None], o, 0.0)
+        s = torch.where(visible, scale * Q @ K.transpose(1, 2), -math.inf)
+        out[qs:qe] = o.transpose(0, 1)
+        lse[:, qs:qe] = torch.logsumexp(s, dim=-1)
+    return out, lse
+
+
+def _compare(out, lse, ref_out, ref_lse, dtype):
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), ref_out, **TOL[dtype])
+    no_keys = torch.isneginf(ref_lse)
+    assert torch.equal(torch.isneginf(lse), no_keys)
+    torch.testing.assert_close(lse[~no_keys], ref_lse[~no_keys], atol=1e-3, rtol=1e-4)
+
+
+CASES = {
+    "self": ([0, 1, 127, 129, 300, 64, 2], None),
+    "cross": ([5, 0, 200, 1, 130, 64], [9, 4, 0, 1, 257, 64]),
+}
+
+
+# ---- CUDA ----------------------------------------------------------------------------------------
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("heads", [(8, 8), (8, 2)], ids=["mha", "gqa"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_cuda_matches_sdpa(seed, dtype, head_dim, causal, heads, case):
+    lq, lk = CASES[case]
+    q, k, v, cu_q, cu_k = _inputs(seed, lq, lk, heads[0], heads[1], head_dim, dtype, "cuda")
+    out, lse = jfa.jagged_attention(q, k, v, cu_q, cu_k, max(lq), max(lk or lq), causal=causal,
+                                    return_lse=True)
+    assert out.device == q.device and out.dtype == dtype and out.is_contiguous()
+    assert lse.shape == (heads[0], q.shape[0]) and lse.dtype == torch.float32
+    _compare(out, lse, *sdpa_reference(q, k, v, cu_q, cu_k, causal), dtype)
+
+
+@needs_cuda
+def test_cuda_no_hints_strided_and_scale(seed):
+    """Views of a packed qkv buffer, no max_seqlen hints, a custom scale, a side stream."""
+    lengths = [33, 0, 150, 1, 77]
+    cu = _offsets(lengths, "cuda")
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn((sum(lengths), 3, 4, 64), generator=g).to("cuda", torch.float16)
+    q, k, v = qkv.unbind(1)
+    assert not q.is_contiguous()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        out, lse = jfa.jagged_attention(q, k, v, cu, causal=True, softmax_scale=0.2, return_lse=True)
+    torch.cuda.current_stream().wait_stream(stream)
+    _compare(out, lse, *sdpa_reference(q, k, v, cu, cu, True, 0.2), torch.float16)
+
+
+@needs_cuda
+def test_cuda_no_host_sync(seed):
+    """The op and the helpers given max_len/total never synchronize with the host."""
+    lengths = [17, 0, 90, 5]
+    q, k, v, cu, _ = _inputs(seed, lengths, None, 4, 4, 64, torch.bfloat16, "cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = jfa.jagged_attention(q, k, v, cu, causal=True)
+        padded = jfa.pad(out, cu, max_len=90)
+        back = jfa.unpad(padded, cu, total=q.shape[0])
+        cu2 = jfa.lengths_to_offsets(cu[1:] - cu[:-1])
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.equal(back, out) and torch.equal(cu2, cu)
+    torch.testing.assert_close(out.float(), sdpa_reference(q, k, v, cu, cu, True)[0],
+                               **TOL[torch.bfloat16])
+
+
+@needs_cuda
+@pytest.mark.parametrize("return_lse, dynamic", [(False, False), (True, False), (True, True)],
+                         ids=["out", "out-lse", "out-lse-dynamic"])
+def test_cuda_torch_compile_fullgraph(seed, return_lse, dynamic):
+    q, k, v, cu, _ = _inputs(seed, [40, 0, 129, 7], None, 8, 2, 128, torch.float16, "cuda")
+
+    def f(q, k, v, cu):
+        return jfa.jagged_attention(q * 1.0, k, v, cu, max_seqlen_q=129, max_seqlen_k=129,
+                                    causal=True, return_lse=return_lse)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, dynamic=dynamic)
+    got, want = compiled(q, k, v, cu), f(q, k, v, cu)
+    if return_lse:
+        torch.testing.assert_close(got[0], want[0], atol=0, rtol=0)
+        torch.testing.assert_close(got[1], want[1], atol=0, rtol=0)
+    else:
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+    # New lengths in a new offsets tensor of the same shape: same graph, new result.
+    cu2 = _offsets([100, 50, 20, 6], "cuda")
+    torch.testing.assert_close(compiled(q, k, v, cu2), f(q, k, v, cu2), atol=0, rtol=0)
+    if dynamic:  # another total and batch size through the same dynamic-shape graph
+        q3, k3, v3, cu3, _ = _inputs(seed + 1, [3, 0, 120], None, 8, 2, 128, torch.float16, "cuda")
+        torch.testing.assert_close(compiled(q3, k3, v3, cu3), f(q3, k3, v3, cu3), atol=0, rtol=0)
+
+
+@needs_cuda
+@pytest.mark.parametrize("hints", [True, False], ids=["hints", "no-hints"])
+def test_cuda_graph_replay_with_new_lengths(seed, hints):
+    lengths_a, lengths_b = [100, 28, 0, 128, 1], [1, 200, 55, 0, 1]  # same total (257)
+    q, k, v, cu, _ = _inputs(seed, lengths_a, None, 8, 4, 64, torch.float16, "cuda")
+    max_len = max(max(lengths_a), max(lengths_b)) if hints else None
+
+    def run():
+        return jfa.jagged_attention(q, k, v, cu, max_seqlen_q=max_len, max_seqlen_k=max_len,
+                                    causal=True, return_lse=True)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = run()
+
+    graph.replay()
+    torch.cuda.synchronize()
+    _compare(out, lse, *sdpa_reference(q, k, v, cu, cu, True), torch.float16)
+
+    cu.copy_(_offsets(lengths_b, "cuda"))
+    g = torch.Generator().manual_seed(seed + 1)
+    q.copy_(torch.randn(q.shape, generator=g).to(q))
+    graph.replay()
+    torch.cuda.synchronize()
+    _compare(out, lse, *sdpa_reference(q, k, v, cu, cu, True), torch.float16)
+
+
+@needs_cuda
+def test_cuda_backward_not_implemented(seed):
+    q, k, v, cu, _ = _inputs(seed, [5, 9], None, 2, 2, 64, torch.float16, "cuda")
+    q.requires_grad_(True)
+    out = jfa.jagged_attention(q, k, v, cu)
+    assert out.requires_grad
+    with pytest.raises(NotImplementedError, match="backward pass is not implemented yet"):
+        out.float().sum().backward()
+
+
+@needs_cuda
+def test_cuda_errors(seed):
+    q, k, v, cu, _ = _inputs(seed, [5, 9], None, 2, 2, 64, torch.float16, "cuda")
+    with pytest.raises(ValueError, match=r"cu_seqlens_q must be on the device of q \(cuda:0\), got cpu"):
+        jfa.jagged_attention(q, k, v, cu.cpu())
+    with pytest.raises(TypeError, match="cu_seqlens_q must be an int32 tensor"):
+        jfa.jagged_attention(q, k, v, cu.long())
+    with pytest.raises(ValueError, match="q, k and v must be on the same device"):
+        jfa.jagged_attention(q, k.cpu(), v, cu)
+    with pytest.raises(ValueError, match=r"k: the last dimension \(head_dim\) must be contiguous"):
+        jfa.jagged_attention(q, k.transpose(1, 2).contiguous().transpose(1, 2), v, cu)
+    with pytest.raises(TypeError, match="all be torch tensors or all numpy arrays"):
+        jfa.jagged_attention(q, k.cpu().numpy(), v, cu)
+    with pytest.raises(jfa.JfaUnsupportedError, match="float32 is not supported on CUDA"):
+        jfa.jagged_attention(q.float(), k.float(), v.float(), cu)
+    qq = torch.zeros((14, 2, 96), dtype=torch.float16, device="cuda")
+    with pytest.raises(jfa.JfaUnsupportedError, match="head_dim 96"):
+        jfa.jagged_attention(qq, qq, qq, cu)
+
+
+@needs_cuda
+def test_cuda_jagged_helpers_and_nested(seed):
+    lengths = [3, 7, 1, 12]
+    cu = jfa.lengths_to_offsets(torch.tensor(lengths, device="cuda"))
+    assert cu.dtype == torch.int32 and cu.device.type == "cuda"
+    assert cu.tolist() == [0, 3, 10, 11, 23]
+    g = torch.Generator().manual_seed(seed)
+    values = torch.randn((23, 4, 64), generator=g).to("cuda", torch.float16)
+    padded = jfa.pad(values, cu, padding_value=-1.0)
+    assert padded.shape == (4, 12, 4, 64)
+    assert (padded[0, 3:] == -1).all() and torch.equal(padded[3], values[11:])
+    assert torch.equal(jfa.unpad(padded, cu), values)
+
+    nt = jfa.to_nested(values, cu)
+    assert nt.is_nested and nt.layout == torch.jagged and nt.size(0) == 4
+    for b, part in enumerate(nt.unbind()):
+        assert torch.equal(part, values[cu[b]:cu[b + 1]])
+    vals, cu2 = jfa.from_nested(nt)
+    assert vals.data_ptr() == values.data_ptr() and cu2.dtype == torch.int32
+    assert torch.equal(cu2, cu)
+    out = jfa.jagged_attention(vals, vals, vals, cu2, causal=True)
+    torch.testing.assert_close(out.float(), sdpa_reference(values, values, values, cu, cu, True)[0],
+                               **TOL[torch.float16])
+
+
+# ---- CPU (torch tensors on the CPU backend) ------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16],
+                         ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_cpu_matches_reference(seed, dtype, causal):
+    lq, lk = [5, 0, 33, 1, 70], [9, 4, 0, 1, 64]
+    q, k, v, cu_q, cu_k = _inputs(seed, lq, lk, 4, 2, 32, dtype, "cpu")
+    out, lse = jfa.jagged_attention(q, k, v, cu_q, cu_k, causal=causal, return_lse=True)
+    assert out.dtype == dtype and out.shape == q.shape and lse.shape == (4, q.shape[0])
+    ref_out, ref_lse = attention_ref(q.double().numpy(), k.double().numpy(), v.double().numpy(),
+                                     cu_q.numpy(), cu_k.numpy(), causal=causal)
+    _compare(out, lse, torch.from_numpy(ref_out).float(), torch.from_numpy(ref_lse).float(), dtype)
+    sdpa_out, _ = sdpa_reference(q, k, v, cu_q, cu_k, causal)
+    torch.testing.assert_close(out.float(), sdpa_out, **TOL[dtype])
+
+
+def test_cpu_op_registered_and_opcheck(seed):
+    assert hasattr(torch.ops.jfa, "jagged_attention_fwd")
+    q, k, v, cu, _ = _inputs(seed, [3, 0, 6], None, 2, 1, 16, torch.float32, "cpu")
+    q.requires_grad_(True)
+    for return_lse in (False, True):
+        args = (q, k, v, cu, cu, 0, 0, True, None, return_lse)
+        torch.library.opcheck(torch.ops.jfa.jagged_attention_fwd.default, args,
+                              test_utils=("test_schema", "test_autograd_registration",
+                                          "test_faketensor"))
+
+
+def test_cpu_compile_fullgraph_and_backward_error(seed):
+    """Tracing with autograd succeeds (the backward is an op); running the backward raises."""
+    q, k, v, cu, _ = _inputs(seed, [4, 11], None, 2, 2, 16, torch.float32, "cpu")
+
+    def f(q, k, v, cu):
+        return jfa.jagged_attention(q, k, v, cu, causal=True) * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(q, k, v, cu), f(q, k, v, cu))
+    out = compiled(q.clone().requires_grad_(True), k, v, cu)
+    with pytest.raises(NotImplementedError, match="backward pass is not implemented yet"):
+        out.sum().backward()
+
+
+def test_cpu_backward_not_implemented(seed):
+    q, k, v, cu, _ = _inputs(seed, [3, 2], None, 1, 1, 8, torch.float32, "cpu")
+    v.requires_grad_(True)
+    out, lse = jfa.jagged_attention(q, k, v, cu, return_lse=True)
+    with pytest.raises(NotImplementedError, match="backward pass is not implemented yet"):
+        out.sum().backward()
+    with torch.no_grad():
+        assert not jfa.jagged_attention(q, k, v, cu).requires_grad
+
+
+def test_cpu_errors(seed):
+    q, k, v, cu, _ = _inputs(seed, [3, 2], None, 2, 2, 8, torch.float32, "cpu")
+    with pytest.raises(TypeError, match="cu_seqlens_q must be an int32 tensor"):
+        jfa.jagged_attention(q, k, v, cu.long())
+    with pytest.raises(TypeError, match="cu_seqlens_k must be an int32 tensor"):
+        jfa.jagged_attention(q, k, v, cu, cu.to(torch.int16))
+    with pytest.raises(ValueError, match="cu_seqlens_q must be 1-D"):
+        jfa.jagged_attention(q, k, v, cu[None])
+    with pytest.raises(TypeError, match="q must be float16, bfloat16 or float32"):
+        jfa.jagged_attention(q.double(), k.double(), v.double(), cu)
+    with pytest.raises(TypeError, match="same dtype"):
+        jfa.jagged_attention(q, k.half(), v, cu)
+    with pytest.raises(ValueError, match="multiple of the heads of k"):
+        jfa.jagged_attention(q[:, :1].repeat(1, 3, 1), k, v, cu)
+    with pytest.raises(ValueError, match="v: token and head strides must be positive"):
+        jfa.jagged_attention(q, k, v[:1].expand(5, 2, 8), cu)
+    with pytest.raises(jfa.JfaInvalidArgumentError, match=r"cu_seqlens_q\[0\] must be 0"):
+        jfa.jagged_attention(q, k, v, cu + 1)
+    with pytest.raises(ValueError, match="same length"):
+        jfa.jagged_attention(q, k, v, cu, cu[:2])
+
+
+def test_cpu_lists_as_offsets(seed):
+    q, k, v, cu, _ = _inputs(seed, [3, 2], None, 2, 2, 8, torch.float32, "cpu")
+    torch.testing.assert_close(jfa.jagged_attention(q, k, v, [0, 3, 5]),
+                               jfa.jagged_attention(q, k, v, cu))
+
+
+def test_cpu_jagged_helpers(seed):
+    cu = jfa.lengths_to_offsets(torch.tensor([2, 0, 5]))
+    assert cu.dtype == torch.int32 and cu.tolist() == [0, 2, 2, 7]
+    assert jfa.lengths_to_offsets([1, 2], device="cpu").tolist() == [0, 1, 3]
+    with pytest.raises(ValueError, match=r"lengths\[1\]=-1 must be >= 0"):
+        jfa.lengths_to_offsets(torch.tensor([1, -1]))
+    assert jfa.max_length(cu) == 5
+    assert jfa.offsets_to_lengths(cu).tolist() == [2, 0, 5]
+    values = torch.arange(7 * 3, dtype=torch.float64).reshape(7, 3)
+    padded = jfa.pad(values, cu, padding_value=-1)
+    assert padded.shape == (3, 5, 3) and (padded[1] == -1).all()
+    assert torch.equal(jfa.unpad(padded, cu), values)
+    # numpy and torch agree
+    np_padded = jfa.pad(values.float().numpy(), cu.numpy(), padding_value=-1)
+    assert np.array_equal(np_padded, padded.float().numpy())
+    with pytest.raises(ValueError, match="sequence 2 has length 5 > max_len 4"):
+        jfa.pad(values, cu, max_len=4)
+    with pytest.raises(ValueError, match="must equal the total 6"):
+        jfa.pad(values[:6], cu)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        jfa.validate_offsets(torch.tensor([0, 3, 2], dtype=torch.int32))
+    nt = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(5, 3)], layout=torch.jagged)
+    vals, offs = jfa.from_nested(nt)
+    assert vals.shape == (7, 3) and offs.tolist() == [0, 2, 7] and offs.dtype == torch.int32
+    strided = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(5, 3)])
+    with pytest.raises(ValueError, match="layout=torch.jagged"):
+        jfa.from_nested(strided)
