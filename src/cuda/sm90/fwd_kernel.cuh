@@ -309,28 +309,6 @@ __device__ __forceinline__ void epilogue(ConsumerState<Cfg>& cs, const FwdArgs& 
   }
 }
 
-// Clears the running state for a new item. An item whose rows see no key is finished here (zeros,
-// LSE -inf) and false is returned.
-template <typename Cfg>
-__device__ __forceinline__ bool start_item(ConsumerState<Cfg>& cs, const FwdArgs& a,
-                                           const TileWork& w, int32_t row0) {
-#pragma unroll
-  for (int i = 0; i < Cfg::kD / 2; ++i) cs.o[i] = 0.f;
-  cs.row_max[0] = cs.row_max[1] = -INFINITY;
-  cs.row_sum[0] = cs.row_sum[1] = 0.f;
-  if (w.n_blocks != 0) return true;
-  epilogue<Cfg>(cs, a, w, row0, true);
-  return false;
-}
-
-// A K tile needs the mask when it reaches past the sequence end or (causal) past the diagonal of
-// the item's first row.
-__device__ __forceinline__ bool tile_needs_mask(int32_t key0, int32_t block_n, int32_t len_k,
-                                                bool causal, int32_t first_row,
-                                                int32_t diag_shift) {
-  return key0 + block_n > len_k || (causal && key0 + block_n - 1 > first_row + diag_shift);
-}
-
 template <typename Cfg>
 __device__ __forceinline__ void consumer_loop(typename Cfg::Shared& s, const FwdArgs& a,
                                               int64_t n_items, int group) {
@@ -347,8 +325,17 @@ __device__ __forceinline__ void consumer_loop(typename Cfg::Shared& s, const Fwd
     if (!w.active) continue;
     // First of this thread's two rows, as a row index inside the sequence.
     const int32_t row0 = w.m_block * Cfg::kBlockM + group * 64 + warp * 16 + lane / 4;
-    if (!start_item<Cfg>(cs, a, w, row0)) continue;
+#pragma unroll
+    for (int i = 0; i < Cfg::kD / 2; ++i) cs.o[i] = 0.f;
+    cs.row_max[0] = cs.row_max[1] = -INFINITY;
+    cs.row_sum[0] = cs.row_sum[1] = 0.f;
+    if (w.n_blocks == 0) {
+      epilogue<Cfg>(cs, a, w, row0, true);
+      continue;
+    }
     const int32_t diag_shift = w.seq.len_k - w.seq.len_q;
+    // A K tile needs the mask when it reaches past the sequence end or (causal) past the diagonal
+    // of the tile's first row.
     const int32_t first_row = w.m_block * Cfg::kBlockM;
     s.q_full.wait(q_phase);
     for (int it = 0; it < w.n_blocks; ++it) {
@@ -360,8 +347,9 @@ __device__ __forceinline__ void consumer_loop(typename Cfg::Shared& s, const Fwd
       tlx::wgmma_wait<0>();
       tlx::fence_operand(s_acc);
       if (it == w.n_blocks - 1 && leader) s.q_empty.arrive();
-      if (tile_needs_mask(key0, kN, w.seq.len_k, a.causal != 0, first_row, diag_shift))
-        apply_mask<Cfg>(s_acc, key0, row0, w.seq.len_k, diag_shift, a.causal != 0);
+      const bool need_mask =
+          key0 + kN > w.seq.len_k || (a.causal && key0 + kN - 1 > first_row + diag_shift);
+      if (need_mask) apply_mask<Cfg>(s_acc, key0, row0, w.seq.len_k, diag_shift, a.causal != 0);
       float alpha[2];
       softmax_scores<Cfg>(s_acc, cs, a.scale_log2, alpha);
       rescale_o<Cfg>(cs, alpha);
@@ -401,7 +389,14 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
     const TileWork w = decode_item<Cfg::kBlockM, Cfg::kBlockN>(a, item);
     if (!w.active) continue;
     const int32_t row0 = w.m_block * Cfg::kBlockM + group * 64 + warp * 16 + lane / 4;
-    if (!start_item<Cfg>(cs, a, w, row0)) continue;
+#pragma unroll
+    for (int i = 0; i < Cfg::kD / 2; ++i) cs.o[i] = 0.f;
+    cs.row_max[0] = cs.row_max[1] = -INFINITY;
+    cs.row_sum[0] = cs.row_sum[1] = 0.f;
+    if (w.n_blocks == 0) {
+      epilogue<Cfg>(cs, a, w, row0, true);
+      continue;
+    }
     const int32_t diag_shift = w.seq.len_k - w.seq.len_q;
     const int32_t first_row = w.m_block * Cfg::kBlockM;
     const bool causal = a.causal != 0;
@@ -410,8 +405,9 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
     uint32_t p[kN / 16][4];
     // Mask (where needed) and online softmax of one S tile; alpha rescales O afterwards.
     auto scores = [&](float(&s_acc)[kN / 2], int32_t key0, float(&alpha)[2]) {
-      if (tile_needs_mask(key0, kN, w.seq.len_k, causal, first_row, diag_shift))
-        apply_mask<Cfg>(s_acc, key0, row0, w.seq.len_k, diag_shift, causal);
+      const bool need_mask =
+          key0 + kN > w.seq.len_k || (causal && key0 + kN - 1 > first_row + diag_shift);
+      if (need_mask) apply_mask<Cfg>(s_acc, key0, row0, w.seq.len_k, diag_shift, causal);
       softmax_scores<Cfg>(s_acc, cs, a.scale_log2, alpha);
     };
     // First (diagonal or last) tile: S only.
