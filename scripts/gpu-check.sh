@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Everything the GPU machine can check: build (all cores), GPU, CPU and Python tests, compute-sanitizer
-# memcheck and racecheck over a reduced GPU case set, the CLI benchmark (when the CLI exists) and
-# the W1 comparison with varlen FlashAttention-2. Logs go to OUTDIR; a summary table is printed last.
+# Everything the GPU machine can check: build (all cores), GPU, CPU and Python tests,
+# compute-sanitizer memcheck and racecheck over a reduced GPU case set, the CLI benchmark and the
+# peers benchmark (bench/peers.py --quick: jfa, varlen FA2, the plain Triton JFA and the others,
+# every output checked before timing). Logs go to OUTDIR; a summary table is printed last.
 #
 # usage: scripts/gpu-check.sh OUTDIR
 # env:   BUILD_DIR (default build/gpu-check), SKIP_SANITIZERS=1, SKIP_BENCH=1, SANITIZER_TIMEOUT,
@@ -67,11 +68,11 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     note "jfa bench W1..W4" "skipped (no CLI binary)"
   fi
   if [ -n "$LIB" ] && python3 -c 'import torch' 2>/dev/null; then
-    W1_LENGTHS=()
-    [ -n "${CLI:-}" ] && W1_LENGTHS=(--lengths "$("$CLI" bench --workload W1 --print-lengths)")
-    PYTHONUNBUFFERED=1 timeout 600 python3 bench/gpu_w1_vs_fa2.py --lib "$LIB" "${W1_LENGTHS[@]}" \
-      >"$OUT/fa2_bench.log" 2>&1
-    note "W1 vs varlen FA2" "rc=$? $(grep -E '^(non-causal|causal) ' "$OUT/fa2_bench.log" | awk '{printf "%s jfa %s / fa2 %s TF/s; ", $1, $7, $8}')"
+    # jfa against its peers on W1-W4 (fp16, both masks), every output checked before timing.
+    PEERS=(--lib "$LIB" --quick --out "$OUT" --name peers)
+    [ -n "${CLI:-}" ] && PEERS+=(--cli "$CLI")
+    PYTHONUNBUFFERED=1 timeout 900 python3 bench/peers.py "${PEERS[@]}" >"$OUT/peers.log" 2>&1
+    note "peers (quick, fp16)" "rc=$? (table in peers.log)"
   fi
 fi
 
