@@ -1,7 +1,7 @@
 """ctypes binding of libjfa's C ABI (include/jfa/jfa.h) for the benchmark scripts.
 
-Only the standard library is imported here, so the module loads on machines without torch or a
-GPU. Pointers are plain integers (e.g. torch's ``tensor.data_ptr()``), so the same binding serves
+Besides the standard library only the jfa package's struct layouts are imported (the package loads
+without torch), so the module loads on machines without torch or a GPU. Pointers are plain integers (e.g. torch's ``tensor.data_ptr()``), so the same binding serves
 CUDA tensors and host buffers (numpy's ``array.ctypes.data``).
 
     lib = JfaLib("build/gpu/src/libjfa.so")
@@ -13,6 +13,11 @@ import ctypes
 import glob
 import math
 import os
+import sys
+
+# The struct layouts come from the jfa package, whose tests check them against jfa.h.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from jfa._library import AttentionParams, TensorLayout  # noqa: E402,F401
 
 # Enumerations of jfa.h.
 JFA_SUCCESS = 0
@@ -27,43 +32,6 @@ STATUS_NAMES = {
     5: "JFA_ERROR_OUT_OF_MEMORY",
     6: "JFA_ERROR_INTERNAL",
 }
-
-
-class TensorLayout(ctypes.Structure):
-    """jfa_tensor_layout: strides in elements; zeros mean packed."""
-
-    _fields_ = [("token_stride", ctypes.c_int64), ("head_stride", ctypes.c_int64)]
-
-
-class AttentionParams(ctypes.Structure):
-    """jfa_attention_params, field for field (the enums are 32-bit ints)."""
-
-    _fields_ = [
-        ("q", ctypes.c_void_p),
-        ("k", ctypes.c_void_p),
-        ("v", ctypes.c_void_p),
-        ("out", ctypes.c_void_p),
-        ("lse", ctypes.c_void_p),
-        ("cu_seqlens_q", ctypes.c_void_p),
-        ("cu_seqlens_k", ctypes.c_void_p),
-        ("batch", ctypes.c_int64),
-        ("total_q", ctypes.c_int64),
-        ("total_k", ctypes.c_int64),
-        ("heads_q", ctypes.c_int32),
-        ("heads_kv", ctypes.c_int32),
-        ("head_dim", ctypes.c_int32),
-        ("dtype", ctypes.c_int32),
-        ("q_layout", TensorLayout),
-        ("k_layout", TensorLayout),
-        ("v_layout", TensorLayout),
-        ("out_layout", TensorLayout),
-        ("softmax_scale", ctypes.c_float),
-        ("causal", ctypes.c_int),
-        ("max_seqlen_q", ctypes.c_int32),
-        ("max_seqlen_k", ctypes.c_int32),
-        ("backend", ctypes.c_int32),
-        ("stream", ctypes.c_void_p),
-    ]
 
 
 class JfaError(RuntimeError):
