@@ -61,19 +61,6 @@ jfa_status locate_buffers(const Params& p, MemoryKind* kind) {
   return JFA_SUCCESS;
 }
 
-#ifdef JFA_WITH_CUDA
-jfa_status forward_cuda(const Params& p) {
-#ifdef JFA_WITH_CUDA
-  return jfa::sm90::forward(p);
-#else
-  (void)p;
-  return fail(JFA_ERROR_UNSUPPORTED,
-              "no CUDA attention kernel is built into this libjfa; pass host buffers to use the "
-              "CPU backend");
-#endif
-}
-#endif
-
 }  // namespace
 
 extern "C" {
@@ -112,7 +99,7 @@ jfa_status jfa_attention_forward(const jfa_attention_params* params) {
       return fail(JFA_ERROR_INVALID_ARGUMENT,
                   "backend=%s needs device buffers, but the buffers are in host memory",
                   backend_name(backend));
-    return forward_cuda(p);
+    return jfa::sm90::forward(p);
 #endif
   });
 }
