@@ -43,7 +43,7 @@ if [ -n "$LIB" ] && python3 -c 'import torch, pytest' 2>/dev/null; then
 fi
 
 if [ -z "${SKIP_SANITIZERS:-}" ] && [ -n "$GPU_TESTS" ] && command -v compute-sanitizer >/dev/null; then
-  FILTER='TlxTma.*:TlxMBarrier.*:TlxWgmma.Fp16D128N128:AttentionGpu.EdgeLengths*:AttentionGpu.DifferentQueryAndKeyLengthsGqa:AttentionGpu.GarbageDeviceOffsetsStayInBounds:AttentionGpu.NoKeysAnywhere:AttentionGpu.ManyTinySequences:AttentionGpu.OverlappedScheduleMatchesReference'
+  FILTER='TlxTma.*:TlxMBarrier.*:TlxWgmma.Fp16D128N128:AttentionGpu.EdgeLengths*:AttentionGpu.DifferentQueryAndKeyLengthsGqa:AttentionGpu.GarbageDeviceOffsetsStayInBounds:AttentionGpu.NoKeysAnywhere:AttentionGpu.ManyTinySequences:AttentionGpu.AlternativeSchedulesMatchReference:AttentionGpu.ShortSequencesShareTiles'
   for tool in memcheck racecheck; do
     JFA_GPU_TESTS_QUICK=1 timeout "${SANITIZER_TIMEOUT:-600}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
       "$GPU_TESTS" --gtest_filter="$FILTER" >"$OUT/$tool.log" 2>&1

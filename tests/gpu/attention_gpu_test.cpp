@@ -388,25 +388,73 @@ TEST(AttentionGpu, ManyTinySequences) {
   }
 }
 
-// The overlapped mainloop (JFA_SM90_SCHEDULE=1) on the cases that stress masks, GQA and lengths.
-TEST(AttentionGpu, OverlappedScheduleMatchesReference) {
-  setenv("JFA_SM90_SCHEDULE", "1", 1);
-  std::mt19937_64 rng(fresh_seed("overlapped schedule"));
+// Short sequences share tiles (a block-diagonal mask from per-row key ranges): runs of short
+// sequences broken by long ones, zero-length queries or keys inside a run, q/k lengths that differ
+// (rows with no visible key under the causal mask), a sequence of exactly one tile, runs longer
+// than a warp's 32 sequences, and more sequences than the work-list kernel takes per round.
+std::vector<Case> shared_tile_cases(std::mt19937_64& rng) {
+  std::vector<Case> cases;
   for (DType dt : {DType::kFloat16, DType::kBFloat16})
     for (int d : kHeadDims)
       for (bool causal : {false, true}) {
         Case c;
-        c.lq = kEdgeLengths;
-        c.lk = (d == 64) ? kEdgeLengths
-                         : random_lengths(rng, static_cast<int>(kEdgeLengths.size()), 0, 500);
+        c.lq = {3, 0, 17, 128, 1, 60, 300, 5, 64, 64, 2, 0, 9};
+        c.lk = {3, 7, 17, 128, 1, 60, 250, 5, 64, 64, 2, 0, 9};
+        if (d == 128) {  // cross lengths: some rows see nothing under the causal mask
+          c.lk = {1, 7, 40, 128, 0, 3, 250, 9, 20, 100, 1, 4, 9};
+        }
+        std::vector<int32_t> more_q = random_lengths(rng, 70, 0, 40);
+        std::vector<int32_t> more_k = random_lengths(rng, 70, 0, 40);
+        c.lq.insert(c.lq.end(), more_q.begin(), more_q.end());
+        c.lk.insert(c.lk.end(), more_k.begin(), more_k.end());
         c.heads_q = 4;
         c.heads_kv = 2;
         c.head_dim = d;
         c.dtype = dt;
         c.causal = causal;
-        run_case(c);
+        cases.push_back(c);
       }
-  unsetenv("JFA_SM90_SCHEDULE");
+  Case ones;  // 2100 sequences of one token: several rounds of the work-list kernel
+  ones.lq = ones.lk = std::vector<int32_t>(2100, 1);
+  ones.heads_q = ones.heads_kv = 2;
+  ones.head_dim = 128;
+  ones.causal = true;
+  cases.push_back(ones);
+  return cases;
+}
+
+TEST(AttentionGpu, ShortSequencesShareTiles) {
+  std::mt19937_64 rng(fresh_seed("shared tiles"));
+  for (const Case& c : shared_tile_cases(rng)) run_case(c);
+}
+
+// The mainloops other than the default (JFA_SM90_SCHEDULE=0: one K tile at a time, 2: overlapped
+// with the groups independent), with the work list heaviest sequences first (JFA_SM90_LPT=1), on
+// the cases that stress masks, GQA, lengths and shared tiles.
+TEST(AttentionGpu, AlternativeSchedulesMatchReference) {
+  setenv("JFA_SM90_LPT", "1", 1);
+  for (const char* schedule : {"0", "2"}) {
+    SCOPED_TRACE(std::string("JFA_SM90_SCHEDULE=") + schedule);
+    setenv("JFA_SM90_SCHEDULE", schedule, 1);
+    std::mt19937_64 rng(fresh_seed("overlapped schedule"));
+    for (DType dt : {DType::kFloat16, DType::kBFloat16})
+      for (int d : kHeadDims)
+        for (bool causal : {false, true}) {
+          Case c;
+          c.lq = kEdgeLengths;
+          c.lk = (d == 64) ? kEdgeLengths
+                           : random_lengths(rng, static_cast<int>(kEdgeLengths.size()), 0, 500);
+          c.heads_q = 4;
+          c.heads_kv = 2;
+          c.head_dim = d;
+          c.dtype = dt;
+          c.causal = causal;
+          run_case(c);
+        }
+    for (const Case& c : shared_tile_cases(rng)) run_case(c, false);
+    unsetenv("JFA_SM90_SCHEDULE");
+  }
+  unsetenv("JFA_SM90_LPT");
 }
 
 TEST(AttentionGpu, NoKeysAnywhere) {

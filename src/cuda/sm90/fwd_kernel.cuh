@@ -2,8 +2,10 @@
 // work item; a persistent grid walks the items.
 //
 // Roles (384 threads, one CTA per SM):
-//   warp group 0  producer: one thread issues TMA for Q (once per item) and K/V through a ring of
-//                 kStages stages guarded by full/empty mbarriers; registers given away.
+//   warp group 0  producer: one thread issues TMA for Q (once per item, double-buffered so that the
+//                 next item's Q arrives during this one) and K/V through rings of
+//                 kStages stages guarded by full/empty mbarriers, K one tile ahead of V (the
+//                 order in which the overlapped schedule consumes them); registers given away.
 //   warp groups 1-2 consumers: 64 Q rows each; S = Q K^T (SS wgmma), online softmax in registers
 //                 (exp2, scale folded into one FMA), P packed to 16 bits as the A operand of
 //                 O += P V (RS wgmma, V read through the transposed-B descriptor), predicated
@@ -12,6 +14,9 @@
 // Packed tensors are addressed through one 3-D tensor map each, dims (head_dim, heads, total), box
 // (64, 1, rows): a tile of sequence b starts at token cu_seqlens[b] + row0. Keys past the end of a
 // sequence in its last K tile are masked; Q rows past the end are computed and dropped.
+// Short sequences share tiles: a run of consecutive sequences with at most kBlockM query and
+// kBlockN key tokens in all is one work item whose rows each see only their own sequence's keys
+// (a block-diagonal mask built from per-row key ranges), so no tile is mostly padding.
 // Offsets are not validated on the device; they are clamped to [0, total] so that no access leaves
 // the caller's buffers (results for invalid offsets are unspecified).
 #pragma once
@@ -39,7 +44,16 @@ struct FwdConfig {
   static constexpr int kD = kHeadDim;
   static constexpr int kBlockM = 128;  // two consumer warp groups of 64 rows
   static constexpr int kBlockN = 128;
+#ifdef JFA_SM90_KV_STAGES  // tuning builds only; the default is the measured best
+  static constexpr int kStages = JFA_SM90_KV_STAGES;
+#else
   static constexpr int kStages = kHeadDim <= 64 ? 4 : 2;
+#endif
+#ifdef JFA_SM90_Q_STAGES  // tuning builds only
+  static constexpr int kQStages = JFA_SM90_Q_STAGES;
+#else
+  static constexpr int kQStages = 2;  // the next item's Q loads while this one runs
+#endif
   static constexpr int kConsumerGroups = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerGroups);
   static constexpr int kConsumerWarps = 4 * kConsumerGroups;
@@ -50,11 +64,11 @@ struct FwdConfig {
   using KVTile = tlx::SwizzledTile<T, kBlockN, kD>;
 
   struct Shared {
-    QTile q;
+    QTile q[kQStages];
     KVTile k[kStages];
     KVTile v[kStages];
-    tlx::MBarrier q_full, q_empty;
-    tlx::MBarrier k_full[kStages], v_full[kStages], kv_empty[kStages];
+    tlx::MBarrier q_full[kQStages], q_empty[kQStages];
+    tlx::MBarrier k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages];
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(Shared)) + 1024;  // + alignment slack
 };
@@ -69,21 +83,42 @@ __device__ __forceinline__ int32_t clamp_offset(int32_t v, int32_t lo, int64_t h
   return static_cast<int32_t>(x > hi ? hi : x);
 }
 
-__device__ __forceinline__ SeqBounds load_bounds(const FwdArgs& a, int32_t b) {
+// Token ranges of sequences [b, b + n) taken together, offsets clamped into [0, total].
+__device__ __forceinline__ SeqBounds seq_bounds(const int32_t* cu_q, const int32_t* cu_k,
+                                                int64_t total_q, int64_t total_k, int64_t b,
+                                                int64_t n) {
   SeqBounds s;
-  s.q_start = clamp_offset(__ldg(a.cu_q + b), 0, a.total_q);
-  const int32_t q_end = clamp_offset(__ldg(a.cu_q + b + 1), s.q_start, a.total_q);
+  s.q_start = clamp_offset(__ldg(cu_q + b), 0, total_q);
+  const int32_t q_end = clamp_offset(__ldg(cu_q + b + n), s.q_start, total_q);
   s.len_q = q_end - s.q_start;
-  s.k_start = clamp_offset(__ldg(a.cu_k + b), 0, a.total_k);
-  const int32_t k_end = clamp_offset(__ldg(a.cu_k + b + 1), s.k_start, a.total_k);
+  s.k_start = clamp_offset(__ldg(cu_k + b), 0, total_k);
+  const int32_t k_end = clamp_offset(__ldg(cu_k + b + n), s.k_start, total_k);
   s.len_k = k_end - s.k_start;
   return s;
+}
+
+// K tiles that q tile m_block visits: the whole key range, or (causal, one sequence) the keys up
+// to the diagonal of the tile's last row, bottom-right aligned; 0 for a tile without rows.
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ int32_t tile_k_blocks(const SeqBounds& s, int32_t m_block,
+                                                 bool causal_one_seq) {
+  const int64_t row0 = static_cast<int64_t>(m_block) * kBlockM;
+  if (m_block < 0 || row0 >= s.len_q) return 0;
+  int64_t visible = s.len_k;
+  if (causal_one_seq) {
+    const int64_t last_row = min(row0 + kBlockM, static_cast<int64_t>(s.len_q)) - 1;
+    visible = last_row + s.len_k - s.len_q + 1;
+    visible = visible < 0 ? 0 : (visible > s.len_k ? s.len_k : visible);
+  }
+  return static_cast<int32_t>((visible + kBlockN - 1) / kBlockN);
 }
 
 // One work item as both roles see it; they derive it from the same inputs so they agree on every
 // skip and on the number of K tiles (and thus on the pipeline phases).
 struct TileWork {
-  SeqBounds seq;
+  SeqBounds seq;  // of all sequences of the item
+  int32_t first_seq;
+  int32_t n_seqs;  // > 1: a shared tile of several short sequences (m_block 0)
   int32_t head;
   int32_t m_block;
   int32_t n_blocks;  // K tiles to visit, 0 when no query row of the tile sees a key
@@ -98,17 +133,13 @@ __device__ __forceinline__ TileWork decode_item(const FwdArgs& a, int64_t item) 
   const WorkTile wt = a.work[tile];
   const int32_t b =
       wt.seq < 0 ? 0 : (wt.seq >= a.batch ? static_cast<int32_t>(a.batch - 1) : wt.seq);
-  w.seq = load_bounds(a, b);
-  w.m_block = wt.m_block;
-  const int64_t row0 = static_cast<int64_t>(w.m_block) * kBlockM;
-  w.active = wt.m_block >= 0 && row0 < w.seq.len_q;
-  int64_t visible = w.seq.len_k;  // keys seen by the tile's last row (an upper bound for the tile)
-  if (a.causal) {
-    const int64_t last_row = min(row0 + kBlockM, static_cast<int64_t>(w.seq.len_q)) - 1;
-    visible = last_row + w.seq.len_k - w.seq.len_q + 1;
-    visible = visible < 0 ? 0 : (visible > w.seq.len_k ? w.seq.len_k : visible);
-  }
-  w.n_blocks = w.active ? static_cast<int32_t>((visible + kBlockN - 1) / kBlockN) : 0;
+  const int64_t left = a.batch - b;
+  w.first_seq = b;
+  w.n_seqs = wt.n_seqs < 1 ? 1 : (wt.n_seqs > left ? static_cast<int32_t>(left) : wt.n_seqs);
+  w.seq = seq_bounds(a.cu_q, a.cu_k, a.total_q, a.total_k, b, w.n_seqs);
+  w.m_block = w.n_seqs > 1 ? 0 : wt.m_block;
+  w.active = w.m_block >= 0 && static_cast<int64_t>(w.m_block) * kBlockM < w.seq.len_q;
+  w.n_blocks = tile_k_blocks<kBlockM, kBlockN>(w.seq, w.m_block, a.causal && w.n_seqs == 1);
   return w;
 }
 
@@ -127,33 +158,44 @@ __device__ __forceinline__ void producer_loop(typename Cfg::Shared& s, const CUt
   constexpr int kBoxes = Cfg::kD / 64;
   constexpr uint32_t kQBytes = Cfg::QTile::kBytes;
   constexpr uint32_t kKVBytes = Cfg::KVTile::kBytes;
-  tlx::PipelineState<Cfg::kStages> st;
-  uint32_t q_phase = 0;
+  tlx::PipelineState<Cfg::kStages> ks, vs;
+  tlx::PipelineState<Cfg::kQStages> qs;
+  // One K or V tile into its ring; tiles are visited from the last (the one that may need a mask)
+  // to the first.
+  auto load_kv = [&](const CUtensorMap* map, tlx::MBarrier* full, tlx::MBarrier* empty,
+                     typename Cfg::KVTile* tiles, tlx::PipelineState<Cfg::kStages>& st,
+                     const TileWork& w, int32_t kv_head, int it) {
+    const int32_t row = w.seq.k_start + (w.n_blocks - 1 - it) * Cfg::kBlockN;
+    empty[st.stage].wait(st.phase ^ 1u);
+    full[st.stage].arrive_expect_tx(kKVBytes);
+#pragma unroll
+    for (int bx = 0; bx < kBoxes; ++bx)
+      tlx::tma_load_3d(map, &full[st.stage], tiles[st.stage].box(bx), bx * 64, kv_head, row);
+    st.advance();
+  };
+  auto load_k = [&](const TileWork& w, int32_t kv_head, int it) {
+    load_kv(tm_k, s.k_full, s.k_empty, s.k, ks, w, kv_head, it);
+  };
+  auto load_v = [&](const TileWork& w, int32_t kv_head, int it) {
+    load_kv(tm_v, s.v_full, s.v_empty, s.v, vs, w, kv_head, it);
+  };
   for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
     const TileWork w = decode_item<Cfg::kBlockM, Cfg::kBlockN>(a, item);
     if (!w.active || w.n_blocks == 0) continue;
     const int32_t kv_head = w.head / a.group;
-    s.q_empty.wait(q_phase ^ 1u);
-    s.q_full.arrive_expect_tx(kQBytes);
+    s.q_empty[qs.stage].wait(qs.phase ^ 1u);
+    s.q_full[qs.stage].arrive_expect_tx(kQBytes);
     const int32_t q_row = w.seq.q_start + w.m_block * Cfg::kBlockM;
 #pragma unroll
     for (int bx = 0; bx < kBoxes; ++bx)
-      tlx::tma_load_3d(tm_q, &s.q_full, s.q.box(bx), bx * 64, w.head, q_row);
-    for (int it = 0; it < w.n_blocks; ++it) {
-      const int32_t n = w.n_blocks - 1 - it;
-      const int32_t k_row = w.seq.k_start + n * Cfg::kBlockN;
-      s.kv_empty[st.stage].wait(st.phase ^ 1u);
-      s.k_full[st.stage].arrive_expect_tx(kKVBytes);
-#pragma unroll
-      for (int bx = 0; bx < kBoxes; ++bx)
-        tlx::tma_load_3d(tm_k, &s.k_full[st.stage], s.k[st.stage].box(bx), bx * 64, kv_head, k_row);
-      s.v_full[st.stage].arrive_expect_tx(kKVBytes);
-#pragma unroll
-      for (int bx = 0; bx < kBoxes; ++bx)
-        tlx::tma_load_3d(tm_v, &s.v_full[st.stage], s.v[st.stage].box(bx), bx * 64, kv_head, k_row);
-      st.advance();
+      tlx::tma_load_3d(tm_q, &s.q_full[qs.stage], s.q[qs.stage].box(bx), bx * 64, w.head, q_row);
+    load_k(w, kv_head, 0);
+    for (int it = 1; it < w.n_blocks; ++it) {
+      load_k(w, kv_head, it);
+      load_v(w, kv_head, it - 1);
     }
-    q_phase ^= 1u;
+    load_v(w, kv_head, w.n_blocks - 1);
+    qs.advance();
   }
 }
 
@@ -175,15 +217,16 @@ __device__ __forceinline__ void gemm_qk(float (&s_acc)[Cfg::kBlockN / 2],
                                         const typename Cfg::QTile& q, const typename Cfg::KVTile& k,
                                         int group) {
   using T = typename Cfg::Element;
-  const uint32_t q_base = q.box_addr(0) + group * 64 * tlx::kSwizzleBytes;
-  const uint32_t k_base = k.box_addr(0);
+  const uint64_t q_desc =
+      tlx::make_desc_sw128(q.box_addr(0) + group * 64 * tlx::kSwizzleBytes, 16, 1024);
+  const uint64_t k_desc = tlx::make_desc_sw128(k.box_addr(0), 16, 1024);
   tlx::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < Cfg::kD / 16; ++kk) {
-    const uint32_t qa = q_base + (kk / 4) * Cfg::QTile::kBoxBytes + (kk % 4) * 32;
-    const uint32_t kb = k_base + (kk / 4) * Cfg::KVTile::kBoxBytes + (kk % 4) * 32;
-    tlx::wgmma_ss<T, Cfg::kBlockN, 0>(s_acc, tlx::make_desc_sw128(qa, 16, 1024),
-                                      tlx::make_desc_sw128(kb, 16, 1024), kk > 0 ? 1u : 0u);
+    tlx::wgmma_ss<T, Cfg::kBlockN, 0>(
+        s_acc, tlx::desc_advance(q_desc, (kk / 4) * Cfg::QTile::kBoxBytes + (kk % 4) * 32),
+        tlx::desc_advance(k_desc, (kk / 4) * Cfg::KVTile::kBoxBytes + (kk % 4) * 32),
+        kk > 0 ? 1u : 0u);
   }
   tlx::wgmma_commit();
 }
@@ -194,22 +237,71 @@ __device__ __forceinline__ void gemm_pv(float (&o)[Cfg::kD / 2],
                                         const uint32_t (&p)[Cfg::kBlockN / 16][4],
                                         const typename Cfg::KVTile& v) {
   using T = typename Cfg::Element;
-  const uint32_t v_base = v.box_addr(0);
+  const uint64_t v_desc = tlx::make_desc_sw128(v.box_addr(0), Cfg::KVTile::kBoxBytes, 1024);
   tlx::wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk) {
-    const uint32_t vb = v_base + kk * 16 * tlx::kSwizzleBytes;
-    tlx::wgmma_rs<T, Cfg::kD, 1>(o, p[kk], tlx::make_desc_sw128(vb, Cfg::KVTile::kBoxBytes, 1024),
+  for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk)
+    tlx::wgmma_rs<T, Cfg::kD, 1>(o, p[kk], tlx::desc_advance(v_desc, kk * 16 * tlx::kSwizzleBytes),
                                  1u);
-  }
   tlx::wgmma_commit();
 }
 
-// Masks keys that are past the sequence end or (causal) after the row's diagonal.
+// Keys [lo, hi) of the K range of the item that each of this thread's two rows may see.
+struct RowKeys {
+  int32_t lo[2], hi[2];
+};
+
+// One sequence per item: keys before the sequence end and (causal) up to the row's diagonal,
+// bottom-right aligned. A shared tile: the keys of the row's own sequence, found by binary search
+// in cu_seqlens_q; rows past the last sequence see none.
+template <typename Cfg>
+__device__ __forceinline__ RowKeys row_key_ranges(const FwdArgs& a, const TileWork& w,
+                                                  int32_t row0) {
+  RowKeys rk;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int32_t row = row0 + 8 * h;
+    int32_t lo = 0, hi = w.seq.len_k;
+    if (w.n_seqs == 1) {
+      if (a.causal) {
+        const int64_t last = static_cast<int64_t>(row) + w.seq.len_k - w.seq.len_q + 1;
+        hi = last < 0 ? 0 : (last < hi ? static_cast<int32_t>(last) : hi);
+      }
+    } else if (row >= w.seq.len_q) {
+      hi = 0;
+    } else {
+      const int32_t token = w.seq.q_start + row;
+      int32_t first = w.first_seq, last = w.first_seq + w.n_seqs - 1;
+      while (first < last) {
+        const int32_t mid = (first + last + 1) / 2;
+        if (clamp_offset(__ldg(a.cu_q + mid), 0, a.total_q) <= token)
+          first = mid;
+        else
+          last = mid - 1;
+      }
+      const int32_t qs = clamp_offset(__ldg(a.cu_q + first), 0, a.total_q);
+      const int32_t qe = clamp_offset(__ldg(a.cu_q + first + 1), qs, a.total_q);
+      const int64_t k_end = static_cast<int64_t>(w.seq.k_start) + w.seq.len_k;
+      const int32_t ks = clamp_offset(__ldg(a.cu_k + first), w.seq.k_start, k_end);
+      const int32_t ke = clamp_offset(__ldg(a.cu_k + first + 1), ks, k_end);
+      lo = ks - w.seq.k_start;
+      hi = ke - w.seq.k_start;
+      if (a.causal) {
+        const int64_t last_key =
+            static_cast<int64_t>(lo) + (token - qs) + (ke - ks) - (qe - qs) + 1;
+        hi = last_key < lo ? lo : (last_key < hi ? static_cast<int32_t>(last_key) : hi);
+      }
+    }
+    rk.lo[h] = lo;
+    rk.hi[h] = hi;
+  }
+  return rk;
+}
+
+// Masks the scores of keys outside each row's range.
 template <typename Cfg>
 __device__ __forceinline__ void apply_mask(float (&s_acc)[Cfg::kBlockN / 2], int32_t key0,
-                                           int32_t row0_in_seq, int32_t len_k, int32_t diag_shift,
-                                           bool causal) {
+                                           const RowKeys& rk) {
   const int lane = threadIdx.x & 31;
   const int32_t col0 = key0 + 2 * (lane & 3);
 #pragma unroll
@@ -217,9 +309,8 @@ __device__ __forceinline__ void apply_mask(float (&s_acc)[Cfg::kBlockN / 2], int
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int32_t key = col0 + 8 * j + (e & 1);
-      const int32_t row = row0_in_seq + ((e & 2) ? 8 : 0);
-      const bool ok = key < len_k && (!causal || key <= row + diag_shift);
-      if (!ok) s_acc[4 * j + e] = -INFINITY;
+      const int h = e >> 1;
+      if (key < rk.lo[h] || key >= rk.hi[h]) s_acc[4 * j + e] = -INFINITY;
     }
   }
 }
@@ -231,38 +322,62 @@ template <typename Cfg>
 __device__ __forceinline__ void softmax_scores(float (&s_acc)[Cfg::kBlockN / 2],
                                                ConsumerState<Cfg>& cs, float scale_log2,
                                                float (&alpha)[2]) {
-  float mx[2] = {cs.row_max[0], cs.row_max[1]};
+  // Row maxima and sums over kParts independent partial results each, combined as a tree: a single
+  // running value would make a dependency chain as long as the row.
+  constexpr int kCols = Cfg::kBlockN / 8;  // column pairs per row of this thread
+  constexpr int kParts = kCols < 8 ? kCols : 8;
+  float mx[2][kParts];
 #pragma unroll
-  for (int j = 0; j < Cfg::kBlockN / 8; ++j) {
-    mx[0] = fmaxf(mx[0], fmaxf(s_acc[4 * j + 0], s_acc[4 * j + 1]));
-    mx[1] = fmaxf(mx[1], fmaxf(s_acc[4 * j + 2], s_acc[4 * j + 3]));
+  for (int q = 0; q < kParts; ++q) {
+    mx[0][q] = fmaxf(s_acc[4 * q + 0], s_acc[4 * q + 1]);
+    mx[1][q] = fmaxf(s_acc[4 * q + 2], s_acc[4 * q + 3]);
   }
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+  for (int j = kParts; j < kCols; ++j) {
+    mx[0][j % kParts] = fmaxf(mx[0][j % kParts], fmaxf(s_acc[4 * j + 0], s_acc[4 * j + 1]));
+    mx[1][j % kParts] = fmaxf(mx[1][j % kParts], fmaxf(s_acc[4 * j + 2], s_acc[4 * j + 3]));
   }
+#pragma unroll
+  for (int width = kParts / 2; width > 0; width /= 2)
+#pragma unroll
+    for (int q = 0; q < width; ++q) {
+      mx[0][q] = fmaxf(mx[0][q], mx[0][q + width]);
+      mx[1][q] = fmaxf(mx[1][q], mx[1][q + width]);
+    }
   float neg_m[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float m_scaled = mx[h] == -INFINITY ? 0.f : mx[h] * scale_log2;
+    float m = fmaxf(cs.row_max[h], mx[h][0]);
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
     neg_m[h] = -m_scaled;
     alpha[h] = fast_exp2(fmaf(cs.row_max[h], scale_log2, neg_m[h]));
-    cs.row_max[h] = mx[h];
+    cs.row_max[h] = m;
   }
-  float sum[2] = {0.f, 0.f};
+  float sum[2][kParts];
 #pragma unroll
-  for (int j = 0; j < Cfg::kBlockN / 8; ++j) {
+  for (int j = 0; j < kCols; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int h = e >> 1;
       const float p = fast_exp2(fmaf(s_acc[4 * j + e], scale_log2, neg_m[h]));
       s_acc[4 * j + e] = p;
-      sum[h] += p;
+      if (j < kParts && (e & 1) == 0)
+        sum[h][j] = p;
+      else
+        sum[h][j % kParts] += p;
     }
   }
 #pragma unroll
-  for (int h = 0; h < 2; ++h) cs.row_sum[h] = cs.row_sum[h] * alpha[h] + sum[h];
+  for (int width = kParts / 2; width > 0; width /= 2)
+#pragma unroll
+    for (int q = 0; q < width; ++q) {
+      sum[0][q] += sum[0][q + width];
+      sum[1][q] += sum[1][q + width];
+    }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) cs.row_sum[h] = cs.row_sum[h] * alpha[h] + sum[h][0];
 }
 
 template <typename Cfg>
@@ -309,49 +424,84 @@ __device__ __forceinline__ void epilogue(ConsumerState<Cfg>& cs, const FwdArgs& 
   }
 }
 
+// What a consumer thread knows about its item: the first of its two rows (inside the item's rows),
+// the key ranges of both rows, and whether a K tile can skip the mask.
+struct ItemView {
+  int32_t row0;
+  RowKeys keys;
+  int32_t first_row;   // of the tile
+  int32_t diag_shift;  // len_k - len_q
+  bool causal;
+  bool shared;  // several sequences in the tile: always mask
+
+  // A K tile needs the mask when it reaches past the key range's end or (causal) past the diagonal
+  // of the tile's first row.
+  __device__ __forceinline__ bool needs_mask(int32_t key0, int32_t block_n, int32_t len_k) const {
+    return shared || key0 + block_n > len_k ||
+           (causal && key0 + block_n - 1 > first_row + diag_shift);
+  }
+};
+
+// Masks one S tile where it needs it and runs the online softmax on it.
+template <typename Cfg>
+__device__ __forceinline__ void tile_scores(float (&s_acc)[Cfg::kBlockN / 2],
+                                            ConsumerState<Cfg>& cs, const ItemView& v, int32_t key0,
+                                            int32_t len_k, float scale_log2, float (&alpha)[2]) {
+  if (v.needs_mask(key0, Cfg::kBlockN, len_k)) apply_mask<Cfg>(s_acc, key0, v.keys);
+  softmax_scores<Cfg>(s_acc, cs, scale_log2, alpha);
+}
+
+// Starts an item for one consumer thread: clears the running state; an item whose rows see no key
+// is finished here (zeros, LSE -inf) and false is returned.
+template <typename Cfg>
+__device__ __forceinline__ bool start_item(ConsumerState<Cfg>& cs, const FwdArgs& a,
+                                           const TileWork& w, int group, ItemView& v) {
+  const int tid = threadIdx.x - 128 * (group + 1);
+  v.first_row = w.m_block * Cfg::kBlockM;
+  v.row0 = v.first_row + group * 64 + (tid / 32) * 16 + (tid & 31) / 4;
+  v.diag_shift = w.seq.len_k - w.seq.len_q;
+  v.causal = a.causal != 0;
+  v.shared = w.n_seqs > 1;
+#pragma unroll
+  for (int i = 0; i < Cfg::kD / 2; ++i) cs.o[i] = 0.f;
+  cs.row_max[0] = cs.row_max[1] = -INFINITY;
+  cs.row_sum[0] = cs.row_sum[1] = 0.f;
+  if (w.n_blocks == 0) {
+    epilogue<Cfg>(cs, a, w, v.row0, true);
+    return false;
+  }
+  v.keys = row_key_ranges<Cfg>(a, w, v.row0);
+  return true;
+}
+
+// One K tile at a time: S = Q K^T, softmax, O += P V, each waited for before the next step.
 template <typename Cfg>
 __device__ __forceinline__ void consumer_loop(typename Cfg::Shared& s, const FwdArgs& a,
                                               int64_t n_items, int group) {
   constexpr int kN = Cfg::kBlockN;
-  const int tid = threadIdx.x - 128 * (group + 1);
-  const int warp = tid / 32;
-  const int lane = tid & 31;
-  const bool leader = lane == 0;
+  const bool leader = (threadIdx.x & 31) == 0;
   tlx::PipelineState<Cfg::kStages> st;
-  uint32_t q_phase = 0;
+  tlx::PipelineState<Cfg::kQStages> qs;
   ConsumerState<Cfg> cs;
   for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
     const TileWork w = decode_item<Cfg::kBlockM, Cfg::kBlockN>(a, item);
     if (!w.active) continue;
-    // First of this thread's two rows, as a row index inside the sequence.
-    const int32_t row0 = w.m_block * Cfg::kBlockM + group * 64 + warp * 16 + lane / 4;
-#pragma unroll
-    for (int i = 0; i < Cfg::kD / 2; ++i) cs.o[i] = 0.f;
-    cs.row_max[0] = cs.row_max[1] = -INFINITY;
-    cs.row_sum[0] = cs.row_sum[1] = 0.f;
-    if (w.n_blocks == 0) {
-      epilogue<Cfg>(cs, a, w, row0, true);
-      continue;
-    }
-    const int32_t diag_shift = w.seq.len_k - w.seq.len_q;
-    // A K tile needs the mask when it reaches past the sequence end or (causal) past the diagonal
-    // of the tile's first row.
-    const int32_t first_row = w.m_block * Cfg::kBlockM;
-    s.q_full.wait(q_phase);
+    ItemView v;
+    if (!start_item<Cfg>(cs, a, w, group, v)) continue;
+    s.q_full[qs.stage].wait(qs.phase);
     for (int it = 0; it < w.n_blocks; ++it) {
-      const int32_t n = w.n_blocks - 1 - it;
-      const int32_t key0 = n * kN;
+      const int32_t key0 = (w.n_blocks - 1 - it) * kN;
       float s_acc[kN / 2];
       s.k_full[st.stage].wait(st.phase);
-      gemm_qk<Cfg>(s_acc, s.q, s.k[st.stage], group);
+      gemm_qk<Cfg>(s_acc, s.q[qs.stage], s.k[st.stage], group);
       tlx::wgmma_wait<0>();
       tlx::fence_operand(s_acc);
-      if (it == w.n_blocks - 1 && leader) s.q_empty.arrive();
-      const bool need_mask =
-          key0 + kN > w.seq.len_k || (a.causal && key0 + kN - 1 > first_row + diag_shift);
-      if (need_mask) apply_mask<Cfg>(s_acc, key0, row0, w.seq.len_k, diag_shift, a.causal != 0);
+      if (leader) {
+        s.k_empty[st.stage].arrive();
+        if (it == w.n_blocks - 1) s.q_empty[qs.stage].arrive();
+      }
       float alpha[2];
-      softmax_scores<Cfg>(s_acc, cs, a.scale_log2, alpha);
+      tile_scores<Cfg>(s_acc, cs, v, key0, w.seq.len_k, a.scale_log2, alpha);
       rescale_o<Cfg>(cs, alpha);
       uint32_t p[kN / 16][4];
       tlx::accum_to_a_frags<typename Cfg::Element, kN>(s_acc, p);
@@ -360,106 +510,102 @@ __device__ __forceinline__ void consumer_loop(typename Cfg::Shared& s, const Fwd
       gemm_pv<Cfg>(cs.o, p, s.v[st.stage]);
       tlx::wgmma_wait<0>();
       tlx::fence_operand(cs.o);
-      if (leader) s.kv_empty[st.stage].arrive();
+      if (leader) s.v_empty[st.stage].arrive();
       st.advance();
     }
-    q_phase ^= 1u;
-    epilogue<Cfg>(cs, a, w, row0, false);
+    qs.advance();
+    epilogue<Cfg>(cs, a, w, v.row0, false);
   }
 }
 
 // Overlapped schedule: S(n) = Q K(n)^T is issued together with O += P(n-1) V(n-1), so the tensor
-// cores work on one tile while the softmax of the previous one runs; the two consumer groups take
-// turns issuing (named barriers 1 and 2), so one group's softmax overlaps the other's MMAs.
+// cores work on one tile while the softmax of the previous one runs. With `take_turns` the two
+// consumer groups issue their MMAs in turn (named barriers 1 and 2), so one group's softmax runs
+// under the other's MMAs.
 template <typename Cfg>
 __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s, const FwdArgs& a,
-                                                         int64_t n_items, int group) {
+                                                         int64_t n_items, int group,
+                                                         bool take_turns) {
   constexpr int kN = Cfg::kBlockN;
   constexpr uint32_t kTurnThreads = 128 * Cfg::kConsumerGroups;
   const uint32_t my_turn = 1 + group, other_turn = 2 - group;
-  const int tid = threadIdx.x - 128 * (group + 1);
-  const int warp = tid / 32;
-  const int lane = tid & 31;
-  const bool leader = lane == 0;
-  tlx::PipelineState<Cfg::kStages> st;
-  uint32_t q_phase = 0;
+  const bool leader = (threadIdx.x & 31) == 0;
+  tlx::PipelineState<Cfg::kStages> ks, vs;
+  tlx::PipelineState<Cfg::kQStages> qs;
   ConsumerState<Cfg> cs;
-  if (group == 1) tlx::NamedBarrier::arrive(1, kTurnThreads);  // group 0 goes first
+  auto begin_turn = [&] {
+    if (take_turns) tlx::NamedBarrier::sync(my_turn, kTurnThreads);
+  };
+  auto end_turn = [&] {
+    if (take_turns) tlx::NamedBarrier::arrive(other_turn, kTurnThreads);
+  };
+  if (group == 1 && take_turns) tlx::NamedBarrier::arrive(1, kTurnThreads);  // group 0 goes first
   for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
     const TileWork w = decode_item<Cfg::kBlockM, Cfg::kBlockN>(a, item);
     if (!w.active) continue;
-    const int32_t row0 = w.m_block * Cfg::kBlockM + group * 64 + warp * 16 + lane / 4;
-#pragma unroll
-    for (int i = 0; i < Cfg::kD / 2; ++i) cs.o[i] = 0.f;
-    cs.row_max[0] = cs.row_max[1] = -INFINITY;
-    cs.row_sum[0] = cs.row_sum[1] = 0.f;
-    if (w.n_blocks == 0) {
-      epilogue<Cfg>(cs, a, w, row0, true);
-      continue;
-    }
-    const int32_t diag_shift = w.seq.len_k - w.seq.len_q;
-    const int32_t first_row = w.m_block * Cfg::kBlockM;
-    const bool causal = a.causal != 0;
-    s.q_full.wait(q_phase);
+    ItemView v;
+    if (!start_item<Cfg>(cs, a, w, group, v)) continue;
+    s.q_full[qs.stage].wait(qs.phase);
 
     uint32_t p[kN / 16][4];
-    // Mask (where needed) and online softmax of one S tile; alpha rescales O afterwards.
-    auto scores = [&](float(&s_acc)[kN / 2], int32_t key0, float(&alpha)[2]) {
-      const bool need_mask =
-          key0 + kN > w.seq.len_k || (causal && key0 + kN - 1 > first_row + diag_shift);
-      if (need_mask) apply_mask<Cfg>(s_acc, key0, row0, w.seq.len_k, diag_shift, causal);
-      softmax_scores<Cfg>(s_acc, cs, a.scale_log2, alpha);
+    // S(it) is ready: release its K tile, mask where needed, online softmax (alpha rescales O
+    // before the next P V is added).
+    float alpha[2];
+    auto scores = [&](float(&s_acc)[kN / 2], int it) {
+      if (leader) {
+        s.k_empty[ks.stage].arrive();
+        if (it == w.n_blocks - 1) s.q_empty[qs.stage].arrive();
+      }
+      ks.advance();
+      const int32_t key0 = (w.n_blocks - 1 - it) * kN;
+      tile_scores<Cfg>(s_acc, cs, v, key0, w.seq.len_k, a.scale_log2, alpha);
     };
     // First (diagonal or last) tile: S only.
-    int prev_stage = st.stage;
     {
       float s_acc[kN / 2];
-      s.k_full[st.stage].wait(st.phase);
-      tlx::NamedBarrier::sync(my_turn, kTurnThreads);
-      gemm_qk<Cfg>(s_acc, s.q, s.k[st.stage], group);
-      tlx::NamedBarrier::arrive(other_turn, kTurnThreads);
+      s.k_full[ks.stage].wait(ks.phase);
+      begin_turn();
+      gemm_qk<Cfg>(s_acc, s.q[qs.stage], s.k[ks.stage], group);
+      end_turn();
       tlx::wgmma_wait<0>();
       tlx::fence_operand(s_acc);
-      if (w.n_blocks == 1 && leader) s.q_empty.arrive();
-      float alpha[2];
-      scores(s_acc, (w.n_blocks - 1) * kN, alpha);
+      scores(s_acc, 0);
       tlx::accum_to_a_frags<typename Cfg::Element, kN>(s_acc, p);
-      st.advance();
     }
-    // Steady state: S(n) and P(n-1) V(n-1) in flight together.
+    // Steady state: S(it) and P(it-1) V(it-1) in flight together; the softmax of S(it) runs under
+    // the P V MMA.
     for (int it = 1; it < w.n_blocks; ++it) {
       float s_acc[kN / 2];
-      s.k_full[st.stage].wait(st.phase);
-      tlx::NamedBarrier::sync(my_turn, kTurnThreads);
-      gemm_qk<Cfg>(s_acc, s.q, s.k[st.stage], group);
-      s.v_full[prev_stage].wait(st.stage == 0 ? st.phase ^ 1u : st.phase);
-      gemm_pv<Cfg>(cs.o, p, s.v[prev_stage]);
-      tlx::NamedBarrier::arrive(other_turn, kTurnThreads);
+      s.k_full[ks.stage].wait(ks.phase);
+      begin_turn();
+      gemm_qk<Cfg>(s_acc, s.q[qs.stage], s.k[ks.stage], group);
+      rescale_o<Cfg>(cs, alpha);
+      s.v_full[vs.stage].wait(vs.phase);
+      gemm_pv<Cfg>(cs.o, p, s.v[vs.stage]);
+      end_turn();
       tlx::wgmma_wait<1>();
       tlx::fence_operand(s_acc);
-      if (it == w.n_blocks - 1 && leader) s.q_empty.arrive();
-      float alpha[2];
-      scores(s_acc, (w.n_blocks - 1 - it) * kN, alpha);
-      tlx::wgmma_wait<0>();
+      scores(s_acc, it);
+      tlx::wgmma_wait_after<0>(cs.row_sum[0] + cs.row_sum[1]);  // the softmax runs under P V
       tlx::fence_operand(cs.o);
       tlx::fence_operand(p);
-      if (leader) s.kv_empty[prev_stage].arrive();
-      rescale_o<Cfg>(cs, alpha);
+      if (leader) s.v_empty[vs.stage].arrive();
+      vs.advance();
       tlx::accum_to_a_frags<typename Cfg::Element, kN>(s_acc, p);
-      prev_stage = st.stage;
-      st.advance();
     }
     // The last P V.
-    s.v_full[prev_stage].wait(st.stage == 0 ? st.phase ^ 1u : st.phase);
+    rescale_o<Cfg>(cs, alpha);
+    s.v_full[vs.stage].wait(vs.phase);
     tlx::fence_operand(cs.o);
-    gemm_pv<Cfg>(cs.o, p, s.v[prev_stage]);
+    gemm_pv<Cfg>(cs.o, p, s.v[vs.stage]);
     tlx::wgmma_wait<0>();
     tlx::fence_operand(cs.o);
-    if (leader) s.kv_empty[prev_stage].arrive();
-    q_phase ^= 1u;
-    epilogue<Cfg>(cs, a, w, row0, false);
+    if (leader) s.v_empty[vs.stage].arrive();
+    vs.advance();
+    qs.advance();
+    epilogue<Cfg>(cs, a, w, v.row0, false);
   }
-  if (group == 0) tlx::NamedBarrier::sync(1, kTurnThreads);  // take group 1's last hand-over
+  if (group == 0 && take_turns) tlx::NamedBarrier::sync(1, kTurnThreads);  // group 1's last turn
 }
 
 template <typename Cfg>
@@ -473,13 +619,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int group = tlx::warp_group_index();
 
   if (threadIdx.x == 0) {
-    s.q_full.init(1);
-    s.q_empty.init(Cfg::kConsumerWarps);
+#pragma unroll
+    for (int i = 0; i < Cfg::kQStages; ++i) {
+      s.q_full[i].init(1);
+      s.q_empty[i].init(Cfg::kConsumerWarps);
+    }
 #pragma unroll
     for (int i = 0; i < Cfg::kStages; ++i) {
       s.k_full[i].init(1);
       s.v_full[i].init(1);
-      s.kv_empty[i].init(Cfg::kConsumerWarps);
+      s.k_empty[i].init(Cfg::kConsumerWarps);
+      s.v_empty[i].init(Cfg::kConsumerWarps);
     }
     tlx::fence_barrier_init();
   }
@@ -501,59 +651,167 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (args.schedule == 0)
       consumer_loop<Cfg>(s, args, n_items, group - 1);
     else
-      consumer_loop_overlapped<Cfg>(s, args, n_items, group - 1);
+      consumer_loop_overlapped<Cfg>(s, args, n_items, group - 1, args.schedule == 1);
   }
 }
 
 // ---------------------------------------------------------------------------------------------
-// Prologue: the work list, one entry per (sequence, q tile), from cu_seqlens_q on the device.
-// One block; entries past `capacity` (only reachable with invalid offsets) are dropped.
-template <int kBlockM>
-__global__ void __launch_bounds__(1024)
-    build_work_list(const int32_t* cu_q, int64_t batch, int64_t total_q, WorkTile* work,
-                    int32_t* count, int32_t capacity) {
-  __shared__ int32_t warp_sums[32];
-  __shared__ int64_t running;
-  if (threadIdx.x == 0) running = 0;
-  __syncthreads();
+// Prologue: the work list from cu_seqlens on the device (one block of kListThreads threads).
+
+inline constexpr int kListThreads = 1024;
+
+// Exclusive prefix sum of one value per thread over the block; *total gets the sum. Uses
+// `scratch` (32 ints) and synchronises the block.
+__device__ __forceinline__ int64_t block_exclusive_scan(int32_t value, int32_t* scratch,
+                                                        int64_t* total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-  for (int64_t base = 0; base < batch; base += blockDim.x) {
-    const int64_t b = base + threadIdx.x;
-    int32_t tiles = 0;
-    if (b < batch) {
-      const int32_t start = clamp_offset(cu_q[b], 0, total_q);
-      const int32_t end = clamp_offset(cu_q[b + 1], start, total_q);
-      tiles = (end - start + kBlockM - 1) / kBlockM;
-    }
-    int32_t incl = tiles;
+  int32_t incl = value;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int32_t x = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += x;
+  }
+  __syncthreads();  // scratch may still be read by an earlier call
+  if (lane == 31) scratch[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    int32_t ws = scratch[lane];
 #pragma unroll
     for (int d = 1; d < 32; d <<= 1) {
-      const int32_t x = __shfl_up_sync(0xffffffffu, incl, d);
-      if (lane >= d) incl += x;
+      const int32_t x = __shfl_up_sync(0xffffffffu, ws, d);
+      if (lane >= d) ws += x;
     }
-    if (lane == 31) warp_sums[warp] = incl;
-    __syncthreads();
-    if (warp == 0) {
-      int32_t ws = warp_sums[lane];
-#pragma unroll
-      for (int d = 1; d < 32; d <<= 1) {
-        const int32_t x = __shfl_up_sync(0xffffffffu, ws, d);
-        if (lane >= d) ws += x;
-      }
-      warp_sums[lane] = ws;  // inclusive over warps
-    }
-    __syncthreads();
-    const int64_t first = running + (warp > 0 ? warp_sums[warp - 1] : 0) + incl - tiles;
-    for (int32_t m = 0; m < tiles; ++m) {
-      // Later q tiles first within a sequence: under a causal mask they carry more work.
-      const int64_t idx = first + m;
-      if (idx < capacity) work[idx] = WorkTile{static_cast<int32_t>(b), tiles - 1 - m};
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) running += warp_sums[31];
-    __syncthreads();
+    scratch[lane] = ws;  // inclusive over warps
   }
-  if (threadIdx.x == 0) *count = static_cast<int32_t>(running < capacity ? running : capacity);
+  __syncthreads();
+  *total = scratch[31];
+  return (warp > 0 ? scratch[warp - 1] : 0) + incl - value;
+}
+
+// Step 1, in sequence order into `list`: each warp takes 32 consecutive sequences and packs runs
+// of short ones greedily into shared tiles (at most kBlockM query and kBlockN key tokens each; runs
+// do not cross the warp's 32 sequences); every other sequence gets its q tiles, the last first.
+// Step 2, into `work`: heaviest sequences first (a counting sort of whole sequences on the K
+// tiles of their heaviest tile; the order inside a bucket is unspecified), unless `sort` is 0.
+// Entries past `capacity` (only reachable with invalid offsets) are dropped.
+template <int kBlockM, int kBlockN>
+__global__ void __launch_bounds__(kListThreads)
+    build_work_list(const int32_t* cu_q, const int32_t* cu_k, int64_t batch, int64_t total_q,
+                    int64_t total_k, int32_t causal, int32_t sort, WorkTile* list, WorkTile* work,
+                    int32_t* count, int32_t capacity) {
+  __shared__ int32_t scratch[32];
+  __shared__ int32_t bucket_next[kListThreads];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  int64_t running = 0;
+  for (int64_t base = 0; base < batch; base += kListThreads) {
+    const int64_t warp_base = base + 32 * warp;
+    const int64_t b = warp_base + lane;
+    const int valid = static_cast<int>(min(max(batch - warp_base, int64_t{0}), int64_t{32}));
+    int32_t len_q = 0, len_k = 0;
+    if (b < batch) {
+      const SeqBounds sb = seq_bounds(cu_q, cu_k, total_q, total_k, b, 1);
+      len_q = sb.len_q;
+      len_k = sb.len_k;
+    }
+    const bool short_seq = b < batch && len_q <= kBlockM && len_k <= kBlockN;
+    int32_t sum_q = len_q, sum_k = len_k;  // inclusive prefix sums over the warp's sequences
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int32_t xq = __shfl_up_sync(0xffffffffu, sum_q, d);
+      const int32_t xk = __shfl_up_sync(0xffffffffu, sum_k, d);
+      if (lane >= d) {
+        sum_q += xq;
+        sum_k += xk;
+      }
+    }
+    // Walks the warp's sequences (warp-uniform control flow); emit(index, entry, writer) stores
+    // an entry when `writer` is true. Returns the number of entries.
+    auto walk = [&](auto&& emit) {
+      int32_t n_out = 0;
+      int start = 0;
+      while (start < valid) {
+        const bool start_short = __shfl_sync(0xffffffffu, short_seq, start);
+        const int32_t start_len_q = __shfl_sync(0xffffffffu, len_q, start);
+        if (!start_short) {
+          const int32_t tiles = (start_len_q + kBlockM - 1) / kBlockM;
+          for (int32_t t = lane; t < tiles; t += 32)
+            emit(n_out + t, WorkTile{static_cast<int32_t>(warp_base + start), tiles - 1 - t, 1},
+                 true);
+          n_out += tiles;
+          ++start;
+          continue;
+        }
+        const int32_t before_q = start > 0 ? __shfl_sync(0xffffffffu, sum_q, start - 1) : 0;
+        const int32_t before_k = start > 0 ? __shfl_sync(0xffffffffu, sum_k, start - 1) : 0;
+        const bool fits = short_seq && sum_q - before_q <= kBlockM && sum_k - before_k <= kBlockN;
+        const uint32_t stop = __ballot_sync(0xffffffffu, !fits) & (~0u << start);
+        const int end = stop != 0 ? __ffs(stop) - 1 : 32;
+        const int32_t rows = __shfl_sync(0xffffffffu, sum_q, end - 1) - before_q;
+        if (rows > 0) {
+          emit(n_out, WorkTile{static_cast<int32_t>(warp_base + start), 0, end - start}, lane == 0);
+          ++n_out;
+        }
+        start = end;
+      }
+      return n_out;
+    };
+    const int32_t mine = walk([](int32_t, WorkTile, bool) {});
+    int64_t round_total = 0;
+    const int64_t first =
+        running + block_exclusive_scan(lane == 0 ? mine : 0, scratch, &round_total);
+    const int64_t warp_first = __shfl_sync(0xffffffffu, first, 0);
+    walk([&](int32_t i, WorkTile t, bool writer) {
+      if (writer && warp_first + i < capacity) list[warp_first + i] = t;
+    });
+    running += round_total;
+  }
+  const int32_t n = static_cast<int32_t>(running < capacity ? running : capacity);
+  __syncthreads();  // list complete
+
+  auto bucket_of = [&](const WorkTile& t) {
+    const int32_t b = t.seq < 0 ? 0 : (t.seq >= batch ? static_cast<int32_t>(batch - 1) : t.seq);
+    const int32_t n_seqs = t.n_seqs < 1 ? 1 : t.n_seqs;
+    const SeqBounds sb =
+        seq_bounds(cu_q, cu_k, total_q, total_k, b, n_seqs > batch - b ? batch - b : n_seqs);
+    const int32_t blocks =
+        tile_k_blocks<kBlockM, kBlockN>(sb, n_seqs > 1 ? 0 : t.m_block, causal && n_seqs == 1);
+    return blocks < kListThreads - 1 ? blocks : kListThreads - 1;
+  };
+  if (!sort) {
+    for (int32_t i = threadIdx.x; i < n; i += kListThreads) work[i] = list[i];
+  } else {
+    bucket_next[threadIdx.x] = 0;
+    __syncthreads();
+    // Units: the q tiles of one sequence (consecutive in `list`) or one shared tile. A unit moves
+    // as a whole and keeps its inner order, so the tiles that share a sequence's K/V stay
+    // neighbours; its key is the cost of its first (heaviest) tile.
+    auto unit_starts = [&](int32_t i) {
+      return i == 0 || list[i].n_seqs > 1 || list[i - 1].n_seqs > 1 ||
+             list[i].seq != list[i - 1].seq;
+    };
+    auto unit_size = [&](int32_t i) {
+      int32_t len = 1;
+      while (i + len < n && !unit_starts(i + len)) ++len;
+      return len;
+    };
+    for (int32_t i = threadIdx.x; i < n; i += kListThreads)
+      if (unit_starts(i)) atomicAdd(&bucket_next[bucket_of(list[i])], unit_size(i));
+    __syncthreads();
+    // Thread t owns bucket kListThreads - 1 - t: heavier buckets come first.
+    const int bucket = kListThreads - 1 - threadIdx.x;
+    int64_t unused = 0;
+    const int32_t start =
+        static_cast<int32_t>(block_exclusive_scan(bucket_next[bucket], scratch, &unused));
+    bucket_next[bucket] = start;
+    __syncthreads();
+    for (int32_t i = threadIdx.x; i < n; i += kListThreads) {
+      if (!unit_starts(i)) continue;
+      const int32_t len = unit_size(i);
+      const int32_t to = atomicAdd(&bucket_next[bucket_of(list[i])], len);
+      for (int32_t e = 0; e < len; ++e) work[to + e] = list[i + e];
+    }
+  }
+  if (threadIdx.x == 0) *count = n;
 }
 
 }  // namespace jfa::sm90

@@ -62,11 +62,20 @@ bool encode_qkv_map(const void* base, int64_t total, int32_t heads, int32_t d,
   return jfa::cuda::encode_tiled_map(spec, map, error);
 }
 
-// Mainloop schedule: the plain one (0, measured faster on W1 so far) unless JFA_SM90_SCHEDULE=1
-// asks for the overlapped one (a tuning switch; both compute the same function).
+// Mainloop schedule (see FwdArgs::schedule): the overlapped one with the groups taking turns (1,
+// measured fastest) unless JFA_SM90_SCHEDULE asks for another (a tuning switch; all compute the
+// same function).
 inline int schedule_choice() {
   const char* env = std::getenv("JFA_SM90_SCHEDULE");
-  return (env != nullptr && env[0] == '1') ? 1 : 0;
+  if (env == nullptr || env[0] < '0' || env[0] > '2' || env[1] != '\0') return 1;
+  return env[0] - '0';
+}
+
+// Work-list order (a tuning switch): sequence order, measured faster with the static round-robin
+// walk of the persistent grid, unless JFA_SM90_LPT=1 asks for heaviest sequences first.
+inline int lpt_order() {
+  const char* env = std::getenv("JFA_SM90_LPT");
+  return (env != nullptr && env[0] == '1' && env[1] == '\0') ? 1 : 0;
 }
 
 }  // namespace launch_detail
@@ -97,7 +106,8 @@ jfa_status run_forward(const jfa::detail::Params& p) {
           kHeadDim, no_keys ? p.q_layout : p.v_layout, Cfg::kBlockN, &tm_v, &err))
     return fail(JFA_ERROR_CUDA, "tensor map encoding failed: %s", err.c_str());
 
-  // Work list capacity: sum over sequences of ceil(len / 128) <= total_q / 128 + batch.
+  // Work list capacity: sum over sequences of ceil(len / 128) <= total_q / 128 + batch (a shared
+  // tile holds at least one sequence).
   const int64_t capacity64 = (p.total_q + Cfg::kBlockM - 1) / Cfg::kBlockM + p.batch;
   if (capacity64 > (int64_t{1} << 30))
     return fail(JFA_ERROR_UNSUPPORTED, "batch too large for the CUDA backend (%lld tiles)",
@@ -105,7 +115,7 @@ jfa_status run_forward(const jfa::detail::Params& p) {
   const int32_t capacity = static_cast<int32_t>(capacity64);
 
   void* workspace = nullptr;
-  const size_t ws_bytes = 16 + sizeof(WorkTile) * static_cast<size_t>(capacity);
+  const size_t ws_bytes = 16 + 2 * sizeof(WorkTile) * static_cast<size_t>(capacity);
   e = cudaMallocAsync(&workspace, ws_bytes, stream);
   if (e != cudaSuccess)
     return fail(e == cudaErrorMemoryAllocation ? JFA_ERROR_OUT_OF_MEMORY : JFA_ERROR_CUDA,
@@ -113,9 +123,11 @@ jfa_status run_forward(const jfa::detail::Params& p) {
                 cudaGetErrorString(e));
   int32_t* count = static_cast<int32_t*>(workspace);
   WorkTile* work = reinterpret_cast<WorkTile*>(static_cast<char*>(workspace) + 16);
+  WorkTile* list = work + capacity;  // the unsorted list
 
-  build_work_list<Cfg::kBlockM>
-      <<<1, 1024, 0, stream>>>(p.cu_seqlens_q, p.batch, p.total_q, work, count, capacity);
+  build_work_list<Cfg::kBlockM, Cfg::kBlockN><<<1, kListThreads, 0, stream>>>(
+      p.cu_seqlens_q, p.cu_seqlens_k, p.batch, p.total_q, p.total_k, p.causal ? 1 : 0,
+      launch_detail::lpt_order(), list, work, count, capacity);
   e = cudaGetLastError();
   if (e != cudaSuccess) {
     cudaFreeAsync(workspace, stream);

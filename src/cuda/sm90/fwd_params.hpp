@@ -5,11 +5,13 @@
 
 namespace jfa::sm90 {
 
-// One entry of the work list built on the device: a (sequence, q tile) pair; each entry expands to
-// heads_q work items (consecutive heads of one q tile are neighbours, so their K/V stay in L2).
+// One entry of the work list built on the device: q tile m_block of sequence `seq`, or (n_seqs > 1)
+// one tile shared by the short sequences seq .. seq + n_seqs - 1. Each entry expands to heads_q
+// work items (consecutive heads of one q tile are neighbours, so their K/V stay in L2).
 struct WorkTile {
   int32_t seq;
   int32_t m_block;
+  int32_t n_seqs;
 };
 
 struct FwdArgs {
@@ -31,7 +33,8 @@ struct FwdArgs {
   float softmax_scale;
   float scale_log2;  // softmax_scale * log2(e)
   int32_t causal;
-  int32_t schedule;  // 0: one K tile at a time per group; 1: overlapped MMAs, groups take turns
+  int32_t schedule;  // 0: one K tile at a time per group; 1: overlapped MMAs, groups take turns;
+                     // 2: overlapped MMAs, groups independent
 };
 
 }  // namespace jfa::sm90

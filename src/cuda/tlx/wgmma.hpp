@@ -45,9 +45,12 @@ JFA_DEVICE uint64_t make_desc_sw128(uint32_t smem_byte_addr, uint32_t lbo_bytes,
   return desc;
 }
 
-// Adds a byte offset to a descriptor's start address (stays within the 18-bit shared window).
+// Adds a byte offset to a descriptor's start address. Only the low word changes (the address field
+// cannot carry out of it inside the shared window), so a loop over K steps costs one 32-bit add
+// per instruction on top of one full descriptor.
 JFA_DEVICE uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
-  return desc + static_cast<uint64_t>(bytes >> 4);
+  const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4);
+  return (desc & 0xffffffff00000000ull) | lo;
 }
 
 JFA_DEVICE void wgmma_fence() {
@@ -66,6 +69,20 @@ template <int kPending>
 JFA_DEVICE void wgmma_wait() {
 #if JFA_TLX_SM90A
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+#endif
+}
+
+// wgmma_wait<N>(), issued only once `anchor` has been computed. The wait carries no register
+// operands, so the compiler's scheduler may otherwise put it ahead of independent arithmetic that
+// comes before it in the source (e.g. a softmax meant to run while the MMA is in flight). A
+// warp-uniform branch on `anchor` fences it; both sides wait, so the condition never matters.
+template <int kPending>
+JFA_DEVICE void wgmma_wait_after(float anchor) {
+#if JFA_TLX_SM90A
+  if (__all_sync(0xffffffffu, __float_as_uint(anchor) != 0xffffffffu))
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+  else
+    asm volatile("wgmma.wait_group.sync.aligned %0; // anchored" ::"n"(kPending) : "memory");
 #endif
 }
 
