@@ -59,6 +59,12 @@ struct FwdConfig {
   static constexpr int kConsumerWarps = 4 * kConsumerGroups;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
+  // setmaxnreg only moves registers between the warp groups of the CTA: the split must fit in what
+  // the CTA holds at launch (the per-thread count of __launch_bounds__(kThreads, 1), a multiple of
+  // 8), or the consumers' increase waits forever.
+  static_assert((kProducerRegs + kConsumerGroups * kConsumerRegs) * 128 <=
+                    65536 / kThreads / 8 * 8 * kThreads,
+                "register split exceeds the CTA's allocation");
 
   using QTile = tlx::SwizzledTile<T, kBlockM, kD>;
   using KVTile = tlx::SwizzledTile<T, kBlockN, kD>;
