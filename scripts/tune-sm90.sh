@@ -6,7 +6,8 @@
 #
 # usage: scripts/tune-sm90.sh OUTDIR [NAME=CUDA_FLAGS ...]
 #   e.g. scripts/tune-sm90.sh /tmp/tune stages3=-DJFA_SM90_KV_STAGES=3
-# env:   TUNE_ARGS (extra arguments of bench/tune_sm90.py, e.g. "--workloads W1,W4 --triton")
+# env:   TUNE_ARGS (extra arguments of bench/tune_sm90.py, e.g. "--workloads W1,W4 --triton
+#        --rounds 3"), TUNE_LIB_ROUNDS (times the builds take turns, default 1)
 set -u -o pipefail
 OUT=${1:?usage: scripts/tune-sm90.sh OUTDIR [NAME=CUDA_FLAGS ...]}
 shift
@@ -41,13 +42,19 @@ JFA_GPU_TESTS_QUICK=1 timeout 300 build/tune-base/tests/gpu/jfa_gpu_tests --gtes
 echo "attention GPU tests (quick): rc=$? $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/gpu_tests.log" | tr '\n' ' ')"
 
 # One process per build: two copies of the library (each with its static CUDA runtime) do not
-# share a process.
-for ((i = 0; i < ${#LIBS[@]}; i += 2)); do
-  spec=${LIBS[i + 1]}
-  name=${spec%%=*}
-  # shellcheck disable=SC2086
-  PYTHONUNBUFFERED=1 timeout 900 python3 bench/tune_sm90.py --lib "$spec" --cli build/tune-base/tools/jfa \
-    --out "$OUT/$name" ${TUNE_ARGS:-} >"$OUT/tune-$name.log" 2>&1
-  echo "tune_sm90.py ($name) rc=$?"
-  sed -n '/^| workload/,$p' "$OUT/tune-$name.log"
+# share a process. With TUNE_LIB_ROUNDS=N the builds take turns N times (A B A B ...), and the
+# merged table gives the median of the rounds.
+for ((round = 0; round < ${TUNE_LIB_ROUNDS:-1}; round++)); do
+  for ((i = 0; i < ${#LIBS[@]}; i += 2)); do
+    spec=${LIBS[i + 1]}
+    name=${spec%%=*}
+    # shellcheck disable=SC2086
+    PYTHONUNBUFFERED=1 timeout 900 python3 bench/tune_sm90.py --lib "$spec" --cli build/tune-base/tools/jfa \
+      --out "$OUT/$name-r$round" ${TUNE_ARGS:-} >"$OUT/tune-$name-r$round.log" 2>&1
+    echo "tune_sm90.py ($name, round $round) rc=$?"
+  done
 done
+shopt -s nullglob
+RUNS=("$OUT"/*-r*/tune.json)
+# shellcheck disable=SC2086
+[ ${#RUNS[@]} -gt 0 ] && python3 bench/tune_sm90.py --summarize "${RUNS[@]}" ${TUNE_ARGS:-}
