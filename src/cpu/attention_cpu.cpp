@@ -227,11 +227,21 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void run_tile(const 
   }
 }
 
+// Threads worth starting for `items`: about one per kMinFlopsPerThread of work, so that a small
+// problem does not pay for starting (and giving scratch tiles to) threads it cannot keep busy.
+int workers_for(const std::vector<WorkItem>& items, int head_dim) {
+  constexpr double kMinFlopsPerThread = 4e6;
+  double flops = 0;
+  for (const WorkItem& item : items) flops += 4.0 * item.cost * head_dim;
+  const double useful = std::max(1.0, flops / kMinFlopsPerThread);
+  return static_cast<int>(std::min<double>(cpu_thread_count(), useful));
+}
+
 }  // namespace
 
 void attention_forward_cpu(const Params& p) {
   const std::vector<WorkItem> items = make_work_items(p);
-  const int workers = cpu_thread_count();
+  const int workers = workers_for(items, p.head_dim);
   std::vector<Scratch> scratch;
   scratch.reserve(static_cast<size_t>(workers));
   for (int w = 0; w < workers; ++w) scratch.emplace_back(p.head_dim);
