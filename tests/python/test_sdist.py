@@ -1,0 +1,40 @@
+"""The source distribution carries what setup.py needs to build libjfa with CMake."""
+
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_sdist_holds_the_cmake_project(tmp_path):
+    if not (ROOT / "setup.py").is_file():
+        pytest.skip("not a source checkout")
+    # Build from a copy of the tracked sources so that no build output of the checkout leaks in.
+    src = tmp_path / "src"
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if files.returncode != 0:
+        pytest.skip("git ls-files is not available")
+    for name in files.stdout.split():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, src / name)
+    out = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path / "dist")],
+                         cwd=src, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (archive,) = (tmp_path / "dist").glob("jfa-*.tar.gz")
+    with tarfile.open(archive) as tar:
+        names = {Path(*Path(n).parts[1:]).as_posix() for n in tar.getnames()}
+    for needed in ["CMakeLists.txt", "src/CMakeLists.txt", "include/jfa/jfa.h", "include/jfa/jfa.hpp",
+                   "src/api/validate.cpp", "src/cuda/sm90/fwd_kernel.cuh",
+                   "src/cuda/tlx/wgmma_ops.inc", "python/jfa/__init__.py", "setup.py"]:
+        assert needed in names, f"{needed} missing from the source distribution"
+    # Every source file the library's CMake build names travels too.
+    listed = (ROOT / "src" / "CMakeLists.txt").read_text()
+    for token in listed.split():
+        token = token.strip("()\"")
+        if token.endswith((".cpp", ".cu")):
+            assert f"src/{token}" in names, f"src/{token} missing from the source distribution"
