@@ -78,6 +78,7 @@ struct FwdConfig {
     tlx::MBarrier k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages];
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(Shared)) + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= 232448, "over the 227 KB of shared memory a CTA may opt in to");
 };
 
 // One work item as both roles see it; they derive it from the same inputs so they agree on every
