@@ -5,8 +5,8 @@
 # every output checked before timing). Logs go to OUTDIR; a summary table is printed last.
 #
 # usage: scripts/gpu-check.sh OUTDIR
-# env:   BUILD_DIR (default build/gpu-check), SKIP_SANITIZERS=1, SKIP_BENCH=1, SANITIZER_TIMEOUT,
-#        CLI_TIMEOUT (seconds per run)
+# env:   BUILD_DIR (default build/gpu-check), SKIP_SANITIZERS=1, SKIP_BENCH=1, GPU_TEST_TIMEOUT
+#        (default 400), SANITIZER_TIMEOUT (default 600 per tool), CLI_TIMEOUT (seconds per run)
 set -u -o pipefail
 OUT=${1:?usage: scripts/gpu-check.sh OUTDIR}
 mkdir -p "$OUT"
@@ -30,7 +30,8 @@ else
 fi
 
 GPU_TESTS=$(find "$BUILD" -name jfa_gpu_tests -type f | head -1)
-(cd "$BUILD" && ctest -L gpu --output-on-failure) >"$OUT/ctest_gpu.log" 2>&1
+# A hung kernel must not eat the machine's time: the GPU suite gets GPU_TEST_TIMEOUT seconds.
+(cd "$BUILD" && timeout "${GPU_TEST_TIMEOUT:-400}" ctest -L gpu --output-on-failure) >"$OUT/ctest_gpu.log" 2>&1
 note "ctest -L gpu" "$(grep -E 'tests passed|tests failed' "$OUT/ctest_gpu.log" | tail -1) $(grep -c '\[  FAILED  \]' "$OUT/ctest_gpu.log") failed-lines"
 (cd "$BUILD" && ctest -L cpu --output-on-failure -j"$JOBS") >"$OUT/ctest_cpu.log" 2>&1
 note "ctest -L cpu" "$(grep -E 'tests passed|tests failed' "$OUT/ctest_cpu.log" | tail -1)"
