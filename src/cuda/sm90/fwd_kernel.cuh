@@ -442,6 +442,21 @@ __device__ __forceinline__ bool start_item(ConsumerState<Cfg>& cs, const FwdArgs
   return true;
 }
 
+// O += P V on the V tile at ring position `st` once it has arrived, waited for; then the tile goes
+// back to the producer and `st` moves on.
+template <typename Cfg>
+__device__ __forceinline__ void pv_and_release(typename Cfg::Shared& s, ConsumerState<Cfg>& cs,
+                                               const uint32_t (&p)[Cfg::kBlockN / 16][4],
+                                               tlx::PipelineState<Cfg::kStages>& st, bool leader) {
+  s.v_full[st.stage].wait(st.phase);
+  tlx::fence_operand(cs.o);
+  gemm_pv<Cfg>(cs.o, p, s.v[st.stage]);
+  tlx::wgmma_wait<0>();
+  tlx::fence_operand(cs.o);
+  if (leader) s.v_empty[st.stage].arrive();
+  st.advance();
+}
+
 // One K tile at a time: S = Q K^T, softmax, O += P V, each waited for before the next step.
 template <typename Cfg>
 __device__ __forceinline__ void consumer_loop(typename Cfg::Shared& s, const FwdArgs& a,
@@ -473,13 +488,7 @@ __device__ __forceinline__ void consumer_loop(typename Cfg::Shared& s, const Fwd
       rescale_o<Cfg>(cs, alpha);
       uint32_t p[kN / 16][4];
       tlx::accum_to_a_frags<typename Cfg::Element, kN>(s_acc, p);
-      s.v_full[st.stage].wait(st.phase);
-      tlx::fence_operand(cs.o);
-      gemm_pv<Cfg>(cs.o, p, s.v[st.stage]);
-      tlx::wgmma_wait<0>();
-      tlx::fence_operand(cs.o);
-      if (leader) s.v_empty[st.stage].arrive();
-      st.advance();
+      pv_and_release<Cfg>(s, cs, p, st, leader);
     }
     qs.advance();
     epilogue<Cfg>(cs, a, w, v.row0, false);
@@ -563,13 +572,7 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
     }
     // The last P V.
     rescale_o<Cfg>(cs, alpha);
-    s.v_full[vs.stage].wait(vs.phase);
-    tlx::fence_operand(cs.o);
-    gemm_pv<Cfg>(cs.o, p, s.v[vs.stage]);
-    tlx::wgmma_wait<0>();
-    tlx::fence_operand(cs.o);
-    if (leader) s.v_empty[vs.stage].arrive();
-    vs.advance();
+    pv_and_release<Cfg>(s, cs, p, vs, leader);
     qs.advance();
     epilogue<Cfg>(cs, a, w, v.row0, false);
   }
