@@ -1,12 +1,13 @@
-// Hopper forward kernel of jagged attention: one 128-row Q tile of one head of one sequence per
-// work item; a persistent grid walks the items.
+// Hopper forward kernel of jagged attention: one Q tile (64 rows per consumer warp group) of one
+// head of one sequence per work item; a persistent grid walks the items.
 //
-// Roles (384 threads, one CTA per SM):
+// Roles (128 threads per warp group, one CTA per SM):
 //   warp group 0  producer: one thread issues TMA for Q (once per item, double-buffered so that the
 //                 next item's Q arrives during this one) and K/V through rings of
 //                 kStages stages guarded by full/empty mbarriers, K one tile ahead of V (the
 //                 order in which the overlapped schedule consumes them); registers given away.
-//   warp groups 1-2 consumers: 64 Q rows each; S = Q K^T (SS wgmma), online softmax in registers
+//   warp groups 1.. consumers (2 at head_dim 128, 3 at 64): 64 Q rows each; S = Q K^T (SS wgmma),
+//   online softmax in registers
 //                 (exp2, scale folded into one FMA), P packed to 16 bits as the A operand of
 //                 O += P V (RS wgmma, V read through the transposed-B descriptor), predicated
 //                 stores.
@@ -43,7 +44,10 @@ template <typename T, int kHeadDim>
 struct FwdConfig {
   using Element = T;
   static constexpr int kD = kHeadDim;
-  static constexpr int kBlockM = 128;  // two consumer warp groups of 64 rows
+  // 64 rows per consumer warp group; three groups at head_dim 64, where the softmax weighs the
+  // most per FLOP and more warps hide its latency.
+  static constexpr int kConsumerGroups = kHeadDim <= 64 ? 3 : 2;
+  static constexpr int kBlockM = 64 * kConsumerGroups;
   static constexpr int kBlockN = 128;
 #ifdef JFA_SM90_KV_STAGES  // tuning builds only; the default is the measured best
   static constexpr int kStages = JFA_SM90_KV_STAGES;
@@ -55,11 +59,10 @@ struct FwdConfig {
 #else
   static constexpr int kQStages = 2;  // the next item's Q loads while this one runs
 #endif
-  static constexpr int kConsumerGroups = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerGroups);
   static constexpr int kConsumerWarps = 4 * kConsumerGroups;
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
+  static constexpr int kProducerRegs = kConsumerGroups == 3 ? 32 : 24;
+  static constexpr int kConsumerRegs = kConsumerGroups == 3 ? 160 : 240;
   // setmaxnreg only moves registers between the warp groups of the CTA: the split must fit in what
   // the CTA holds at launch (the per-thread count of __launch_bounds__(kThreads, 1), a multiple of
   // 8), or the consumers' increase waits forever.
@@ -504,8 +507,10 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
                                                          int64_t n_items, int group,
                                                          bool take_turns) {
   constexpr int kN = Cfg::kBlockN;
-  constexpr uint32_t kTurnThreads = 128 * Cfg::kConsumerGroups;
-  const uint32_t my_turn = 1 + group, other_turn = 2 - group;
+  // Turn barrier g + 1 belongs to group g: it waits there, and the group before it arrives there.
+  constexpr uint32_t kTurnThreads = 256;
+  const uint32_t my_turn = 1 + group;
+  const uint32_t next_turn = 1 + (group + 1) % Cfg::kConsumerGroups;
   const bool leader = (threadIdx.x & 31) == 0;
   tlx::PipelineState<Cfg::kStages> ks, vs;
   tlx::PipelineState<Cfg::kQStages> qs;
@@ -514,9 +519,10 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
     if (take_turns) tlx::NamedBarrier::sync(my_turn, kTurnThreads);
   };
   auto end_turn = [&] {
-    if (take_turns) tlx::NamedBarrier::arrive(other_turn, kTurnThreads);
+    if (take_turns) tlx::NamedBarrier::arrive(next_turn, kTurnThreads);
   };
-  if (group == 1 && take_turns) tlx::NamedBarrier::arrive(1, kTurnThreads);  // group 0 goes first
+  if (group == Cfg::kConsumerGroups - 1 && take_turns)
+    tlx::NamedBarrier::arrive(1, kTurnThreads);  // group 0 goes first
   for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
     const TileWork w = decode_item<Cfg::kBlockM, Cfg::kBlockN>(a, item);
     if (!w.active) continue;
@@ -576,7 +582,8 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
     qs.advance();
     epilogue<Cfg>(cs, a, w, v.row0, false);
   }
-  if (group == 0 && take_turns) tlx::NamedBarrier::sync(1, kTurnThreads);  // group 1's last turn
+  if (group == 0 && take_turns)
+    tlx::NamedBarrier::sync(1, kTurnThreads);  // the last group's last hand-over
 }
 
 template <typename Cfg>
