@@ -6,11 +6,10 @@
 //                 next item's Q arrives during this one) and K/V through rings of
 //                 kStages stages guarded by full/empty mbarriers, K one tile ahead of V (the
 //                 order in which the overlapped schedule consumes them); registers given away.
-//   warp groups 1.. consumers (2 at head_dim 128, 3 at 64): 64 Q rows each; S = Q K^T (SS wgmma),
-//   online softmax in registers
-//                 (exp2, scale folded into one FMA), P packed to 16 bits as the A operand of
-//                 O += P V (RS wgmma, V read through the transposed-B descriptor), predicated
-//                 stores.
+//   warp groups 1.. consumers (two at head_dim 128, three at 64): 64 Q rows each; S = Q K^T
+//                 (SS wgmma), online softmax in registers (exp2, scale folded into one FMA), P
+//                 packed to 16 bits as the A operand of O += P V (RS wgmma, V read through the
+//                 transposed-B descriptor), predicated stores.
 //
 // Packed tensors are addressed through one 3-D tensor map each, dims (head_dim, heads, total), box
 // (64, 1, rows): a tile of sequence b starts at token cu_seqlens[b] + row0. Keys past the end of a
