@@ -177,8 +177,11 @@ struct ConsumerState {
   static constexpr int kD = Cfg::kD;
   static constexpr int kN = Cfg::kBlockN;
   float o[kD / 2];
+  // The reference maxima of the exponentials (not always the running maxima: see
+  // softmax_scores); row_sum and O are relative to them.
   float row_max[2];
   float row_sum[2];  // per-thread partial sums, reduced across the quad at the end
+  bool rescale;      // the last softmax moved row_max of some row of this warp: O needs alpha
 };
 
 // S = Q K^T for this warp group's 64 rows.
@@ -314,16 +317,28 @@ __device__ __forceinline__ void softmax_scores(float (&s_acc)[Cfg::kBlockN / 2],
       mx[0][q] = fmaxf(mx[0][q], mx[0][q + width]);
       mx[1][q] = fmaxf(mx[1][q], mx[1][q + width]);
     }
+  float m[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    m[h] = fmaxf(cs.row_max[h], mx[h][0]);
+    m[h] = fmaxf(m[h], __shfl_xor_sync(0xffffffffu, m[h], 1));
+    m[h] = fmaxf(m[h], __shfl_xor_sync(0xffffffffu, m[h], 2));
+  }
+  // The reference maximum moves only when some row of the warp grew by more than
+  // kMaxGrowthLog2 (the exponentials stay <= 2^kMaxGrowthLog2, exact in fp32 and in 16-bit P), so
+  // most tiles after the first skip the rescaling of O; the result is the same softmax.
+  constexpr float kMaxGrowthLog2 = 8.f;
+  const bool grew = (m[0] - cs.row_max[0]) * scale_log2 > kMaxGrowthLog2 ||
+                    (m[1] - cs.row_max[1]) * scale_log2 > kMaxGrowthLog2;
+  cs.rescale = __any_sync(0xffffffffu, grew);
   float neg_m[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float m = fmaxf(cs.row_max[h], mx[h][0]);
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-    const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
+    const float ref = cs.rescale ? m[h] : cs.row_max[h];
+    const float m_scaled = ref == -INFINITY ? 0.f : ref * scale_log2;
     neg_m[h] = -m_scaled;
-    alpha[h] = fast_exp2(fmaf(cs.row_max[h], scale_log2, neg_m[h]));
-    cs.row_max[h] = m;
+    alpha[h] = cs.rescale ? fast_exp2(fmaf(cs.row_max[h], scale_log2, neg_m[h])) : 1.f;
+    cs.row_max[h] = ref;
   }
   float sum[2][kParts];
 #pragma unroll
@@ -352,6 +367,7 @@ __device__ __forceinline__ void softmax_scores(float (&s_acc)[Cfg::kBlockN / 2],
 
 template <typename Cfg>
 __device__ __forceinline__ void rescale_o(ConsumerState<Cfg>& cs, const float (&alpha)[2]) {
+  if (!cs.rescale) return;  // warp-uniform: alpha is 1 for every row of the warp
 #pragma unroll
   for (int j = 0; j < Cfg::kD / 8; ++j) {
     cs.o[4 * j + 0] *= alpha[0];
@@ -435,6 +451,7 @@ __device__ __forceinline__ bool start_item(ConsumerState<Cfg>& cs, const FwdArgs
 #pragma unroll
   for (int i = 0; i < Cfg::kD / 2; ++i) cs.o[i] = 0.f;
   cs.row_max[0] = cs.row_max[1] = -INFINITY;
+  cs.rescale = false;
   cs.row_sum[0] = cs.row_sum[1] = 0.f;
   if (w.n_blocks == 0) {
     epilogue<Cfg>(cs, a, w, v.row0, true);
