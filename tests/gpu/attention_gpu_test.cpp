@@ -372,6 +372,25 @@ TEST(AttentionGpu, LongSequencesSampled) {
   run_case(c);
 }
 
+// Large softmax scales spread the scores over tens of units of log2, so the running row maximum
+// often grows by more than the kernel lets its reference maximum lag (rescaling O), and at other
+// tiles grows by less (no rescaling): both paths, on several K tiles per row.
+TEST(AttentionGpu, WidelySpreadScoresAcrossKeyTiles) {
+  for (int d : kHeadDims)
+    for (bool causal : {false, true})
+      for (float scale : {0.35f, 1.5f}) {
+        Case c;
+        c.lq = {700, 1, 129, 1030};
+        c.lk = {700, 900, 129, 1030};
+        c.heads_q = c.heads_kv = 2;
+        c.head_dim = d;
+        c.dtype = scale > 1.f ? DType::kBFloat16 : DType::kFloat16;
+        c.causal = causal;
+        c.scale = scale;
+        run_case(c, false);
+      }
+}
+
 TEST(AttentionGpu, ManyTinySequences) {
   std::mt19937_64 rng(fresh_seed("tiny lengths"));
   for (bool causal : {false, true}) {
