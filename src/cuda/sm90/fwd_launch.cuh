@@ -122,12 +122,13 @@ jfa_status run_forward(const jfa::detail::Params& p) {
                 "cudaMallocAsync of the %zu-byte work list failed: %s", ws_bytes,
                 cudaGetErrorString(e));
   int32_t* count = static_cast<int32_t*>(workspace);
+  auto* next_item = reinterpret_cast<unsigned long long*>(static_cast<char*>(workspace) + 8);
   WorkTile* work = reinterpret_cast<WorkTile*>(static_cast<char*>(workspace) + 16);
   WorkTile* list = work + capacity;  // the unsorted list
 
   build_work_list<Cfg::kBlockM, Cfg::kBlockN><<<1, kListThreads, 0, stream>>>(
       p.cu_seqlens_q, p.cu_seqlens_k, p.batch, p.total_q, p.total_k, p.causal ? 1 : 0,
-      launch_detail::lpt_order(), list, work, count, capacity);
+      launch_detail::lpt_order(), list, work, count, next_item, capacity);
   e = cudaGetLastError();
   if (e != cudaSuccess) {
     cudaFreeAsync(workspace, stream);
@@ -141,6 +142,7 @@ jfa_status run_forward(const jfa::detail::Params& p) {
   a.cu_k = p.cu_seqlens_k;
   a.work = work;
   a.work_count = count;
+  a.next_item = next_item;
   a.batch = p.batch;
   a.total_q = p.total_q;
   a.total_k = p.total_k;

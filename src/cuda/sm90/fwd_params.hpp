@@ -19,8 +19,9 @@ struct FwdArgs {
   float* lse;  // nullable, [heads_q, total_q]
   const int32_t* cu_q;
   const int32_t* cu_k;
-  const WorkTile* work;       // built by the prologue kernel
-  const int32_t* work_count;  // number of valid entries of `work`
+  const WorkTile* work;           // built by the prologue kernel
+  const int32_t* work_count;      // number of valid entries of `work`
+  unsigned long long* next_item;  // items claimed so far (zeroed by the prologue)
   int64_t batch;
   int64_t total_q;
   int64_t total_k;

@@ -89,7 +89,7 @@ template <int kBlockM, int kBlockN>
 __global__ void __launch_bounds__(kListThreads)
     build_work_list(const int32_t* cu_q, const int32_t* cu_k, int64_t batch, int64_t total_q,
                     int64_t total_k, int32_t causal, int32_t sort, WorkTile* list, WorkTile* work,
-                    int32_t* count, int32_t capacity) {
+                    int32_t* count, unsigned long long* next_item, int32_t capacity) {
   __shared__ int32_t scratch[32];
   __shared__ int32_t bucket_next[kListThreads];
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
@@ -202,7 +202,10 @@ __global__ void __launch_bounds__(kListThreads)
       for (int32_t e = 0; e < len; ++e) work[to + e] = list[i + e];
     }
   }
-  if (threadIdx.x == 0) *count = n;
+  if (threadIdx.x == 0) {
+    *count = n;
+    *next_item = 0;  // the forward kernel's item counter
+  }
 }
 
 }  // namespace jfa::sm90
