@@ -159,8 +159,9 @@ struct ItemSource {
     } else {
       s.item_full[is.stage].wait(is.phase);
       w = s.item[is.stage];
-      __syncwarp();
-      if ((threadIdx.x & 31) == 0) s.item_empty[is.stage].arrive();
+      // Every thread releases its own reads of the slot (a lane's arrive would not cover the
+      // others' loads, which may still be in flight).
+      s.item_empty[is.stage].arrive();
       is.advance();
       return w.n_blocks >= 0;
     }
@@ -678,7 +679,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < Cfg::kItemSlots; ++i) {
       s.item_full[i].init(1);
-      s.item_empty[i].init(Cfg::kConsumerWarps);
+      s.item_empty[i].init(Cfg::kConsumerWarps * 32);
     }
 #pragma unroll
     for (int i = 0; i < Cfg::kStages; ++i) {
