@@ -74,8 +74,8 @@ struct FwdConfig {
   static constexpr int kThreads = 128 * (1 + kConsumerGroups);
   static constexpr int kConsumerWarps = 4 * kConsumerGroups;
   // Work items: with two consumer groups the producer claims them from a global counter and hands
-  // them out (measured: +6-11% causal, +5% on tiny sequences); three groups have no registers to
-  // spare for that and walk the items round-robin.
+  // them out (measured: +4-10% causal); three groups have no registers to spare for that (every
+  // split spills) and walk the items round-robin.
   static constexpr bool kDynamicItems = kConsumerGroups == 2;
 #if defined(JFA_SM90_PRODUCER_REGS)  // tuning builds only (two consumer groups)
   static constexpr int kProducerRegs = kConsumerGroups == 2 ? JFA_SM90_PRODUCER_REGS : 32;

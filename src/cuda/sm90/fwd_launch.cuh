@@ -71,8 +71,8 @@ inline int schedule_choice() {
   return env[0] - '0';
 }
 
-// Work-list order (a tuning switch): sequence order, measured faster with the static round-robin
-// walk of the persistent grid, unless JFA_SM90_LPT=1 asks for heaviest sequences first.
+// Work-list order (a tuning switch): sequence order, measured faster with both the round-robin
+// walk and the dynamic items, unless JFA_SM90_LPT=1 asks for heaviest sequences first.
 inline int lpt_order() {
   const char* env = std::getenv("JFA_SM90_LPT");
   return (env != nullptr && env[0] == '1' && env[1] == '\0') ? 1 : 0;
