@@ -6,7 +6,9 @@
 #
 # usage: scripts/gpu-check.sh OUTDIR
 # env:   BUILD_DIR (default build/gpu-check), SKIP_SANITIZERS=1, SKIP_BENCH=1, GPU_TEST_TIMEOUT
-#        (default 400), SANITIZER_TIMEOUT (default 600 per tool), CLI_TIMEOUT (seconds per run)
+#        (default 400), SANITIZER_TIMEOUT (default 600 per tool), CLI_TIMEOUT (seconds per run),
+#        PEERS_FULL=1 (the full peers run instead of --quick: both dtypes, all workloads, and the
+#        results JSON and chart <date>-h200.json/.png in OUTDIR)
 set -u -o pipefail
 OUT=${1:?usage: scripts/gpu-check.sh OUTDIR}
 mkdir -p "$OUT"
@@ -69,11 +71,13 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     note "jfa bench W1..W4" "skipped (no CLI binary)"
   fi
   if [ -n "$LIB" ] && python3 -c 'import torch' 2>/dev/null; then
-    # jfa against its peers on W1-W4 (fp16, both masks), every output checked before timing.
-    PEERS=(--lib "$LIB" --quick --out "$OUT" --name peers)
+    # jfa against its peers (quick: W1-W4, fp16, both masks; PEERS_FULL=1: the whole set), every
+    # output checked before timing.
+    PEERS=(--lib "$LIB" --out "$OUT")
+    if [ -n "${PEERS_FULL:-}" ]; then kind="full"; else kind="quick, fp16"; PEERS+=(--quick --name peers); fi
     [ -n "${CLI:-}" ] && PEERS+=(--cli "$CLI")
     PYTHONUNBUFFERED=1 timeout 900 python3 bench/peers.py "${PEERS[@]}" >"$OUT/peers.log" 2>&1
-    note "peers (quick, fp16)" "rc=$? (table in peers.log)"
+    note "peers ($kind)" "rc=$? (table in peers.log)"
   fi
 fi
 
