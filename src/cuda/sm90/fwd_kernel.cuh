@@ -77,7 +77,7 @@ struct FwdConfig {
   // them out (measured: +4-10% causal); three groups have no registers to spare for that (every
   // split spills) and walk the items round-robin.
   static constexpr bool kDynamicItems = kConsumerGroups == 2;
-#if defined(JFA_SM90_PRODUCER_REGS)  // tuning builds only (two consumer groups)
+#if defined(JFA_SM90_PRODUCER_REGS) && defined(JFA_SM90_CONSUMER_REGS)  // tuning builds, 2 groups
   static constexpr int kProducerRegs = kConsumerGroups == 2 ? JFA_SM90_PRODUCER_REGS : 32;
   static constexpr int kConsumerRegs = kConsumerGroups == 2 ? JFA_SM90_CONSUMER_REGS : 160;
 #else
@@ -572,9 +572,9 @@ __device__ __forceinline__ void consumer_loop(typename Cfg::Shared& s, const Fwd
 }
 
 // Overlapped schedule: S(n) = Q K(n)^T is issued together with O += P(n-1) V(n-1), so the tensor
-// cores work on one tile while the softmax of the previous one runs. With `take_turns` the two
-// consumer groups issue their MMAs in turn (named barriers 1 and 2), so one group's softmax runs
-// under the other's MMAs.
+// cores work on one tile while the softmax of the previous one runs. With `take_turns` the consumer
+// groups issue their MMAs in turn (named barriers 1 .. kConsumerGroups, in a ring), so one group's
+// softmax runs under the others' MMAs.
 template <typename Cfg>
 __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s, const FwdArgs& a,
                                                          int64_t n_items, int group,

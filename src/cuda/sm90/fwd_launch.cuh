@@ -106,8 +106,8 @@ jfa_status run_forward(const jfa::detail::Params& p) {
           kHeadDim, no_keys ? p.q_layout : p.v_layout, Cfg::kBlockN, &tm_v, &err))
     return fail(JFA_ERROR_CUDA, "tensor map encoding failed: %s", err.c_str());
 
-  // Work list capacity: sum over sequences of ceil(len / 128) <= total_q / 128 + batch (a shared
-  // tile holds at least one sequence).
+  // Work list capacity: sum over sequences of ceil(len / kBlockM) <= total_q / kBlockM + batch (a
+  // shared tile holds at least one sequence).
   const int64_t capacity64 = (p.total_q + Cfg::kBlockM - 1) / Cfg::kBlockM + p.batch;
   if (capacity64 > (int64_t{1} << 30))
     return fail(JFA_ERROR_UNSUPPORTED, "batch too large for the CUDA backend (%lld tiles)",
