@@ -58,7 +58,11 @@ struct FwdConfig {
   static constexpr int kD = kHeadDim;
   // 64 rows per consumer warp group; three groups at head_dim 64, where the softmax weighs the
   // most per FLOP and more warps hide its latency.
+#ifdef JFA_SM90_D64_GROUPS  // tuning builds only
+  static constexpr int kConsumerGroups = kHeadDim <= 64 ? JFA_SM90_D64_GROUPS : 2;
+#else
   static constexpr int kConsumerGroups = kHeadDim <= 64 ? 3 : 2;
+#endif
   static constexpr int kBlockM = 64 * kConsumerGroups;
   static constexpr int kBlockN = 128;
 #ifdef JFA_SM90_KV_STAGES  // tuning builds only; the default is the measured best
@@ -68,6 +72,8 @@ struct FwdConfig {
 #endif
 #ifdef JFA_SM90_Q_STAGES  // tuning builds only
   static constexpr int kQStages = JFA_SM90_Q_STAGES;
+#elif defined(JFA_SM90_D64_Q_STAGES)
+  static constexpr int kQStages = kHeadDim <= 64 ? JFA_SM90_D64_Q_STAGES : 2;
 #else
   static constexpr int kQStages = 2;  // the next item's Q loads while this one runs
 #endif
