@@ -7,6 +7,7 @@
 # usage: scripts/tune-sm90.sh OUTDIR [VARIANT ...]
 #   VARIANT: NAME=CUDA_FLAGS   this tree built with extra flags (e.g. stages3=-DJFA_SM90_KV_STAGES=3)
 #            NAME=@DIR         another source tree, e.g. a worktree of another revision carried along
+#            NAME="@DIR FLAGS" that tree built with extra flags
 # env:   TUNE_ARGS (extra arguments of bench/tune_sm90.py, e.g. "--workloads W1,W4 --triton
 #        --rounds 3"), TUNE_LIB_ROUNDS (times the builds take turns, default 1), TEST_TIMEOUT and
 #        TUNE_TIMEOUT (seconds per test run and per timing process; defaults 120 and 240, so that
@@ -43,8 +44,15 @@ for spec in "$@"; do
   name=${spec%%=*}
   value=${spec#*=}
   if [ "${value:0:1}" = "@" ]; then
-    # Another kernel: its own tests must pass before it is timed.
-    if build "build/tune-$name" "jfa_lib jfa_gpu_tests" "" "${value:1}" && gpu_tests "build/tune-$name" "$name"; then
+    # Another kernel (optionally with flags after a space): its own tests must pass before it is
+    # timed.
+    tree=${value:1}
+    flags=""
+    if [[ "$tree" == *" "* ]]; then
+      flags=${tree#* }
+      tree=${tree%% *}
+    fi
+    if build "build/tune-$name" "jfa_lib jfa_gpu_tests" "$flags" "$tree" && gpu_tests "build/tune-$name" "$name"; then
       LIBS+=(--lib "$name=$PWD/build/tune-$name/src/libjfa.so")
     else
       echo "variant $name skipped (build or tests failed; see build-tune-$name.log, gpu_tests-$name.log)"

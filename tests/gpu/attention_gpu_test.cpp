@@ -476,6 +476,39 @@ TEST(AttentionGpu, AlternativeSchedulesMatchReference) {
   unsetenv("JFA_SM90_LPT");
 }
 
+// Both tile shapes at head_dim 64 (JFA_SM90_D64_ROWS forces the one the mean length would not
+// pick): edge and cross lengths under both masks (groups of a 192-row tile that see no key of the
+// last K tiles skip them; groups past a tile's last row skip all), shared tiles, and longer
+// sequences.
+TEST(AttentionGpu, HeadDim64TileShapesMatchReference) {
+  for (const char* rows : {"128", "192"}) {
+    SCOPED_TRACE(std::string("JFA_SM90_D64_ROWS=") + rows);
+    setenv("JFA_SM90_D64_ROWS", rows, 1);
+    std::mt19937_64 rng(fresh_seed("head_dim 64 tile shapes"));
+    for (DType dt : {DType::kFloat16, DType::kBFloat16})
+      for (bool causal : {false, true}) {
+        Case c;
+        c.lq = kEdgeLengths;
+        c.lk = kEdgeLengths;
+        c.heads_q = c.heads_kv = 2;
+        c.head_dim = 64;
+        c.dtype = dt;
+        c.causal = causal;
+        run_case(c, false);
+        c.lq = {1, 100, 300, 0, 64, 129, 5, 250, 700, 193};
+        c.lk = {200, 17, 300, 50, 0, 64, 260, 129, 500, 900};
+        c.heads_q = 4;
+        run_case(c, false);
+        c.lq = random_lengths(rng, 6, 150, 1500);
+        c.lk = c.lq;
+        run_case(c, false);
+      }
+    for (const Case& c : shared_tile_cases(rng))
+      if (c.head_dim == 64) run_case(c, false);
+    unsetenv("JFA_SM90_D64_ROWS");
+  }
+}
+
 TEST(AttentionGpu, NoKeysAnywhere) {
   Case c;
   c.lq = {5, 130, 0};

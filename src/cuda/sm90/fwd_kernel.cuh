@@ -1,13 +1,13 @@
 // Hopper forward kernel of jagged attention: one Q tile (64 rows per consumer warp group) of one
-// head of one sequence per work item; a persistent grid takes the items (from a global counter at
-// head_dim 128, round-robin at 64; see ItemSource).
+// head of one sequence per work item; a persistent grid takes the items (from a global counter with
+// two consumer groups, round-robin with three; see ItemSource).
 //
 // Roles (128 threads per warp group, one CTA per SM):
 //   warp group 0  producer: one thread issues TMA for Q (once per item, double-buffered so that the
 //                 next item's Q arrives during this one) and K/V through rings of
 //                 kStages stages guarded by full/empty mbarriers, K one tile ahead of V (the
 //                 order in which the overlapped schedule consumes them); registers given away.
-//   warp groups 1.. consumers (two at head_dim 128, three at 64): 64 Q rows each; S = Q K^T
+//   warp groups 1.. consumers (two or three, see FwdConfig): 64 Q rows each; S = Q K^T
 //                 (SS wgmma), online softmax in registers (exp2, scale folded into one FMA), P
 //                 packed to 16 bits as the A operand of O += P V (RS wgmma, V read through the
 //                 transposed-B descriptor), predicated stores.
@@ -52,17 +52,15 @@ struct TileWork {
   bool active;       // the tile has query rows
 };
 
-template <typename T, int kHeadDim>
+// kGroups consumer warp groups of 64 rows each: three (192-row tiles) at head_dim 64, where the
+// softmax weighs the most per FLOP and more warps hide its latency; two (128 rows) at 128, and at
+// 64 for batches of short sequences (fwd_dispatch.cu says when).
+template <typename T, int kHeadDim, int kGroups>
 struct FwdConfig {
+  static_assert(kGroups == 2 || kGroups == 3, "two or three consumer warp groups");
   using Element = T;
   static constexpr int kD = kHeadDim;
-  // 64 rows per consumer warp group; three groups at head_dim 64, where the softmax weighs the
-  // most per FLOP and more warps hide its latency.
-#ifdef JFA_SM90_D64_GROUPS  // tuning builds only
-  static constexpr int kConsumerGroups = kHeadDim <= 64 ? JFA_SM90_D64_GROUPS : 2;
-#else
-  static constexpr int kConsumerGroups = kHeadDim <= 64 ? 3 : 2;
-#endif
+  static constexpr int kConsumerGroups = kGroups;
   static constexpr int kBlockM = 64 * kConsumerGroups;
   static constexpr int kBlockN = 128;
 #ifdef JFA_SM90_KV_STAGES  // tuning builds only; the default is the measured best
@@ -72,8 +70,6 @@ struct FwdConfig {
 #endif
 #ifdef JFA_SM90_Q_STAGES  // tuning builds only
   static constexpr int kQStages = JFA_SM90_Q_STAGES;
-#elif defined(JFA_SM90_D64_Q_STAGES)
-  static constexpr int kQStages = kHeadDim <= 64 ? JFA_SM90_D64_Q_STAGES : 2;
 #else
   static constexpr int kQStages = 2;  // the next item's Q loads while this one runs
 #endif
@@ -83,6 +79,11 @@ struct FwdConfig {
   // them out (measured: +4-10% causal); three groups have no registers to spare for that (every
   // split spills) and walk the items round-robin.
   static constexpr bool kDynamicItems = kConsumerGroups == 2;
+  // Groups skip the K tiles none of their rows sees (overlapped schedule). It pays with 192-row
+  // tiles, whose first group sees up to 128 fewer keys than the last under the causal mask
+  // (measured +6% causal); with two groups it rarely applies and the extra code cost 2-5% on tiny
+  // sequences.
+  static constexpr bool kSkipUnseenKTiles = kConsumerGroups == 3;
 #if defined(JFA_SM90_PRODUCER_REGS) && defined(JFA_SM90_CONSUMER_REGS)  // tuning builds, 2 groups
   static constexpr int kProducerRegs = kConsumerGroups == 2 ? JFA_SM90_PRODUCER_REGS : 32;
   static constexpr int kConsumerRegs = kConsumerGroups == 2 ? JFA_SM90_CONSUMER_REGS : 160;
@@ -479,6 +480,7 @@ struct ItemView {
   RowKeys keys;
   int32_t first_row;   // of the tile
   int32_t diag_shift;  // len_k - len_q
+  int32_t key_end;     // no row of this warp group sees a key at or past this one
   bool causal;
   bool shared;  // several sequences in the tile: always mask
 
@@ -510,6 +512,16 @@ __device__ __forceinline__ bool start_item(ConsumerState<Cfg>& cs, const FwdArgs
   v.diag_shift = w.seq.len_k - w.seq.len_q;
   v.causal = a.causal != 0;
   v.shared = w.n_seqs > 1;
+  // Warp-group uniform: the group's rows start at group_first; under the causal mask its last row
+  // sees keys up to its diagonal.
+  const int32_t group_first = v.first_row + group * 64;
+  int64_t key_end = w.seq.len_k;
+  if (group_first >= w.seq.len_q)
+    key_end = 0;
+  else if (v.causal && !v.shared)
+    key_end = static_cast<int64_t>(group_first) + 64 + v.diag_shift;
+  v.key_end =
+      static_cast<int32_t>(key_end < 0 ? 0 : (key_end < w.seq.len_k ? key_end : w.seq.len_k));
 #pragma unroll
   for (int i = 0; i < Cfg::kD / 2; ++i) cs.o[i] = 0.f;
   cs.row_max[0] = cs.row_max[1] = -INFINITY;
@@ -610,6 +622,32 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
     if (!start_item<Cfg>(cs, a, w, group, v)) continue;
     s.q_full[qs.stage].wait(qs.phase);
 
+    // Leading K tiles (the last ones of the sequence) that no row of this group sees: the far side
+    // of the diagonal in a 192-row tile, or every tile for a group past the item's last row. They
+    // are released untouched once they have arrived (so that each arrival counts for its own use of
+    // the slot), and the group still takes its turns so that the ring stays in step.
+    int first_it = 0;
+    while (Cfg::kSkipUnseenKTiles && first_it < w.n_blocks &&
+           (w.n_blocks - 1 - first_it) * kN >= v.key_end) {
+      s.k_full[ks.stage].wait(ks.phase);
+      begin_turn();
+      end_turn();
+      if (leader) {
+        s.k_empty[ks.stage].arrive();
+        if (first_it == w.n_blocks - 1) s.q_empty[qs.stage].arrive();
+      }
+      ks.advance();
+      s.v_full[vs.stage].wait(vs.phase);
+      if (leader) s.v_empty[vs.stage].arrive();
+      vs.advance();
+      ++first_it;
+    }
+    if (Cfg::kSkipUnseenKTiles && first_it == w.n_blocks) {
+      qs.advance();
+      epilogue<Cfg>(cs, a, w, v.row0, false);  // no key: zeros, LSE -inf
+      continue;
+    }
+
     uint32_t p[kN / 16][4];
     // S(it) is ready: release its K tile, mask where needed, online softmax (alpha rescales O
     // before the next P V is added).
@@ -623,7 +661,7 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
       const int32_t key0 = (w.n_blocks - 1 - it) * kN;
       tile_scores<Cfg>(s_acc, cs, v, key0, w.seq.len_k, a.scale_log2, alpha);
     };
-    // First (diagonal or last) tile: S only.
+    // First tile this group sees (the diagonal or last one): S only.
     {
       float s_acc[kN / 2];
       s.k_full[ks.stage].wait(ks.phase);
@@ -632,12 +670,12 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
       end_turn();
       tlx::wgmma_wait<0>();
       tlx::fence_operand(s_acc);
-      scores(s_acc, 0);
+      scores(s_acc, first_it);
       tlx::accum_to_a_frags<typename Cfg::Element, kN>(s_acc, p);
     }
     // Steady state: S(it) and P(it-1) V(it-1) in flight together; the softmax of S(it) runs under
     // the P V MMA.
-    for (int it = 1; it < w.n_blocks; ++it) {
+    for (int it = first_it + 1; it < w.n_blocks; ++it) {
       float s_acc[kN / 2];
       s.k_full[ks.stage].wait(ks.phase);
       begin_turn();

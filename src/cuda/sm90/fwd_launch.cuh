@@ -80,10 +80,10 @@ inline int lpt_order() {
 
 }  // namespace launch_detail
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, int kGroups>
 jfa_status run_forward(const jfa::detail::Params& p) {
   using jfa::detail::fail;
-  using Cfg = FwdConfig<T, kHeadDim>;
+  using Cfg = FwdConfig<T, kHeadDim, kGroups>;
   if (p.total_q == 0 || p.batch == 0) return JFA_SUCCESS;
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
 

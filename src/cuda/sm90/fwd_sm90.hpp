@@ -15,8 +15,8 @@ bool hopper_available();
 // Runs the forward on the stream in `p`; returns a status and sets the error message on failure.
 jfa_status forward(const jfa::detail::Params& p);
 
-// One per (dtype, head_dim) instantiation (src/cuda/sm90/instantiations/).
-template <typename T, int kHeadDim>
+// One per (dtype, head_dim, consumer warp groups) instantiation (src/cuda/sm90/instantiations/).
+template <typename T, int kHeadDim, int kGroups>
 jfa_status run_forward(const jfa::detail::Params& p);
 
 }  // namespace jfa::sm90

@@ -1,6 +1,6 @@
-// Forward instantiation: bf16, head_dim 64.
+// Forward instantiation: bf16, head_dim 64, 192-row tiles.
 #include "cuda/sm90/fwd_launch.cuh"
 
 namespace jfa::sm90 {
-template jfa_status run_forward<__nv_bfloat16, 64>(const jfa::detail::Params& p);
+template jfa_status run_forward<__nv_bfloat16, 64, 3>(const jfa::detail::Params& p);
 }  // namespace jfa::sm90

@@ -1,0 +1,6 @@
+// Forward instantiation: bf16, head_dim 64, 128-row tiles (batches of short sequences).
+#include "cuda/sm90/fwd_launch.cuh"
+
+namespace jfa::sm90 {
+template jfa_status run_forward<__nv_bfloat16, 64, 2>(const jfa::detail::Params& p);
+}  // namespace jfa::sm90
