@@ -10,9 +10,9 @@ cannot be checked (padded layouts whose padding keys are not masked) is timed an
 A method that is missing or fails is reported with the reason and the run goes on.
 
 Methods: jfa (libjfa.so through ctypes), plain Triton JFA (bench/triton_jfa.py), an FA3-class peer
-(flash_attn_interface or flashinfer's fa3 backend, when importable), varlen FlashAttention-2
-(aten), FlexAttention (document mask, compiled), padded cuDNN, nested-tensor SDPA, padded
-FlashAttention-2. Times are medians of CUDA-event times of >= 10 runs after warm-up, in one
+(flash_attn_interface, flash-attn-4's SM90 forward or flashinfer's fa3 backend, when importable),
+varlen FlashAttention-2 (aten), FlexAttention (document mask, compiled), padded cuDNN, nested-tensor
+SDPA, padded FlashAttention-2. Times are medians of CUDA-event times of >= 10 runs after warm-up, in one
 process; useful TFLOP/s count real (query, key) pairs only (BENCH.md); TB/s are minimal bytes
 (Q, K, V read once, O written once) over the time.
 

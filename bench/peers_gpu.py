@@ -540,6 +540,20 @@ class Fa3Class(Method):
 
             return Prepared(run, _packed_rows(case), dense=lambda o: o,
                             provider="flash_attn_interface.flash_attn_varlen_func (FA3)")
+        try:  # flash-attn-4 (CuTe DSL); on Hopper it runs its SM90 forward
+            from flash_attn.cute import flash_attn_varlen_func as fa4_varlen
+        except Exception as e:
+            errors.append(f"flash_attn.cute: {short(e, 120)}")
+        else:
+            def run():
+                o = fa4_varlen(case.q, case.k, case.v, cu_seqlens_q=case.cu_q,
+                               cu_seqlens_k=case.cu_k, max_seqlen_q=case.max_q,
+                               max_seqlen_k=case.max_k, softmax_scale=case.scale, causal=causal)
+                return o[0] if isinstance(o, (tuple, list)) else o
+
+            return Prepared(run, _packed_rows(case), dense=lambda o: o,
+                            provider="flash_attn.cute.flash_attn_varlen_func (flash-attn-4, SM90 "
+                                     "forward)")
         try:
             import flashinfer
         except Exception as e:
