@@ -11,10 +11,10 @@ A method that is missing or fails is reported with the reason and the run goes o
 
 Methods: jfa (libjfa.so through ctypes), plain Triton JFA (bench/triton_jfa.py), an FA3-class peer
 (flash_attn_interface, flash-attn-4's SM90 forward or flashinfer's fa3 backend, when importable),
-varlen FlashAttention-2 (aten), FlexAttention (document mask, compiled), padded cuDNN, nested-tensor
-SDPA, padded FlashAttention-2. Times are medians of CUDA-event times of >= 10 runs after warm-up, in one
-process; useful TFLOP/s count real (query, key) pairs only (BENCH.md); TB/s are minimal bytes
-(Q, K, V read once, O written once) over the time.
+varlen FlashAttention-2 (aten), FlexAttention (document mask, compiled), padded cuDNN,
+nested-tensor SDPA, padded FlashAttention-2. Times are medians of CUDA-event times of >= 10 runs
+after warm-up, in one process; useful TFLOP/s count real (query, key) pairs only (BENCH.md); TB/s
+are minimal bytes (Q, K, V read once, O written once) over the time.
 
 Writes <out>/<YYYY-MM-DD>-<gpu>.json (updated after every workload) and a .png chart next to it,
 and prints a table last.
@@ -340,7 +340,7 @@ def main(argv=None):
                 env["jfa_version"] = lib.version()
         except Exception as e:
             ctx["jfa_error"] = f"cannot load {lib_path}: {type(e).__name__}: {e}"
-    env["jfa_lib"] = lib_path
+    env["jfa_lib"] = os.path.basename(lib_path) if lib_path else lib_path
     cli = args.cli or cli_next_to(lib_path) or W.find_cli(None, REPO)
     env["jfa_cli"] = cli
     if ctx.get("jfa_error"):

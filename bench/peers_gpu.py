@@ -39,6 +39,15 @@ def short(e, limit=300):
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def _dist_version(name):
+    """The installed version of a distribution, or '?' (e.g. unpacked without metadata)."""
+    try:
+        from importlib.metadata import version
+        return version(name)
+    except Exception:
+        return "?"
+
+
 # ---- environment ------------------------------------------------------------------------------
 
 def environment():
@@ -301,7 +310,7 @@ class Jfa(Method):
             return out
 
         return Prepared(run, _packed_rows(case), dense=lambda o: o,
-                        provider=f"libjfa {lib.version()} ({lib.path})")
+                        provider=f"libjfa {lib.version()} ({os.path.basename(lib.path)})")
 
 
 class TritonJfa(Method):
@@ -551,9 +560,10 @@ class Fa3Class(Method):
                                max_seqlen_k=case.max_k, softmax_scale=case.scale, causal=causal)
                 return o[0] if isinstance(o, (tuple, list)) else o
 
+            versions = (_dist_version("flash-attn-4"), _dist_version("nvidia-cutlass-dsl"))
             return Prepared(run, _packed_rows(case), dense=lambda o: o,
-                            provider="flash_attn.cute.flash_attn_varlen_func (flash-attn-4, SM90 "
-                                     "forward)")
+                            provider="flash_attn.cute.flash_attn_varlen_func (flash-attn-4 %s, "
+                                     "nvidia-cutlass-dsl %s)" % versions)
         try:
             import flashinfer
         except Exception as e:

@@ -11,7 +11,7 @@
 # env:   TUNE_ARGS (extra arguments of bench/tune_sm90.py, e.g. "--workloads W1,W4 --triton
 #        --rounds 3"), TUNE_LIB_ROUNDS (times the builds take turns, default 1), TEST_TIMEOUT and
 #        TUNE_TIMEOUT (seconds per test run and per timing process; defaults 120 and 240, so that
-#        a hang cannot eat a whole session)
+#        a hang cannot stall the whole run)
 set -u -o pipefail
 OUT=${1:?usage: scripts/tune-sm90.sh OUTDIR [NAME=CUDA_FLAGS ...]}
 shift
