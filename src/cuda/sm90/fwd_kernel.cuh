@@ -10,11 +10,12 @@
 //   warp groups 1.. consumers (two or three, see FwdConfig): 64 Q rows each; S = Q K^T
 //                 (SS wgmma), online softmax in registers (exp2, scale folded into one FMA), P
 //                 packed to 16 bits as the A operand of O += P V (RS wgmma, V read through the
-//                 transposed-B descriptor), predicated stores.
+//                 transposed-B descriptor); O staged in shared memory and written by TMA stores.
 //
 // Packed tensors are addressed through one 3-D tensor map each, dims (head_dim, heads, total), box
 // (64, 1, rows): a tile of sequence b starts at token cu_seqlens[b] + row0. Keys past the end of a
-// sequence in its last K tile are masked; Q rows past the end are computed and dropped.
+// sequence in its last K tile are masked; Q rows past the end are computed, and their part of an
+// O tile is clipped by the ragged output map (FwdArgs::out_ragged_rows).
 // Short sequences share tiles: a run of consecutive sequences with at most kBlockM query and
 // kBlockN key tokens in all is one work item whose rows each see only their own sequence's keys
 // (a block-diagonal mask built from per-row key ranges), so no tile is mostly padding.
@@ -100,13 +101,18 @@ struct FwdConfig {
                 "register split exceeds the CTA's allocation");
 
   static constexpr int kItemSlots = 4;  // work items the producer has claimed ahead (dynamic)
+  // Named barriers: 1 .. kConsumerGroups are the turn ring, then one per group for its epilogue.
+  static constexpr uint32_t kEpilogueBarrier0 = 1 + kConsumerGroups;
   using QTile = tlx::SwizzledTile<T, kBlockM, kD>;
   using KVTile = tlx::SwizzledTile<T, kBlockN, kD>;
+  using OTile = tlx::SwizzledTile<T, 64, kD>;  // one group's rows of O, staged for the TMA store
 
   struct Shared {
     QTile q[kQStages];
     KVTile k[kStages];
     KVTile v[kStages];
+    OTile o[kConsumerGroups];
+    // The small members last, so that no 1024-byte-aligned tile follows them.
     tlx::MBarrier q_full[kQStages], q_empty[kQStages];
     tlx::MBarrier item_full[kItemSlots], item_empty[kItemSlots];
     TileWork item[kItemSlots];  // decoded by the producer, read by the consumers
@@ -440,13 +446,28 @@ __device__ __forceinline__ void rescale_o(ConsumerState<Cfg>& cs, const float (&
   }
 }
 
-// Normalises O and writes this thread's part of the rows that lie inside the sequence, plus LSE.
+// Normalises O into this group's staging tile, from which one thread writes the group's 64 rows
+// with TMA stores through the ragged output map (rows past the item's last query row are clipped
+// by the map, see FwdArgs::out_ragged_rows); LSE goes out directly. The store only has to finish
+// reading the tile before the group's next epilogue, so the group moves on to its next item at
+// once.
 template <typename Cfg>
-__device__ __forceinline__ void epilogue(ConsumerState<Cfg>& cs, const FwdArgs& a,
-                                         const TileWork& w, int32_t row0_in_seq, bool no_keys) {
+__device__ __forceinline__ void epilogue(ConsumerState<Cfg>& cs, typename Cfg::Shared& s,
+                                         const CUtensorMap* tm_o, const FwdArgs& a,
+                                         const TileWork& w, int group, int32_t row0_in_seq,
+                                         bool no_keys) {
   using T = typename Cfg::Element;
   const int lane = threadIdx.x & 31;
-  T* out = static_cast<T*>(a.out);
+  const int tid = threadIdx.x - 128 * (group + 1);
+  const uint32_t barrier = Cfg::kEpilogueBarrier0 + group;
+  const int64_t first = static_cast<int64_t>(w.seq.q_start) + w.m_block * Cfg::kBlockM + group * 64;
+  const int64_t end = static_cast<int64_t>(w.seq.q_start) + w.seq.len_q;
+  if (first >= end) return;  // warp-group uniform: no row of the group lies inside the item
+  typename Cfg::OTile& tile = s.o[group];
+  const uint32_t tile_addr = tlx::smem_addr(&tile);
+  if (tid == 0) tlx::tma_store_wait_read<0>();  // the previous item's store has read the tile
+  tlx::NamedBarrier::sync(barrier, 128);
+  const int local_row = (tid / 32) * 16 + lane / 4;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float l = cs.row_sum[h];
@@ -454,22 +475,28 @@ __device__ __forceinline__ void epilogue(ConsumerState<Cfg>& cs, const FwdArgs& 
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     const bool empty = no_keys || !(l > 0.f);
     const float inv = empty ? 0.f : 1.f / l;
-    const int32_t row = row0_in_seq + 8 * h;
-    if (row < w.seq.len_q) {
-      const int64_t token = static_cast<int64_t>(w.seq.q_start) + row;
-      T* dst = out + token * a.out_token_stride + static_cast<int64_t>(w.head) * a.out_head_stride +
-               2 * (lane & 3);
 #pragma unroll
-      for (int j = 0; j < Cfg::kD / 8; ++j) {
-        const uint32_t packed =
-            tlx::pack2<T>(cs.o[4 * j + 2 * h] * inv, cs.o[4 * j + 2 * h + 1] * inv);
-        *reinterpret_cast<uint32_t*>(dst + 8 * j) = packed;
-      }
-      if (a.lse != nullptr && (lane & 3) == 0) {
-        const float lse = empty ? -INFINITY : cs.row_max[h] * a.softmax_scale + logf(l);
-        a.lse[static_cast<int64_t>(w.head) * a.total_q + token] = lse;
-      }
+    for (int j = 0; j < Cfg::kD / 8; ++j) {
+      const uint32_t packed =
+          tlx::pack2<T>(cs.o[4 * j + 2 * h] * inv, cs.o[4 * j + 2 * h + 1] * inv);
+      tlx::st_shared_u32(
+          tile_addr + Cfg::OTile::offset_bytes(local_row + 8 * h, 8 * j + 2 * (lane & 3)), packed);
     }
+    const int32_t row = row0_in_seq + 8 * h;
+    if (row < w.seq.len_q && a.lse != nullptr && (lane & 3) == 0) {
+      const int64_t token = static_cast<int64_t>(w.seq.q_start) + row;
+      const float lse = empty ? -INFINITY : cs.row_max[h] * a.softmax_scale + logf(l);
+      a.lse[static_cast<int64_t>(w.head) * a.total_q + token] = lse;
+    }
+  }
+  tlx::fence_proxy_async_smem();
+  tlx::NamedBarrier::sync(barrier, 128);
+  if (tid == 0) {
+    const int32_t r = static_cast<int32_t>(a.out_ragged_rows - (end - first));
+#pragma unroll
+    for (int bx = 0; bx < Cfg::kD / 64; ++bx)
+      tlx::tma_store_4d(tm_o, tile.box(bx), bx * 64, w.head, r, static_cast<int32_t>(end));
+    tlx::tma_store_commit();
   }
 }
 
@@ -504,7 +531,8 @@ __device__ __forceinline__ void tile_scores(float (&s_acc)[Cfg::kBlockN / 2],
 // Starts an item for one consumer thread: clears the running state; an item whose rows see no key
 // is finished here (zeros, LSE -inf) and false is returned.
 template <typename Cfg>
-__device__ __forceinline__ bool start_item(ConsumerState<Cfg>& cs, const FwdArgs& a,
+__device__ __forceinline__ bool start_item(ConsumerState<Cfg>& cs, typename Cfg::Shared& s,
+                                           const CUtensorMap* tm_o, const FwdArgs& a,
                                            const TileWork& w, int group, ItemView& v) {
   const int tid = threadIdx.x - 128 * (group + 1);
   v.first_row = w.m_block * Cfg::kBlockM;
@@ -514,12 +542,12 @@ __device__ __forceinline__ bool start_item(ConsumerState<Cfg>& cs, const FwdArgs
   v.shared = w.n_seqs > 1;
   // Warp-group uniform: the group's rows start at group_first; under the causal mask its last row
   // sees keys up to its diagonal.
-  const int32_t group_first = v.first_row + group * 64;
+  const int64_t group_first = static_cast<int64_t>(v.first_row) + group * 64;
   int64_t key_end = w.seq.len_k;
   if (group_first >= w.seq.len_q)
     key_end = 0;
   else if (v.causal && !v.shared)
-    key_end = static_cast<int64_t>(group_first) + 64 + v.diag_shift;
+    key_end = group_first + 64 + v.diag_shift;
   v.key_end =
       static_cast<int32_t>(key_end < 0 ? 0 : (key_end < w.seq.len_k ? key_end : w.seq.len_k));
 #pragma unroll
@@ -528,7 +556,7 @@ __device__ __forceinline__ bool start_item(ConsumerState<Cfg>& cs, const FwdArgs
   cs.rescale = false;
   cs.row_sum[0] = cs.row_sum[1] = 0.f;
   if (w.n_blocks == 0) {
-    epilogue<Cfg>(cs, a, w, v.row0, true);
+    epilogue<Cfg>(cs, s, tm_o, a, w, group, v.row0, true);
     return false;
   }
   v.keys = row_key_ranges<Cfg>(a, w, v.row0);
@@ -552,8 +580,8 @@ __device__ __forceinline__ void pv_and_release(typename Cfg::Shared& s, Consumer
 
 // One K tile at a time: S = Q K^T, softmax, O += P V, each waited for before the next step.
 template <typename Cfg>
-__device__ __forceinline__ void consumer_loop(typename Cfg::Shared& s, const FwdArgs& a,
-                                              int64_t n_items, int group) {
+__device__ __forceinline__ void consumer_loop(typename Cfg::Shared& s, const CUtensorMap* tm_o,
+                                              const FwdArgs& a, int64_t n_items, int group) {
   constexpr int kN = Cfg::kBlockN;
   const bool leader = (threadIdx.x & 31) == 0;
   tlx::PipelineState<Cfg::kStages> st;
@@ -564,7 +592,7 @@ __device__ __forceinline__ void consumer_loop(typename Cfg::Shared& s, const Fwd
   while (items.next(s, a, n_items, w)) {
     if (!w.active) continue;
     ItemView v;
-    if (!start_item<Cfg>(cs, a, w, group, v)) continue;
+    if (!start_item<Cfg>(cs, s, tm_o, a, w, group, v)) continue;
     s.q_full[qs.stage].wait(qs.phase);
     for (int it = 0; it < w.n_blocks; ++it) {
       const int32_t key0 = (w.n_blocks - 1 - it) * kN;
@@ -585,7 +613,7 @@ __device__ __forceinline__ void consumer_loop(typename Cfg::Shared& s, const Fwd
       pv_and_release<Cfg>(s, cs, p, st, leader);
     }
     qs.advance();
-    epilogue<Cfg>(cs, a, w, v.row0, false);
+    epilogue<Cfg>(cs, s, tm_o, a, w, group, v.row0, false);
   }
 }
 
@@ -594,7 +622,8 @@ __device__ __forceinline__ void consumer_loop(typename Cfg::Shared& s, const Fwd
 // groups issue their MMAs in turn (named barriers 1 .. kConsumerGroups, in a ring), so one group's
 // softmax runs under the others' MMAs.
 template <typename Cfg>
-__device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s, const FwdArgs& a,
+__device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s,
+                                                         const CUtensorMap* tm_o, const FwdArgs& a,
                                                          int64_t n_items, int group,
                                                          bool take_turns) {
   constexpr int kN = Cfg::kBlockN;
@@ -619,7 +648,7 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
   while (items.next(s, a, n_items, w)) {
     if (!w.active) continue;
     ItemView v;
-    if (!start_item<Cfg>(cs, a, w, group, v)) continue;
+    if (!start_item<Cfg>(cs, s, tm_o, a, w, group, v)) continue;
     s.q_full[qs.stage].wait(qs.phase);
 
     // Leading K tiles (the last ones of the sequence) that no row of this group sees: the far side
@@ -644,7 +673,7 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
     }
     if (Cfg::kSkipUnseenKTiles && first_it == w.n_blocks) {
       qs.advance();
-      epilogue<Cfg>(cs, a, w, v.row0, false);  // no key: zeros, LSE -inf
+      epilogue<Cfg>(cs, s, tm_o, a, w, group, v.row0, false);  // no key: zeros, LSE -inf
       continue;
     }
 
@@ -698,7 +727,7 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
     rescale_o<Cfg>(cs, alpha);
     pv_and_release<Cfg>(s, cs, p, vs, leader);
     qs.advance();
-    epilogue<Cfg>(cs, a, w, v.row0, false);
+    epilogue<Cfg>(cs, s, tm_o, a, w, group, v.row0, false);
   }
   if (group == 0 && take_turns)
     tlx::NamedBarrier::sync(1, kTurnThreads);  // the last group's last hand-over
@@ -707,7 +736,8 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
 template <typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-               const __grid_constant__ CUtensorMap tm_v, const FwdArgs args) {
+               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
+               const FwdArgs args) {
   extern __shared__ unsigned char smem_raw[];
   const uintptr_t aligned =
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023);
@@ -749,10 +779,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   } else {
     tlx::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
+    if (threadIdx.x % 128 == 0) tlx::tma_prefetch_descriptor(&tm_o);
     if (args.schedule == 0)
-      consumer_loop<Cfg>(s, args, n_items, group - 1);
+      consumer_loop<Cfg>(s, &tm_o, args, n_items, group - 1);
     else
-      consumer_loop_overlapped<Cfg>(s, args, n_items, group - 1, args.schedule == 1);
+      consumer_loop_overlapped<Cfg>(s, &tm_o, args, n_items, group - 1, args.schedule == 1);
+    // The group's last stores must have read shared memory before the CTA ends.
+    if (threadIdx.x % 128 == 0) tlx::tma_store_wait<0>();
   }
 }
 

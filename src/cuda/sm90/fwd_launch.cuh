@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -62,6 +63,36 @@ bool encode_qkv_map(const void* base, int64_t total, int32_t heads, int32_t d,
   return jfa::cuda::encode_tiled_map(spec, map, error);
 }
 
+// The ragged output map (see FwdArgs::out_ragged_rows): dims (d, heads, rows, total + 1), both
+// outer dims one token apart, box (64, 1, 64, 1), based `rows` tokens before `out` (never
+// dereferenced there: every stored element lies inside the item's rows).
+template <typename T>
+bool encode_out_map(void* out, int64_t total, int64_t rows, int32_t heads, int32_t d,
+                    const jfa::detail::Layout& layout, CUtensorMap* map, std::string* error) {
+  jfa::cuda::TiledMapSpec spec;
+  spec.dtype = map_dtype<T>();
+  spec.rank = 4;
+  const uint64_t before = static_cast<uint64_t>(rows * layout.token_stride) * sizeof(T);
+  if (reinterpret_cast<uintptr_t>(out) < before) {
+    *error = "the output lies too low in the address space for the ragged output map";
+    return false;
+  }
+  spec.base = reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(out) - before);
+  spec.dims[0] = static_cast<uint64_t>(d);
+  spec.dims[1] = static_cast<uint64_t>(heads);
+  spec.dims[2] = static_cast<uint64_t>(rows);
+  spec.dims[3] = static_cast<uint64_t>(total + 1);
+  spec.strides[0] = static_cast<uint64_t>(layout.head_stride) * sizeof(T);
+  spec.strides[1] = static_cast<uint64_t>(layout.token_stride) * sizeof(T);
+  spec.strides[2] = static_cast<uint64_t>(layout.token_stride) * sizeof(T);
+  spec.box[0] = 64;
+  spec.box[1] = 1;
+  spec.box[2] = 64;
+  spec.box[3] = 1;
+  spec.swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
+  return jfa::cuda::encode_tiled_map(spec, map, error);
+}
+
 // Mainloop schedule (see FwdArgs::schedule): the overlapped one with the groups taking turns (1,
 // measured fastest) unless JFA_SM90_SCHEDULE asks for another (a tuning switch; all compute the
 // same function).
@@ -105,6 +136,15 @@ jfa_status run_forward(const jfa::detail::Params& p) {
           no_keys ? p.q : p.v, no_keys ? p.total_q : p.total_k, no_keys ? p.heads_q : p.heads_kv,
           kHeadDim, no_keys ? p.q_layout : p.v_layout, Cfg::kBlockN, &tm_v, &err))
     return fail(JFA_ERROR_CUDA, "tensor map encoding failed: %s", err.c_str());
+  // Row coordinates of the output map reach total_q + 64 (a tile past an item's end): int32.
+  const int64_t ragged_rows = p.total_q + 1;
+  if (ragged_rows + 64 > INT32_MAX)
+    return fail(JFA_ERROR_UNSUPPORTED, "%lld query tokens: the CUDA backend takes at most %lld",
+                static_cast<long long>(p.total_q), static_cast<long long>(INT32_MAX - 65));
+  CUtensorMap tm_o;
+  if (!launch_detail::encode_out_map<T>(p.out, p.total_q, ragged_rows, p.heads_q, kHeadDim,
+                                        p.out_layout, &tm_o, &err))
+    return fail(JFA_ERROR_CUDA, "output tensor map encoding failed: %s", err.c_str());
 
   // Work list capacity: sum over sequences of ceil(len / kBlockM) <= total_q / kBlockM + batch (a
   // shared tile holds at least one sequence).
@@ -136,7 +176,6 @@ jfa_status run_forward(const jfa::detail::Params& p) {
   }
 
   FwdArgs a{};
-  a.out = p.out;
   a.lse = p.lse;
   a.cu_q = p.cu_seqlens_q;
   a.cu_k = p.cu_seqlens_k;
@@ -146,8 +185,6 @@ jfa_status run_forward(const jfa::detail::Params& p) {
   a.batch = p.batch;
   a.total_q = p.total_q;
   a.total_k = p.total_k;
-  a.out_token_stride = p.out_layout.token_stride;
-  a.out_head_stride = p.out_layout.head_stride;
   a.heads_q = p.heads_q;
   a.heads_kv = p.heads_kv;
   a.group = p.heads_q / p.heads_kv;
@@ -155,6 +192,7 @@ jfa_status run_forward(const jfa::detail::Params& p) {
   a.softmax_scale = p.softmax_scale;
   a.scale_log2 = static_cast<float>(static_cast<double>(p.softmax_scale) * 1.4426950408889634);
   a.causal = p.causal ? 1 : 0;
+  a.out_ragged_rows = static_cast<int32_t>(ragged_rows);
   a.schedule = launch_detail::schedule_choice();
 
   {
@@ -175,7 +213,7 @@ jfa_status run_forward(const jfa::detail::Params& p) {
   }
   const int64_t max_items = capacity64 * p.heads_q;
   const int grid = static_cast<int>(std::min<int64_t>(launch_detail::sm_count(device), max_items));
-  fwd_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, a);
+  fwd_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, tm_o, a);
   e = cudaGetLastError();
   const cudaError_t free_error = cudaFreeAsync(workspace, stream);
   if (e != cudaSuccess)

@@ -15,7 +15,6 @@ struct WorkTile {
 };
 
 struct FwdArgs {
-  void* out;
   float* lse;  // nullable, [heads_q, total_q]
   const int32_t* cu_q;
   const int32_t* cu_k;
@@ -25,8 +24,6 @@ struct FwdArgs {
   int64_t batch;
   int64_t total_q;
   int64_t total_k;
-  int64_t out_token_stride;  // elements
-  int64_t out_head_stride;
   int32_t heads_q;
   int32_t heads_kv;
   int32_t group;  // heads_q / heads_kv
@@ -34,6 +31,11 @@ struct FwdArgs {
   float softmax_scale;
   float scale_log2;  // softmax_scale * log2(e)
   int32_t causal;
+  // The output map addresses token t of an item ending at token `end` as (R - (end - t), end) over
+  // dims (head_dim, heads, R, total_q + 1), both outer dims one token apart, from a base R tokens
+  // before `out`, with R = out_ragged_rows = total_q + 1: the row bound R falls on `end`, so a TMA
+  // store of a tile clips at the end of its item without a map per sequence.
+  int32_t out_ragged_rows;
   int32_t schedule;  // 0: one K tile at a time per group; 1: overlapped MMAs, groups take turns;
                      // 2: overlapped MMAs, groups independent
 };

@@ -46,4 +46,10 @@ struct SwizzledTile {
   JFA_DEVICE uint32_t box_addr(int b) const { return smem_addr(data) + b * kBoxBytes; }
 };
 
+// A 32-bit store to a shared-memory address (32-bit addresses keep register use low where a
+// generic pointer would take two registers per address).
+JFA_DEVICE void st_shared_u32(uint32_t addr, uint32_t value) {
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(value) : "memory");
+}
+
 }  // namespace jfa::tlx

@@ -58,6 +58,15 @@ JFA_DEVICE void tma_store_3d(const CUtensorMap* map, const void* smem_src, int32
       : "memory");
 }
 
+JFA_DEVICE void tma_store_4d(const CUtensorMap* map, const void* smem_src, int32_t c0, int32_t c1,
+                             int32_t c2, int32_t c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];" ::
+          "l"(tensor_map_addr(map)),
+      "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(smem_src))
+      : "memory");
+}
+
 JFA_DEVICE void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 
 // Waits until at most kPending committed store groups are still reading shared memory.
