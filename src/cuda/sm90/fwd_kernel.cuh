@@ -140,6 +140,25 @@ __device__ __forceinline__ TileWork decode_item(const FwdArgs& a, int64_t item) 
   return w;
 }
 
+// The item as lane 0 of the warp has it. Every lane holds the same values already; taking them from
+// one lane lets the compiler prove it, so that the ring positions, barrier addresses and wgmma
+// descriptors derived from the item live in uniform registers instead of being moved there before
+// every wgmma.
+__device__ __forceinline__ TileWork warp_uniform(const TileWork& w) {
+  TileWork u;
+  u.seq.q_start = __shfl_sync(0xffffffffu, w.seq.q_start, 0);
+  u.seq.len_q = __shfl_sync(0xffffffffu, w.seq.len_q, 0);
+  u.seq.k_start = __shfl_sync(0xffffffffu, w.seq.k_start, 0);
+  u.seq.len_k = __shfl_sync(0xffffffffu, w.seq.len_k, 0);
+  u.first_seq = __shfl_sync(0xffffffffu, w.first_seq, 0);
+  u.n_seqs = __shfl_sync(0xffffffffu, w.n_seqs, 0);
+  u.head = __shfl_sync(0xffffffffu, w.head, 0);
+  u.m_block = __shfl_sync(0xffffffffu, w.m_block, 0);
+  u.n_blocks = __shfl_sync(0xffffffffu, w.n_blocks, 0);
+  u.active = __shfl_sync(0xffffffffu, static_cast<int>(w.active), 0) != 0;
+  return u;
+}
+
 // The work items of one CTA, in the same order for every role. Round-robin: CTA b takes items b,
 // b + grid, ... and every role decodes them itself. Dynamic (Cfg::kDynamicItems): the producer
 // claims the next item from a global counter whenever it has room and hands the decoded item to
@@ -171,7 +190,7 @@ struct ItemSource {
       return w.n_blocks >= 0;
     } else {
       s.item_full[is.stage].wait(is.phase);
-      w = s.item[is.stage];
+      w = warp_uniform(s.item[is.stage]);
       // Every thread releases its own reads of the slot (a lane's arrive would not cover the
       // others' loads, which may still be in flight).
       s.item_empty[is.stage].arrive();
