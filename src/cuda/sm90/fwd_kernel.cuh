@@ -183,7 +183,7 @@ struct ItemSource {
         w = decode_item<Cfg::kBlockM, Cfg::kBlockN>(a, claimed);
       else
         w.n_blocks = -1;
-      s.item_empty[is.stage].wait(is.phase ^ 1u);
+      s.item_empty[is.stage].wait_suspended(is.phase ^ 1u);
       s.item[is.stage] = w;
       s.item_full[is.stage].arrive();
       is.advance();
@@ -223,7 +223,7 @@ __device__ __forceinline__ void producer_loop(typename Cfg::Shared& s, const CUt
                      typename Cfg::KVTile* tiles, tlx::PipelineState<Cfg::kStages>& st,
                      const TileWork& w, int32_t kv_head, int it) {
     const int32_t row = w.seq.k_start + (w.n_blocks - 1 - it) * Cfg::kBlockN;
-    empty[st.stage].wait(st.phase ^ 1u);
+    empty[st.stage].wait_suspended(st.phase ^ 1u);
     full[st.stage].arrive_expect_tx(kKVBytes);
 #pragma unroll
     for (int bx = 0; bx < kBoxes; ++bx)
@@ -241,7 +241,7 @@ __device__ __forceinline__ void producer_loop(typename Cfg::Shared& s, const CUt
   while (items.next(s, a, n_items, w)) {
     if (!w.active || w.n_blocks == 0) continue;
     const int32_t kv_head = w.head / a.group;
-    s.q_empty[qs.stage].wait(qs.phase ^ 1u);
+    s.q_empty[qs.stage].wait_suspended(qs.phase ^ 1u);
     s.q_full[qs.stage].arrive_expect_tx(kQBytes);
     const int32_t q_row = w.seq.q_start + w.m_block * Cfg::kBlockM;
 #pragma unroll

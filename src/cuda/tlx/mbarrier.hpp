@@ -60,6 +60,20 @@ struct alignas(8) MBarrier {
         "r"(parity)
         : "memory");
   }
+
+  // As wait(), for a thread that has nothing else to do meanwhile (a producer): each probe may
+  // suspend it until the phase completes (at most kSuspendNs), instead of returning at once, so
+  // that its polling does not take issue slots from the warps it shares a scheduler with.
+  static constexpr uint32_t kSuspendNs = 1000000;
+  JFA_DEVICE void wait_suspended(uint32_t parity) const {
+    asm volatile(
+        "{\n .reg .pred p;\n"
+        "WAIT_%=:\n"
+        " mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%0], %1, %2;\n"
+        " @!p bra WAIT_%=;\n}" ::"r"(smem_addr(&word)),
+        "r"(parity), "n"(kSuspendNs)
+        : "memory");
+  }
 };
 
 // Makes barrier initialisation visible to the async proxy (TMA) and other threads; follow with a
