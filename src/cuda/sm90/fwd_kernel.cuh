@@ -700,14 +700,18 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
     // S(it) is ready: release its K tile, mask where needed, online softmax (alpha rescales O
     // before the next P V is added).
     float alpha[2];
-    auto scores = [&](float(&s_acc)[kN / 2], int it) {
+    // may_mask: false where no tile of the range needs the mask (no check either).
+    auto scores = [&](float(&s_acc)[kN / 2], int it, bool may_mask) {
       if (leader) {
         s.k_empty[ks.stage].arrive();
         if (it == w.n_blocks - 1) s.q_empty[qs.stage].arrive();
       }
       ks.advance();
       const int32_t key0 = (w.n_blocks - 1 - it) * kN;
-      tile_scores<Cfg>(s_acc, cs, v, key0, w.seq.len_k, a.scale_log2, alpha);
+      if (may_mask)
+        tile_scores<Cfg>(s_acc, cs, v, key0, w.seq.len_k, a.scale_log2, alpha);
+      else
+        softmax_scores<Cfg>(s_acc, cs, a.scale_log2, alpha);
     };
     // First tile this group sees (the diagonal or last one): S only.
     {
@@ -718,29 +722,40 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
       end_turn();
       tlx::wgmma_wait<0>();
       tlx::fence_operand(s_acc);
-      scores(s_acc, first_it);
+      scores(s_acc, first_it, true);
       tlx::accum_to_a_frags<typename Cfg::Element, kN>(s_acc, p);
     }
     // Steady state: S(it) and P(it-1) V(it-1) in flight together; the softmax of S(it) runs under
     // the P V MMA.
-    for (int it = first_it + 1; it < w.n_blocks; ++it) {
-      float s_acc[kN / 2];
-      s.k_full[ks.stage].wait(ks.phase);
-      begin_turn();
-      gemm_qk<Cfg>(s_acc, s.q[qs.stage], s.k[ks.stage], group);
-      rescale_o<Cfg>(cs, alpha);
-      s.v_full[vs.stage].wait(vs.phase);
-      gemm_pv<Cfg>(cs.o, p, s.v[vs.stage]);
-      end_turn();
-      tlx::wgmma_wait<1>();
-      tlx::fence_operand(s_acc);
-      scores(s_acc, it);
-      tlx::wgmma_wait_after<0>(cs.row_sum[0] + cs.row_sum[1]);  // the softmax runs under P V
-      tlx::fence_operand(cs.o);
-      tlx::fence_operand(p);
-      if (leader) s.v_empty[vs.stage].arrive();
-      vs.advance();
-      tlx::accum_to_a_frags<typename Cfg::Element, kN>(s_acc, p);
+    // Tiles are visited from the last key to the first, so the ones that need the mask (past the
+    // end of the keys, across the diagonal) come first; the loop is unrolled into a copy for them
+    // and a copy for the rest, which runs without the check.
+    int unmasked_from = first_it + 1;
+    while (unmasked_from < w.n_blocks &&
+           v.needs_mask((w.n_blocks - 1 - unmasked_from) * kN, kN, w.seq.len_k))
+      ++unmasked_from;
+    int it = first_it + 1;
+#pragma unroll
+    for (int may_mask = 1; may_mask >= 0; --may_mask) {
+      for (const int end = may_mask ? unmasked_from : w.n_blocks; it < end; ++it) {
+        float s_acc[kN / 2];
+        s.k_full[ks.stage].wait(ks.phase);
+        begin_turn();
+        gemm_qk<Cfg>(s_acc, s.q[qs.stage], s.k[ks.stage], group);
+        rescale_o<Cfg>(cs, alpha);
+        s.v_full[vs.stage].wait(vs.phase);
+        gemm_pv<Cfg>(cs.o, p, s.v[vs.stage]);
+        end_turn();
+        tlx::wgmma_wait<1>();
+        tlx::fence_operand(s_acc);
+        scores(s_acc, it, may_mask != 0);
+        tlx::wgmma_wait_after<0>(cs.row_sum[0] + cs.row_sum[1]);  // the softmax runs under P V
+        tlx::fence_operand(cs.o);
+        tlx::fence_operand(p);
+        if (leader) s.v_empty[vs.stage].arrive();
+        vs.advance();
+        tlx::accum_to_a_frags<typename Cfg::Element, kN>(s_acc, p);
+      }
     }
     // The last P V.
     rescale_o<Cfg>(cs, alpha);
