@@ -122,7 +122,14 @@ struct FwdConfig {
   static_assert(kSmemBytes <= 232448, "over the 227 KB of shared memory a CTA may opt in to");
 };
 
-template <int kBlockM, int kBlockN>
+// Item `item` of the work list. Items go tile by tile, the heads of one q tile neighbours, except
+// (kHeadMajorRuns, no causal mask) inside the run of list entries that holds the q tiles of one
+// sequence, whose items go head by head: the CTAs at work then read the K/V of a few heads of one
+// sequence, which stay in L2 also for long sequences (with 16 heads of 8K keys, the tile-major
+// order streams 64 MB). Under the causal mask the tiles of a head differ in cost and the
+// tile-major order keeps the items in flight alike. Dynamic items only: in the round-robin walk of
+// three groups every thread decodes, and the extra arithmetic spills.
+template <int kBlockM, int kBlockN, bool kHeadMajorRuns = false>
 __device__ __forceinline__ TileWork decode_item(const FwdArgs& a, int64_t item) {
   TileWork w;
   const int64_t tile = item / a.heads_q;
@@ -135,6 +142,18 @@ __device__ __forceinline__ TileWork decode_item(const FwdArgs& a, int64_t item) 
   w.n_seqs = wt.n_seqs < 1 ? 1 : (wt.n_seqs > left ? static_cast<int32_t>(left) : wt.n_seqs);
   w.seq = seq_bounds(a.cu_q, a.cu_k, a.total_q, a.total_k, b, w.n_seqs);
   w.m_block = w.n_seqs > 1 ? 0 : wt.m_block;
+  if (kHeadMajorRuns && !a.causal && w.n_seqs == 1) {
+    // The run holds m_block = tiles - 1 .. 0 at list entries run_first .. run_first + tiles - 1,
+    // so its items are [run_first, run_first + tiles) * heads_q and `item` lies inside.
+    const int32_t tiles = (w.seq.len_q + kBlockM - 1) / kBlockM;
+    if (wt.m_block >= 0 && wt.m_block < tiles) {
+      const int64_t run_first = tile - (tiles - 1 - wt.m_block);
+      const int64_t local = item - run_first * a.heads_q;  // in [0, tiles * heads_q)
+      const int64_t head = local / tiles;
+      w.head = static_cast<int32_t>(head);
+      w.m_block = tiles - 1 - static_cast<int32_t>(local - head * tiles);
+    }
+  }
   w.active = w.m_block >= 0 && static_cast<int64_t>(w.m_block) * kBlockM < w.seq.len_q;
   w.n_blocks = tile_k_blocks<kBlockM, kBlockN>(w.seq, w.m_block, a.causal && w.n_seqs == 1);
   return w;
@@ -180,7 +199,7 @@ struct ItemSource {
       const int64_t claimed = static_cast<int64_t>(atomicAdd(a.next_item, 1ull));
       w = TileWork{};
       if (claimed < n_items)
-        w = decode_item<Cfg::kBlockM, Cfg::kBlockN>(a, claimed);
+        w = decode_item<Cfg::kBlockM, Cfg::kBlockN, true>(a, claimed);
       else
         w.n_blocks = -1;
       s.item_empty[is.stage].wait_suspended(is.phase ^ 1u);

@@ -7,7 +7,8 @@ namespace jfa::sm90 {
 
 // One entry of the work list built on the device: q tile m_block of sequence `seq`, or (n_seqs > 1)
 // one tile shared by the short sequences seq .. seq + n_seqs - 1. Each entry expands to heads_q
-// work items (consecutive heads of one q tile are neighbours, so their K/V stay in L2).
+// work items; the q tiles of one sequence are consecutive entries, m_block descending (see
+// decode_item for the order of their items).
 struct WorkTile {
   int32_t seq;
   int32_t m_block;
