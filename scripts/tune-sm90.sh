@@ -73,7 +73,7 @@ for ((round = 0; round < ${TUNE_LIB_ROUNDS:-1}; round++)); do
     name=${spec%%=*}
     # shellcheck disable=SC2086
     PYTHONUNBUFFERED=1 timeout "${TUNE_TIMEOUT:-240}" python3 bench/tune_sm90.py --lib "$spec" --cli build/tune-base/tools/jfa \
-      --out "$OUT/$name-r$round" ${TUNE_ARGS:-} >"$OUT/tune-$name-r$round.log" 2>&1
+      --out "$OUT/$name-r$round" --round-offset "$round" ${TUNE_ARGS:-} >"$OUT/tune-$name-r$round.log" 2>&1
     echo "tune_sm90.py ($name, round $round) rc=$?"
   done
 done

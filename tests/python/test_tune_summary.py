@@ -61,3 +61,10 @@ def test_settings_from_env_specs_or_schedules():
         ("lpt", {"JFA_SM90_LPT": "1", "JFA_SM90_SCHEDULE": "2"})]
     assert tune_sm90.parse_settings([], "0, 1") == [
         ("s0", {"JFA_SM90_SCHEDULE": "0"}), ("s1", {"JFA_SM90_SCHEDULE": "1"})]
+
+
+def test_rounds_alternate_the_order_of_the_variants():
+    variants = [("a", 1), ("b", 2), ("c", 3)]
+    assert tune_sm90.in_turn(variants, 0) == variants
+    assert tune_sm90.in_turn(variants, 1) == variants[::-1]
+    assert tune_sm90.in_turn(variants, 2) == variants
