@@ -145,7 +145,7 @@ __device__ __forceinline__ TileWork decode_item(const FwdArgs& a, int64_t item) 
   if (kHeadMajorRuns && !a.causal && w.n_seqs == 1) {
     // The run holds m_block = tiles - 1 .. 0 at list entries run_first .. run_first + tiles - 1,
     // so its items are [run_first, run_first + tiles) * heads_q and `item` lies inside.
-    const int32_t tiles = (w.seq.len_q + kBlockM - 1) / kBlockM;
+    const int32_t tiles = q_tile_count<kBlockM>(w.seq.len_q);
     if (wt.m_block >= 0 && wt.m_block < tiles) {
       const int64_t run_first = tile - (tiles - 1 - wt.m_block);
       const int64_t local = item - run_first * a.heads_q;  // in [0, tiles * heads_q)

@@ -33,6 +33,13 @@ __device__ __forceinline__ SeqBounds seq_bounds(const int32_t* cu_q, const int32
   return s;
 }
 
+// Q tiles of a sequence of len_q query rows: the work list gives each its own entry, and the
+// item decode relies on that count.
+template <int kBlockM>
+__device__ __forceinline__ int32_t q_tile_count(int32_t len_q) {
+  return (len_q + kBlockM - 1) / kBlockM;
+}
+
 // K tiles that q tile m_block visits: the whole key range, or (causal, one sequence) the keys up
 // to the diagonal of the tile's last row, bottom-right aligned; 0 for a tile without rows.
 template <int kBlockM, int kBlockN>
@@ -124,7 +131,7 @@ __global__ void __launch_bounds__(kListThreads)
         const bool start_short = __shfl_sync(0xffffffffu, short_seq, start);
         const int32_t start_len_q = __shfl_sync(0xffffffffu, len_q, start);
         if (!start_short) {
-          const int32_t tiles = (start_len_q + kBlockM - 1) / kBlockM;
+          const int32_t tiles = q_tile_count<kBlockM>(start_len_q);
           for (int32_t t = lane; t < tiles; t += 32)
             emit(n_out + t, WorkTile{static_cast<int32_t>(warp_base + start), tiles - 1 - t, 1},
                  true);

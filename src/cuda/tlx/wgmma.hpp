@@ -45,13 +45,11 @@ JFA_DEVICE uint64_t make_desc_sw128(uint32_t smem_byte_addr, uint32_t lbo_bytes,
   return desc;
 }
 
-// Adds a byte offset to a descriptor's start address. Only the low word changes (the address field
-// cannot carry out of it inside the shared window), so a loop over K steps costs one 32-bit add
-// per instruction on top of one full descriptor.
-//
-// The add is opaque to the compiler so that it stays next to its wgmma: folded into the descriptor
-// and hoisted out of a loop, the advanced descriptors of a loop-invariant operand would sit in
-// ordinary registers and each be moved to uniform registers before every use.
+// Adds a byte offset to a descriptor's start address (the 14-bit address field cannot carry into
+// the next field inside the shared window, so adding to the whole descriptor is exact). The add is
+// opaque to the compiler so that it stays next to its wgmma (one uniform 64-bit add): folded into
+// the descriptor and hoisted out of a loop, the advanced descriptors of a loop-invariant operand
+// would sit in ordinary registers and each be moved to uniform registers before every use.
 JFA_DEVICE uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
   uint64_t out;
   asm volatile("add.s64 %0, %1, %2;" : "=l"(out) : "l"(desc), "l"(uint64_t{bytes >> 4}));
