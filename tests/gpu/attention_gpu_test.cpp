@@ -513,6 +513,41 @@ TEST(AttentionGpu, HeadDim64TileShapesMatchReference) {
   }
 }
 
+// Both K tile sizes at head_dim 128 (JFA_SM90_D128_KEYS forces each; the default depends on the mask
+// and the mean length):
+// lengths on both sides of multiples of 128 and 160, cross lengths, GQA, shared tiles (which pack
+// up to one K tile of keys) and longer sequences, under both masks.
+TEST(AttentionGpu, HeadDim128KeyTilesMatchReference) {
+  for (const char* keys : {"128", "160"}) {
+    SCOPED_TRACE(std::string("JFA_SM90_D128_KEYS=") + keys);
+    setenv("JFA_SM90_D128_KEYS", keys, 1);
+    std::mt19937_64 rng(fresh_seed("head_dim 128 key tiles"));
+    for (DType dt : {DType::kFloat16, DType::kBFloat16})
+      for (bool causal : {false, true}) {
+        Case c;
+        c.lq = {159, 160, 161, 1, 0, 320, 127, 129, 481, 33};
+        c.lk = {160, 159, 161, 321, 7, 320, 128, 0, 479, 161};
+        c.heads_q = 4;
+        c.heads_kv = 2;
+        c.head_dim = 128;
+        c.dtype = dt;
+        c.causal = causal;
+        run_case(c, false);
+        c.lq = random_lengths(rng, 5, 200, 1700);
+        c.lk = c.lq;
+        c.heads_kv = 4;
+        run_case(c, false);
+        // Short sequences with 100-160 keys: tiles shared only when the keys fit one K tile.
+        c.lq = random_lengths(rng, 60, 0, 50);
+        c.lk = random_lengths(rng, 60, 100, 160);
+        run_case(c, false);
+      }
+    for (const Case& c : shared_tile_cases(rng))
+      if (c.head_dim == 128) run_case(c, false);
+    unsetenv("JFA_SM90_D128_KEYS");
+  }
+}
+
 TEST(AttentionGpu, NoKeysAnywhere) {
   Case c;
   c.lq = {5, 130, 0};

@@ -55,15 +55,17 @@ struct TileWork {
 
 // kGroups consumer warp groups of 64 rows each: three (192-row tiles) at head_dim 64, where the
 // softmax weighs the most per FLOP and more warps hide its latency; two (128 rows) at 128, and at
-// 64 for batches of short sequences (fwd_dispatch.cu says when).
-template <typename T, int kHeadDim, int kGroups>
+// 64 for batches of short sequences (fwd_dispatch.cu says when). K tiles of kKeys keys: 128, or 160
+// at head_dim 128 on long sequences without the causal mask (fwd_dispatch.cu).
+template <typename T, int kHeadDim, int kGroups, int kKeys = 128>
 struct FwdConfig {
   static_assert(kGroups == 2 || kGroups == 3, "two or three consumer warp groups");
+  static_assert(kKeys % 16 == 0 && kKeys <= 256, "K tiles are wgmma N (QK) and K (PV) sizes");
   using Element = T;
   static constexpr int kD = kHeadDim;
   static constexpr int kConsumerGroups = kGroups;
   static constexpr int kBlockM = 64 * kConsumerGroups;
-  static constexpr int kBlockN = 128;
+  static constexpr int kBlockN = kKeys;
 #ifdef JFA_SM90_KV_STAGES  // tuning builds only; the default is the measured best
   static constexpr int kStages = JFA_SM90_KV_STAGES;
 #else
@@ -72,7 +74,10 @@ struct FwdConfig {
 #ifdef JFA_SM90_Q_STAGES  // tuning builds only
   static constexpr int kQStages = JFA_SM90_Q_STAGES;
 #else
-  static constexpr int kQStages = 2;  // the next item's Q loads while this one runs
+  // The next item's Q loads while this one runs, where shared memory has room for a second Q tile
+  // (not with 160-key tiles at head_dim 128; measured: a second Q tile gains little there).
+  static constexpr int kQStages =
+      (2 * kBlockM + 2 * kStages * kBlockN + 64 * kGroups) * kHeadDim * 2 + 2048 <= 232448 ? 2 : 1;
 #endif
   static constexpr int kThreads = 128 * (1 + kConsumerGroups);
   static constexpr int kConsumerWarps = 4 * kConsumerGroups;
@@ -142,7 +147,7 @@ __device__ __forceinline__ TileWork decode_item(const FwdArgs& a, int64_t item) 
   w.n_seqs = wt.n_seqs < 1 ? 1 : (wt.n_seqs > left ? static_cast<int32_t>(left) : wt.n_seqs);
   w.seq = seq_bounds(a.cu_q, a.cu_k, a.total_q, a.total_k, b, w.n_seqs);
   w.m_block = w.n_seqs > 1 ? 0 : wt.m_block;
-  if (kHeadMajorRuns && !a.causal && w.n_seqs == 1) {
+  if (kHeadMajorRuns && a.head_major_runs && !a.causal && w.n_seqs == 1) {
     // The run holds m_block = tiles - 1 .. 0 at list entries run_first .. run_first + tiles - 1,
     // so its items are [run_first, run_first + tiles) * heads_q and `item` lies inside.
     const int32_t tiles = q_tile_count<kBlockM>(w.seq.len_q);

@@ -109,12 +109,19 @@ inline int lpt_order() {
   return (env != nullptr && env[0] == '1' && env[1] == '\0') ? 1 : 0;
 }
 
+// Item order without the causal mask (a tuning switch): head-major runs (decode_item) unless
+// JFA_SM90_HEAD_MAJOR=0 asks for the tile-major order.
+inline int head_major_runs() {
+  const char* env = std::getenv("JFA_SM90_HEAD_MAJOR");
+  return (env != nullptr && env[0] == '0' && env[1] == '\0') ? 0 : 1;
+}
+
 }  // namespace launch_detail
 
-template <typename T, int kHeadDim, int kGroups>
+template <typename T, int kHeadDim, int kGroups, int kKeys>
 jfa_status run_forward(const jfa::detail::Params& p) {
   using jfa::detail::fail;
-  using Cfg = FwdConfig<T, kHeadDim, kGroups>;
+  using Cfg = FwdConfig<T, kHeadDim, kGroups, kKeys>;
   if (p.total_q == 0 || p.batch == 0) return JFA_SUCCESS;
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
 
@@ -186,6 +193,7 @@ jfa_status run_forward(const jfa::detail::Params& p) {
   a.total_q = p.total_q;
   a.total_k = p.total_k;
   a.heads_q = p.heads_q;
+  a.head_major_runs = launch_detail::head_major_runs();
   a.heads_kv = p.heads_kv;
   a.group = p.heads_q / p.heads_kv;
   a.work_capacity = capacity;

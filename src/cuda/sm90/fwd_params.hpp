@@ -39,6 +39,7 @@ struct FwdArgs {
   int32_t out_ragged_rows;
   int32_t schedule;  // 0: one K tile at a time per group; 1: overlapped MMAs, groups take turns;
                      // 2: overlapped MMAs, groups independent
+  int32_t head_major_runs;  // 1: the order of decode_item's kHeadMajorRuns applies (non-causal)
 };
 
 }  // namespace jfa::sm90

@@ -1,4 +1,4 @@
-// Entry of the Hopper forward: support checks, then the (dtype, head_dim) instantiation.
+// Entry of the Hopper forward: support checks, then the (dtype, head_dim, tile shape) instantiation.
 #pragma once
 
 #include "common/params.hpp"
@@ -15,8 +15,9 @@ bool hopper_available();
 // Runs the forward on the stream in `p`; returns a status and sets the error message on failure.
 jfa_status forward(const jfa::detail::Params& p);
 
-// One per (dtype, head_dim, consumer warp groups) instantiation (src/cuda/sm90/instantiations/).
-template <typename T, int kHeadDim, int kGroups>
+// One per (dtype, head_dim, consumer warp groups, keys per K tile) instantiation
+// (src/cuda/sm90/instantiations/).
+template <typename T, int kHeadDim, int kGroups, int kKeys>
 jfa_status run_forward(const jfa::detail::Params& p);
 
 }  // namespace jfa::sm90

@@ -116,18 +116,10 @@ JFA_DEVICE void wgmma_ss(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b,
                          uint32_t accumulate) {
   constexpr bool kHalf = std::is_same_v<T, __half>;
   static_assert(kHalf || std::is_same_v<T, __nv_bfloat16>, "fp16 or bf16 operands");
-  if constexpr (kN == 64) {
-    if constexpr (kHalf)
-      wgmma_ss_m64n64k16_Fp16<kTransB>(d, desc_a, desc_b, accumulate);
-    else
-      wgmma_ss_m64n64k16_Bf16<kTransB>(d, desc_a, desc_b, accumulate);
-  } else {
-    static_assert(kN == 128, "N = 64 or 128");
-    if constexpr (kHalf)
-      wgmma_ss_m64n128k16_Fp16<kTransB>(d, desc_a, desc_b, accumulate);
-    else
-      wgmma_ss_m64n128k16_Bf16<kTransB>(d, desc_a, desc_b, accumulate);
-  }
+  if constexpr (kHalf)
+    wgmma_ss_k16_Fp16<kTransB>(d, desc_a, desc_b, accumulate);
+  else
+    wgmma_ss_k16_Bf16<kTransB>(d, desc_a, desc_b, accumulate);
 }
 
 // D[64 x N] (+)= A * B, A from registers (fragment above), B from shared memory.
@@ -136,18 +128,10 @@ JFA_DEVICE void wgmma_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t de
                          uint32_t accumulate) {
   constexpr bool kHalf = std::is_same_v<T, __half>;
   static_assert(kHalf || std::is_same_v<T, __nv_bfloat16>, "fp16 or bf16 operands");
-  if constexpr (kN == 64) {
-    if constexpr (kHalf)
-      wgmma_rs_m64n64k16_Fp16<kTransB>(d, a, desc_b, accumulate);
-    else
-      wgmma_rs_m64n64k16_Bf16<kTransB>(d, a, desc_b, accumulate);
-  } else {
-    static_assert(kN == 128, "N = 64 or 128");
-    if constexpr (kHalf)
-      wgmma_rs_m64n128k16_Fp16<kTransB>(d, a, desc_b, accumulate);
-    else
-      wgmma_rs_m64n128k16_Bf16<kTransB>(d, a, desc_b, accumulate);
-  }
+  if constexpr (kHalf)
+    wgmma_rs_k16_Fp16<kTransB>(d, a, desc_b, accumulate);
+  else
+    wgmma_rs_k16_Bf16<kTransB>(d, a, desc_b, accumulate);
 }
 
 // Two floats packed as one b32 of 16-bit values (low half = first), round to nearest.

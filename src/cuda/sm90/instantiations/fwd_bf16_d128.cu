@@ -1,6 +1,6 @@
-// Forward instantiation: bf16, head_dim 128.
+// Forward instantiation: bf16, head_dim 128, 128-key tiles (causal or short sequences).
 #include "cuda/sm90/fwd_launch.cuh"
 
 namespace jfa::sm90 {
-template jfa_status run_forward<__nv_bfloat16, 128, 2>(const jfa::detail::Params& p);
+template jfa_status run_forward<__nv_bfloat16, 128, 2, 128>(const jfa::detail::Params& p);
 }  // namespace jfa::sm90

@@ -1,0 +1,6 @@
+// Forward instantiation: bf16, head_dim 128, 160-key tiles (long sequences, no causal mask).
+#include "cuda/sm90/fwd_launch.cuh"
+
+namespace jfa::sm90 {
+template jfa_status run_forward<__nv_bfloat16, 128, 2, 160>(const jfa::detail::Params& p);
+}  // namespace jfa::sm90
