@@ -407,6 +407,33 @@ TEST(AttentionGpu, ManyTinySequences) {
   }
 }
 
+// Many more work items than CTAs, so that every CTA of the persistent grid runs a long chain of
+// items and everything that carries from one item to the next (rings, phases, staged outputs,
+// groups that skip an item's K tiles) is exercised; every shape and both masks, output checked on
+// sampled query tokens.
+TEST(AttentionGpu, PersistentCtasRunManyItems) {
+  std::mt19937_64 rng(fresh_seed("many items per CTA"));
+  for (const char* rows : {"128", "192"}) {
+    SCOPED_TRACE(std::string("JFA_SM90_D64_ROWS=") + rows);
+    setenv("JFA_SM90_D64_ROWS", rows, 1);
+    for (int d : kHeadDims)
+      for (bool causal : {false, true}) {
+        if (d != 64 && std::strcmp(rows, "192") == 0) continue;  // one tile height above 64
+        Case c;
+        c.lq = random_lengths(rng, 48, 150, 900);
+        c.lk = causal ? c.lq : random_lengths(rng, 48, 100, 1000);
+        c.heads_q = 16;
+        c.heads_kv = 4;
+        c.head_dim = d;
+        c.dtype = causal ? DType::kBFloat16 : DType::kFloat16;
+        c.causal = causal;
+        c.max_check = 400;
+        run_case(c, false);
+      }
+    unsetenv("JFA_SM90_D64_ROWS");
+  }
+}
+
 // Short sequences share tiles (a block-diagonal mask from per-row key ranges): runs of short
 // sequences broken by long ones, zero-length queries or keys inside a run, q/k lengths that differ
 // (rows with no visible key under the causal mask), a sequence of exactly one tile, runs longer
@@ -513,10 +540,9 @@ TEST(AttentionGpu, HeadDim64TileShapesMatchReference) {
   }
 }
 
-// Both K tile sizes at head_dim 128 (JFA_SM90_D128_KEYS forces each; the default depends on the mask
-// and the mean length):
-// lengths on both sides of multiples of 128 and 160, cross lengths, GQA, shared tiles (which pack
-// up to one K tile of keys) and longer sequences, under both masks.
+// Both K tile sizes at head_dim 128 (JFA_SM90_D128_KEYS forces each; the default depends on the
+// mask and the mean length): lengths on both sides of multiples of 128 and 160, cross lengths, GQA,
+// shared tiles (which pack up to one K tile of keys) and longer sequences, under both masks.
 TEST(AttentionGpu, HeadDim128KeyTilesMatchReference) {
   for (const char* keys : {"128", "160"}) {
     SCOPED_TRACE(std::string("JFA_SM90_D128_KEYS=") + keys);

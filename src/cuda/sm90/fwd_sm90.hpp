@@ -1,4 +1,5 @@
-// Entry of the Hopper forward: support checks, then the (dtype, head_dim, tile shape) instantiation.
+// Entry of the Hopper forward: support checks, then the (dtype, head_dim, tile shape)
+// instantiation.
 #pragma once
 
 #include "common/params.hpp"
