@@ -476,19 +476,28 @@ TEST(AttentionGpu, ShortSequencesShareTiles) {
 
 // The mainloops other than the default (JFA_SM90_SCHEDULE=0: one K tile at a time, 2: overlapped
 // with the groups independent), with the work list heaviest sequences first (JFA_SM90_LPT=1), on
-// the cases that stress masks, GQA, lengths and shared tiles.
+// the cases that stress masks, GQA, lengths and shared tiles; every tile shape (both Q tile
+// heights at head_dim 64, both K tile sizes at 128), the second time with the tile-major item
+// order (JFA_SM90_HEAD_MAJOR=0).
 TEST(AttentionGpu, AlternativeSchedulesMatchReference) {
   setenv("JFA_SM90_LPT", "1", 1);
+  struct Shapes {
+    const char *rows, *keys, *head_major;
+  };
   for (const char* schedule : {"0", "2"})
-    for (const char* rows : {"128", "192"}) {  // both Q tile heights at head_dim 64
-      SCOPED_TRACE(std::string("JFA_SM90_SCHEDULE=") + schedule + " JFA_SM90_D64_ROWS=" + rows);
+    for (const Shapes& shapes : {Shapes{"128", "128", "1"}, Shapes{"192", "160", "0"}}) {
+      const char* rows = shapes.rows;
+      SCOPED_TRACE(std::string("JFA_SM90_SCHEDULE=") + schedule + " JFA_SM90_D64_ROWS=" + rows +
+                   " JFA_SM90_D128_KEYS=" + shapes.keys +
+                   " JFA_SM90_HEAD_MAJOR=" + shapes.head_major);
       setenv("JFA_SM90_SCHEDULE", schedule, 1);
       setenv("JFA_SM90_D64_ROWS", rows, 1);
+      setenv("JFA_SM90_D128_KEYS", shapes.keys, 1);
+      setenv("JFA_SM90_HEAD_MAJOR", shapes.head_major, 1);
       std::mt19937_64 rng(fresh_seed("overlapped schedule"));
       for (DType dt : {DType::kFloat16, DType::kBFloat16})
         for (int d : kHeadDims)
           for (bool causal : {false, true}) {
-            if (d != 64 && std::strcmp(rows, "192") == 0) continue;  // one tile height above 64
             Case c;
             c.lq = kEdgeLengths;
             c.lk = (d == 64) ? kEdgeLengths
@@ -503,6 +512,8 @@ TEST(AttentionGpu, AlternativeSchedulesMatchReference) {
       for (const Case& c : shared_tile_cases(rng)) run_case(c, false);
       unsetenv("JFA_SM90_SCHEDULE");
       unsetenv("JFA_SM90_D64_ROWS");
+      unsetenv("JFA_SM90_D128_KEYS");
+      unsetenv("JFA_SM90_HEAD_MAJOR");
     }
   unsetenv("JFA_SM90_LPT");
 }
@@ -563,9 +574,14 @@ TEST(AttentionGpu, HeadDim128KeyTilesMatchReference) {
         c.lk = c.lq;
         c.heads_kv = 4;
         run_case(c, false);
-        // Short sequences with 100-160 keys: tiles shared only when the keys fit one K tile.
+        // Short sequences with 100-160 keys: one sequence per tile.
         c.lq = random_lengths(rng, 60, 0, 50);
         c.lk = random_lengths(rng, 60, 100, 160);
+        run_case(c, false);
+        // Runs of short sequences whose keys fill 129-160 of a tile: shared by two or three
+        // sequences with 160-key tiles, by at most two with 128.
+        c.lq = {40, 40, 40, 30, 2, 50, 45, 1, 0, 33, 60};
+        c.lk = {50, 50, 50, 40, 90, 70, 65, 1, 29, 64, 96};
         run_case(c, false);
       }
     for (const Case& c : shared_tile_cases(rng))

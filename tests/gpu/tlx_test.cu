@@ -325,6 +325,8 @@ TEST(TlxWgmma, Fp16D128N128) { run_wgmma_case<__half, 128, 128>(); }
 TEST(TlxWgmma, Bf16D64N64) { run_wgmma_case<__nv_bfloat16, 64, 64>(); }
 TEST(TlxWgmma, Bf16D64N128) { run_wgmma_case<__nv_bfloat16, 64, 128>(); }
 TEST(TlxWgmma, Bf16D128N128) { run_wgmma_case<__nv_bfloat16, 128, 128>(); }
+TEST(TlxWgmma, Fp16D128N160) { run_wgmma_case<__half, 128, 160>(); }
+TEST(TlxWgmma, Bf16D128N160) { run_wgmma_case<__nv_bfloat16, 128, 160>(); }
 
 // ------------------------------------------------------------------------------------------------
 // mbarrier: a producer warp and a consumer warp hand a 3-stage ring back and forth many times;

@@ -3,8 +3,9 @@
 // two consumer groups, round-robin with three; see ItemSource).
 //
 // Roles (128 threads per warp group, one CTA per SM):
-//   warp group 0  producer: one thread issues TMA for Q (once per item, double-buffered so that the
-//                 next item's Q arrives during this one) and K/V through rings of
+//   warp group 0  producer: one thread issues TMA for Q (once per item, double-buffered where
+//                 shared memory allows, so that the next item's Q arrives during this one) and
+//                 K/V through rings of
 //                 kStages stages guarded by full/empty mbarriers, K one tile ahead of V (the
 //                 order in which the overlapped schedule consumes them); registers given away.
 //   warp groups 1.. consumers (two or three, see FwdConfig): 64 Q rows each; S = Q K^T
@@ -60,7 +61,9 @@ struct TileWork {
 template <typename T, int kHeadDim, int kGroups, int kKeys = 128>
 struct FwdConfig {
   static_assert(kGroups == 2 || kGroups == 3, "two or three consumer warp groups");
-  static_assert(kKeys % 16 == 0 && kKeys <= 256, "K tiles are wgmma N (QK) and K (PV) sizes");
+  // Sizes with wgmma wrappers (tools/gen_wgmma_ops.py) and a power-of-two number of partial row
+  // maxima and sums in the softmax (8 from 64 keys up).
+  static_assert(kKeys == 128 || kKeys == 160, "K tiles of 128 or 160 keys");
   using Element = T;
   static constexpr int kD = kHeadDim;
   static constexpr int kConsumerGroups = kGroups;
@@ -71,13 +74,15 @@ struct FwdConfig {
 #else
   static constexpr int kStages = kHeadDim <= 64 ? 4 : 2;
 #endif
-#ifdef JFA_SM90_Q_STAGES  // tuning builds only
-  static constexpr int kQStages = JFA_SM90_Q_STAGES;
-#else
   // The next item's Q loads while this one runs, where shared memory has room for a second Q tile
   // (not with 160-key tiles at head_dim 128; measured: a second Q tile gains little there).
-  static constexpr int kQStages =
+  static constexpr int kQStagesThatFit =
       (2 * kBlockM + 2 * kStages * kBlockN + 64 * kGroups) * kHeadDim * 2 + 2048 <= 232448 ? 2 : 1;
+#ifdef JFA_SM90_Q_STAGES  // tuning builds only; capped where it does not fit
+  static constexpr int kQStages =
+      JFA_SM90_Q_STAGES < kQStagesThatFit ? JFA_SM90_Q_STAGES : kQStagesThatFit;
+#else
+  static constexpr int kQStages = kQStagesThatFit;
 #endif
   static constexpr int kThreads = 128 * (1 + kConsumerGroups);
   static constexpr int kConsumerWarps = 4 * kConsumerGroups;

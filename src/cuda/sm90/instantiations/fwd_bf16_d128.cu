@@ -1,4 +1,4 @@
-// Forward instantiation: bf16, head_dim 128, 128-key tiles (causal or short sequences).
+// Forward instantiation: bf16, head_dim 128, 128-key tiles (fwd_dispatch.cu says when).
 #include "cuda/sm90/fwd_launch.cuh"
 
 namespace jfa::sm90 {

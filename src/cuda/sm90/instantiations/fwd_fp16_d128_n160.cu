@@ -1,4 +1,4 @@
-// Forward instantiation: fp16, head_dim 128, 160-key tiles (long sequences, no causal mask).
+// Forward instantiation: fp16, head_dim 128, 160-key tiles (fwd_dispatch.cu says when).
 #include "cuda/sm90/fwd_launch.cuh"
 
 namespace jfa::sm90 {
