@@ -16,12 +16,16 @@ nested-tensor SDPA, padded FlashAttention-2. Times are medians of CUDA-event tim
 after warm-up, in one process; useful TFLOP/s count real (query, key) pairs only (BENCH.md); TB/s
 are minimal bytes (Q, K, V read once, O written once) over the time.
 
+With --rounds N every cell is measured N times, the methods in alternating order (bench/rounds.py),
+and each method keeps its median round (every round's TFLOP/s in the record's "rounds"); a failed
+check in any round is the result.
+
 Writes <out>/<YYYY-MM-DD>-<gpu>.json (updated after every workload) and a .png chart next to it,
 and prints a table last.
 
 usage: python3 bench/peers.py --lib build/gpu/src/libjfa.so [--cli build/gpu/tools/jfa]
            [--out bench/results] [--workloads W1,W2,...] [--dtypes fp16,bf16]
-           [--methods jfa,fa2_varlen,...] [--masks both|causal|noncausal] [--quick]
+           [--methods jfa,fa2_varlen,...] [--masks both|causal|noncausal] [--quick] [--rounds N]
 """
 import argparse
 import datetime
@@ -36,6 +40,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import workloads as W  # noqa: E402
+from rounds import TIMED, in_turn, median_round  # noqa: E402
 
 # Method order, names and labels (kept here too so the report code needs no torch).
 METHOD_ORDER = ["jfa", "triton_jfa", "fa3", "fa2_varlen", "flex", "cudnn_padded", "nested_sdpa",
@@ -299,7 +304,12 @@ def main(argv=None):
                          "(default 3; --quick: 0.5)")
     ap.add_argument("--flex-dynamic", default="auto", choices=["auto", "true", "false"],
                     help="dynamic= of torch.compile(flex_attention) (auto: torch's default)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure every cell this many times, the methods in alternating order, "
+                         "and keep each method's median round (bench/rounds.py)")
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
 
     t_start = time.perf_counter()
     wids = parse_list(args.workloads, W.DEFAULT_IDS, "workload") if args.workloads else (
@@ -370,7 +380,7 @@ def main(argv=None):
         "settings": {"workloads": wids, "dtypes": dtypes, "methods": methods,
                      "masks": [mask_name(c) for c in masks], "quick": args.quick,
                      "timing": vars(timing), "tolerance": G.TOLERANCE, "data_seed": G.DATA_SEED,
-                     "flex_dynamic": args.flex_dynamic,
+                     "flex_dynamic": args.flex_dynamic, "rounds": args.rounds,
                      "gpu_warmup_s": args.warmup_s if args.warmup_s is not None else (
                          0.5 if args.quick else 3.0)},
         "counting": "useful FLOPs = 4 * sum(visible pairs) * heads * head_dim (causal, equal "
@@ -417,22 +427,29 @@ def main(argv=None):
                     ref_error = None
                 except Exception as e:
                     ref_error = f"reference failed: {G.short(e)}"
-                for m in methods:
-                    if ref_error:
-                        rec = {"method": m, "label": LABELS.get(m, m), "workload": wid,
-                               "dtype": dtype, "causal": causal, "status": "error",
-                               "reason": ref_error}
-                    else:
-                        rec = G.measure(impls[m], case, causal, timing)
-                    records.append(rec)
-                    tf = rec.get("useful_tflops")
-                    err_txt = (f" err {rec['rel_error']:.1e}" if rec.get("rel_error") is not None
-                               else "")
-                    what = (f"{rec['median_ms']:.3f} ms {tf:7.1f} TF/s" if tf is not None
-                            else "")
-                    why = "" if rec["status"] == "ok" else f" {rec.get('reason') or rec.get('note', '')}"
-                    print(f"[{wid} {dtype} {mask_name(causal)}] {LABELS.get(m, m):<17} "
-                          f"{rec['status']:<11} {what}{err_txt}{why[:160]}", flush=True)
+                rounds = {m: [] for m in methods}
+                for round_index in range(args.rounds):
+                    for m in in_turn(methods, round_index):
+                        if round_index > 0 and rounds[m][0]["status"] not in TIMED:
+                            continue  # unavailable, skipped or failed: once is the result
+                        if ref_error:
+                            rec = {"method": m, "label": LABELS.get(m, m), "workload": wid,
+                                   "dtype": dtype, "causal": causal, "status": "error",
+                                   "reason": ref_error}
+                        else:
+                            rec = G.measure(impls[m], case, causal, timing)
+                        rounds[m].append(rec)
+                        tf = rec.get("useful_tflops")
+                        err_txt = (f" err {rec['rel_error']:.1e}"
+                                   if rec.get("rel_error") is not None else "")
+                        what = (f"{rec['median_ms']:.3f} ms {tf:7.1f} TF/s" if tf is not None
+                                else "")
+                        why = ("" if rec["status"] == "ok"
+                               else f" {rec.get('reason') or rec.get('note', '')}")
+                        tag = f" r{round_index}" if args.rounds > 1 else ""
+                        print(f"[{wid} {dtype} {mask_name(causal)}{tag}] {LABELS.get(m, m):<17} "
+                              f"{rec['status']:<11} {what}{err_txt}{why[:160]}", flush=True)
+                records.extend(median_round(rounds[m]) for m in methods)
             case.release()
             case = None
             torch.cuda.empty_cache()

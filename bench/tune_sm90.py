@@ -24,13 +24,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import workloads as W  # noqa: E402
-
-
-def in_turn(variants, round_index):
-    """The variants in the order of one round: reversed in odd rounds, so that no variant always
-    goes first. With a fixed order, identical code read 604 vs 562 TFLOP/s on the first workload of
-    a run (W1) and within 3% on the later ones."""
-    return list(variants) if round_index % 2 == 0 else list(variants)[::-1]
+from rounds import in_turn  # noqa: E402
 
 
 def parse_settings(env_specs, schedules):

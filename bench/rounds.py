@@ -1,0 +1,31 @@
+"""Repeated, interleaved measurements: the order of the variants in each round, and one record per
+variant from its rounds. Clock and power make one timing of the same code vary by up to ~10% on an
+H200 over a long run, so a comparison is only as good as its interleaving."""
+
+
+def in_turn(variants, round_index):
+    """The variants in the order of one round: reversed in odd rounds, so that no variant always
+    goes first. With a fixed order, identical code read 604 vs 562 TFLOP/s on the first workload of
+    a run (W1) and within 3% on the later ones."""
+    return list(variants) if round_index % 2 == 0 else list(variants)[::-1]
+
+
+TIMED = ("ok", "unchecked")  # statuses that carry a time
+
+
+def median_round(records):
+    """One record from one method's records of the rounds of one cell (workload, dtype, mask): the
+    round with the median useful TFLOP/s (the lower middle one for an even count) when every round
+    was timed, else the first round that was not (a failed check in any round is the result). The
+    record gets "rounds": every round's TFLOP/s (None where not timed)."""
+    if not records:
+        raise ValueError("no records")
+    tflops = [r.get("useful_tflops") if r.get("status") in TIMED else None for r in records]
+    failed = [r for r, t in zip(records, tflops) if t is None]
+    if failed:
+        chosen = dict(failed[0])
+    else:
+        order = sorted(range(len(records)), key=lambda i: tflops[i])
+        chosen = dict(records[order[(len(order) - 1) // 2]])
+    chosen["rounds"] = tflops
+    return chosen
