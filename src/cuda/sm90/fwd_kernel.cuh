@@ -611,6 +611,16 @@ __device__ __forceinline__ bool start_item(ConsumerState<Cfg>& cs, typename Cfg:
   return true;
 }
 
+// K tile `it` of the item (at ring position `k_stage`) goes back to the producer, and with the
+// item's last K tile its Q tile (at `q_stage`); one arrival per warp.
+template <typename Cfg>
+__device__ __forceinline__ void release_k_tile(typename Cfg::Shared& s, int k_stage, int q_stage,
+                                               int it, int n_blocks, bool leader) {
+  if (!leader) return;
+  s.k_empty[k_stage].arrive();
+  if (it == n_blocks - 1) s.q_empty[q_stage].arrive();
+}
+
 // O += P V on the V tile at ring position `st` once it has arrived, waited for; then the tile goes
 // back to the producer and `st` moves on.
 template <typename Cfg>
@@ -649,10 +659,7 @@ __device__ __forceinline__ void consumer_loop(typename Cfg::Shared& s, const CUt
       gemm_qk<Cfg>(s_acc, s.q[qs.stage], s.k[st.stage], group);
       tlx::wgmma_wait<0>();
       tlx::fence_operand(s_acc);
-      if (leader) {
-        s.k_empty[st.stage].arrive();
-        if (it == w.n_blocks - 1) s.q_empty[qs.stage].arrive();
-      }
+      release_k_tile<Cfg>(s, st.stage, qs.stage, it, w.n_blocks, leader);
       float alpha[2];
       tile_scores<Cfg>(s_acc, cs, v, key0, w.seq.len_k, a.scale_log2, alpha);
       rescale_o<Cfg>(cs, alpha);
@@ -709,10 +716,7 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
       s.k_full[ks.stage].wait(ks.phase);
       begin_turn();
       end_turn();
-      if (leader) {
-        s.k_empty[ks.stage].arrive();
-        if (first_it == w.n_blocks - 1) s.q_empty[qs.stage].arrive();
-      }
+      release_k_tile<Cfg>(s, ks.stage, qs.stage, first_it, w.n_blocks, leader);
       ks.advance();
       s.v_full[vs.stage].wait(vs.phase);
       if (leader) s.v_empty[vs.stage].arrive();
@@ -731,10 +735,7 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
     float alpha[2];
     // may_mask: false where no tile of the range needs the mask (no check either).
     auto scores = [&](float(&s_acc)[kN / 2], int it, bool may_mask) {
-      if (leader) {
-        s.k_empty[ks.stage].arrive();
-        if (it == w.n_blocks - 1) s.q_empty[qs.stage].arrive();
-      }
+      release_k_tile<Cfg>(s, ks.stage, qs.stage, it, w.n_blocks, leader);
       ks.advance();
       const int32_t key0 = (w.n_blocks - 1 - it) * kN;
       if (may_mask)
