@@ -4,11 +4,10 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "api/error.hpp"
 #include "cuda/sm90/fwd_sm90.hpp"
+#include "cuda/sm90/tuning_switch.hpp"
 
 namespace jfa::sm90 {
 namespace {
@@ -24,10 +23,8 @@ constexpr const char* kSupported =
 // faster there (many tiny sequences: +17%) and slower on long ones (-15%). The mean needs no read
 // of the offsets. JFA_SM90_D64_ROWS=128 or 192 forces a shape (a tuning and testing switch).
 int head_dim_64_tile_rows(const jfa::detail::Params& p) {
-  const char* env = std::getenv("JFA_SM90_D64_ROWS");
-  if (env != nullptr && std::strcmp(env, "128") == 0) return 128;
-  if (env != nullptr && std::strcmp(env, "192") == 0) return 192;
-  return p.total_q <= int64_t{128} * p.batch ? 128 : 192;
+  return tuning_switch("JFA_SM90_D64_ROWS", {128, 192},
+                       p.total_q <= int64_t{128} * p.batch ? 128 : 192);
 }
 
 // Keys per K tile at head_dim 128: 160 without the causal mask on sequences longer than 128 query
@@ -37,10 +34,8 @@ int head_dim_64_tile_rows(const jfa::detail::Params& p) {
 // whose items need the second Q tile). JFA_SM90_D128_KEYS=128 or 160 forces a size (a tuning and
 // testing switch).
 int head_dim_128_key_tile(const jfa::detail::Params& p) {
-  const char* env = std::getenv("JFA_SM90_D128_KEYS");
-  if (env != nullptr && std::strcmp(env, "128") == 0) return 128;
-  if (env != nullptr && std::strcmp(env, "160") == 0) return 160;
-  return !p.causal && p.total_q > int64_t{128} * p.batch ? 160 : 128;
+  return tuning_switch("JFA_SM90_D128_KEYS", {128, 160},
+                       !p.causal && p.total_q > int64_t{128} * p.batch ? 160 : 128);
 }
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }

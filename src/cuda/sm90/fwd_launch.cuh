@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -14,6 +13,7 @@
 #include "cuda/common/tensor_map.hpp"
 #include "cuda/sm90/fwd_kernel.cuh"
 #include "cuda/sm90/fwd_sm90.hpp"
+#include "cuda/sm90/tuning_switch.hpp"
 
 namespace jfa::sm90 {
 
@@ -96,25 +96,15 @@ bool encode_out_map(void* out, int64_t total, int64_t rows, int32_t heads, int32
 // Mainloop schedule (see FwdArgs::schedule): the overlapped one with the groups taking turns (1,
 // measured fastest) unless JFA_SM90_SCHEDULE asks for another (a tuning switch; all compute the
 // same function).
-inline int schedule_choice() {
-  const char* env = std::getenv("JFA_SM90_SCHEDULE");
-  if (env == nullptr || env[0] < '0' || env[0] > '2' || env[1] != '\0') return 1;
-  return env[0] - '0';
-}
+inline int schedule_choice() { return tuning_switch("JFA_SM90_SCHEDULE", {0, 1, 2}, 1); }
 
 // Work-list order (a tuning switch): sequence order, measured faster with both the round-robin
 // walk and the dynamic items, unless JFA_SM90_LPT=1 asks for heaviest sequences first.
-inline int lpt_order() {
-  const char* env = std::getenv("JFA_SM90_LPT");
-  return (env != nullptr && env[0] == '1' && env[1] == '\0') ? 1 : 0;
-}
+inline int lpt_order() { return tuning_switch("JFA_SM90_LPT", {1}, 0); }
 
 // Item order without the causal mask (a tuning switch): head-major runs (decode_item) unless
 // JFA_SM90_HEAD_MAJOR=0 asks for the tile-major order.
-inline int head_major_runs() {
-  const char* env = std::getenv("JFA_SM90_HEAD_MAJOR");
-  return (env != nullptr && env[0] == '0' && env[1] == '\0') ? 0 : 1;
-}
+inline int head_major_runs() { return tuning_switch("JFA_SM90_HEAD_MAJOR", {0}, 1); }
 
 }  // namespace launch_detail
 
