@@ -276,6 +276,19 @@ void run_case(const Case& c, bool check_determinism = true) {
   }
 }
 
+// Sets a tuning switch of the CUDA backend for the scope (and unsets it after, also when an
+// assertion ends the scope early).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
 std::vector<int32_t> random_lengths(std::mt19937_64& rng, int n, int lo, int hi) {
   std::uniform_int_distribution<int> len(lo, hi);
   std::vector<int32_t> v(n);
@@ -415,7 +428,7 @@ TEST(AttentionGpu, PersistentCtasRunManyItems) {
   std::mt19937_64 rng(fresh_seed("many items per CTA"));
   for (const char* rows : {"128", "192"}) {
     SCOPED_TRACE(std::string("JFA_SM90_D64_ROWS=") + rows);
-    setenv("JFA_SM90_D64_ROWS", rows, 1);
+    const ScopedEnv rows_env("JFA_SM90_D64_ROWS", rows);
     for (int d : kHeadDims)
       for (bool causal : {false, true}) {
         if (d != 64 && std::strcmp(rows, "192") == 0) continue;  // one tile height above 64
@@ -430,7 +443,6 @@ TEST(AttentionGpu, PersistentCtasRunManyItems) {
         c.max_check = 400;
         run_case(c, false);
       }
-    unsetenv("JFA_SM90_D64_ROWS");
   }
 }
 
@@ -480,7 +492,7 @@ TEST(AttentionGpu, ShortSequencesShareTiles) {
 // heights at head_dim 64, both K tile sizes at 128), the second time with the tile-major item
 // order (JFA_SM90_HEAD_MAJOR=0).
 TEST(AttentionGpu, AlternativeSchedulesMatchReference) {
-  setenv("JFA_SM90_LPT", "1", 1);
+  const ScopedEnv lpt_env("JFA_SM90_LPT", "1");
   struct Shapes {
     const char *rows, *keys, *head_major;
   };
@@ -490,10 +502,10 @@ TEST(AttentionGpu, AlternativeSchedulesMatchReference) {
       SCOPED_TRACE(std::string("JFA_SM90_SCHEDULE=") + schedule + " JFA_SM90_D64_ROWS=" + rows +
                    " JFA_SM90_D128_KEYS=" + shapes.keys +
                    " JFA_SM90_HEAD_MAJOR=" + shapes.head_major);
-      setenv("JFA_SM90_SCHEDULE", schedule, 1);
-      setenv("JFA_SM90_D64_ROWS", rows, 1);
-      setenv("JFA_SM90_D128_KEYS", shapes.keys, 1);
-      setenv("JFA_SM90_HEAD_MAJOR", shapes.head_major, 1);
+      const ScopedEnv schedule_env("JFA_SM90_SCHEDULE", schedule);
+      const ScopedEnv rows_env("JFA_SM90_D64_ROWS", rows);
+      const ScopedEnv keys_env("JFA_SM90_D128_KEYS", shapes.keys);
+      const ScopedEnv order_env("JFA_SM90_HEAD_MAJOR", shapes.head_major);
       std::mt19937_64 rng(fresh_seed("overlapped schedule"));
       for (DType dt : {DType::kFloat16, DType::kBFloat16})
         for (int d : kHeadDims)
@@ -510,12 +522,7 @@ TEST(AttentionGpu, AlternativeSchedulesMatchReference) {
             run_case(c);
           }
       for (const Case& c : shared_tile_cases(rng)) run_case(c, false);
-      unsetenv("JFA_SM90_SCHEDULE");
-      unsetenv("JFA_SM90_D64_ROWS");
-      unsetenv("JFA_SM90_D128_KEYS");
-      unsetenv("JFA_SM90_HEAD_MAJOR");
     }
-  unsetenv("JFA_SM90_LPT");
 }
 
 // Both tile shapes at head_dim 64 (JFA_SM90_D64_ROWS forces the one the mean length would not
@@ -525,7 +532,7 @@ TEST(AttentionGpu, AlternativeSchedulesMatchReference) {
 TEST(AttentionGpu, HeadDim64TileShapesMatchReference) {
   for (const char* rows : {"128", "192"}) {
     SCOPED_TRACE(std::string("JFA_SM90_D64_ROWS=") + rows);
-    setenv("JFA_SM90_D64_ROWS", rows, 1);
+    const ScopedEnv rows_env("JFA_SM90_D64_ROWS", rows);
     std::mt19937_64 rng(fresh_seed("head_dim 64 tile shapes"));
     for (DType dt : {DType::kFloat16, DType::kBFloat16})
       for (bool causal : {false, true}) {
@@ -547,7 +554,6 @@ TEST(AttentionGpu, HeadDim64TileShapesMatchReference) {
       }
     for (const Case& c : shared_tile_cases(rng))
       if (c.head_dim == 64) run_case(c, false);
-    unsetenv("JFA_SM90_D64_ROWS");
   }
 }
 
@@ -557,7 +563,7 @@ TEST(AttentionGpu, HeadDim64TileShapesMatchReference) {
 TEST(AttentionGpu, HeadDim128KeyTilesMatchReference) {
   for (const char* keys : {"128", "160"}) {
     SCOPED_TRACE(std::string("JFA_SM90_D128_KEYS=") + keys);
-    setenv("JFA_SM90_D128_KEYS", keys, 1);
+    const ScopedEnv keys_env("JFA_SM90_D128_KEYS", keys);
     std::mt19937_64 rng(fresh_seed("head_dim 128 key tiles"));
     for (DType dt : {DType::kFloat16, DType::kBFloat16})
       for (bool causal : {false, true}) {
@@ -586,7 +592,6 @@ TEST(AttentionGpu, HeadDim128KeyTilesMatchReference) {
       }
     for (const Case& c : shared_tile_cases(rng))
       if (c.head_dim == 128) run_case(c, false);
-    unsetenv("JFA_SM90_D128_KEYS");
   }
 }
 
