@@ -6,7 +6,9 @@ import argparse
 import pathlib
 import sys
 
-SHAPES = [64, 128, 160]  # N of m64nNk16
+# N of m64nNk16 per operand form: S = Q K^T (ss) has N = keys per K tile (64 in the tile-layer
+# tests), O += P V (rs) has N = head_dim.
+SHAPES = {"ss": [64, 128, 160], "rs": [64, 128]}
 TYPES = [("Fp16", "f16"), ("Bf16", "bf16")]
 TARGET = pathlib.Path(__file__).resolve().parent.parent / "src/cuda/tlx/wgmma_ops.inc"
 
@@ -58,10 +60,11 @@ JFA_DEVICE void wgmma_{form}_k16_{type_name}(float (&d)[{acc}], {a_param}, uint6
 
 def generate():
     parts = [HEADER]
-    for n in SHAPES:
+    for n in sorted(set(SHAPES["ss"]) | set(SHAPES["rs"])):
         for type_name, ptx_type in TYPES:
             for form in ("ss", "rs"):
-                parts.append(wrapper(form, n, type_name, ptx_type))
+                if n in SHAPES[form]:
+                    parts.append(wrapper(form, n, type_name, ptx_type))
     return "".join(parts)
 
 
