@@ -3,8 +3,8 @@
 # the numbers match timed runs). Writes <workload>[-causal].ncu-rep and a text report of each into
 # OUTDIR.
 #
-# usage: scripts/profile-sm90.sh OUTDIR CLI [WORKLOAD[:causal] ...]   (default: W1 W4)
-#   e.g. scripts/profile-sm90.sh /tmp/prof build/release/tools/jfa W1 W1:causal W4
+# usage: scripts/profile-sm90.sh OUTDIR CLI [WORKLOAD[-d64][:causal] ...]   (default: W1 W4)
+#   e.g. scripts/profile-sm90.sh /tmp/prof build/release/tools/jfa W1 W1:causal W4 W1-d64
 # env:   NCU_SET (default "full"), NCU_DETAIL=1 (also SASS-level stall samples and raw metrics of
 #        the last workload as CSV)
 set -u -o pipefail
@@ -18,6 +18,7 @@ for spec in "$@"; do
   flags=()
   name=$w
   if [ "$spec" != "$w" ]; then flags+=(--causal); name=$w-causal; fi
+  if [ "${w%-d64}" != "$w" ]; then flags+=(--head-dim 64); w=${w%-d64}; fi
   ncu --clock-control none --set "${NCU_SET:-full}" -k regex:fwd_kernel -c 1 -f -o "$OUT/$name" \
     "$CLI" bench --workload "$w" "${flags[@]}" --backend cuda --repeats 1 --warmup 0 --no-padded \
     >"$OUT/$name.log" 2>&1

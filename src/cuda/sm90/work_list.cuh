@@ -86,12 +86,14 @@ __device__ __forceinline__ int64_t block_exclusive_scan(int32_t value, int32_t* 
   return (warp > 0 ? scratch[warp - 1] : 0) + incl - value;
 }
 
-// Step 1, in sequence order into `list`: each warp takes 32 consecutive sequences and packs runs
-// of short ones greedily into shared tiles (at most kBlockM query and kBlockN key tokens each; runs
-// do not cross the warp's 32 sequences); every other sequence gets its q tiles, the last first.
-// Step 2, into `work`: heaviest sequences first (a counting sort of whole sequences on the K
-// tiles of their heaviest tile; the order inside a bucket is unspecified), unless `sort` is 0.
-// Entries past `capacity` (only reachable with invalid offsets) are dropped.
+// Step 1, in sequence order: each warp takes 32 consecutive sequences and packs runs of short ones
+// greedily into shared tiles (at most kBlockM query and kBlockN key tokens each; runs do not cross
+// the warp's 32 sequences); every other sequence gets its q tiles, the last first. A warp without
+// short sequences lists them lane by lane; the others walk their sequences in order.
+// Step 2: heaviest sequences first (a counting sort of whole sequences on the K tiles of their
+// heaviest tile; the order inside a bucket is unspecified) from `list` into `work`; with `sort` 0,
+// step 1 writes `work` itself. Entries past `capacity` (only reachable with invalid offsets) are
+// dropped.
 template <int kBlockM, int kBlockN>
 __global__ void __launch_bounds__(kListThreads)
     build_work_list(const int32_t* cu_q, const int32_t* cu_k, int64_t batch, int64_t total_q,
@@ -100,6 +102,7 @@ __global__ void __launch_bounds__(kListThreads)
   __shared__ int32_t scratch[32];
   __shared__ int32_t bucket_next[kListThreads];
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  WorkTile* const step1_out = sort ? list : work;
   int64_t running = 0;
   for (int64_t base = 0; base < batch; base += kListThreads) {
     const int64_t warp_base = base + 32 * warp;
@@ -153,14 +156,31 @@ __global__ void __launch_bounds__(kListThreads)
       }
       return n_out;
     };
-    const int32_t mine = walk([](int32_t, WorkTile, bool) {});
+    // Without short sequences the lanes list their own sequences' tiles side by side (the walk
+    // would take the 32 sequences one after another).
+    const bool all_long = !__any_sync(0xffffffffu, short_seq);
+    const int32_t my_tiles = all_long && b < batch ? q_tile_count<kBlockM>(len_q) : 0;
+    int32_t tiles_through_me = my_tiles;  // inclusive prefix sum over the warp's lanes
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int32_t x = __shfl_up_sync(0xffffffffu, tiles_through_me, d);
+      if (lane >= d) tiles_through_me += x;
+    }
+    const int32_t mine = all_long ? __shfl_sync(0xffffffffu, tiles_through_me, 31)
+                                  : walk([](int32_t, WorkTile, bool) {});
     int64_t round_total = 0;
     const int64_t first =
         running + block_exclusive_scan(lane == 0 ? mine : 0, scratch, &round_total);
     const int64_t warp_first = __shfl_sync(0xffffffffu, first, 0);
-    walk([&](int32_t i, WorkTile t, bool writer) {
-      if (writer && warp_first + i < capacity) list[warp_first + i] = t;
-    });
+    if (all_long) {
+      const int64_t my_first = warp_first + tiles_through_me - my_tiles;
+      for (int32_t t = 0; t < my_tiles && my_first + t < capacity; ++t)
+        step1_out[my_first + t] = WorkTile{static_cast<int32_t>(b), my_tiles - 1 - t, 1};
+    } else {
+      walk([&](int32_t i, WorkTile t, bool writer) {
+        if (writer && warp_first + i < capacity) step1_out[warp_first + i] = t;
+      });
+    }
     running += round_total;
   }
   const int32_t n = static_cast<int32_t>(running < capacity ? running : capacity);
@@ -175,9 +195,7 @@ __global__ void __launch_bounds__(kListThreads)
         tile_k_blocks<kBlockM, kBlockN>(sb, n_seqs > 1 ? 0 : t.m_block, causal && n_seqs == 1);
     return blocks < kListThreads - 1 ? blocks : kListThreads - 1;
   };
-  if (!sort) {
-    for (int32_t i = threadIdx.x; i < n; i += kListThreads) work[i] = list[i];
-  } else {
+  if (sort) {
     bucket_next[threadIdx.x] = 0;
     __syncthreads();
     // Units: the q tiles of one sequence (consecutive in `list`) or one shared tile. A unit moves
