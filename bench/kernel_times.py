@@ -17,6 +17,9 @@ from collections import defaultdict
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import workloads as W  # noqa: E402
+from rounds import in_turn  # noqa: E402
+
 SPIN_KERNEL = "spin_kernel"  # torch.cuda._sleep, queued before each call to hide host overhead
 
 
@@ -45,20 +48,19 @@ def main(argv=None):
     ap.add_argument("--workloads", default="W1,W1-d64,X2")
     ap.add_argument("--methods", default="jfa,fa3")
     ap.add_argument("--dtypes", default="fp16")
-    ap.add_argument("--masks", default="noncausal", choices=["both", "causal", "noncausal"])
+    ap.add_argument("--masks", default="noncausal", choices=list(W.MASKS))
     ap.add_argument("--calls", type=int, default=20, help="profiled calls per method and pass")
     ap.add_argument("--passes", type=int, default=2, help="times every method is measured, in turn")
     args = ap.parse_args(argv)
 
     import torch
     import peers_gpu as G
-    import workloads as W
     from jfa_ctypes import JfaLib
 
     ctx = {"jfa_lib": JfaLib(args.lib), "flex_dynamic": None}
     methods = {m.name: m for m in G.METHODS}
     chosen = [methods[name] for name in args.methods.split(",")]
-    masks = {"both": [False, True], "causal": [True], "noncausal": [False]}[args.masks]
+    masks = W.MASKS[args.masks]
     G.warm_gpu(3.0)
     timing = G.Timing()
     for wid, w, err in W.load(args.workloads.split(","), args.cli):
@@ -69,7 +71,7 @@ def main(argv=None):
             case = G.Case(w, dtype)
             for causal in masks:
                 for p in range(args.passes):
-                    for method in (chosen if p % 2 == 0 else chosen[::-1]):
+                    for method in in_turn(chosen, p):
                         prepared = method(ctx).prepare(case, causal)
                         call_ms, _, _ = G.time_ms(prepared.run, timing)
                         activities = [torch.profiler.ProfilerActivity.CUDA]
@@ -84,7 +86,7 @@ def main(argv=None):
                         tflops = w.flops(causal) / (call_ms * 1e-3) / 1e12
                         listed = "; ".join(f"{short_name(k)} x{n} {us / 1000:.4f} ms"
                                            for k, (n, us) in kernels.items())
-                        print(f"{wid} {dtype} {'causal' if causal else 'non-causal'} pass {p} "
+                        print(f"{wid} {dtype} {W.mask_name(causal)} pass {p} "
                               f"{method.name}: call {call_ms:.4f} ms ({tflops:.1f} TFLOP/s); "
                               f"kernels: {listed}", flush=True)
             case.release()

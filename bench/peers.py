@@ -30,7 +30,6 @@ usage: python3 bench/peers.py --lib build/gpu/src/libjfa.so [--cli build/gpu/too
 import argparse
 import datetime
 import json
-import math
 import os
 import sys
 import time
@@ -41,6 +40,7 @@ sys.path.insert(0, HERE)
 
 import workloads as W  # noqa: E402
 from rounds import TIMED, in_turn, median_round  # noqa: E402
+from workloads import mask_name  # noqa: E402
 
 # Method order, names and labels (kept here too so the report code needs no torch).
 METHOD_ORDER = ["jfa", "triton_jfa", "fa3", "fa2_varlen", "flex", "cudnn_padded", "nested_sdpa",
@@ -56,10 +56,6 @@ CELL = {"wrong": "wrong", "unavailable": "n/a", "error": "err", "skipped": "skip
 
 
 # ---- report (no torch needed) ------------------------------------------------------------------
-
-def mask_name(causal):
-    return "causal" if causal else "non-causal"
-
 
 def _key(r):
     return (r["workload"], r["dtype"], bool(r["causal"]))
@@ -293,7 +289,7 @@ def main(argv=None):
     ap.add_argument("--dtypes", default=None, help="fp16,bf16 (default both; --quick: fp16)")
     ap.add_argument("--methods", default=None,
                     help=f"comma-separated subset of {','.join(METHOD_ORDER)}")
-    ap.add_argument("--masks", default="both", choices=["both", "causal", "noncausal"])
+    ap.add_argument("--masks", default="both", choices=list(W.MASKS))
     ap.add_argument("--quick", action="store_true",
                     help="smoke test: fp16 only, W1-W4 at head_dim 128 unless --workloads, "
                          "10 timed runs")
@@ -317,7 +313,7 @@ def main(argv=None):
     dtypes = parse_list(args.dtypes, list(W.DTYPES), "dtype") if args.dtypes else (
         ["fp16"] if args.quick else list(W.DTYPES))
     methods = parse_list(args.methods, METHOD_ORDER, "method") if args.methods else list(METHOD_ORDER)
-    masks = {"both": (False, True), "causal": (True,), "noncausal": (False,)}[args.masks]
+    masks = W.MASKS[args.masks]
 
     try:
         import torch

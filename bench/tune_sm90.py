@@ -91,7 +91,7 @@ def main(argv=None):
                          "e.g. sorted:JFA_SM90_LPT=1 unsorted:JFA_SM90_LPT=0")
     ap.add_argument("--workloads", default="W1,W2,W3,W4")
     ap.add_argument("--dtypes", default="fp16")
-    ap.add_argument("--masks", default="both", choices=["both", "causal", "noncausal"])
+    ap.add_argument("--masks", default="both", choices=list(W.MASKS))
     ap.add_argument("--cli", default=None, help="the jfa CLI (source of the workload lengths)")
     ap.add_argument("--triton", action="store_true", help="also measure the plain Triton JFA")
     ap.add_argument("--runs", type=int, default=20, help="timed runs per measurement")
@@ -124,7 +124,7 @@ def main(argv=None):
             ap.error(f"--lib wants NAME=PATH, got {spec!r}")
         libs.append((name, JfaLib(path)))
     settings = parse_settings(args.env, args.schedules)
-    masks = {"both": (False, True), "causal": (True,), "noncausal": (False,)}[args.masks]
+    masks = W.MASKS[args.masks]
     cli = args.cli or cli_next_to(libs[0][1].path) or W.find_cli(None, REPO)
     timing = G.Timing(min_runs=args.runs, max_runs=args.runs, warmup=3, warmup_ms=25.0,
                       target_ms=0.0)

@@ -72,6 +72,13 @@ SPEC_BY_ID = {s.id: s for s in SPECS}
 DEFAULT_IDS = [s.id for s in SPECS]
 QUICK_IDS = ["W1", "W2", "W3", "W4"]
 
+# The masks a run covers, by the value of the tools' --masks option (False: no mask).
+MASKS = {"both": (False, True), "causal": (True,), "noncausal": (False,)}
+
+
+def mask_name(causal):
+    return "causal" if causal else "non-causal"
+
 
 @dataclass
 class Workload:
