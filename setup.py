@@ -5,6 +5,9 @@ Environment:
   JFA_ENABLE_CUDA      AUTO (default: CUDA when nvcc is found), ON or OFF
   JFA_CUDA_ARCHITECTURES  passed through to CMake (default 90a)
   JFA_BUILD_DIR        the CMake build directory (default build/python in the source tree)
+  JFA_TORCH_OPS        AUTO (default: the torch op library when torch is importable here, which
+                       under pip needs --no-build-isolation), ON or OFF
+  JFA_TORCH_DIR        a torch package directory to build the op library against
   CMAKE_BUILD_PARALLEL_LEVEL  parallel jobs (default: the number of CPUs)
   CMAKE_ARGS           extra arguments for the CMake configure step
 """
@@ -21,6 +24,7 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 LIBRARY = "libjfa.so"
+TORCH_OPS_LIBRARY = "libjfa_torch.so"
 
 
 def _log(message):
@@ -36,7 +40,8 @@ def _cmake():
 
 
 def build_library() -> Path:
-    """Configures and builds the jfa_lib target only; returns the path of libjfa.so."""
+    """Configures and builds libjfa (and the torch op library where torch is found); returns the
+    path of libjfa.so."""
     if not (ROOT / "CMakeLists.txt").is_file() or not (ROOT / "src").is_dir():
         raise RuntimeError(f"{ROOT} holds no libjfa sources (CMakeLists.txt, src/): build from a "
                            "source checkout, or set JFA_LIBRARY to an existing libjfa.so")
@@ -47,7 +52,11 @@ def build_library() -> Path:
         "-DCMAKE_BUILD_TYPE=Release",
         "-DJFA_BUILD_TESTS=OFF", "-DJFA_BUILD_TOOLS=OFF", "-DJFA_BUILD_BENCH=OFF",
         f"-DJFA_ENABLE_CUDA={os.environ.get('JFA_ENABLE_CUDA', 'AUTO')}",
+        f"-DJFA_TORCH_OPS={os.environ.get('JFA_TORCH_OPS', 'AUTO')}",
+        f"-DPython3_EXECUTABLE={sys.executable}",
     ]
+    if os.environ.get("JFA_TORCH_DIR"):
+        args.append(f"-DJFA_TORCH_DIR={os.environ['JFA_TORCH_DIR']}")
     if os.environ.get("JFA_CUDA_ARCHITECTURES"):
         args.append(f"-DJFA_CUDA_ARCHITECTURES={os.environ['JFA_CUDA_ARCHITECTURES']}")
     if not (build_dir / "CMakeCache.txt").exists() and shutil.which("ninja"):
@@ -56,7 +65,7 @@ def build_library() -> Path:
     _log(" ".join(args))
     subprocess.run(args, check=True)
     jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 1)
-    build = [cmake, "--build", str(build_dir), "--target", "jfa_lib", "-j", jobs]
+    build = [cmake, "--build", str(build_dir), "-j", jobs]  # tests, tools and benchmarks are off
     _log(" ".join(build))
     subprocess.run(build, check=True)
     lib = build_dir / "src" / LIBRARY
@@ -87,9 +96,17 @@ class BuildPyWithLibrary(build_py):
         # Copy the real file behind the libjfa.so -> .so.0 -> .so.0.1.0 symlinks.
         shutil.copyfile(lib.resolve(), dest_dir / LIBRARY)
         _log(f"copied {lib.resolve()} to {dest_dir / LIBRARY}")
+        ops = lib.parent / TORCH_OPS_LIBRARY
+        if ops.is_file():
+            shutil.copyfile(ops, dest_dir / TORCH_OPS_LIBRARY)
+            _log(f"copied {ops} to {dest_dir / TORCH_OPS_LIBRARY}")
+        else:
+            _log(f"no {TORCH_OPS_LIBRARY} (torch was not found at build time): the torch ops "
+                 "will be Python over ctypes")
 
     def get_outputs(self, include_bytecode=True):
-        return super().get_outputs(include_bytecode) + [str(Path(self.build_lib) / "jfa" / LIBRARY)]
+        outputs = [Path(self.build_lib) / "jfa" / name for name in (LIBRARY, TORCH_OPS_LIBRARY)]
+        return super().get_outputs(include_bytecode) + [str(p) for p in outputs if p.exists()]
 
 
 class BinaryDistribution(Distribution):

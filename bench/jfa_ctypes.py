@@ -72,6 +72,8 @@ class JfaLib:
         L.jfa_attention_params_init.argtypes = [P]
         L.jfa_attention_forward.restype = ctypes.c_int
         L.jfa_attention_forward.argtypes = [P]
+        L.jfa_attention_workspace_size.restype = ctypes.c_int
+        L.jfa_attention_workspace_size.argtypes = [P, ctypes.POINTER(ctypes.c_size_t)]
         L.jfa_attention_flops.restype = ctypes.c_int
         L.jfa_attention_flops.argtypes = [
             ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int32), ctypes.c_int64,
@@ -124,6 +126,12 @@ class JfaLib:
         p.backend = BACKENDS[backend] if isinstance(backend, str) else int(backend)
         p.stream = stream
         return p
+
+    def workspace_size(self, params):
+        """Bytes of device workspace a forward with these params needs."""
+        size = ctypes.c_size_t(0)
+        self.check(self.lib.jfa_attention_workspace_size(ctypes.byref(params), ctypes.byref(size)))
+        return size.value
 
     def forward(self, params):
         self.check(self.lib.jfa_attention_forward(ctypes.byref(params)))

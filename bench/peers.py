@@ -95,16 +95,23 @@ def _fmt_cell(r, what="tflops"):
     return CELL.get(st, st or "-")
 
 
-def format_table(records, workload_order=None, memory_bound=()):
-    """The compact text table: one block per (dtype, mask), rows = workloads, columns = methods."""
-    if not records:
-        return "no results"
-    methods = [m for m in METHOD_ORDER if any(r["method"] == m for r in records)]
+def table_order(records, method_order, workload_order=None):
+    """The methods and the workloads the records hold, in table order: those of method_order and
+    workload_order first, in that order, then the others (methods sorted, workloads as met)."""
+    methods = [m for m in method_order if any(r["method"] == m for r in records)]
     methods += sorted({r["method"] for r in records} - set(methods))
     wids = list(workload_order or [])
     for r in records:
         if r["workload"] not in wids:
             wids.append(r["workload"])
+    return methods, wids
+
+
+def format_table(records, workload_order=None, memory_bound=()):
+    """The compact text table: one block per (dtype, mask), rows = workloads, columns = methods."""
+    if not records:
+        return "no results"
+    methods, wids = table_order(records, METHOD_ORDER, workload_order)
     by = {(r["workload"], r["dtype"], bool(r["causal"]), r["method"]): r for r in records}
     summ = {(s["workload"], s["dtype"], s["causal"]): s for s in summarize(records)}
     blocks = sorted({(r["dtype"], bool(r["causal"])) for r in records},
@@ -273,6 +280,19 @@ def parse_list(text, known=None, what="value"):
     return items
 
 
+def torch_with_cuda(tool):
+    """torch, when it imports and sees a CUDA GPU; else None, after saying why on stderr."""
+    try:
+        import torch
+    except Exception as e:
+        print(f"{tool} needs torch: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
+    if not torch.cuda.is_available():
+        print(f"{tool} needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
+        return None
+    return torch
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(
         description="jfa against its peers on the GPU (see the module docstring)",
@@ -315,13 +335,8 @@ def main(argv=None):
     methods = parse_list(args.methods, METHOD_ORDER, "method") if args.methods else list(METHOD_ORDER)
     masks = W.MASKS[args.masks]
 
-    try:
-        import torch
-    except Exception as e:
-        print(f"peers.py needs torch: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available():
-        print("peers.py needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
+    torch = torch_with_cuda("peers.py")
+    if torch is None:
         return 2
     try:
         import peers_gpu as G

@@ -302,7 +302,11 @@ class Jfa(Method):
                        dtype=case.dtype_name, causal=causal, softmax_scale=case.scale,
                        max_seqlen_q=case.max_q, max_seqlen_k=case.max_k, backend="cuda",
                        stream=torch.cuda.current_stream().cuda_stream)
+        # A kept workspace, as the torch op takes one from the caching allocator.
+        workspace = torch.empty(lib.workspace_size(p), dtype=torch.uint8, device=case.device)
+        p.workspace, p.workspace_bytes = workspace.data_ptr(), workspace.numel()
         fwd = lib.forward_fn(p)
+        fwd.workspace = workspace
         out.fill_(float("nan"))  # rows the kernel never writes fail the check
 
         def run():

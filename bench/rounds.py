@@ -13,19 +13,20 @@ def in_turn(variants, round_index):
 TIMED = ("ok", "unchecked")  # statuses that carry a time
 
 
-def median_round(records):
+def median_round(records, key="useful_tflops", higher_is_better=True, fields=None):
     """One record from one method's records of the rounds of one cell (workload, dtype, mask): the
-    round with the median useful TFLOP/s (the lower middle one for an even count) when every round
-    was timed, else the first round that was not (a failed check in any round is the result). The
-    record gets "rounds": every round's TFLOP/s (None where not timed)."""
+    round with the median `key` (the slower middle one for an even count) when every round was
+    timed, else the first round that was not (a failed check in any round is the result). The
+    record gets "rounds": every round's `key` (None where not timed), or every round's `fields`."""
     if not records:
         raise ValueError("no records")
-    tflops = [r.get("useful_tflops") if r.get("status") in TIMED else None for r in records]
-    failed = [r for r, t in zip(records, tflops) if t is None]
+    values = [r.get(key) if r.get("status") in TIMED else None for r in records]
+    failed = [r for r, v in zip(records, values) if v is None]
     if failed:
         chosen = dict(failed[0])
     else:
-        order = sorted(range(len(records)), key=lambda i: tflops[i])
+        order = sorted(range(len(records)), key=lambda i: values[i], reverse=not higher_is_better)
         chosen = dict(records[order[(len(order) - 1) // 2]])
-    chosen["rounds"] = tflops
+    chosen["rounds"] = values if fields is None else [{f: r.get(f) for f in fields}
+                                                      for r in records]
     return chosen

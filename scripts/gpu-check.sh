@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# Everything the GPU machine can check: build (all cores), GPU, CPU and Python tests,
-# compute-sanitizer memcheck and racecheck over a reduced GPU case set, the CLI benchmark and the
-# peers benchmark (bench/peers.py --quick: jfa, varlen FA2, the plain Triton JFA and the others,
-# every output checked before timing). Logs go to OUTDIR; a summary table is printed last.
+# Everything the GPU machine can check: build (all cores, the torch op library included), GPU, CPU
+# and Python tests (the torch ops native, then over ctypes), compute-sanitizer memcheck and
+# racecheck over a reduced GPU case set, the CLI benchmark, the peers benchmark (bench/peers.py
+# --quick: jfa, varlen FA2, the plain Triton JFA and the others, every output checked before
+# timing) and the call-overhead benchmark (bench/call_overhead.py). Logs go to OUTDIR; a summary
+# table is printed last.
 #
 # usage: scripts/gpu-check.sh OUTDIR
 # env:   BUILD_DIR (default build/gpu-check), SKIP_SANITIZERS=1, SKIP_BENCH=1, GPU_TEST_TIMEOUT
 #        (default 400), SANITIZER_TIMEOUT (default 600 per tool), CLI_TIMEOUT (seconds per run),
 #        PEERS_FULL=1 (the full peers run instead of --quick: both dtypes, all workloads, and the
-#        results JSON and chart <date>-h200.json/.png in OUTDIR)
+#        results JSON and chart <date>-h200.json/.png in OUTDIR), SKIP_PEERS=1,
+#        CALL_OVERHEAD=quick|full|off (default quick), FA3_LIB (FlashAttention-3's op library for
+#        the call-overhead benchmark)
 set -u -o pipefail
 OUT=${1:?usage: scripts/gpu-check.sh OUTDIR}
 mkdir -p "$OUT"
@@ -24,6 +28,7 @@ EXTRA=()
 [ -d .gtest ] && EXTRA+=("-DCMAKE_PREFIX_PATH=$PWD/.gtest")
 
 if cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DJFA_BUILD_TOOLS=ON -DJFA_BUILD_BENCH=OFF \
+     -DPython3_EXECUTABLE="$(command -v python3)" \
      "${EXTRA[@]}" >"$OUT/build.log" 2>&1 &&
    cmake --build "$BUILD" -j"$JOBS" -- -k 0 >>"$OUT/build.log" 2>&1; then
   note build ok
@@ -43,10 +48,14 @@ if [ -n "$LIB" ] && python3 -c 'import torch, pytest' 2>/dev/null; then
   JFA_LIBRARY="$(realpath "$LIB")" PYTHONUNBUFFERED=1 timeout 600 python3 -m pytest tests/python -q -rs \
     >"$OUT/pytest.log" 2>&1
   note "pytest (torch + CUDA)" "rc=$? $(tail -1 "$OUT/pytest.log")"
+  JFA_TORCH_OPS=ctypes JFA_LIBRARY="$(realpath "$LIB")" PYTHONUNBUFFERED=1 timeout 600 \
+    python3 -m pytest tests/python/test_torch.py tests/python/test_readme.py -q -rs \
+    >"$OUT/pytest_ctypes.log" 2>&1
+  note "pytest (ctypes torch ops)" "rc=$? $(tail -1 "$OUT/pytest_ctypes.log")"
 fi
 
 if [ -z "${SKIP_SANITIZERS:-}" ] && [ -n "$GPU_TESTS" ] && command -v compute-sanitizer >/dev/null; then
-  FILTER='TlxTma.*:TlxMBarrier.*:TlxWgmma.Fp16D128N128:AttentionGpu.EdgeLengths*:AttentionGpu.DifferentQueryAndKeyLengthsGqa:AttentionGpu.GarbageDeviceOffsetsStayInBounds:AttentionGpu.NoKeysAnywhere:AttentionGpu.ManyTinySequences:AttentionGpu.AlternativeSchedulesMatchReference:AttentionGpu.ShortSequencesShareTiles'
+  FILTER='TlxTma.*:TlxMBarrier.*:TlxWgmma.Fp16D128N128:AttentionGpu.EdgeLengths*:AttentionGpu.DifferentQueryAndKeyLengthsGqa:AttentionGpu.GarbageDeviceOffsetsStayInBounds:AttentionGpu.NoKeysAnywhere:AttentionGpu.ManyTinySequences:AttentionGpu.AlternativeSchedulesMatchReference:AttentionGpu.ShortSequencesShareTiles:AttentionGpuApi.CallerWorkspace:AttentionGpuApi.KeptWorkspaceGrows'
   for tool in memcheck racecheck; do
     JFA_GPU_TESTS_QUICK=1 timeout "${SANITIZER_TIMEOUT:-600}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
       "$GPU_TESTS" --gtest_filter="$FILTER" >"$OUT/$tool.log" 2>&1
@@ -70,7 +79,15 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   else
     note "jfa bench W1..W4" "skipped (no CLI binary)"
   fi
-  if [ -n "$LIB" ] && python3 -c 'import torch' 2>/dev/null; then
+  if [ -n "$LIB" ] && [ "${CALL_OVERHEAD:-quick}" != off ] && python3 -c 'import torch' 2>/dev/null; then
+    CALL=(--lib "$LIB" --out "$OUT")
+    [ "${CALL_OVERHEAD:-quick}" = quick ] && CALL+=(--quick)
+    [ -n "${CLI:-}" ] && CALL+=(--cli "$CLI")
+    [ -n "${FA3_LIB:-}" ] && CALL+=(--fa3-lib "$FA3_LIB")
+    PYTHONUNBUFFERED=1 timeout 900 python3 bench/call_overhead.py "${CALL[@]}" >"$OUT/call_overhead.log" 2>&1
+    note "call overhead (${CALL_OVERHEAD:-quick})" "rc=$? (table in call_overhead.log)"
+  fi
+  if [ -n "$LIB" ] && [ -z "${SKIP_PEERS:-}" ] && python3 -c 'import torch' 2>/dev/null; then
     # jfa against its peers (quick: W1-W4, fp16, both masks; PEERS_FULL=1: the whole set), every
     # output checked before timing.
     PEERS=(--lib "$LIB" --out "$OUT")

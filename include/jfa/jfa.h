@@ -91,6 +91,16 @@ typedef struct jfa_attention_params {
 
   jfa_backend backend;
   void* stream; /* cudaStream_t for the CUDA backend; ignored by the CPU backend */
+
+  /* Optional device scratch memory of the CUDA backend, at least
+   * jfa_attention_workspace_size() bytes, 16-byte aligned, on the device of the tensors. It is
+   * used in stream order: the next call on the same stream may reuse it, a call running at the same
+   * time on another stream needs its own. NULL: the library allocates and frees one in stream
+   * order on every call (cudaMallocAsync), which costs host time and, after a synchronize, may
+   * map memory again. Nothing is read from it before the call writes it. Ignored by the CPU
+   * backend. */
+  void* workspace;
+  size_t workspace_bytes;
 } jfa_attention_params;
 
 /* Semantics of a query row with no visible key (an empty key sequence, or causal with
@@ -100,6 +110,24 @@ JFA_API void jfa_attention_params_init(jfa_attention_params* params);
 
 /* out = softmax(scale * q k^T [+ causal mask]) v, per sequence and head. */
 JFA_API jfa_status jfa_attention_forward(const jfa_attention_params* params);
+
+/* The bytes of params->workspace that jfa_attention_forward needs for these sizes: it reads
+ * batch and total_q only (no pointer, nothing on the device), so it can be asked once for the
+ * largest batch a caller will run. 0 without the CUDA backend. */
+JFA_API jfa_status jfa_attention_workspace_size(const jfa_attention_params* params, size_t* bytes);
+
+/* A workspace the library keeps for a caller: device memory that grows to the largest size its
+ * calls have needed (a growth frees the old memory, which waits for the device, and allocates
+ * anew), so that a steady stream of calls allocates nothing. One per stream: it is not
+ * thread-safe, and calls that share it must run in one stream's order. */
+typedef struct jfa_workspace jfa_workspace;
+JFA_API jfa_status jfa_workspace_create(jfa_workspace** workspace);
+/* Frees the memory (after the device is done with it) and the handle; NULL is a no-op. */
+JFA_API jfa_status jfa_workspace_destroy(jfa_workspace* workspace);
+/* Sets params->workspace and params->workspace_bytes for a call of jfa_attention_forward with
+ * these params, growing the memory on the current device when needed. Host-memory calls (the CPU
+ * backend) get no workspace and allocate nothing. */
+JFA_API jfa_status jfa_workspace_prepare(jfa_workspace* workspace, jfa_attention_params* params);
 
 /* The float64 reference (the oracle of every test): host memory only, any dtype. Computes the
  * rows of the query tokens listed in q_tokens (n_tokens entries, each in [0, total_q)), or of every

@@ -67,6 +67,34 @@ struct JaggedTensor {
   int64_t head_stride = 0;
 };
 
+// Device scratch memory that the library keeps across calls (see jfa_workspace in jfa.h): pass it
+// in AttentionOptions so that a steady stream of calls allocates nothing. One per stream and
+// device; not thread-safe. Move-only.
+class Workspace {
+ public:
+  Workspace() { check(jfa_workspace_create(&handle_)); }
+  ~Workspace() { jfa_workspace_destroy(handle_); }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  Workspace(Workspace&& other) noexcept : handle_(other.handle_) { other.handle_ = nullptr; }
+  Workspace& operator=(Workspace&& other) noexcept {
+    if (this != &other) {
+      jfa_workspace_destroy(handle_);
+      handle_ = other.handle_;
+      other.handle_ = nullptr;
+    }
+    return *this;
+  }
+  // Points p.workspace at enough memory for a call with p, growing it if needed.
+  void prepare(jfa_attention_params& p) {
+    if (handle_ == nullptr) throw Error(Status::kInvalidArgument, "moved-from jfa::Workspace");
+    check(jfa_workspace_prepare(handle_, &p));
+  }
+
+ private:
+  jfa_workspace* handle_ = nullptr;
+};
+
 struct AttentionOptions {
   bool causal = false;
   std::optional<float> softmax_scale;  // default 1/sqrt(head_dim)
@@ -74,7 +102,8 @@ struct AttentionOptions {
   int32_t max_seqlen_q = 0;            // optional hints, 0 = unknown
   int32_t max_seqlen_k = 0;
   Backend backend = Backend::kAuto;
-  void* stream = nullptr;  // cudaStream_t
+  void* stream = nullptr;          // cudaStream_t
+  Workspace* workspace = nullptr;  // optional; without one the CUDA backend allocates per call
 };
 
 inline jfa_attention_params make_params(const JaggedTensor& q, const JaggedTensor& k,
@@ -129,8 +158,8 @@ inline void attention(const JaggedTensor& q, const JaggedTensor& k, const Jagged
                       const int32_t* cu_seqlens_k, int64_t batch,
                       const AttentionOptions& options = {}) {
   check_views(q, k, v, out);
-  const jfa_attention_params p =
-      make_params(q, k, v, out, cu_seqlens_q, cu_seqlens_k, batch, options);
+  jfa_attention_params p = make_params(q, k, v, out, cu_seqlens_q, cu_seqlens_k, batch, options);
+  if (options.workspace != nullptr) options.workspace->prepare(p);
   check(jfa_attention_forward(&p));
 }
 

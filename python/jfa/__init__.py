@@ -3,7 +3,8 @@
 Exact softmax attention over variable-length sequences packed end to end ("jagged"), without
 padding. Works on torch tensors (CUDA: the Hopper kernels; CPU: the CPU backend), where it is
 the custom op ``torch.ops.jfa.jagged_attention_fwd`` (torch.compile and CUDA-graph friendly), and
-on numpy arrays (CPU backend). The computation is done by libjfa.so, loaded with ctypes.
+on numpy arrays (CPU backend). The computation is done by libjfa.so; the torch ops are C++
+(libjfa_torch.so) where it was built, else Python over ctypes.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ __all__ = [
     "JfaError", "JfaInvalidArgumentError", "JfaUnsupportedError", "JfaBackendUnavailableError",
     "JfaCudaError", "JfaOutOfMemoryError", "LibraryNotFoundError",
     "version", "cuda_available", "library_path", "torch_available", "torch_unavailable_reason",
+    "torch_ops_kind",
 ]
 
 
@@ -39,3 +41,11 @@ def torch_available() -> bool:
 def torch_unavailable_reason() -> str:
     """Why the torch path is unavailable ("" when it is available)."""
     return _torch_unavailable_reason
+
+
+def torch_ops_kind() -> str:
+    """How ``torch.ops.jfa.*`` are implemented: "native" (libjfa_torch.so, C++ registered with the
+    dispatcher), "ctypes" (Python custom ops over the C ABI), or "" without torch."""
+    from . import _torch_support
+
+    return _torch_support.ops.KIND if _torch_support.ops is not None else ""

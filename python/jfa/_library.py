@@ -61,6 +61,8 @@ class AttentionParams(ctypes.Structure):
         ("max_seqlen_k", ctypes.c_int32),
         ("backend", ctypes.c_int32),
         ("stream", ctypes.c_void_p),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
     ]
 
 
@@ -71,6 +73,7 @@ _c_status = ctypes.c_int32
 _PROTOTYPES = {
     "jfa_attention_params_init": (None, [_P]),
     "jfa_attention_forward": (_c_status, [_P]),
+    "jfa_attention_workspace_size": (_c_status, [_P, ctypes.POINTER(ctypes.c_size_t)]),
     "jfa_attention_reference": (_c_status, [_P, _c_int64_p, ctypes.c_int64, _c_double_p, _c_double_p]),
     "jfa_attention_flops": (
         _c_status,

@@ -9,6 +9,7 @@
 #include "cpu/parallel.hpp"
 #ifdef JFA_WITH_CUDA
 #include "cuda/sm90/fwd_sm90.hpp"
+#include "cuda/sm90/workspace.hpp"
 #endif
 
 using jfa::detail::fail;
@@ -101,6 +102,25 @@ jfa_status jfa_attention_forward(const jfa_attention_params* params) {
                   backend_name(backend));
     return jfa::sm90::forward(p);
 #endif
+  });
+}
+
+jfa_status jfa_attention_workspace_size(const jfa_attention_params* params, size_t* bytes) {
+  return guarded([&] {
+    if (params == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "params must not be NULL");
+    if (bytes == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "bytes must not be NULL");
+    if (params->batch < 0 || params->batch >= std::numeric_limits<int32_t>::max())
+      return fail(JFA_ERROR_INVALID_ARGUMENT, "batch must be in [0, 2^31 - 1), got %lld",
+                  static_cast<long long>(params->batch));
+    if (params->total_q < 0 || params->total_q > std::numeric_limits<int32_t>::max())
+      return fail(JFA_ERROR_INVALID_ARGUMENT, "total_q must be in [0, 2^31 - 1], got %lld",
+                  static_cast<long long>(params->total_q));
+#ifdef JFA_WITH_CUDA
+    *bytes = jfa::sm90::forward_workspace_bytes(params->total_q, params->batch);
+#else
+    *bytes = 0;
+#endif
+    return JFA_SUCCESS;
   });
 }
 

@@ -72,6 +72,8 @@ jfa_status build_params(const jfa_attention_params* in, Params* out, bool needs_
   p.max_seqlen_q = in->max_seqlen_q;
   p.max_seqlen_k = in->max_seqlen_k;
   p.stream = in->stream;
+  p.workspace = in->workspace;
+  p.workspace_bytes = in->workspace_bytes;
 
   if (p.batch < 0 || p.batch >= kMaxTotal)
     return fail(JFA_ERROR_INVALID_ARGUMENT, "batch must be in [0, 2^31 - 1), got %lld",

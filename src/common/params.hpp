@@ -2,6 +2,7 @@
 // (src/api/validate.cpp); backends never re-derive what is here.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "jfa/jfa.h"
@@ -34,6 +35,8 @@ struct Params {
   int32_t max_seqlen_q;  // hint, 0 = unknown
   int32_t max_seqlen_k;
   void* stream;
+  void* workspace;  // nullable: the CUDA backend then allocates one per call
+  size_t workspace_bytes;
 
   int32_t group_size() const { return heads_q / heads_kv; }
 };

@@ -154,3 +154,48 @@ TEST(Validation, FlopsCountVisiblePairs) {
 }
 
 }  // namespace
+
+// The workspace size depends on batch and total_q alone, grows with both, and is 0 without the
+// CUDA backend; its arguments are checked like the forward's.
+TEST(Workspace, SizeQuery) {
+  Fixture f;
+  size_t small = 1, large = 1;
+  ASSERT_EQ(jfa_attention_workspace_size(&f.p, &small), JFA_SUCCESS) << jfa_last_error_message();
+  f.p.total_q = 100000;
+  f.p.batch = 4096;
+  f.p.q = nullptr;  // no pointer is read
+  ASSERT_EQ(jfa_attention_workspace_size(&f.p, &large), JFA_SUCCESS) << jfa_last_error_message();
+  if (jfa_cuda_available() || small > 0) {
+    EXPECT_GT(small, 16u);
+    EXPECT_GT(large, small);
+  } else {
+    EXPECT_EQ(large, 0u);
+  }
+  EXPECT_EQ(jfa_attention_workspace_size(nullptr, &small), JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(jfa_attention_workspace_size(&f.p, nullptr), JFA_ERROR_INVALID_ARGUMENT);
+  f.p.batch = -1;
+  EXPECT_EQ(jfa_attention_workspace_size(&f.p, &small), JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("batch"), std::string::npos);
+  f.p.batch = 2;
+  f.p.total_q = -5;
+  EXPECT_EQ(jfa_attention_workspace_size(&f.p, &small), JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("total_q"), std::string::npos);
+}
+
+// A kept workspace gives host-memory calls no memory and leaves them unchanged.
+TEST(Workspace, HostCallsGetNone) {
+  Fixture f;
+  jfa_workspace* ws = nullptr;
+  ASSERT_EQ(jfa_workspace_create(&ws), JFA_SUCCESS);
+  f.p.workspace = &f;  // stale values are overwritten
+  f.p.workspace_bytes = 7;
+  ASSERT_EQ(jfa_workspace_prepare(ws, &f.p), JFA_SUCCESS) << jfa_last_error_message();
+  EXPECT_EQ(f.p.workspace, nullptr);
+  EXPECT_EQ(f.p.workspace_bytes, 0u);
+  EXPECT_EQ(jfa_attention_forward(&f.p), JFA_SUCCESS) << jfa_last_error_message();
+  EXPECT_EQ(jfa_workspace_prepare(nullptr, &f.p), JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(jfa_workspace_prepare(ws, nullptr), JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(jfa_workspace_create(nullptr), JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(jfa_workspace_destroy(ws), JFA_SUCCESS);
+  EXPECT_EQ(jfa_workspace_destroy(nullptr), JFA_SUCCESS);
+}

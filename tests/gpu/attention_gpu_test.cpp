@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/jagged_batch.hpp"
+#include "cuda/sm90/tuning_switch.hpp"
 #include "gpu_test_util.hpp"
 #include "jfa/jfa.h"
 #include "jfa/jfa.hpp"
@@ -280,8 +281,14 @@ void run_case(const Case& c, bool check_determinism = true) {
 // assertion ends the scope early).
 class ScopedEnv {
  public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
-  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    setenv(name, value, 1);
+    jfa_sm90_reload_tuning_switches();
+  }
+  ~ScopedEnv() {
+    unsetenv(name_);
+    jfa_sm90_reload_tuning_switches();
+  }
   ScopedEnv(const ScopedEnv&) = delete;
   ScopedEnv& operator=(const ScopedEnv&) = delete;
 
@@ -641,6 +648,104 @@ TEST(AttentionGpu, GraphCaptureReplaysWithNewLengths) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// Bytes the default memory pool of the current device has handed out at its peak since the last
+// reset (the library's per-call allocation comes from it).
+size_t default_pool_peak(bool reset) {
+  int device = 0;
+  cudaMemPool_t pool;
+  cudaGetDevice(&device);
+  cudaDeviceGetDefaultMemPool(&pool, device);
+  uint64_t value = 0;  // the attribute is a 64-bit unsigned integer
+  if (reset) cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &value);
+  cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &value);
+  return static_cast<size_t>(value);
+}
+
+// A caller's workspace gives the same result as the library's own, and the call then allocates
+// nothing; a workspace that is too small or misaligned is rejected before anything is written.
+TEST(AttentionGpuApi, CallerWorkspace) {
+  Case c;
+  c.lq = c.lk = {70, 0, 300, 1, 129};
+  c.head_dim = 128;
+  c.causal = true;
+  const uint64_t seed = fresh_seed("workspace");
+  AttentionRunner runner(c, seed);
+  runner.upload();
+  DeviceRun own, given;
+  ASSERT_EQ(default_pool_peak(/*reset=*/true), 0u);
+  ASSERT_EQ(runner.run(&own), JFA_SUCCESS) << jfa_last_error_message();
+  EXPECT_GT(default_pool_peak(/*reset=*/false), 0u) << "no workspace: the library allocates one";
+  runner.check(own, seed);
+
+  jfa_attention_params p = runner.device_params();
+  size_t bytes = 0;
+  ASSERT_EQ(jfa_attention_workspace_size(&p, &bytes), JFA_SUCCESS) << jfa_last_error_message();
+  DeviceBuffer workspace(bytes + 16);
+  JFA_CUDA_OK(cudaMemset(workspace.ptr, 0xA5, bytes + 16));  // stale contents must not matter
+  p.workspace = workspace.ptr;
+  p.workspace_bytes = bytes;
+  runner.poison();
+  JFA_CUDA_OK(cudaDeviceSynchronize());
+  ASSERT_EQ(default_pool_peak(/*reset=*/true), 0u);
+  ASSERT_EQ(jfa_attention_forward(&p), JFA_SUCCESS) << jfa_last_error_message();
+  JFA_CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(default_pool_peak(/*reset=*/false), 0u) << "a call with a workspace allocated memory";
+  runner.download(&given);
+  EXPECT_TRUE(own.out_bytes == given.out_bytes) << "the caller's workspace changed the output";
+
+  struct Bad {
+    void* ptr;
+    size_t bytes;
+    const char* message;
+  };
+  const Bad bad[] = {{workspace.ptr, bytes - 1, "workspace_bytes"},
+                     {static_cast<char*>(workspace.ptr) + 8, bytes, "aligned"}};
+  for (const Bad& b : bad) {
+    runner.poison();
+    p.workspace = b.ptr;
+    p.workspace_bytes = b.bytes;
+    EXPECT_EQ(jfa_attention_forward(&p), JFA_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(jfa_last_error_message()).find(b.message), std::string::npos)
+        << jfa_last_error_message();
+    JFA_CUDA_OK(cudaDeviceSynchronize());
+    DeviceRun untouched;
+    runner.download(&untouched);
+    EXPECT_TRUE(std::all_of(untouched.out_bytes.begin(), untouched.out_bytes.end(),
+                            [](unsigned char x) { return x == 0xFF; }))
+        << "a rejected call wrote its output";
+  }
+}
+
+// jfa::Workspace keeps one allocation for calls that need no more, grows for one that does, and
+// gives the same results as the library's own workspace.
+TEST(AttentionGpuApi, KeptWorkspaceGrows) {
+  jfa::Workspace kept;
+  size_t previous = 0;
+  for (const std::vector<int32_t>& lengths :
+       std::vector<std::vector<int32_t>>{{5, 300}, {1, 2, 3}, std::vector<int32_t>(600, 40)}) {
+    Case c;
+    c.lq = c.lk = lengths;
+    const uint64_t seed = fresh_seed("kept workspace");
+    AttentionRunner runner(c, seed);
+    runner.upload();
+    DeviceRun own, with_kept;
+    ASSERT_EQ(runner.run(&own), JFA_SUCCESS) << jfa_last_error_message();
+    jfa_attention_params p = runner.device_params();
+    kept.prepare(p);
+    ASSERT_NE(p.workspace, nullptr);
+    size_t needed = 0;
+    ASSERT_EQ(jfa_attention_workspace_size(&p, &needed), JFA_SUCCESS);
+    EXPECT_GE(p.workspace_bytes, needed);
+    EXPECT_EQ(p.workspace_bytes, std::max(previous, needed)) << "grows only when needed";
+    previous = p.workspace_bytes;
+    runner.poison();
+    ASSERT_EQ(jfa_attention_forward(&p), JFA_SUCCESS) << jfa_last_error_message();
+    JFA_CUDA_OK(cudaDeviceSynchronize());
+    runner.download(&with_kept);
+    EXPECT_TRUE(own.out_bytes == with_kept.out_bytes);
+  }
 }
 
 TEST(AttentionGpu, GarbageDeviceOffsetsStayInBounds) {

@@ -1,7 +1,10 @@
 """The torch path: the custom op on CUDA (Hopper) and on CPU, torch.compile, CUDA graphs,
 autograd, torch.nested interop. Skipped, with the reason, where torch or a GPU is missing."""
 
+import ctypes
 import math
+import os
+import threading
 
 import numpy as np
 import pytest
@@ -367,3 +370,110 @@ def test_cpu_jagged_helpers(seed):
     strided = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(5, 3)])
     with pytest.raises(ValueError, match="layout=torch.jagged"):
         jfa.from_nested(strided)
+
+
+def test_native_op_registered_from_cpp():
+    """Where libjfa_torch.so was built next to libjfa.so, the ops are its C++ kernels (unless
+    JFA_TORCH_OPS=ctypes asks for the Python ones)."""
+    from jfa import _torch_native
+
+    path = _torch_native.library_path()
+    if os.environ.get("JFA_TORCH_OPS") == "ctypes":
+        assert jfa.torch_ops_kind() == "ctypes"
+        return
+    if not path.is_file():
+        pytest.skip(f"{path} was not built (torch was not found at build time)")
+    assert jfa.torch_ops_kind() == "native", jfa._torch_support.ops.KIND_DETAIL
+    dump = torch._C._dispatch_dump("jfa::jagged_attention_fwd")
+    for key in ("CPU", "CUDA"):
+        line = next((x for x in dump.splitlines() if x.startswith(key + ":")), "")
+        assert "jagged_attention_op.cpp" in line, dump
+
+
+def _default_pool_peak(reset):
+    """Peak bytes handed out by the device's default CUDA memory pool (where a library's
+    cudaMallocAsync draws from) since the last reset; None when libcudart cannot be reached."""
+    try:
+        rt = ctypes.CDLL("libcudart.so.13")
+    except OSError:
+        return None
+    pool = ctypes.c_void_p()
+    value = ctypes.c_uint64(0)
+    used_mem_high = 8  # cudaMemPoolAttrUsedMemHigh
+    if rt.cudaDeviceGetDefaultMemPool(ctypes.byref(pool), torch.cuda.current_device()) != 0:
+        return None
+    if reset:
+        rt.cudaMemPoolSetAttribute(pool, used_mem_high, ctypes.byref(value))
+    rt.cudaMemPoolGetAttribute(pool, used_mem_high, ctypes.byref(value))
+    return value.value
+
+
+@needs_cuda
+def test_cuda_warm_calls_allocate_no_device_memory(seed):
+    """After a warm-up, calls take everything (workspace included) from torch's cache: no new
+    device allocation by torch's allocator, none from the default memory pool."""
+    lengths = [300, 0, 1, 129, 1000]
+    q, k, v, cu, _ = _inputs(seed, lengths, None, 8, 2, 128, torch.float16, "cuda")
+    for _ in range(3):  # the same pattern as below: two results alive at a time
+        out, lse = jfa.jagged_attention(q, k, v, cu, causal=True, return_lse=True)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["num_device_alloc"]
+    if _default_pool_peak(reset=True) is None:
+        pytest.skip("libcudart.so.13 is not loadable here to read the default pool")
+    for _ in range(20):
+        out, lse = jfa.jagged_attention(q, k, v, cu, causal=True, return_lse=True)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_stats()["num_device_alloc"] == before
+    assert _default_pool_peak(reset=False) == 0
+    _compare(out, lse, *sdpa_reference(q, k, v, cu, cu, True), torch.float16)
+
+
+@needs_cuda
+def test_cuda_two_threads_two_streams(seed):
+    """Two threads, each on its own stream with its own batch, call at the same time: each gets
+    what a lone call gives."""
+    cases = [([64, 200, 3, 0, 900], 8, 8, 128, torch.float16, True),
+             ([1] * 300 + [513], 4, 1, 64, torch.bfloat16, False)]
+    inputs = [_inputs(seed + i, c[0], None, c[1], c[2], c[3], c[4], "cuda")
+              for i, c in enumerate(cases)]
+    expected = [jfa.jagged_attention(q, k, v, cu, causal=c[5], return_lse=True)
+                for (q, k, v, cu, _), c in zip(inputs, cases)]
+    torch.cuda.synchronize()
+    errors, results = [], [None, None]
+    barrier = threading.Barrier(2)
+
+    def worker(i):
+        try:
+            q, k, v, cu, _ = inputs[i]
+            stream = torch.cuda.Stream()
+            barrier.wait()
+            with torch.cuda.stream(stream):
+                got = [jfa.jagged_attention(q, k, v, cu, causal=cases[i][5], return_lse=True)
+                       for _ in range(30)]
+            stream.synchronize()
+            results[i] = got
+        except Exception as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for i in range(2):
+        for out, lse in results[i]:
+            assert torch.equal(out, expected[i][0]) and torch.equal(lse, expected[i][1])
+
+
+def test_errors_name_the_argument_through_every_path(seed):
+    """Values the C++ op rejects come out as the documented Python exceptions."""
+    q, k, v, cu, _ = _inputs(seed, [3, 4], None, 2, 2, 16, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="max_seqlen_q must be in"):
+        jfa.jagged_attention(q, k, v, cu, max_seqlen_q=2**40)
+    with pytest.raises(ValueError, match="softmax_scale must be finite"):
+        jfa.jagged_attention(q, k, v, cu, softmax_scale=1e39)
+    with pytest.raises(TypeError, match="max_seqlen_k must be an int or None"):
+        jfa.jagged_attention(q, k, v, cu, max_seqlen_k=2.5)
+    with pytest.raises(ValueError, match="v must have the shape of k"):
+        jfa.jagged_attention(q, k, v[:, :1], cu)

@@ -120,6 +120,7 @@ class DeviceRunner final : public Runner {
     call_.cu_seqlens_k = static_cast<const int32_t*>(cu_k_.get());
     call_.options.lse = static_cast<float*>(lse_.get());
     call_.options.stream = stream_;
+    call_.options.workspace = &workspace_;
     with_lse_ = config.with_lse;
     out_dtype_ = batch.dtype;
   }
@@ -184,6 +185,7 @@ class DeviceRunner final : public Runner {
   cudaDeviceProp properties_{};
   cudaStream_t stream_ = nullptr;
   AttentionCall call_;
+  jfa::Workspace workspace_;  // kept across calls: a timed call allocates nothing
   DeviceBuffer q_, k_, v_, out_, lse_, cu_q_, cu_k_;
   bool with_lse_ = false;
   DType out_dtype_ = DType::kFloat16;

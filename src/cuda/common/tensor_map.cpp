@@ -30,9 +30,35 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn(std::string* error) {
   return fn;
 }
 
+bool same_spec(const TiledMapSpec& a, const TiledMapSpec& b) {
+  if (a.dtype != b.dtype || a.rank != b.rank || a.base != b.base || a.swizzle != b.swizzle)
+    return false;
+  for (int i = 0; i < a.rank; ++i) {
+    if (a.dims[i] != b.dims[i] || a.box[i] != b.box[i]) return false;
+    if (i + 1 < a.rank && a.strides[i] != b.strides[i]) return false;
+  }
+  return true;
+}
+
+// The last maps this thread encoded, replaced round-robin.
+struct RecentMaps {
+  static constexpr int kSize = 8;
+  TiledMapSpec spec[kSize];
+  CUtensorMap map[kSize];
+  bool used[kSize] = {};
+  int next = 0;
+};
+thread_local RecentMaps recent;
+
 }  // namespace
 
 bool encode_tiled_map(const TiledMapSpec& spec, CUtensorMap* map, std::string* error) {
+  for (int i = 0; i < RecentMaps::kSize; ++i) {
+    if (recent.used[i] && same_spec(recent.spec[i], spec)) {
+      *map = recent.map[i];
+      return true;
+    }
+  }
   PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn(error);
   if (fn == nullptr) return false;
   cuuint64_t dims[5];
@@ -59,6 +85,11 @@ bool encode_tiled_map(const TiledMapSpec& spec, CUtensorMap* map, std::string* e
     }
     return false;
   }
+  const int slot = recent.next;
+  recent.next = (slot + 1) % RecentMaps::kSize;
+  recent.spec[slot] = spec;
+  recent.map[slot] = *map;
+  recent.used[slot] = true;
   return true;
 }
 

@@ -19,7 +19,9 @@ struct TiledMapSpec {
   CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
 };
 
-// Fills `map`; on failure returns false and writes a message naming the failed rule or call.
+// Fills `map`; on failure returns false and writes a message naming the failed rule or call. The
+// last few maps each thread encoded are kept: a spec seen again (the same tensors called again,
+// as in a loop over steps) is copied instead of encoded (the driver's encode costs about 1 us).
 bool encode_tiled_map(const TiledMapSpec& spec, CUtensorMap* map, std::string* error);
 
 }  // namespace jfa::cuda

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "api/error.hpp"
+#include "cuda/sm90/device_facts.hpp"
 #include "cuda/sm90/fwd_sm90.hpp"
 #include "cuda/sm90/tuning_switch.hpp"
 
@@ -23,8 +24,7 @@ constexpr const char* kSupported =
 // faster there (many tiny sequences: +17%) and slower on long ones (-15%). The mean needs no read
 // of the offsets. JFA_SM90_D64_ROWS=128 or 192 forces a shape (a tuning and testing switch).
 int head_dim_64_tile_rows(const jfa::detail::Params& p) {
-  return tuning_switch("JFA_SM90_D64_ROWS", {128, 192},
-                       p.total_q <= int64_t{128} * p.batch ? 128 : 192);
+  return tuning_switch(TuningSwitch::kD64Rows, p.total_q <= int64_t{128} * p.batch ? 128 : 192);
 }
 
 // Keys per K tile at head_dim 128: 160 without the causal mask on sequences longer than 128 query
@@ -34,7 +34,7 @@ int head_dim_64_tile_rows(const jfa::detail::Params& p) {
 // whose items need the second Q tile). JFA_SM90_D128_KEYS=128 or 160 forces a size (a tuning and
 // testing switch).
 int head_dim_128_key_tile(const jfa::detail::Params& p) {
-  return tuning_switch("JFA_SM90_D128_KEYS", {128, 160},
+  return tuning_switch(TuningSwitch::kD128Keys,
                        !p.causal && p.total_q > int64_t{128} * p.batch ? 160 : 128);
 }
 
@@ -52,32 +52,27 @@ bool hopper_available() {
     return false;
   }
   for (int d = 0; d < count; ++d) {
-    int major = 0, minor = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, d) != cudaSuccess) {
-      cudaGetLastError();
-      continue;
-    }
-    if (major == 9 && minor == 0) return true;
+    const DeviceFacts& facts = device_facts(d);
+    if (facts.error == cudaSuccess && facts.major == 9 && facts.minor == 0) return true;
   }
   return false;
 }
 
 jfa_status forward(const jfa::detail::Params& p) {
   using jfa::detail::fail;
-  int device = 0, major = 0, minor = 0;
-  cudaError_t e = cudaGetDevice(&device);
-  if (e == cudaSuccess)
-    e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (e == cudaSuccess)
-    e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  int device = 0;
+  const cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) {
     cudaGetLastError();
     return fail(JFA_ERROR_CUDA, "cannot query the current CUDA device: %s", cudaGetErrorString(e));
   }
-  if (major != 9 || minor != 0)
-    return fail(JFA_ERROR_UNSUPPORTED, "device %d has compute capability %d.%d; %s", device, major,
-                minor, kSupported);
+  const DeviceFacts& facts = device_facts(device);
+  if (facts.error != cudaSuccess)
+    return fail(JFA_ERROR_CUDA, "cannot query CUDA device %d: %s", device,
+                cudaGetErrorString(facts.error));
+  if (facts.major != 9 || facts.minor != 0)
+    return fail(JFA_ERROR_UNSUPPORTED, "device %d has compute capability %d.%d; %s", device,
+                facts.major, facts.minor, kSupported);
   if (p.dtype != JFA_DTYPE_FLOAT16 && p.dtype != JFA_DTYPE_BFLOAT16)
     return fail(JFA_ERROR_UNSUPPORTED, "dtype float32 is not supported on CUDA; %s", kSupported);
   if (p.head_dim != 64 && p.head_dim != 128)
@@ -109,12 +104,16 @@ jfa_status forward(const jfa::detail::Params& p) {
   const bool half = p.dtype == JFA_DTYPE_FLOAT16;
   if (p.head_dim == 64) {
     if (head_dim_64_tile_rows(p) == 128)
-      return half ? run_forward<__half, 64, 2, 128>(p) : run_forward<__nv_bfloat16, 64, 2, 128>(p);
-    return half ? run_forward<__half, 64, 3, 128>(p) : run_forward<__nv_bfloat16, 64, 3, 128>(p);
+      return half ? run_forward<__half, 64, 2, 128>(p, facts)
+                  : run_forward<__nv_bfloat16, 64, 2, 128>(p, facts);
+    return half ? run_forward<__half, 64, 3, 128>(p, facts)
+                : run_forward<__nv_bfloat16, 64, 3, 128>(p, facts);
   }
   if (head_dim_128_key_tile(p) == 160)
-    return half ? run_forward<__half, 128, 2, 160>(p) : run_forward<__nv_bfloat16, 128, 2, 160>(p);
-  return half ? run_forward<__half, 128, 2, 128>(p) : run_forward<__nv_bfloat16, 128, 2, 128>(p);
+    return half ? run_forward<__half, 128, 2, 160>(p, facts)
+                : run_forward<__nv_bfloat16, 128, 2, 160>(p, facts);
+  return half ? run_forward<__half, 128, 2, 128>(p, facts)
+              : run_forward<__nv_bfloat16, 128, 2, 128>(p, facts);
 }
 
 }  // namespace jfa::sm90

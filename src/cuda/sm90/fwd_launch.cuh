@@ -4,9 +4,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <mutex>
 #include <string>
 
 #include "api/error.hpp"
@@ -14,27 +14,11 @@
 #include "cuda/sm90/fwd_kernel.cuh"
 #include "cuda/sm90/fwd_sm90.hpp"
 #include "cuda/sm90/tuning_switch.hpp"
+#include "cuda/sm90/workspace.hpp"
 
 namespace jfa::sm90 {
 
 namespace launch_detail {
-
-inline int sm_count(int device) {
-  static std::mutex mu;
-  static int cached[64] = {};
-  std::lock_guard<std::mutex> lock(mu);
-  if (device < 0 || device >= 64) return 132;
-  if (cached[device] == 0) {
-    int n = 0;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        n <= 0) {
-      cudaGetLastError();
-      n = 132;
-    }
-    cached[device] = n;
-  }
-  return cached[device];
-}
 
 template <typename T>
 CUtensorMapDataType map_dtype() {
@@ -96,29 +80,71 @@ bool encode_out_map(void* out, int64_t total, int64_t rows, int32_t heads, int32
 // Mainloop schedule (see FwdArgs::schedule): the overlapped one with the groups taking turns (1,
 // measured fastest) unless JFA_SM90_SCHEDULE asks for another (a tuning switch; all compute the
 // same function).
-inline int schedule_choice() { return tuning_switch("JFA_SM90_SCHEDULE", {0, 1, 2}, 1); }
+inline int schedule_choice() { return tuning_switch(TuningSwitch::kSchedule, 1); }
 
 // Work-list order (a tuning switch): sequence order, measured faster with both the round-robin
 // walk and the dynamic items, unless JFA_SM90_LPT=1 asks for heaviest sequences first.
-inline int lpt_order() { return tuning_switch("JFA_SM90_LPT", {1}, 0); }
+inline int lpt_order() { return tuning_switch(TuningSwitch::kLpt, 0); }
 
 // Item order without the causal mask (a tuning switch): head-major runs (decode_item) unless
 // JFA_SM90_HEAD_MAJOR=0 asks for the tile-major order.
-inline int head_major_runs() { return tuning_switch("JFA_SM90_HEAD_MAJOR", {0}, 1); }
+inline int head_major_runs() { return tuning_switch(TuningSwitch::kHeadMajor, 1); }
+
+// The device scratch memory of one call: the caller's (checked for size and alignment), or one
+// allocated in stream order and freed, in stream order, when the call is done with it.
+class CallWorkspace {
+ public:
+  CallWorkspace() = default;
+  CallWorkspace(const CallWorkspace&) = delete;
+  CallWorkspace& operator=(const CallWorkspace&) = delete;
+  ~CallWorkspace() {
+    if (owned_ != nullptr) cudaFreeAsync(owned_, stream_);
+  }
+
+  jfa_status acquire(const jfa::detail::Params& p, size_t bytes, cudaStream_t stream) {
+    using jfa::detail::fail;
+    if (p.workspace != nullptr) {
+      if (p.workspace_bytes < bytes)
+        return fail(JFA_ERROR_INVALID_ARGUMENT,
+                    "workspace_bytes is %zu but this call needs %zu "
+                    "(jfa_attention_workspace_size)",
+                    p.workspace_bytes, bytes);
+      if (reinterpret_cast<uintptr_t>(p.workspace) % kWorkspaceAlignment != 0)
+        return fail(JFA_ERROR_INVALID_ARGUMENT, "workspace must be %zu-byte aligned",
+                    kWorkspaceAlignment);
+      base_ = p.workspace;
+      return JFA_SUCCESS;
+    }
+    const cudaError_t e = cudaMallocAsync(&owned_, bytes, stream);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      owned_ = nullptr;
+      return fail(e == cudaErrorMemoryAllocation ? JFA_ERROR_OUT_OF_MEMORY : JFA_ERROR_CUDA,
+                  "cudaMallocAsync of the %zu-byte workspace failed: %s", bytes,
+                  cudaGetErrorString(e));
+    }
+    stream_ = stream;
+    base_ = owned_;
+    return JFA_SUCCESS;
+  }
+
+  char* base() const { return static_cast<char*>(base_); }
+
+ private:
+  void* base_ = nullptr;
+  void* owned_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+};
 
 }  // namespace launch_detail
 
 template <typename T, int kHeadDim, int kGroups, int kKeys>
-jfa_status run_forward(const jfa::detail::Params& p) {
+jfa_status run_forward(const jfa::detail::Params& p, const DeviceFacts& device) {
   using jfa::detail::fail;
   using Cfg = FwdConfig<T, kHeadDim, kGroups, kKeys>;
+  static_assert(Cfg::kBlockM >= kMinBlockM, "the workspace is sized for kMinBlockM-row tiles");
   if (p.total_q == 0 || p.batch == 0) return JFA_SUCCESS;
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
-
-  int device = 0;
-  cudaError_t e = cudaGetDevice(&device);
-  if (e != cudaSuccess)
-    return fail(JFA_ERROR_CUDA, "cudaGetDevice failed: %s", cudaGetErrorString(e));
 
   // With no keys anywhere, K/V may be NULL: point their (never used) maps at q.
   const bool no_keys = p.total_k == 0;
@@ -143,34 +169,44 @@ jfa_status run_forward(const jfa::detail::Params& p) {
                                         p.out_layout, &tm_o, &err))
     return fail(JFA_ERROR_CUDA, "output tensor map encoding failed: %s", err.c_str());
 
-  // Work list capacity: sum over sequences of ceil(len / kBlockM) <= total_q / kBlockM + batch (a
-  // shared tile holds at least one sequence).
-  const int64_t capacity64 = (p.total_q + Cfg::kBlockM - 1) / Cfg::kBlockM + p.batch;
+  const int64_t capacity64 = work_list_capacity(p.total_q, p.batch, Cfg::kBlockM);
   if (capacity64 > (int64_t{1} << 30))
     return fail(JFA_ERROR_UNSUPPORTED, "batch too large for the CUDA backend (%lld tiles)",
                 static_cast<long long>(capacity64));
   const int32_t capacity = static_cast<int32_t>(capacity64);
 
-  void* workspace = nullptr;
-  const size_t ws_bytes = 16 + 2 * sizeof(WorkTile) * static_cast<size_t>(capacity);
-  e = cudaMallocAsync(&workspace, ws_bytes, stream);
-  if (e != cudaSuccess)
-    return fail(e == cudaErrorMemoryAllocation ? JFA_ERROR_OUT_OF_MEMORY : JFA_ERROR_CUDA,
-                "cudaMallocAsync of the %zu-byte work list failed: %s", ws_bytes,
-                cudaGetErrorString(e));
-  int32_t* count = static_cast<int32_t*>(workspace);
-  auto* next_item = reinterpret_cast<unsigned long long*>(static_cast<char*>(workspace) + 8);
-  WorkTile* work = reinterpret_cast<WorkTile*>(static_cast<char*>(workspace) + 16);
+  {
+    // The shared-memory opt-in is per device; remember where it was done.
+    static std::atomic<bool> attr_done[64];
+    const int dev = device.ordinal;
+    if (dev < 0 || dev >= 64 || !attr_done[dev].load(std::memory_order_acquire)) {
+      const cudaError_t ae = cudaFuncSetAttribute(
+          fwd_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+      if (ae != cudaSuccess) {
+        cudaGetLastError();
+        return fail(JFA_ERROR_CUDA, "cudaFuncSetAttribute (%d bytes of shared memory) failed: %s",
+                    Cfg::kSmemBytes, cudaGetErrorString(ae));
+      }
+      if (dev >= 0 && dev < 64) attr_done[dev].store(true, std::memory_order_release);
+    }
+  }
+
+  launch_detail::CallWorkspace workspace;
+  if (const jfa_status s =
+          workspace.acquire(p, forward_workspace_bytes(p.total_q, p.batch), stream);
+      s != JFA_SUCCESS)
+    return s;
+  int32_t* count = reinterpret_cast<int32_t*>(workspace.base());
+  auto* next_item = reinterpret_cast<unsigned long long*>(workspace.base() + 8);
+  WorkTile* work = reinterpret_cast<WorkTile*>(workspace.base() + kWorkspaceHeaderBytes);
   WorkTile* list = work + capacity;  // the unsorted list
 
   build_work_list<Cfg::kBlockM, Cfg::kBlockN><<<1, kListThreads, 0, stream>>>(
       p.cu_seqlens_q, p.cu_seqlens_k, p.batch, p.total_q, p.total_k, p.causal ? 1 : 0,
       launch_detail::lpt_order(), list, work, count, next_item, capacity);
-  e = cudaGetLastError();
-  if (e != cudaSuccess) {
-    cudaFreeAsync(workspace, stream);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
     return fail(JFA_ERROR_CUDA, "work-list kernel launch failed: %s", cudaGetErrorString(e));
-  }
 
   FwdArgs a{};
   a.lse = p.lse;
@@ -193,31 +229,12 @@ jfa_status run_forward(const jfa::detail::Params& p) {
   a.out_ragged_rows = static_cast<int32_t>(ragged_rows);
   a.schedule = launch_detail::schedule_choice();
 
-  {
-    // The shared-memory opt-in is per device; remember where it was done.
-    static std::mutex attr_mu;
-    static bool attr_done[64] = {};
-    std::lock_guard<std::mutex> lock(attr_mu);
-    if (device < 0 || device >= 64 || !attr_done[device]) {
-      const cudaError_t ae = cudaFuncSetAttribute(
-          fwd_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-      if (ae != cudaSuccess) {
-        cudaFreeAsync(workspace, stream);
-        return fail(JFA_ERROR_CUDA, "cudaFuncSetAttribute (%d bytes of shared memory) failed: %s",
-                    Cfg::kSmemBytes, cudaGetErrorString(ae));
-      }
-      if (device >= 0 && device < 64) attr_done[device] = true;
-    }
-  }
   const int64_t max_items = capacity64 * p.heads_q;
-  const int grid = static_cast<int>(std::min<int64_t>(launch_detail::sm_count(device), max_items));
+  const int grid = static_cast<int>(std::min<int64_t>(device.sm_count, max_items));
   fwd_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, tm_o, a);
   e = cudaGetLastError();
-  const cudaError_t free_error = cudaFreeAsync(workspace, stream);
   if (e != cudaSuccess)
     return fail(JFA_ERROR_CUDA, "attention kernel launch failed: %s", cudaGetErrorString(e));
-  if (free_error != cudaSuccess)
-    return fail(JFA_ERROR_CUDA, "cudaFreeAsync failed: %s", cudaGetErrorString(free_error));
   return JFA_SUCCESS;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "common/params.hpp"
+#include "cuda/sm90/device_facts.hpp"
 #include "jfa/jfa.h"
 
 namespace jfa::sm90 {
@@ -19,6 +20,6 @@ jfa_status forward(const jfa::detail::Params& p);
 // One per (dtype, head_dim, consumer warp groups, keys per K tile) instantiation
 // (src/cuda/sm90/instantiations/).
 template <typename T, int kHeadDim, int kGroups, int kKeys>
-jfa_status run_forward(const jfa::detail::Params& p);
+jfa_status run_forward(const jfa::detail::Params& p, const DeviceFacts& device);
 
 }  // namespace jfa::sm90

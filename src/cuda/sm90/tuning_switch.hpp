@@ -1,22 +1,19 @@
 // Run-time tuning switches of the Hopper forward: environment variables that force a choice the
 // library otherwise makes itself, for A/B measurements and tests (every choice computes the same
-// function).
+// function). They are read once, at the first launch, so that a call reads no environment;
+// jfa_sm90_reload_tuning_switches() reads them again (for tests that change them in-process).
 #pragma once
 
-#include <cstdlib>
-#include <initializer_list>
-#include <string>
+#include "jfa/jfa.h"
 
 namespace jfa::sm90 {
 
-// The value that environment variable `name` spells exactly (in decimal, as std::to_string writes
-// it) when it is one of `values`, else `otherwise`.
-inline int tuning_switch(const char* name, std::initializer_list<int> values, int otherwise) {
-  const char* env = std::getenv(name);
-  if (env == nullptr) return otherwise;
-  for (int value : values)
-    if (std::to_string(value) == env) return value;
-  return otherwise;
-}
+enum class TuningSwitch { kD64Rows, kD128Keys, kSchedule, kLpt, kHeadMajor, kCount };
+
+// The value that the switch's environment variable spelled (in decimal) when it was read, if it
+// is one of the values that switch accepts, else `otherwise`.
+int tuning_switch(TuningSwitch which, int otherwise);
 
 }  // namespace jfa::sm90
+
+extern "C" JFA_API void jfa_sm90_reload_tuning_switches(void);

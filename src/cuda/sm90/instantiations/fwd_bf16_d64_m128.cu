@@ -2,5 +2,6 @@
 #include "cuda/sm90/fwd_launch.cuh"
 
 namespace jfa::sm90 {
-template jfa_status run_forward<__nv_bfloat16, 64, 2, 128>(const jfa::detail::Params& p);
+template jfa_status run_forward<__nv_bfloat16, 64, 2, 128>(const jfa::detail::Params& p,
+                                                           const DeviceFacts& device);
 }  // namespace jfa::sm90

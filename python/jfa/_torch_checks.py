@@ -1,0 +1,45 @@
+"""Metadata checks of torch inputs (no data reads): run by the fake kernel while tracing and by
+the ctypes op; the native op makes the same checks in C++ with the same messages."""
+
+import torch
+from torch import Tensor
+
+from . import _checks
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_FIX = "call .contiguous() on it"
+
+
+def check_inputs(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor):
+    for name, t in (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
+                    ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    _checks.qkv_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
+    if q.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"q must be float16, bfloat16 or float32, got {q.dtype}")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"q, k and v must have the same dtype, got q {q.dtype} and {name} {t.dtype}")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(
+            f"q, k and v must be on the same device, got q on {q.device}, k on {k.device}, "
+            f"v on {v.device}")
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"q, k and v must be CPU or CUDA tensors, got device {q.device}")
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if t.dtype != torch.int32:
+            raise TypeError(f"{name} must be an int32 tensor (batch + 1 offsets), got {t.dtype}")
+        if t.dim() != 1:
+            raise ValueError(f"{name} must be 1-D (batch + 1 offsets), got shape {tuple(t.shape)}")
+        if t.device != q.device:
+            raise ValueError(f"{name} must be on the device of q ({q.device}), got {t.device}")
+    _checks.offsets_count("cu_seqlens_q", cu_seqlens_q.shape[0], "cu_seqlens_k",
+                          cu_seqlens_k.shape[0])
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        layout(name, t)
+
+
+def layout(name: str, t: Tensor):
+    """(token_stride, head_stride) in elements, checked as the library takes them."""
+    return _checks.layout(name, tuple(t.shape), tuple(t.stride()), _FIX)

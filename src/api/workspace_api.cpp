@@ -1,0 +1,102 @@
+// jfa_workspace: device scratch memory kept across calls, grown to the largest size asked for.
+#include <cstddef>
+#include <new>
+
+#include "api/error.hpp"
+#include "api/memory_probe.hpp"
+#include "jfa/jfa.h"
+#ifdef JFA_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+using jfa::detail::fail;
+using jfa::detail::guarded;
+
+struct jfa_workspace {
+  void* memory = nullptr;
+  size_t bytes = 0;
+  int device = -1;
+};
+
+extern "C" {
+
+jfa_status jfa_workspace_create(jfa_workspace** workspace) {
+  return guarded([&] {
+    if (workspace == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "workspace must not be NULL");
+    *workspace = new (std::nothrow) jfa_workspace{};
+    if (*workspace == nullptr)
+      return fail(JFA_ERROR_OUT_OF_MEMORY, "cannot allocate a jfa_workspace handle");
+    return JFA_SUCCESS;
+  });
+}
+
+jfa_status jfa_workspace_destroy(jfa_workspace* workspace) {
+  return guarded([&] {
+    if (workspace == nullptr) return JFA_SUCCESS;
+#ifdef JFA_WITH_CUDA
+    if (workspace->memory != nullptr) {
+      const cudaError_t e = cudaFree(workspace->memory);
+      if (e != cudaSuccess) cudaGetLastError();
+    }
+#endif
+    delete workspace;
+    return JFA_SUCCESS;
+  });
+}
+
+jfa_status jfa_workspace_prepare(jfa_workspace* workspace, jfa_attention_params* params) {
+  return guarded([&] {
+    if (workspace == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "workspace must not be NULL");
+    if (params == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "params must not be NULL");
+    params->workspace = nullptr;
+    params->workspace_bytes = 0;
+    const void* probe = params->q != nullptr ? params->q : params->out;
+    if (params->backend == JFA_BACKEND_CPU ||
+        jfa::detail::memory_kind(probe) == jfa::detail::MemoryKind::kHost)
+      return JFA_SUCCESS;
+    size_t needed = 0;
+    if (const jfa_status s = jfa_attention_workspace_size(params, &needed); s != JFA_SUCCESS)
+      return s;
+#ifdef JFA_WITH_CUDA
+    int device = 0;
+    cudaError_t e = cudaGetDevice(&device);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return fail(JFA_ERROR_CUDA, "cudaGetDevice failed: %s", cudaGetErrorString(e));
+    }
+    if (workspace->memory != nullptr && workspace->device != device)
+      return fail(JFA_ERROR_INVALID_ARGUMENT,
+                  "workspace holds memory of device %d but the current device is %d; keep one "
+                  "workspace per device",
+                  workspace->device, device);
+    if (needed > workspace->bytes) {
+      if (workspace->memory != nullptr) {
+        e = cudaFree(workspace->memory);  // waits for the calls that still use it
+        workspace->memory = nullptr;
+        workspace->bytes = 0;
+        if (e != cudaSuccess) {
+          cudaGetLastError();
+          return fail(JFA_ERROR_CUDA, "cudaFree of the workspace failed: %s",
+                      cudaGetErrorString(e));
+        }
+      }
+      e = cudaMalloc(&workspace->memory, needed);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        workspace->memory = nullptr;
+        return fail(e == cudaErrorMemoryAllocation ? JFA_ERROR_OUT_OF_MEMORY : JFA_ERROR_CUDA,
+                    "cudaMalloc of a %zu-byte workspace failed: %s", needed, cudaGetErrorString(e));
+      }
+      workspace->bytes = needed;
+      workspace->device = device;
+    }
+    params->workspace = workspace->memory;
+    params->workspace_bytes = workspace->bytes;
+#else
+    (void)needed;
+#endif
+    return JFA_SUCCESS;
+  });
+}
+
+}  // extern "C"
