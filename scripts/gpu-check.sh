@@ -7,7 +7,8 @@
 # table is printed last.
 #
 # usage: scripts/gpu-check.sh OUTDIR
-# env:   BUILD_DIR (default build/gpu-check), SKIP_SANITIZERS=1, SKIP_BENCH=1, GPU_TEST_TIMEOUT
+# env:   BUILD_DIR (default build/gpu-check), PREBUILT=1 (use BUILD_DIR as built elsewhere, e.g.
+#        on a machine without a GPU, instead of building), SKIP_SANITIZERS=1, SKIP_BENCH=1, GPU_TEST_TIMEOUT
 #        (default 400), SANITIZER_TIMEOUT (default 600 per tool), CLI_TIMEOUT (seconds per run),
 #        PEERS_FULL=1 (the full peers run instead of --quick: both dtypes, all workloads, and the
 #        results JSON and chart <date>-h200.json/.png in OUTDIR), SKIP_PEERS=1,
@@ -27,7 +28,9 @@ note() { SUMMARY+=("$(printf '%-28s %s' "$1" "$2")"); }
 EXTRA=()
 [ -d .gtest ] && EXTRA+=("-DCMAKE_PREFIX_PATH=$PWD/.gtest")
 
-if cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DJFA_BUILD_TOOLS=ON -DJFA_BUILD_BENCH=OFF \
+if [ -n "${PREBUILT:-}" ]; then
+  note build "prebuilt ($BUILD)"
+elif cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DJFA_BUILD_TOOLS=ON -DJFA_BUILD_BENCH=OFF \
      -DPython3_EXECUTABLE="$(command -v python3)" \
      "${EXTRA[@]}" >"$OUT/build.log" 2>&1 &&
    cmake --build "$BUILD" -j"$JOBS" -- -k 0 >>"$OUT/build.log" 2>&1; then
