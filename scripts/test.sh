@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test this machine can run: the release build (GPU tests report
-# "skipped" without a GPU), the Python package tests, then the C++ tests under AddressSanitizer
-# and UBSan.
+# "skipped" without a GPU), the Python package tests, the torch op library and the torch tests on
+# the CPU (when torch can be installed), then the C++ tests under AddressSanitizer and UBSan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -17,6 +17,9 @@ ctest --preset release -j "$jobs"
 
 echo "== Python package tests (torch and CUDA tests report why they skip)"
 JFA_LIBRARY="$PWD/build/release/src/libjfa.so" python3 -m pytest tests/python -q -rs
+
+echo "== torch op library and torch tests on the CPU (skipped, with the reason, without torch)"
+scripts/torch-cpu-tests.sh build/release
 
 echo "== AddressSanitizer + UBSan build and tests"
 cmake --preset sanitize
