@@ -185,7 +185,8 @@ void* current_cuda_stream(int32_t device_index) {
     return reinterpret_cast<CurrentCudaStreamFn>(sym);
   }();
   if (fn == nullptr)
-    raise("RuntimeError", "torch's CUDA library (libtorch_cuda.so) is not loaded in this process");
+    throw std::runtime_error(
+        "torch's CUDA library (libtorch_cuda.so) is not loaded in this process");
   void* stream = nullptr;
   check_shim(fn(device_index, &stream), "current CUDA stream");
   return stream;
@@ -241,9 +242,7 @@ std::tuple<Tensor, Tensor> jagged_attention_fwd(Tensor q, Tensor k, Tensor v, Te
     raise("ValueError",
           "q, k and v must be CPU or CUDA tensors, got device " + device_string(device));
   const Tensor cu_q = dense_offsets("cu_seqlens_q", cu_seqlens_q, device);
-  const Tensor cu_k = cu_seqlens_k.get() == cu_seqlens_q.get()
-                          ? cu_q
-                          : dense_offsets("cu_seqlens_k", cu_seqlens_k, device);
+  const Tensor cu_k = dense_offsets("cu_seqlens_k", cu_seqlens_k, device);
   if (cu_q.size(0) < 1)
     raise("ValueError", "cu_seqlens_q must hold batch + 1 >= 1 offsets, got " +
                             std::to_string(cu_q.size(0)) + " entries");
