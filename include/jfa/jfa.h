@@ -174,8 +174,10 @@ JFA_API const char* jfa_last_error_message(void);
 JFA_API const char* jfa_status_string(jfa_status status);
 JFA_API const char* jfa_version(void);
 JFA_API size_t jfa_dtype_size(jfa_dtype dtype);
-/* Threads the CPU backend uses at most: JFA_NUM_THREADS when set to a positive number, else the
- * number of hardware threads. A call starts about one thread per 4 MFLOP of work, up to this. */
+/* Threads the CPU backend uses at most: the hardware threads, capped by JFA_NUM_THREADS when it
+ * holds a whole number >= 1 (read once; any other value is reported once on stderr and ignored).
+ * A call starts about one thread per 4 MFLOP of work, up to this; a thread that cannot be started
+ * leaves its share to the others. */
 JFA_API int jfa_cpu_thread_count(void);
 /* 1 when the CUDA backend is built and a supported GPU is visible, else 0. */
 JFA_API int jfa_cuda_available(void);

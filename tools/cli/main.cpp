@@ -30,7 +30,7 @@ constexpr const char* kUsage =
     "  --version    print the versions and the available backends\n"
     "\n"
     "exit status: 0 success, 1 a failed check or a library error, 2 a bad command line\n"
-    "environment: JFA_NUM_THREADS sets the threads of the CPU backend\n";
+    "environment: JFA_NUM_THREADS caps the threads of the CPU backend\n";
 
 void print_version() {
   std::printf("jfa %s (library %s)\n", JFA_VERSION_STRING, version().c_str());

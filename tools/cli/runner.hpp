@@ -70,7 +70,7 @@ bool device_runner_available();
 // throws jfa::Error when it is not available).
 std::unique_ptr<Runner> make_runner(BackendChoice choice);
 
-// The CPU path's thread count: JFA_NUM_THREADS when set, else the hardware threads.
+// The CPU path's thread count: the hardware threads, capped by JFA_NUM_THREADS.
 int cpu_threads();
 
 }  // namespace jfa::cli
