@@ -68,7 +68,7 @@ class JfaLib:
         self.lib = ctypes.CDLL(path)
         L = self.lib
         P = ctypes.POINTER(AttentionParams)
-        L.jfa_attention_params_init.restype = None
+        L.jfa_attention_params_init.restype = ctypes.c_int
         L.jfa_attention_params_init.argtypes = [P]
         L.jfa_attention_forward.restype = ctypes.c_int
         L.jfa_attention_forward.argtypes = [P]
@@ -106,7 +106,7 @@ class JfaLib:
                max_seqlen_q=0, max_seqlen_k=0, backend="cuda", stream=None, lse=None):
         """A filled jfa_attention_params (packed layouts). Pointers are integers (or None)."""
         p = AttentionParams()
-        self.lib.jfa_attention_params_init(ctypes.byref(p))
+        self.check(self.lib.jfa_attention_params_init(ctypes.byref(p)))
         p.q, p.k, p.v, p.out = q, k, v, out
         p.lse = lse
         p.cu_seqlens_q = cu_seqlens_q

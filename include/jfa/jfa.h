@@ -2,7 +2,7 @@
  *
  * Sequences are packed end to end (no padding) in tensors of shape [total, heads, head_dim] and
  * addressed by cumulative offsets ("cu_seqlens", B+1 int32, cu_seqlens[0] = 0,
- * cu_seqlens[B] = total). Every entry point returns a jfa_status; on failure
+ * cu_seqlens[B] = total). Every entry point that can fail returns a jfa_status; on failure
  * jfa_last_error_message() names the argument and the rule that was broken. No entry aborts the
  * process. */
 #ifndef JFA_JFA_H_
@@ -60,6 +60,10 @@ typedef struct jfa_tensor_layout {
 /* Parameters of the attention forward. Fill with jfa_attention_params_init() first, then set the
  * fields you need. */
 typedef struct jfa_attention_params {
+  /* sizeof(jfa_attention_params), set by jfa_attention_params_init: a struct that was not filled
+   * by it (uninitialised, zero-filled, or laid out by another version of this header) is
+   * rejected. */
+  uint32_t struct_size;
   const void* q; /* [total_q, heads_q, head_dim] */
   const void* k; /* [total_k, heads_kv, head_dim] */
   const void* v; /* [total_k, heads_kv, head_dim] */
@@ -106,7 +110,8 @@ typedef struct jfa_attention_params {
 /* Semantics of a query row with no visible key (an empty key sequence, or causal with
  * len_q > len_k for its first len_q - len_k rows): its output is zeros and its LSE is -inf. */
 
-JFA_API void jfa_attention_params_init(jfa_attention_params* params);
+/* Fills every field with its default (and struct_size); JFA_ERROR_INVALID_ARGUMENT for NULL. */
+JFA_API jfa_status jfa_attention_params_init(jfa_attention_params* params);
 
 /* out = softmax(scale * q k^T [+ causal mask]) v, per sequence and head. */
 JFA_API jfa_status jfa_attention_forward(const jfa_attention_params* params);
@@ -173,6 +178,7 @@ JFA_API jfa_status jfa_padded_to_jagged(const void* padded, const int32_t* offse
 JFA_API const char* jfa_last_error_message(void);
 JFA_API const char* jfa_status_string(jfa_status status);
 JFA_API const char* jfa_version(void);
+/* Bytes of one element of dtype; 0 for a value that is not a jfa_dtype. */
 JFA_API size_t jfa_dtype_size(jfa_dtype dtype);
 /* Threads the CPU backend uses at most: the hardware threads, capped by JFA_NUM_THREADS when it
  * holds a whole number >= 1 (read once; any other value is reported once on stderr and ignored).

@@ -111,7 +111,7 @@ inline jfa_attention_params make_params(const JaggedTensor& q, const JaggedTenso
                                         const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
                                         int64_t batch, const AttentionOptions& options) {
   jfa_attention_params p;
-  jfa_attention_params_init(&p);
+  check(jfa_attention_params_init(&p));
   p.q = q.data;
   p.k = k.data;
   p.v = v.data;

@@ -37,6 +37,7 @@ class AttentionParams(ctypes.Structure):
     """struct jfa_attention_params, field for field (enums are 32-bit ints)."""
 
     _fields_ = [
+        ("struct_size", ctypes.c_uint32),
         ("q", ctypes.c_void_p),
         ("k", ctypes.c_void_p),
         ("v", ctypes.c_void_p),
@@ -71,7 +72,7 @@ _c_status = ctypes.c_int32
 
 # name: (restype, argtypes)
 _PROTOTYPES = {
-    "jfa_attention_params_init": (None, [_P]),
+    "jfa_attention_params_init": (_c_status, [_P]),
     "jfa_attention_forward": (_c_status, [_P]),
     "jfa_attention_workspace_size": (_c_status, [_P, ctypes.POINTER(ctypes.c_size_t)]),
     "jfa_attention_reference": (_c_status, [_P, _c_int64_p, ctypes.c_int64, _c_double_p, _c_double_p]),
@@ -188,7 +189,7 @@ def call(name: str, *args) -> None:
 def new_params() -> AttentionParams:
     """A jfa_attention_params filled by jfa_attention_params_init()."""
     p = AttentionParams()
-    lib().jfa_attention_params_init(ctypes.byref(p))
+    call("jfa_attention_params_init", ctypes.byref(p))
     return p
 
 

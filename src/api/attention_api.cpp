@@ -66,12 +66,15 @@ jfa_status locate_buffers(const Params& p, MemoryKind* kind) {
 
 extern "C" {
 
-void jfa_attention_params_init(jfa_attention_params* params) {
-  if (params == nullptr) return;
+jfa_status jfa_attention_params_init(jfa_attention_params* params) {
+  if (params == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "params must not be NULL");
+  jfa::detail::clear_error();
   *params = jfa_attention_params{};
+  params->struct_size = sizeof(jfa_attention_params);
   params->dtype = JFA_DTYPE_FLOAT16;
   params->softmax_scale = std::numeric_limits<float>::quiet_NaN();
   params->backend = JFA_BACKEND_AUTO;
+  return JFA_SUCCESS;
 }
 
 jfa_status jfa_attention_forward(const jfa_attention_params* params) {
@@ -109,6 +112,7 @@ jfa_status jfa_attention_workspace_size(const jfa_attention_params* params, size
   return guarded([&] {
     if (params == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "params must not be NULL");
     if (bytes == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "bytes must not be NULL");
+    if (const jfa_status s = jfa::detail::check_struct_size(params); s != JFA_SUCCESS) return s;
     if (params->batch < 0 || params->batch >= std::numeric_limits<int32_t>::max())
       return fail(JFA_ERROR_INVALID_ARGUMENT, "batch must be in [0, 2^31 - 1), got %lld",
                   static_cast<long long>(params->batch));

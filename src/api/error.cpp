@@ -3,6 +3,8 @@
 #include <cstdarg>
 #include <cstdio>
 
+#include "api/enum_bits.hpp"
+
 namespace jfa::detail {
 namespace {
 thread_local std::string last_error;
@@ -29,7 +31,7 @@ extern "C" const char* jfa_last_error_message(void) {
 }
 
 extern "C" const char* jfa_status_string(jfa_status status) {
-  switch (status) {
+  switch (jfa::detail::enum_bits(status)) {
     case JFA_SUCCESS:
       return "success";
     case JFA_ERROR_INVALID_ARGUMENT:

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "api/enum_bits.hpp"
 #include "api/error.hpp"
 #include "api/validate.hpp"
 #include "cpu/jagged_ops.hpp"
@@ -11,16 +12,17 @@ using jfa::detail::guarded;
 
 namespace {
 
-jfa_status check_dtype(jfa_dtype dtype) {
-  if (dtype != JFA_DTYPE_FLOAT16 && dtype != JFA_DTYPE_BFLOAT16 && dtype != JFA_DTYPE_FLOAT32)
-    return fail(JFA_ERROR_INVALID_ARGUMENT, "dtype %d is not a jfa_dtype", static_cast<int>(dtype));
+jfa_status check_dtype(const jfa_dtype& dtype) {
+  const int32_t bits = jfa::detail::enum_bits(dtype);
+  if (bits != JFA_DTYPE_FLOAT16 && bits != JFA_DTYPE_BFLOAT16 && bits != JFA_DTYPE_FLOAT32)
+    return fail(JFA_ERROR_INVALID_ARGUMENT, "dtype %d is not a jfa_dtype", bits);
   return JFA_SUCCESS;
 }
 
 // Shared checks of the two copy directions.
 jfa_status check_copy(const void* src, const char* src_name, const int32_t* offsets, int64_t batch,
-                      int64_t row_elems, jfa_dtype dtype, int32_t max_length, const void* dst,
-                      const char* dst_name) {
+                      int64_t row_elems, const jfa_dtype& dtype, int32_t max_length,
+                      const void* dst, const char* dst_name) {
   jfa_status s;
   if ((s = check_dtype(dtype)) != JFA_SUCCESS) return s;
   if (row_elems < 0)
@@ -51,7 +53,17 @@ jfa_status check_copy(const void* src, const char* src_name, const int32_t* offs
 
 extern "C" {
 
-size_t jfa_dtype_size(jfa_dtype dtype) { return dtype == JFA_DTYPE_FLOAT32 ? 4 : 2; }
+size_t jfa_dtype_size(jfa_dtype dtype) {
+  switch (jfa::detail::enum_bits(dtype)) {
+    case JFA_DTYPE_FLOAT16:
+    case JFA_DTYPE_BFLOAT16:
+      return 2;
+    case JFA_DTYPE_FLOAT32:
+      return 4;
+    default:
+      return 0;  // not a jfa_dtype
+  }
+}
 
 jfa_status jfa_lengths_to_offsets(const int32_t* lengths, int64_t batch, int32_t* offsets) {
   return guarded([&] {

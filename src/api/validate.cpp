@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "api/enum_bits.hpp"
 #include "api/error.hpp"
 
 namespace jfa::detail {
@@ -47,8 +48,19 @@ jfa_status check_layout(const char* name, Layout& layout, int64_t total, int32_t
 
 }  // namespace
 
+jfa_status check_struct_size(const jfa_attention_params* in) {
+  if (in->struct_size != sizeof(jfa_attention_params))
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "params->struct_size is %u but this libjfa's jfa_attention_params has %zu bytes: "
+                "fill the struct with jfa_attention_params_init() first (an uninitialised or "
+                "zero-filled struct, or one from another version of jfa.h)",
+                static_cast<unsigned>(in->struct_size), sizeof(jfa_attention_params));
+  return JFA_SUCCESS;
+}
+
 jfa_status build_params(const jfa_attention_params* in, Params* out, bool needs_output) {
   if (in == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "params must not be NULL");
+  if (const jfa_status s = check_struct_size(in); s != JFA_SUCCESS) return s;
   Params p{};
   p.q = in->q;
   p.k = in->k;
@@ -63,7 +75,8 @@ jfa_status build_params(const jfa_attention_params* in, Params* out, bool needs_
   p.heads_q = in->heads_q;
   p.heads_kv = in->heads_kv;
   p.head_dim = in->head_dim;
-  p.dtype = in->dtype;
+  const int32_t dtype = enum_bits(in->dtype);
+  const int32_t backend = enum_bits(in->backend);
   p.q_layout = {in->q_layout.token_stride, in->q_layout.head_stride};
   p.k_layout = {in->k_layout.token_stride, in->k_layout.head_stride};
   p.v_layout = {in->v_layout.token_stride, in->v_layout.head_stride};
@@ -97,15 +110,13 @@ jfa_status build_params(const jfa_attention_params* in, Params* out, bool needs_
   if (p.head_dim > kMaxHeadDim)
     return fail(JFA_ERROR_UNSUPPORTED, "head_dim %d is not supported (at most %d)", p.head_dim,
                 kMaxHeadDim);
-  if (p.dtype != JFA_DTYPE_FLOAT16 && p.dtype != JFA_DTYPE_BFLOAT16 && p.dtype != JFA_DTYPE_FLOAT32)
+  if (dtype != JFA_DTYPE_FLOAT16 && dtype != JFA_DTYPE_BFLOAT16 && dtype != JFA_DTYPE_FLOAT32)
     return fail(JFA_ERROR_INVALID_ARGUMENT,
-                "dtype %d is not a jfa_dtype (float16=0, bfloat16=1, float32=2)",
-                static_cast<int>(p.dtype));
-  if (in->backend != JFA_BACKEND_AUTO && in->backend != JFA_BACKEND_CPU &&
-      in->backend != JFA_BACKEND_CUDA)
+                "dtype %d is not a jfa_dtype (float16=0, bfloat16=1, float32=2)", dtype);
+  p.dtype = static_cast<jfa_dtype>(dtype);
+  if (backend != JFA_BACKEND_AUTO && backend != JFA_BACKEND_CPU && backend != JFA_BACKEND_CUDA)
     return fail(JFA_ERROR_INVALID_ARGUMENT,
-                "backend %d is not a jfa_backend (auto=0, cpu=1, cuda=2)",
-                static_cast<int>(in->backend));
+                "backend %d is not a jfa_backend (auto=0, cpu=1, cuda=2)", backend);
   if (p.cu_seqlens_q == nullptr)
     return fail(JFA_ERROR_INVALID_ARGUMENT, "cu_seqlens_q must not be NULL (batch + 1 offsets)");
   if (p.cu_seqlens_k == nullptr)

@@ -9,6 +9,10 @@ namespace jfa::detail {
 // Largest head_dim any backend accepts; backends narrow it further.
 inline constexpr int32_t kMaxHeadDim = 512;
 
+// Whether params->struct_size says the struct was filled by this library's
+// jfa_attention_params_init (the caller has checked params for NULL).
+jfa_status check_struct_size(const jfa_attention_params* in);
+
 // Checks everything that does not need to read the offsets; fills `out` on success. The reference
 // writes into its own buffers, so it passes needs_output = false.
 jfa_status build_params(const jfa_attention_params* in, Params* out, bool needs_output = true);

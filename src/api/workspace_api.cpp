@@ -2,6 +2,7 @@
 #include <cstddef>
 #include <new>
 
+#include "api/enum_bits.hpp"
 #include "api/error.hpp"
 #include "api/memory_probe.hpp"
 #include "jfa/jfa.h"
@@ -48,15 +49,15 @@ jfa_status jfa_workspace_prepare(jfa_workspace* workspace, jfa_attention_params*
   return guarded([&] {
     if (workspace == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "workspace must not be NULL");
     if (params == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "params must not be NULL");
+    size_t needed = 0;  // also checks struct_size
+    if (const jfa_status s = jfa_attention_workspace_size(params, &needed); s != JFA_SUCCESS)
+      return s;
     params->workspace = nullptr;
     params->workspace_bytes = 0;
     const void* probe = params->q != nullptr ? params->q : params->out;
-    if (params->backend == JFA_BACKEND_CPU ||
+    if (jfa::detail::enum_bits(params->backend) == JFA_BACKEND_CPU ||
         jfa::detail::memory_kind(probe) == jfa::detail::MemoryKind::kHost)
       return JFA_SUCCESS;
-    size_t needed = 0;
-    if (const jfa_status s = jfa_attention_workspace_size(params, &needed); s != JFA_SUCCESS)
-      return s;
 #ifdef JFA_WITH_CUDA
     int device = 0;
     cudaError_t e = cudaGetDevice(&device);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -198,4 +199,65 @@ TEST(Workspace, HostCallsGetNone) {
   EXPECT_EQ(jfa_workspace_create(nullptr), JFA_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(jfa_workspace_destroy(ws), JFA_SUCCESS);
   EXPECT_EQ(jfa_workspace_destroy(nullptr), JFA_SUCCESS);
+}
+
+// Enum fields and arguments holding ints outside their enumerators (as C callers and memset can
+// make them) are rejected by value; the sanitizer build checks that nothing loads them as enums.
+TEST(Validation, EnumsOutsideTheirValues) {
+  const int32_t bad = -1;
+  Fixture f;
+  std::memcpy(&f.p.dtype, &bad, sizeof bad);
+  EXPECT_EQ(jfa_attention_forward(&f.p), JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("dtype -1 is not a jfa_dtype"),
+            std::string::npos)
+      << jfa_last_error_message();
+  Fixture g;
+  std::memcpy(&g.p.backend, &bad, sizeof bad);
+  EXPECT_EQ(jfa_attention_forward(&g.p), JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("backend -1 is not a jfa_backend"),
+            std::string::npos);
+  jfa_workspace* ws = nullptr;
+  ASSERT_EQ(jfa_workspace_create(&ws), JFA_SUCCESS);
+  EXPECT_EQ(jfa_workspace_prepare(ws, &g.p), JFA_SUCCESS);  // host buffers: no workspace
+  EXPECT_EQ(jfa_workspace_destroy(ws), JFA_SUCCESS);
+
+  // A C caller passes any int where the prototype names an enum; C++ cannot, so these calls go
+  // through the same functions typed with int32_t (the enums are 32-bit ints in the ABI).
+  const auto dtype_size = reinterpret_cast<size_t (*)(int32_t)>(&jfa_dtype_size);
+  EXPECT_EQ(dtype_size(bad), 0u);
+  EXPECT_EQ(dtype_size(JFA_DTYPE_FLOAT32), 4u);
+  const auto status_string = reinterpret_cast<const char* (*)(int32_t)>(&jfa_status_string);
+  EXPECT_STREQ(status_string(bad), "unknown status");
+  const auto to_padded =
+      reinterpret_cast<jfa_status (*)(const void*, const int32_t*, int64_t, int64_t, int32_t,
+                                      int32_t, double, void*)>(&jfa_jagged_to_padded);
+  const int32_t offsets[] = {0, 1};
+  float row[4] = {1, 2, 3, 4};
+  float padded[4];
+  EXPECT_EQ(to_padded(row, offsets, 1, 4, bad, 1, 0.0, padded), JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("dtype -1"), std::string::npos);
+}
+
+// A struct not filled by jfa_attention_params_init (zero-filled, garbage, or laid out by another
+// version of jfa.h) is told apart by struct_size and rejected before anything else is read.
+TEST(Validation, StructNotFilledByInit) {
+  for (const unsigned char fill : {0x00, 0xAB}) {
+    Fixture f;
+    jfa_attention_params raw;
+    std::memset(&raw, fill, sizeof raw);
+    EXPECT_EQ(jfa_attention_forward(&raw), JFA_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(jfa_last_error_message()).find("jfa_attention_params_init"),
+              std::string::npos)
+        << jfa_last_error_message();
+    size_t bytes = 0;
+    EXPECT_EQ(jfa_attention_workspace_size(&raw, &bytes), JFA_ERROR_INVALID_ARGUMENT);
+    double out = 0;
+    EXPECT_EQ(jfa_attention_reference(&raw, nullptr, 0, &out, nullptr), JFA_ERROR_INVALID_ARGUMENT);
+    f.p.struct_size -= 8;  // a smaller struct of another version
+    EXPECT_EQ(jfa_attention_forward(&f.p), JFA_ERROR_INVALID_ARGUMENT);
+  }
+  EXPECT_EQ(jfa_attention_params_init(nullptr), JFA_ERROR_INVALID_ARGUMENT);
+  jfa_attention_params p;
+  EXPECT_EQ(jfa_attention_params_init(&p), JFA_SUCCESS);
+  EXPECT_EQ(p.struct_size, sizeof(jfa_attention_params));
 }
