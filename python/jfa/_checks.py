@@ -7,6 +7,16 @@ import numbers
 from typing import Optional, Sequence, Tuple
 
 INT32_MAX = 2**31 - 1
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def flag(name: str, value) -> bool:
+    """A bool argument: True/False (or numpy's bool), nothing that merely converts to one."""
+    if type(value) is bool:
+        return value
+    if type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
 def qkv_shapes(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int]):
@@ -89,6 +99,7 @@ def scale_value(value: Optional[float]) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"softmax_scale must be a float or None, got {type(value).__name__}")
     value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"softmax_scale must be finite (or None for 1/sqrt(head_dim)), got {value}")
+    if not math.isfinite(value) or abs(value) > FLOAT32_MAX:
+        raise ValueError("softmax_scale must be finite in float32 (or None for 1/sqrt(head_dim)), "
+                         f"got {value}")
     return value

@@ -99,7 +99,7 @@ def build_params(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
         lay = getattr(p, field)
         lay.token_stride, lay.head_stride = ts, hs
     p.softmax_scale = _checks.scale_value(softmax_scale)
-    p.causal = 1 if causal else 0
+    p.causal = 1 if _checks.flag("causal", causal) else 0
     p.max_seqlen_q = _checks.seqlen_hint("max_seqlen_q", max_seqlen_q)
     p.max_seqlen_k = _checks.seqlen_hint("max_seqlen_k", max_seqlen_k)
     p.backend = BACKEND_CPU
@@ -110,6 +110,7 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c
               softmax_scale, return_lse):
     p, keep = build_params(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            causal, softmax_scale)
+    return_lse = _checks.flag("return_lse", return_lse)
     q = keep[0]
     out = np.empty((p.total_q, p.heads_q, p.head_dim), dtype=q.dtype)
     lse = np.empty((p.heads_q, p.total_q), dtype=np.float32) if return_lse else None
@@ -130,11 +131,15 @@ def attention_reference(q, k, v, cu_seqlens_q, cu_seqlens_k=None, *, causal=Fals
     tokens when None), and lse float64 [heads_q, n] when ``return_lse``.
     """
     p, keep = build_params(q, k, v, cu_seqlens_q, cu_seqlens_k, None, None, causal, softmax_scale)
+    return_lse = _checks.flag("return_lse", return_lse)
     if q_tokens is None:
         tokens = None
         n = p.total_q
     else:
-        tokens = np.ascontiguousarray(np.asarray(q_tokens, dtype=np.int64).reshape(-1))
+        given = np.asarray(q_tokens)
+        if given.size and given.dtype.kind not in "iu":
+            raise TypeError(f"q_tokens must hold integers (token indices), got {given.dtype}")
+        tokens = np.ascontiguousarray(given.astype(np.int64).reshape(-1))
         n = tokens.size
         if n and (tokens.min() < 0 or tokens.max() >= p.total_q):
             raise ValueError(f"q_tokens must be in [0, total_q={p.total_q})")

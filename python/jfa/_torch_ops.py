@@ -99,7 +99,8 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c
     cu_k = cu_q if cu_seqlens_k is None else _offsets_tensor("cu_seqlens_k", cu_seqlens_k, q.device)
     scale = None if softmax_scale is None else _checks.scale_value(softmax_scale)
     args = (q, k, v, cu_q, cu_k, _hint("max_seqlen_q", max_seqlen_q),
-            _hint("max_seqlen_k", max_seqlen_k), bool(causal), scale, bool(return_lse))
+            _hint("max_seqlen_k", max_seqlen_k), _checks.flag("causal", causal), scale,
+            _checks.flag("return_lse", return_lse))
     try:
         if _is_compiling() or (_grad_enabled() and (q.requires_grad or k.requires_grad
                                                     or v.requires_grad)):

@@ -148,6 +148,35 @@ def test_softmax_scale(args):
             jfa.jagged_attention(q, k, v, cu, softmax_scale=bad)
     with pytest.raises(TypeError, match="softmax_scale must be a float"):
         jfa.jagged_attention(q, k, v, cu, softmax_scale="0.1")
+    # Finite in Python but not in float32, which the library computes in.
+    for bad in (1e39, -3.5e38):
+        with pytest.raises(ValueError, match="softmax_scale must be finite in float32"):
+            jfa.jagged_attention(q, k, v, cu, softmax_scale=bad)
+    jfa.jagged_attention(q, k, v, cu, softmax_scale=3.4e38)  # the largest float32 range is fine
+
+
+def test_flags_are_bools(args):
+    q, k, v, cu = args
+    for name in ("causal", "return_lse"):
+        for bad in ("yes", 1, None, [True]):
+            with pytest.raises(TypeError, match=f"{name} must be a bool"):
+                jfa.jagged_attention(q, k, v, cu, **{name: bad})
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        jfa.attention_reference(q, k, v, cu, causal="no")
+    out, lse = jfa.jagged_attention(q, k, v, cu, causal=np.bool_(True), return_lse=np.bool_(True))
+    assert out.shape == q.shape and lse.shape == (4, 8)
+
+
+def test_q_tokens_are_integers(args):
+    q, k, v, cu = args
+    with pytest.raises(TypeError, match="q_tokens must hold integers"):
+        jfa.attention_reference(q, k, v, cu, q_tokens=[1.7])
+    with pytest.raises(TypeError, match="q_tokens must hold integers"):
+        jfa.attention_reference(q, k, v, cu, q_tokens=np.array([True, False]))
+    whole = jfa.attention_reference(q, k, v, cu)
+    assert np.array_equal(jfa.attention_reference(q, k, v, cu, q_tokens=np.array([1, 6], np.uint8)),
+                          whole[[1, 6]])
+    assert jfa.attention_reference(q, k, v, cu, q_tokens=[]).shape == (0, 4, 16)
 
 
 def test_unsupported_head_dim(rng):

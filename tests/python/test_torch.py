@@ -477,3 +477,7 @@ def test_errors_name_the_argument_through_every_path(seed):
         jfa.jagged_attention(q, k, v, cu, max_seqlen_k=2.5)
     with pytest.raises(ValueError, match="v must have the shape of k"):
         jfa.jagged_attention(q, k, v[:, :1], cu)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        jfa.jagged_attention(q, k, v, cu, causal="yes")
+    with pytest.raises(TypeError, match="return_lse must be a bool"):
+        jfa.jagged_attention(q, k, v, cu, return_lse=1)
