@@ -15,7 +15,7 @@ Three figures per method, workload, dtype and mask:
 - graph_ms: the call captured once in a CUDA graph (warmed up on a side stream first) and
   replayed; events around each replay, synchronized after each. What is left of a call without
   its host path. A method that cannot be captured gets the reason instead.
-Times are medians over --runs after warm-up; useful TFLOP/s and TB/s count as BENCH.md does.
+Times are medians over --runs after warm-up; useful TFLOP/s and TB/s count as bench/workloads.py does.
 
 Every method is checked against a float32 reference on a sample of sequences before it is timed
 (bench/peers_gpu.py's check); a method that fails is recorded and not timed for that cell. The

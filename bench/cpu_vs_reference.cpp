@@ -1,4 +1,4 @@
-// How much faster the fast CPU path is than the float64 reference, on the seed's worked example
+// How much faster the fast CPU path is than the float64 reference, on the worked example
 // (W2: lengths [128, 4096, 512, 2048], 16 heads, head_dim 128, fp16, non-causal).
 // Usage: jfa_bench_cpu_vs_reference [heads] [fast_repeats]
 #include <algorithm>

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""jfa against its peers on the GPU: every workload of BENCH.md, fp16 and bf16, causal and not.
+"""jfa against its peers on the GPU: every workload of bench/workloads.py, fp16 and bf16, causal and not.
 
 For each workload x dtype the inputs are built once (random normal, fixed seed); for each mask a
 float32 reference is computed on a sample of sequences (all of a small batch; else the longest,
@@ -13,7 +13,7 @@ Methods: jfa (libjfa.so through ctypes), plain Triton JFA (bench/triton_jfa.py),
 (flash_attn_interface, flash-attn-4's SM90 forward or flashinfer's fa3 backend, when importable),
 varlen FlashAttention-2 (aten), FlexAttention (document mask, compiled), padded cuDNN,
 nested-tensor SDPA, padded FlashAttention-2. Times are medians of CUDA-event times of >= 10 runs
-after warm-up, in one process; useful TFLOP/s count real (query, key) pairs only (BENCH.md); TB/s
+after warm-up, in one process; useful TFLOP/s count real (query, key) pairs only (bench/workloads.py); TB/s
 are minimal bytes (Q, K, V read once, O written once) over the time.
 
 With --rounds N every cell is measured N times, the methods in alternating order (bench/rounds.py),

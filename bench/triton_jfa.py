@@ -9,7 +9,7 @@ head h to key/value head h // (heads_q // heads_kv). A query row with no visible
 
 Tiles: K/V blocks wholly visible to every row of the Q tile run without masks; only the blocks at
 the sequence end or across the diagonal are masked. Configurations come from a small table per
-(head_dim, causal); BENCH.md's sweep on the H200 (W1, fp16, head_dim 128) found 128x64 with 8 warps
+(head_dim, causal); a 10-configuration sweep on the H200 (W1, fp16, head_dim 128) found 128x64 with 8 warps
 and 4 stages best non-causal, 64x64 with 4 warps and 3 stages causal; at head_dim 64, 64x64 with 4
 warps and 3 stages led both. `python3 bench/triton_jfa.py [--head-dim 64] --sweep` times a few
 configurations on a random W1-like batch to revisit the table.

@@ -1,11 +1,11 @@
-"""The benchmark workloads of BENCH.md, their useful FLOPs and their minimal bytes.
+"""The benchmark workloads, their useful FLOPs and their minimal bytes.
 
 The lengths of W1..W4 are not repeated here: they come from the one C++ workloads file through the
 CLI (`jfa bench --workload W1 --print-lengths`), so every tool measures the same batches. The
 cross-attention workloads (X1, X2) are fixed functions of W1's lengths; the equivalent CLI run is
 `jfa bench --lengths <q lengths> --lengths-k <k lengths>` (see `cli_command`).
 
-Counting (BENCH.md):
+Counting:
 - useful FLOPs = 4 * sum_b pairs_b * heads_q * head_dim, pairs_b = Lq_b * Lk_b; causal counts half
   for equal lengths and the exact number of visible (query, key) pairs otherwise, bottom-right
   aligned: query row i (0-based) sees keys j <= i + (Lk - Lq).
@@ -24,7 +24,7 @@ HEADS = 16
 DTYPES = ("fp16", "bf16")
 ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 
-# Ceilings measured on the H200 (BENCH.md, 2026-11-29).
+# Ceilings measured on the H200 (bench/NOTES.md, 2026-11-29).
 MATMUL_CEILING_TFLOPS = 745.0   # fp16 8192^3 matmul
 COPY_CEILING_TBPS = 4.23        # device copy, read + write
 
@@ -56,8 +56,8 @@ def _chunk(lengths):
 CROSS_RULES = {"reverse": _reverse, "chunk": _chunk}
 
 SPECS = [
-    WorkloadSpec("W1", "W1", 128, "B=32, lengths uniform in [1024, 3072]: the seed's benchmark"),
-    WorkloadSpec("W2", "W2", 128, "lengths [128, 4096, 512, 2048]: the seed's worked example"),
+    WorkloadSpec("W1", "W1", 128, "B=32, lengths uniform in [1024, 3072]: the reference benchmark batch"),
+    WorkloadSpec("W2", "W2", 128, "lengths [128, 4096, 512, 2048]: the worked example"),
     WorkloadSpec("W3", "W3", 128, "B=16, lengths uniform in [1, 8192]: packed LLM prefill"),
     WorkloadSpec("W4", "W4", 128, "B=4096, lengths uniform in [1, 64]: many tiny sequences"),
     WorkloadSpec("W1-d64", "W1", 64, "W1 at head_dim 64"),

@@ -26,6 +26,9 @@ extern "C" {
 #define JFA_VERSION_PATCH 0
 #define JFA_VERSION_STRING "0.1.0"
 
+/* The largest head_dim any backend takes (the CUDA backend takes 64 and 128). */
+#define JFA_MAX_HEAD_DIM 512
+
 typedef enum jfa_status {
   JFA_SUCCESS = 0,
   JFA_ERROR_INVALID_ARGUMENT = 1,    /* a value breaks a documented rule */

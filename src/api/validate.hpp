@@ -7,7 +7,7 @@
 namespace jfa::detail {
 
 // Largest head_dim any backend accepts; backends narrow it further.
-inline constexpr int32_t kMaxHeadDim = 512;
+inline constexpr int32_t kMaxHeadDim = JFA_MAX_HEAD_DIM;
 
 // Whether params->struct_size says the struct was filled by this library's
 // jfa_attention_params_init (the caller has checked params for NULL).

@@ -24,6 +24,7 @@ struct BenchOptions {
   int heads = 16;
   int heads_kv = 0;  // 0: same as heads
   int head_dim = 128;
+  int progress_s = 5;
   DType dtype = DType::kFloat16;
   bool causal = false;
   BackendChoice backend = BackendChoice::kAuto;
@@ -109,7 +110,8 @@ void print_json(const Workload& w, const tools::JaggedBatch& batch, const BenchO
         .add("version", version());
     if (m == &c.jagged && c.padded) line.add("speedup_vs_padded", c.speedup());
     if (m == &c.jagged && c.check) {
-      line.add("check_rel_error", c.check->rel_error)
+      line.add("check_rows", c.check->rows)
+          .add("check_rel_error", c.check->rel_error)
           .add("check_tolerance", c.check->tolerance)
           .add("check_passed", c.check->passed);
     }
@@ -139,7 +141,7 @@ int bench_main(std::span<const std::string> args) {
                    "Times jagged attention on a batch, and the same batch padded to its longest "
                    "sequence, on one\nbackend. Give the lengths with --workload, --lengths or "
                    "--dist. Useful TFLOP/s count the real\ntokens only.");
-  parser.add_option("--workload", "W1|W2|W3|W4", "a benchmark workload of BENCH.md (list below)",
+  parser.add_option("--workload", "W1|W2|W3|W4", "a benchmark workload (list below)",
                     [&o](std::string_view v) {
                       o.preset = preset_workload(v);
                       if (!o.preset) {
@@ -163,7 +165,8 @@ int bench_main(std::span<const std::string> args) {
   parser.add_int("--heads", "H", "query heads (default 16)", &o.heads, 1, 65536);
   parser.add_int("--heads-kv", "H", "key/value heads, dividing --heads (default: --heads)",
                  &o.heads_kv, 1, 65536);
-  parser.add_int("--head-dim", "D", "head dimension (default 128)", &o.head_dim, 1, 65536);
+  parser.add_int("--head-dim", "D", "head dimension (default 128)", &o.head_dim, 1,
+                 JFA_MAX_HEAD_DIM);
   parser.add_dtype("element type (default fp16; fp32 on the CPU only)", &o.dtype);
   parser.add_flag("--causal", "causal mask (bottom-right aligned when q/k lengths differ)",
                   &o.causal);
@@ -183,6 +186,10 @@ int bench_main(std::span<const std::string> args) {
                   &o.print_lengths);
   parser.add_flag("--json", "print one JSON object per measured layout per line, nothing else",
                   &o.json);
+  parser.add_int("--progress", "S",
+                 "a progress line on stderr at most every S seconds (default 5; 0, and the "
+                 "default under --json: none)",
+                 &o.progress_s, 0, 86400);
   parser.set_epilog("workloads:\n" + preset_help() +
                     "\nexample: jfa bench --workload W2 --heads 2 --repeats 5\n");
   if (!parser.parse(args)) return 0;
@@ -216,6 +223,7 @@ int bench_main(std::span<const std::string> args) {
   options.padded = !o.no_padded;
   options.check = o.check;
   options.check_tokens_per_sequence = 8;
+  options.progress_interval_s = parser.given("--progress") ? o.progress_s : (o.json ? 0 : 5);
 
   if (!o.json) {
     std::printf("jfa %s bench: %s (%s)\n", version().c_str(), w.name.c_str(),
@@ -244,7 +252,9 @@ int bench_main(std::span<const std::string> args) {
   } else {
     std::printf("work     %.4g useful GFLOP per forward\n", c.jagged.useful_flops * 1e-9);
     print_table(*runner, c);
-    if (c.check) {
+    if (c.check && c.check->rows == 0) {
+      std::printf("check: nothing to check (the batch has no query tokens)\n");
+    } else if (c.check) {
       std::printf(
           "check: %s, relative error %.2e (%s tolerance %.0e) on %s sampled query "
           "tokens%s%s\n",

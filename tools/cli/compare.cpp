@@ -9,8 +9,10 @@ Comparison compare(Runner& runner, const tools::JaggedBatch& batch, const Compar
   const double flops =
       attention_flops(batch.cu_q, batch.cu_k, batch.heads_q, batch.head_dim, options.config.causal);
 
+  Progress progress(options.progress_interval_s);
   runner.upload(batch, options.config);
   if (options.check) {
+    progress.phase("check against the float64 reference", 1);
     runner.poison_output();
     runner.run();
     tools::HostBuffer out;
@@ -20,7 +22,8 @@ Comparison compare(Runner& runner, const tools::JaggedBatch& batch, const Compar
         sample_tokens(batch, options.check_tokens_per_sequence, options.check_seed));
   }
   result.jagged.layout = "jagged";
-  result.jagged.timing = runner.time(options.warmup, options.repeats);
+  progress.phase("jagged layout", options.warmup + options.repeats);
+  result.jagged.timing = runner.time(options.warmup, options.repeats, progress);
   result.jagged.useful_flops = flops;
   result.jagged.tokens_q = batch.total_q();
   result.jagged.tokens_k = batch.total_k();
@@ -30,7 +33,8 @@ Comparison compare(Runner& runner, const tools::JaggedBatch& batch, const Compar
     runner.upload(padded, options.config);
     Measurement m;
     m.layout = "padded";
-    m.timing = runner.time(options.warmup, options.repeats);
+    progress.phase("padded layout", options.warmup + options.repeats);
+    m.timing = runner.time(options.warmup, options.repeats, progress);
     m.useful_flops = flops;
     m.tokens_q = padded.total_q();
     m.tokens_k = padded.total_k();

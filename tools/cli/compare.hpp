@@ -32,6 +32,7 @@ struct CompareOptions {
   bool check = false;                 // check the jagged output against the reference
   int check_tokens_per_sequence = 8;  // sampled query tokens per sequence (all heads)
   uint64_t check_seed = 0x5A3B1E;
+  double progress_interval_s = 0;  // > 0: progress lines on stderr at most this often
 };
 
 struct Comparison {

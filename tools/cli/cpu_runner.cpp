@@ -39,13 +39,17 @@ class CpuRunner final : public Runner {
 
   void run() override { call_(); }
 
-  Timing time(int warmup, int repeats) override {
-    for (int i = 0; i < warmup; ++i) call_();
+  Timing time(int warmup, int repeats, Progress& progress) override {
+    for (int i = 0; i < warmup; ++i) {
+      call_();
+      progress.step();
+    }
     Timing timing;
     for (int i = 0; i < repeats; ++i) {
       Stopwatch watch;
       call_();
       timing.ms.push_back(watch.elapsed_ms());
+      progress.step();
     }
     return timing;
   }

@@ -1,4 +1,4 @@
-// `jfa demo`: the seed's two problems, jagged against padded, on the chosen backend.
+// `jfa demo`: the two reference problems, jagged against padded, on the chosen backend.
 #include <algorithm>
 #include <cstdio>
 #include <numeric>
@@ -68,7 +68,7 @@ int demo_main(std::span<const std::string> args) {
   int repeats = 0;
   bool full = false;
   ArgParser parser("jfa demo",
-                   "Runs the seed's two problems, the worked example [128, 4096, 512, 2048] and "
+                   "Runs the two reference problems, the worked example [128, 4096, 512, 2048] and "
                    "the benchmark batch W1\n(B=32, lengths uniform in [1024, 3072]), with 16 "
                    "heads, head_dim 128, fp16: jagged attention\nagainst the same work padded "
                    "to the longest sequence, with the jagged output checked against the\nfloat64 "
@@ -98,7 +98,7 @@ int demo_main(std::span<const std::string> args) {
   {
     const Workload w2 = *preset_workload("W2");
     DemoProblem a;
-    a.title = "(a) the seed's worked example (W2)";
+    a.title = "(a) the worked example (W2)";
     a.lengths = w2.lengths_q;
     a.shape = strprintf("%zu sequences packed end to end, cu_seqlens %s", a.lengths.size(),
                         format_list(lengths_to_offsets(a.lengths)).c_str());
@@ -107,7 +107,7 @@ int demo_main(std::span<const std::string> args) {
 
     const Workload w1 = *preset_workload("W1");
     DemoProblem b;
-    b.title = "(b) the seed's benchmark batch (W1)";
+    b.title = "(b) the benchmark batch (W1)";
     b.lengths = w1.lengths_q;
     b.shape = strprintf("B=%zu, lengths uniform in [1024, 3072], seed 0x%llX", b.lengths.size(),
                         static_cast<unsigned long long>(kW1LengthSeed));

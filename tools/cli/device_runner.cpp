@@ -138,7 +138,8 @@ class DeviceRunner final : public Runner {
     check_cuda(cudaStreamSynchronize(stream_), "attention on the GPU");
   }
 
-  Timing time(int warmup, int repeats) override {
+  // GPU runs are queued and short: progress is not reported run by run.
+  Timing time(int warmup, int repeats, Progress& /*progress*/) override {
     for (int i = 0; i < warmup; ++i) call_();
     check_cuda(cudaStreamSynchronize(stream_), "warm-up runs on the GPU");
     // One event pair per run, recorded back to back; a single synchronisation at the end keeps

@@ -20,7 +20,7 @@ constexpr const char* kUsage =
     "no padding.\n"
     "\n"
     "commands:\n"
-    "  demo     the seed's problems, jagged against padded, timed and checked\n"
+    "  demo     the reference problems, jagged against padded, timed and checked\n"
     "  bench    time jagged (and padded) attention on a workload, as a table or JSON lines\n"
     "  check    random and edge-case problems against the float64 reference\n"
     "  help     help on a command: jfa help <command> (or jfa <command> --help)\n"

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli/args.hpp"
+#include "cli/progress.hpp"
 #include "cli/timing.hpp"
 #include "common/jagged_batch.hpp"
 #include "jfa/jfa.hpp"
@@ -51,8 +52,8 @@ class Runner {
   virtual void poison_output() = 0;
   // One forward pass, complete when it returns.
   virtual void run() = 0;
-  // `warmup` untimed runs, then `repeats` timed ones.
-  virtual Timing time(int warmup, int repeats) = 0;
+  // `warmup` untimed runs, then `repeats` timed ones, each reported to `progress` when done.
+  virtual Timing time(int warmup, int repeats, Progress& progress) = 0;
   // The output of the last run into host memory; lse (when not null) gets [heads_q, total_q].
   virtual void download(tools::HostBuffer* out, std::vector<float>* lse) = 0;
   // Forgets the current problem and frees its buffers.

@@ -21,9 +21,9 @@ std::vector<int32_t> w3_lengths() { return uniform_lengths(16, {1, 8192}, kW3Len
 std::vector<int32_t> w4_lengths() { return uniform_lengths(4096, {1, 64}, kW4LengthSeed); }
 
 const Preset kPresets[] = {
-    {"W1", "B=32, lengths uniform in [1024, 3072] (mean 2048 +- 50%): the seed's benchmark",
+    {"W1", "B=32, lengths uniform in [1024, 3072] (mean 2048 +- 50%): the benchmark batch",
      w1_lengths},
-    {"W2", "lengths [128, 4096, 512, 2048]: the seed's worked example", w2_lengths},
+    {"W2", "lengths [128, 4096, 512, 2048]: the worked example", w2_lengths},
     {"W3", "B=16, lengths uniform in [1, 8192]: packed LLM prefill", w3_lengths},
     {"W4", "B=4096, lengths uniform in [1, 64]: many tiny sequences", w4_lengths},
 };

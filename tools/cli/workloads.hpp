@@ -1,4 +1,4 @@
-// The benchmark workloads of BENCH.md (W1-W4) and the length generators behind them. Every seed
+// The benchmark workloads (W1-W4) and the length generators behind them. Every seed
 // lives here, so every run of a workload measures the same batch.
 #pragma once
 

@@ -1,0 +1,57 @@
+"""The jfa CLI as a user runs it (CPU backend): progress on stderr, honest checks, arguments the
+library cannot take rejected before anything is allocated. Skipped where the CLI was not built
+next to the library."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import jfa
+
+
+def _cli():
+    path = Path(jfa.library_path()).resolve().parent.parent / "tools" / "jfa"
+    if not path.is_file():
+        pytest.skip(f"no CLI at {path} (it is built next to libjfa in a CMake build tree)")
+    return str(path)
+
+
+def _bench(*args, timeout=120):
+    return subprocess.run([_cli(), "bench", "--backend", "cpu", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_progress_on_stderr_and_quiet_under_json():
+    args = ["--lengths", "1500", "--heads", "4", "--repeats", "3", "--warmup", "0", "--no-padded"]
+    r = _bench(*args, "--progress", "1")
+    assert r.returncode == 0, r.stderr
+    assert "jfa: jagged layout: 3 runs" in r.stderr
+    assert "jfa: jagged layout" not in r.stdout
+    quiet = _bench(*args, "--json")
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    assert json.loads(quiet.stdout.splitlines()[0])["layout"] == "jagged"
+    asked = _bench(*args, "--json", "--progress", "1")
+    assert "jfa: jagged layout: 3 runs" in asked.stderr
+
+
+def test_check_with_no_query_tokens_is_not_a_pass():
+    r = _bench("--lengths", "0,0", "--check", "--no-padded")
+    assert r.returncode == 0, r.stderr
+    assert "nothing to check" in r.stdout and "PASS" not in r.stdout
+    j = _bench("--lengths", "0,0", "--check", "--no-padded", "--json")
+    assert json.loads(j.stdout.splitlines()[0])["check_rows"] == 0
+
+
+def test_head_dim_beyond_the_library_is_a_usage_error():
+    r = _bench("--lengths", "4", "--head-dim", "600")
+    assert r.returncode == 2 and "--head-dim: 600 is outside [1, 512]" in r.stderr, r.stderr
+    assert "problem" not in r.stdout  # rejected before the batch was built
+
+
+def test_help_cites_nothing_outside_the_repository():
+    for command in ("bench", "check", "demo"):
+        r = subprocess.run([_cli(), command, "--help"], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0
+        assert ".md" not in r.stdout and "seed's" not in r.stdout, r.stdout
