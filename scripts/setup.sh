@@ -10,6 +10,8 @@ command -v g++ >/dev/null || need+=(g++)
 command -v python3 >/dev/null || need+=(python3 python3-pip)
 dpkg -s libgtest-dev >/dev/null 2>&1 || need+=(libgtest-dev)
 dpkg -s libgmock-dev >/dev/null 2>&1 || need+=(libgmock-dev)
+command -v clang++ >/dev/null || need+=(clang)                      # the fuzzer build
+dpkg -s libclang-rt-dev >/dev/null 2>&1 || need+=(libclang-rt-dev)  # libFuzzer
 
 if ((${#need[@]})); then
   echo "setup: installing ${need[*]}"

@@ -1,0 +1,248 @@
+// libFuzzer harness of the C ABI on the CPU backend (built with ASan and UBSan, preset `fuzz`):
+// random parameters, offsets, strides, sizes and enum values, including invalid ones, into
+// jfa_attention_forward, jfa_attention_reference, jfa_attention_workspace_size and the jagged
+// utilities. Buffers are allocated exactly as large as the parameters describe, so any access
+// outside them is caught. Beyond "no crash, no undefined behaviour" it checks:
+// - every call returns a jfa_status that is one of the enumerators;
+// - a rejected forward writes nothing (the output keeps its poison);
+// - an accepted forward on moderate inputs writes every output element, all finite.
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "jfa/jfa.h"
+
+namespace {
+
+constexpr int64_t kMaxElements = 1 << 18;  // per buffer, to keep one input fast
+
+void require(bool ok, const char* what) {
+  if (!ok) {
+    std::fprintf(stderr, "property violated: %s (last message: %s)\n", what,
+                 jfa_last_error_message());
+    std::abort();
+  }
+}
+
+bool valid_status(jfa_status s) {
+  int32_t bits;
+  std::memcpy(&bits, &s, sizeof bits);
+  return bits >= JFA_SUCCESS && bits <= JFA_ERROR_INTERNAL;
+}
+
+// An int32 enum field set to any value, as a C caller may.
+template <typename Enum>
+void set_enum(Enum* field, int32_t value) {
+  std::memcpy(field, &value, sizeof value);
+}
+
+// Elements a [total, heads, d] tensor with these strides spans (0 when the layout is invalid or
+// the span is too large to allocate here).
+int64_t span_elements(int64_t total, int32_t heads, int32_t d, jfa_tensor_layout l) {
+  if (total <= 0 || heads <= 0 || d <= 0) return 0;
+  int64_t ts = l.token_stride, hs = l.head_stride;
+  if (ts == 0 && hs == 0) {
+    hs = d;
+    ts = int64_t{heads} * d;
+  }
+  if (ts <= 0 || hs <= 0 || ts > kMaxElements || hs > kMaxElements) return 0;
+  const __int128 reach = (__int128{total} - 1) * ts + (__int128{heads} - 1) * hs + d;
+  return reach > kMaxElements ? 0 : static_cast<int64_t>(reach);
+}
+
+std::vector<int32_t> make_offsets(FuzzedDataProvider& in, int64_t batch, int64_t* total) {
+  std::vector<int32_t> cu(static_cast<size_t>(batch) + 1, 0);
+  const bool garbage = in.ConsumeBool() && in.ConsumeBool();  // a quarter: any values
+  for (int64_t b = 1; b <= batch; ++b) {
+    cu[b] = garbage ? in.ConsumeIntegral<int32_t>()
+                    : cu[b - 1] + in.ConsumeIntegralInRange<int32_t>(0, 48);
+  }
+  *total = garbage && in.ConsumeBool() ? in.ConsumeIntegralInRange<int64_t>(-2, 300) : cu[batch];
+  return cu;
+}
+
+jfa_tensor_layout make_layout(FuzzedDataProvider& in, int32_t heads, int32_t d) {
+  switch (in.ConsumeIntegralInRange<int>(0, 3)) {
+    case 0:
+      return {0, 0};  // packed
+    case 1:
+      return {int64_t{heads} * d + in.ConsumeIntegralInRange<int>(0, 16),
+              d + in.ConsumeIntegralInRange<int>(0, 4)};  // padded rows
+    case 2:
+      return {d, int64_t{d} * in.ConsumeIntegralInRange<int>(1, 64)};  // heads outermost
+    default:
+      return {in.ConsumeIntegralInRange<int64_t>(-8, 4096), in.ConsumeIntegralInRange<int64_t>(-8, 512)};
+  }
+}
+
+void fuzz_attention(FuzzedDataProvider& in) {
+  jfa_attention_params p;
+  require(jfa_attention_params_init(&p) == JFA_SUCCESS, "init");
+  const int64_t batch = in.ConsumeIntegralInRange<int64_t>(in.ConsumeBool() ? -2 : 0, 6);
+  const int64_t offsets_count = batch >= 0 ? batch : 0;
+  int64_t total_q = 0, total_k = 0;
+  const std::vector<int32_t> cu_q = make_offsets(in, offsets_count, &total_q);
+  std::vector<int32_t> cu_k;
+  if (in.ConsumeBool()) {
+    cu_k = cu_q;  // self-attention
+    total_k = total_q;
+  } else {
+    cu_k = make_offsets(in, offsets_count, &total_k);
+  }
+  const int32_t heads_kv = in.ConsumeIntegralInRange<int32_t>(in.ConsumeBool() ? -1 : 1, 3);
+  const int32_t heads_q =
+      in.ConsumeBool() ? heads_kv * in.ConsumeIntegralInRange<int32_t>(1, 3)
+                       : in.ConsumeIntegralInRange<int32_t>(0, 6);
+  const int32_t d = in.ConsumeBool() ? in.ConsumeIntegralInRange<int32_t>(1, 40)
+                                     : in.ConsumeIntegralInRange<int32_t>(-2, 600);
+  const int32_t dtype = in.ConsumeBool() ? in.ConsumeIntegralInRange<int32_t>(0, 2)
+                                         : in.ConsumeIntegral<int32_t>();
+  const jfa_tensor_layout lq = make_layout(in, heads_q, d), lk = make_layout(in, heads_kv, d),
+                          lv = make_layout(in, heads_kv, d), lo = make_layout(in, heads_q, d);
+  const bool moderate = in.ConsumeBool();
+  float scale = std::numeric_limits<float>::quiet_NaN();
+  if (!moderate && in.ConsumeBool()) scale = in.ConsumeFloatingPoint<float>();
+  if (moderate && in.ConsumeBool()) scale = in.ConsumeFloatingPointInRange<float>(-2.f, 2.f);
+  const bool with_lse = in.ConsumeBool();
+
+  const size_t es = dtype == JFA_DTYPE_FLOAT32 ? 4 : 2;
+  const int64_t nq = span_elements(total_q, heads_q, d, lq);
+  const int64_t nk = span_elements(total_k, heads_kv, d, lk);
+  const int64_t nv = span_elements(total_k, heads_kv, d, lv);
+  const int64_t no = span_elements(total_q, heads_q, d, lo);
+  const int64_t nlse = total_q > 0 && heads_q > 0 ? total_q * heads_q : 0;
+  if (nlse > kMaxElements) return;
+  // Inputs: small values (fp16/bf16 bit patterns of moderate numbers, or floats in [-4, 4]).
+  auto fill = [&](std::vector<unsigned char>& buf, int64_t n) {
+    buf.assign(static_cast<size_t>(n) * es, 0);
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = static_cast<float>((i * 2654435761u % 1000) / 125.0 - 4.0);
+      if (es == 4) {
+        std::memcpy(&buf[i * 4], &x, 4);
+      } else {
+        uint32_t bits;
+        std::memcpy(&bits, &x, 4);
+        const uint16_t half_like = dtype == JFA_DTYPE_BFLOAT16 ? static_cast<uint16_t>(bits >> 16)
+                                                               : static_cast<uint16_t>(0x3C00 ^ (i & 0x3FF));
+        std::memcpy(&buf[i * 2], &half_like, 2);
+      }
+    }
+  };
+  std::vector<unsigned char> q, k, v, out(static_cast<size_t>(no) * es, 0xFF);
+  fill(q, nq);
+  fill(k, nk);
+  fill(v, nv);
+  std::vector<float> lse(static_cast<size_t>(nlse), std::numeric_limits<float>::quiet_NaN());
+
+  p.q = nq ? q.data() : nullptr;
+  p.k = nk ? k.data() : nullptr;
+  p.v = nv ? v.data() : nullptr;
+  p.out = no ? out.data() : nullptr;
+  p.lse = with_lse && nlse ? lse.data() : nullptr;
+  p.cu_seqlens_q = in.ConsumeIntegralInRange<int>(0, 15) == 0 ? nullptr : cu_q.data();
+  p.cu_seqlens_k = cu_k.data();
+  p.batch = batch;
+  p.total_q = total_q;
+  p.total_k = total_k;
+  p.heads_q = heads_q;
+  p.heads_kv = heads_kv;
+  p.head_dim = d;
+  set_enum(&p.dtype, dtype);
+  p.q_layout = lq;
+  p.k_layout = lk;
+  p.v_layout = lv;
+  p.out_layout = lo;
+  p.softmax_scale = scale;
+  p.causal = in.ConsumeIntegral<int>();
+  p.max_seqlen_q = in.ConsumeBool() ? 0 : in.ConsumeIntegralInRange<int32_t>(-1, 64);
+  p.max_seqlen_k = in.ConsumeBool() ? 0 : in.ConsumeIntegralInRange<int32_t>(-1, 64);
+  set_enum(&p.backend, in.ConsumeBool() ? JFA_BACKEND_CPU
+                                        : in.ConsumeIntegralInRange<int32_t>(-1, 3));
+  if (in.ConsumeIntegralInRange<int>(0, 31) == 0) p.struct_size = in.ConsumeIntegral<uint32_t>();
+
+  // A buffer the parameters describe but that was too large to allocate here: skip the call
+  // rather than hand the library a buffer smaller than the parameters say.
+  if ((total_q > 0 && heads_q > 0 && d > 0 && (!nq || !no)) ||
+      (total_k > 0 && heads_kv > 0 && d > 0 && (!nk || !nv)))
+    return;
+
+  size_t ws = 0;
+  require(valid_status(jfa_attention_workspace_size(&p, &ws)), "workspace_size status");
+  const jfa_status s = jfa_attention_forward(&p);
+  require(valid_status(s), "forward status");
+  if (s != JFA_SUCCESS) {
+    for (unsigned char b : out) require(b == 0xFF, "a rejected call wrote its output");
+    for (float x : lse) require(std::isnan(x), "a rejected call wrote the LSE");
+  } else if (moderate && dtype != JFA_DTYPE_FLOAT16) {
+    // float32 and bf16 inputs here are all in [-4, 4]: every output element is finite (the
+    // poison, all ones, is a NaN in both).
+    const int64_t ts = lo.token_stride ? lo.token_stride : int64_t{heads_q} * d;
+    const int64_t hs = lo.head_stride ? lo.head_stride : d;
+    for (int64_t t = 0; t < total_q; ++t)
+      for (int32_t h = 0; h < heads_q; ++h)
+        for (int32_t j = 0; j < d; ++j) {
+          const int64_t at = t * ts + h * hs + j;
+          uint32_t bits = 0;
+          std::memcpy(&bits, &out[at * es], es);
+          if (es == 2) bits <<= 16;  // bf16: the top half of a float
+          float x;
+          std::memcpy(&x, &bits, 4);
+          require(std::isfinite(x), "an accepted call left an output element unwritten or NaN");
+        }
+  }
+  // The float64 reference on a few rows when the problem is small.
+  if (total_q > 0 && total_k >= 0 && heads_q > 0 && d > 0 && total_q <= 256 && total_k <= 256 &&
+      total_q * (total_k + 1) * heads_q * d < (1 << 16)) {
+    const int64_t n = in.ConsumeIntegralInRange<int64_t>(-1, 3);
+    std::vector<int64_t> tokens(static_cast<size_t>(n > 0 ? n : 0));
+    for (int64_t& t : tokens) t = in.ConsumeIntegralInRange<int64_t>(-1, total_q);
+    const int64_t rows = n > 0 ? n : total_q;
+    std::vector<double> ref(static_cast<size_t>(rows * heads_q * d + 1));
+    std::vector<double> ref_lse(static_cast<size_t>(rows * heads_q + 1));
+    require(valid_status(jfa_attention_reference(&p, n > 0 ? tokens.data() : nullptr, n > 0 ? n : total_q,
+                                                 ref.data(), ref_lse.data())),
+            "reference status");
+  }
+}
+
+void fuzz_jagged_utils(FuzzedDataProvider& in) {
+  const int64_t batch = in.ConsumeIntegralInRange<int64_t>(-1, 5);
+  int64_t total = 0;
+  std::vector<int32_t> cu = make_offsets(in, batch >= 0 ? batch : 0, &total);
+  const int64_t row = in.ConsumeIntegralInRange<int64_t>(-1, 8);
+  const int32_t max_len = in.ConsumeIntegralInRange<int32_t>(-1, 64);
+  // Enums passed by value hold their enumerators here: in C++ the call itself would load an
+  // invalid one (C callers can pass any int; the unit tests cover that through an int signature).
+  const jfa_dtype dtype = static_cast<jfa_dtype>(in.ConsumeIntegralInRange<int32_t>(0, 2));
+  int32_t m = 0;
+  require(valid_status(jfa_validate_offsets(cu.data(), batch, total)), "validate status");
+  require(valid_status(jfa_max_length(cu.data(), batch, &m)), "max_length status");
+  // Buffers as large as the description, when it is small enough; else nothing is called.
+  const int64_t n = cu.empty() ? 0 : cu.back();
+  if (n < 0 || n > 4096 || row < 0 || max_len < 0 || batch < 0) return;
+  std::vector<unsigned char> jagged(static_cast<size_t>(n * row * 4 + 1));
+  std::vector<unsigned char> padded(static_cast<size_t>(batch * max_len * row * 4 + 1));
+  require(valid_status(jfa_jagged_to_padded(jagged.data(), cu.data(), batch, row, dtype, max_len,
+                                            in.ConsumeFloatingPoint<double>(), padded.data())),
+          "jagged_to_padded status");
+  require(valid_status(jfa_padded_to_jagged(padded.data(), cu.data(), batch, row, dtype, max_len,
+                                            jagged.data())),
+          "padded_to_jagged status");
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  FuzzedDataProvider in(data, size);
+  if (in.ConsumeIntegralInRange<int>(0, 7) == 0)
+    fuzz_jagged_utils(in);
+  else
+    fuzz_attention(in);
+  return 0;
+}
