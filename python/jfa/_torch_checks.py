@@ -11,6 +11,7 @@ _FIX = "call .contiguous() on it"
 
 
 def check_inputs(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor):
+    """Raises for what the library would refuse; returns the (token, head) strides of q, k, v."""
     for name, t in (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
                     ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(t, Tensor):
@@ -36,8 +37,7 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqle
             raise ValueError(f"{name} must be on the device of q ({q.device}), got {t.device}")
     _checks.offsets_count("cu_seqlens_q", cu_seqlens_q.shape[0], "cu_seqlens_k",
                           cu_seqlens_k.shape[0])
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        layout(name, t)
+    return [layout(name, t) for name, t in (("q", q), ("k", k), ("v", v))]
 
 
 def layout(name: str, t: Tensor):

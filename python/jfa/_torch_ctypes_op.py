@@ -11,7 +11,7 @@ from torch import Tensor
 from . import _checks
 from ._library import (BACKEND_CPU, BACKEND_CUDA, DTYPE_BFLOAT16, DTYPE_FLOAT16, DTYPE_FLOAT32,
                        call, new_params)
-from ._torch_checks import check_inputs, layout
+from ._torch_checks import check_inputs
 
 _DTYPES = {torch.float16: DTYPE_FLOAT16, torch.bfloat16: DTYPE_BFLOAT16,
            torch.float32: DTYPE_FLOAT32}
@@ -23,8 +23,7 @@ def jagged_attention_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
                          causal: bool, softmax_scale: Optional[float],
                          return_lse: bool) -> Tuple[Tensor, Tensor]:
     """Jagged attention forward. Returns (out, lse); lse is empty unless return_lse."""
-    check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
-    layouts = [layout(name, t) for name, t in (("q", q), ("k", k), ("v", v))]
+    layouts = check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
     hint_q = _checks.seqlen_hint("max_seqlen_q", max_seqlen_q)
     hint_k = _checks.seqlen_hint("max_seqlen_k", max_seqlen_k)
     scale = _checks.scale_value(softmax_scale)

@@ -113,12 +113,9 @@ jfa_status jfa_attention_workspace_size(const jfa_attention_params* params, size
     if (params == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "params must not be NULL");
     if (bytes == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "bytes must not be NULL");
     if (const jfa_status s = jfa::detail::check_struct_size(params); s != JFA_SUCCESS) return s;
-    if (params->batch < 0 || params->batch >= std::numeric_limits<int32_t>::max())
-      return fail(JFA_ERROR_INVALID_ARGUMENT, "batch must be in [0, 2^31 - 1), got %lld",
-                  static_cast<long long>(params->batch));
-    if (params->total_q < 0 || params->total_q > std::numeric_limits<int32_t>::max())
-      return fail(JFA_ERROR_INVALID_ARGUMENT, "total_q must be in [0, 2^31 - 1], got %lld",
-                  static_cast<long long>(params->total_q));
+    if (const jfa_status s = jfa::detail::check_batch_and_total_q(params->batch, params->total_q);
+        s != JFA_SUCCESS)
+      return s;
 #ifdef JFA_WITH_CUDA
     *bytes = jfa::sm90::forward_workspace_bytes(params->total_q, params->batch);
 #else

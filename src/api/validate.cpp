@@ -58,6 +58,16 @@ jfa_status check_struct_size(const jfa_attention_params* in) {
   return JFA_SUCCESS;
 }
 
+jfa_status check_batch_and_total_q(int64_t batch, int64_t total_q) {
+  if (batch < 0 || batch >= kMaxTotal)
+    return fail(JFA_ERROR_INVALID_ARGUMENT, "batch must be in [0, 2^31 - 1), got %lld",
+                static_cast<long long>(batch));
+  if (total_q < 0 || total_q > kMaxTotal)
+    return fail(JFA_ERROR_INVALID_ARGUMENT, "total_q must be in [0, 2^31 - 1], got %lld",
+                static_cast<long long>(total_q));
+  return JFA_SUCCESS;
+}
+
 jfa_status build_params(const jfa_attention_params* in, Params* out, bool needs_output) {
   if (in == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "params must not be NULL");
   if (const jfa_status s = check_struct_size(in); s != JFA_SUCCESS) return s;
@@ -88,12 +98,7 @@ jfa_status build_params(const jfa_attention_params* in, Params* out, bool needs_
   p.workspace = in->workspace;
   p.workspace_bytes = in->workspace_bytes;
 
-  if (p.batch < 0 || p.batch >= kMaxTotal)
-    return fail(JFA_ERROR_INVALID_ARGUMENT, "batch must be in [0, 2^31 - 1), got %lld",
-                static_cast<long long>(p.batch));
-  if (p.total_q < 0 || p.total_q > kMaxTotal)
-    return fail(JFA_ERROR_INVALID_ARGUMENT, "total_q must be in [0, 2^31 - 1], got %lld",
-                static_cast<long long>(p.total_q));
+  if (const jfa_status s = check_batch_and_total_q(p.batch, p.total_q); s != JFA_SUCCESS) return s;
   if (p.total_k < 0 || p.total_k > kMaxTotal)
     return fail(JFA_ERROR_INVALID_ARGUMENT, "total_k must be in [0, 2^31 - 1], got %lld",
                 static_cast<long long>(p.total_k));

@@ -13,6 +13,9 @@ inline constexpr int32_t kMaxHeadDim = JFA_MAX_HEAD_DIM;
 // jfa_attention_params_init (the caller has checked params for NULL).
 jfa_status check_struct_size(const jfa_attention_params* in);
 
+// The ranges of batch and total_q (int32 offsets), shared by the forward and the workspace query.
+jfa_status check_batch_and_total_q(int64_t batch, int64_t total_q);
+
 // Checks everything that does not need to read the offsets; fills `out` on success. The reference
 // writes into its own buffers, so it passes needs_output = false.
 jfa_status build_params(const jfa_attention_params* in, Params* out, bool needs_output = true);
