@@ -33,6 +33,7 @@
 #include "cuda/sm90/fwd_params.hpp"
 #include "cuda/sm90/work_list.cuh"
 #include "cuda/tlx/fence.hpp"
+#include "cuda/tlx/grid_dependency.hpp"
 #include "cuda/tlx/mbarrier.hpp"
 #include "cuda/tlx/named_barrier.hpp"
 #include "cuda/tlx/smem_tile.hpp"
@@ -827,7 +828,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       s.v_empty[i].init(Cfg::kConsumerWarps);
     }
     tlx::fence_barrier_init();
+    tlx::tma_prefetch_descriptor(&tm_q);
+    tlx::tma_prefetch_descriptor(&tm_k);
+    tlx::tma_prefetch_descriptor(&tm_v);
+    tlx::tma_prefetch_descriptor(&tm_o);
   }
+  // Launched as a programmatic dependent of the work-list kernel, the CTA gets here while the list
+  // is being built; nothing before this point reads it.
+  tlx::wait_for_prior_grid();
   __syncthreads();
 
   const int64_t n_items =
@@ -835,15 +843,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (group == 0) {
     tlx::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
-    if (threadIdx.x == 0) {
-      tlx::tma_prefetch_descriptor(&tm_q);
-      tlx::tma_prefetch_descriptor(&tm_k);
-      tlx::tma_prefetch_descriptor(&tm_v);
-      producer_loop<Cfg>(s, &tm_q, &tm_k, &tm_v, args, n_items);
-    }
+    if (threadIdx.x == 0) producer_loop<Cfg>(s, &tm_q, &tm_k, &tm_v, args, n_items);
   } else {
     tlx::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
-    if (threadIdx.x % 128 == 0) tlx::tma_prefetch_descriptor(&tm_o);
     if (args.schedule == 0)
       consumer_loop<Cfg>(s, &tm_o, args, n_items, group - 1);
     else

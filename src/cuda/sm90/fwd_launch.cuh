@@ -90,6 +90,10 @@ inline int lpt_order() { return tuning_switch(TuningSwitch::kLpt, 0); }
 // JFA_SM90_HEAD_MAJOR=0 asks for the tile-major order.
 inline int head_major_runs() { return tuning_switch(TuningSwitch::kHeadMajor, 1); }
 
+// The forward kernel as a programmatic dependent of the work-list kernel (it sets up while the list
+// is built) unless JFA_SM90_PDL=0 asks for two plain launches (a tuning switch).
+inline bool dependent_launch() { return tuning_switch(TuningSwitch::kPdl, 1) != 0; }
+
 // The device scratch memory of one call: the caller's (checked for size and alignment), or one
 // allocated in stream order and freed, in stream order, when the call is done with it.
 class CallWorkspace {
@@ -231,8 +235,18 @@ jfa_status run_forward(const jfa::detail::Params& p, const DeviceFacts& device) 
 
   const int64_t max_items = capacity64 * p.heads_q;
   const int grid = static_cast<int>(std::min<int64_t>(device.sm_count, max_items));
-  fwd_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, tm_o, a);
-  e = cudaGetLastError();
+  cudaLaunchAttribute dependent{};
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(grid));
+  config.blockDim = dim3(Cfg::kThreads);
+  config.dynamicSmemBytes = Cfg::kSmemBytes;
+  config.stream = stream;
+  config.attrs = &dependent;
+  config.numAttrs = launch_detail::dependent_launch() ? 1 : 0;
+  e = cudaLaunchKernelEx(&config, fwd_kernel<Cfg>, tm_q, tm_k, tm_v, tm_o, a);
+  if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess)
     return fail(JFA_ERROR_CUDA, "attention kernel launch failed: %s", cudaGetErrorString(e));
   return JFA_SUCCESS;

@@ -23,6 +23,7 @@ const SwitchSpec kSpecs[kSwitchCount] = {
     {"JFA_SM90_SCHEDULE", {0, 1, 2}},    // main loop schedule
     {"JFA_SM90_LPT", {1}},               // work list heaviest sequences first
     {"JFA_SM90_HEAD_MAJOR", {0}},        // tile-major item order without the causal mask
+    {"JFA_SM90_PDL", {0}},               // two plain launches instead of a dependent launch
 };
 
 std::atomic<int> forced[kSwitchCount];

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "cuda/sm90/fwd_params.hpp"
+#include "cuda/tlx/grid_dependency.hpp"
 
 namespace jfa::sm90 {
 
@@ -99,6 +100,8 @@ __global__ void __launch_bounds__(kListThreads)
     build_work_list(const int32_t* cu_q, const int32_t* cu_k, int64_t batch, int64_t total_q,
                     int64_t total_k, int32_t causal, int32_t sort, WorkTile* list, WorkTile* work,
                     int32_t* count, unsigned long long* next_item, int32_t capacity) {
+  // The forward kernel may start now: it sets up its CTAs while the list is built.
+  tlx::allow_dependent_launch();
   __shared__ int32_t scratch[32];
   __shared__ int32_t bucket_next[kListThreads];
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
