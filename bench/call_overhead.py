@@ -531,8 +531,8 @@ def load_fa3(ctx, lib_path):
 def load_jfa(ctx, lib_path):
     if lib_path:
         os.environ["JFA_LIBRARY"] = os.path.abspath(lib_path)
-    sys.path.insert(0, os.path.join(REPO, "python"))
     try:
+        import libjfa  # puts this checkout's python/ first on sys.path
         import jfa
     except Exception as e:
         ctx["jfa_error"] = f"import jfa: {type(e).__name__}: {e}"
@@ -551,8 +551,8 @@ def load_jfa(ctx, lib_path):
                                 "or no sm90 GPU)")
         else:
             ctx["jfa"] = jfa
-            from jfa_ctypes import JfaLib
-            ctx["jfa_lib"] = JfaLib(ctx["jfa_path"])  # the C entry alone (method jfa_c)
+            # The C entry alone (method jfa_c), on the library the package loaded.
+            ctx["jfa_lib"] = libjfa.Library(ctx["jfa_path"], jfa._library.lib())
     except Exception as e:
         ctx["jfa_error"] = f"loading libjfa: {type(e).__name__}: {e}"
 
@@ -686,10 +686,10 @@ def main(argv=None):
     torch = torch_with_cuda("call_overhead.py")
     if torch is None:
         return 2
-    if args.lib:  # before anything imports jfa (jfa_ctypes does): it loads the library then
+    if args.lib:  # before anything imports jfa (libjfa.py does): it loads the library then
         os.environ["JFA_LIBRARY"] = os.path.abspath(args.lib)
     import peers_gpu as G
-    from jfa_ctypes import cli_next_to
+    from libjfa import cli_next_to
     from peers import write_json
 
     ctx = {"flex_dynamic": None}

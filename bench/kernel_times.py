@@ -55,9 +55,9 @@ def main(argv=None):
 
     import torch
     import peers_gpu as G
-    from jfa_ctypes import JfaLib
+    from libjfa import Library
 
-    ctx = {"jfa_lib": JfaLib(args.lib), "flex_dynamic": None}
+    ctx = {"jfa_lib": Library(args.lib), "flex_dynamic": None}
     methods = {m.name: m for m in G.METHODS}
     chosen = [methods[name] for name in args.methods.split(",")]
     masks = W.MASKS[args.masks]

@@ -346,13 +346,13 @@ def main(argv=None):
 
     env = G.environment()
     ctx = {"flex_dynamic": {"auto": None, "true": True, "false": False}[args.flex_dynamic]}
-    from jfa_ctypes import JfaLib, cli_next_to, find_library
+    from libjfa import Library, cli_next_to, find_library
     lib_path = find_library(args.lib, REPO)
     if lib_path is None:
         ctx["jfa_error"] = "libjfa.so not found (pass --lib <build>/src/libjfa.so)"
     else:
         try:
-            lib = JfaLib(lib_path)
+            lib = Library(lib_path)
             if not lib.cuda_available():
                 ctx["jfa_error"] = (f"{lib_path}: jfa_cuda_available() = 0 (built without CUDA, "
                                     "or no compute capability 9.0 GPU)")

@@ -1,5 +1,6 @@
-"""Tuning sweep of the Hopper forward: builds of libjfa that differ in compile-time choices (e.g.
-pipeline depth) crossed with the run-time switches (JFA_SM90_SCHEDULE, JFA_SM90_LPT), on the
+"""Tuning sweep of the Hopper forward: tuning builds of libjfa (-DJFA_SM90_TUNING=ON) that differ in
+compile-time choices (e.g. pipeline depth) crossed with their switches (JFA_SM90_SCHEDULE,
+JFA_SM90_LPT, ...; re-read before and after each measurement), on the
 benchmark workloads, on the same inputs. Every variant's output is checked before it is timed
 (bench/peers_gpu.py's check and timing). Needs torch and an H100/H200-class GPU.
 
@@ -115,14 +116,14 @@ def main(argv=None):
 
     import torch
     import peers_gpu as G
-    from jfa_ctypes import JfaLib, cli_next_to
+    from libjfa import Library, cli_next_to
 
     libs = []
     for spec in args.lib:
         name, _, path = spec.partition("=")
         if not path:
             ap.error(f"--lib wants NAME=PATH, got {spec!r}")
-        libs.append((name, JfaLib(path)))
+        libs.append((name, Library(path)))
     settings = parse_settings(args.env, args.schedules)
     masks = W.MASKS[args.masks]
     cli = args.cli or cli_next_to(libs[0][1].path) or W.find_cli(None, REPO)
@@ -141,14 +142,20 @@ def main(argv=None):
             for causal in masks:
                 case.reference(causal)
                 methods = [(label, G.Jfa({"jfa_lib": lib}), env) for label, lib, env in variants]
+                lib_of = {label: lib for label, lib, _ in variants}
                 if args.triton:
                     methods.append(("triton_jfa", G.TritonJfa({}), {}))
                 for round_index in range(args.rounds):
                     for label, method, env in in_turn(methods, round_index + args.round_offset):
                         os.environ.update(env)
+                        variant_lib = lib_of.get(label)  # None for the Triton peer
+                        if variant_lib is not None:
+                            variant_lib.reload_tuning_switches()
                         rec = G.measure(method, case, causal, timing)
                         for var in env:
                             os.environ.pop(var, None)
+                        if variant_lib is not None:
+                            variant_lib.reload_tuning_switches()
                         rec["variant"] = label
                         rec["round"] = round_index
                         records.append(rec)

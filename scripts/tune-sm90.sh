@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Tuning run of the sm90 forward on a GPU machine: builds the default libjfa (with the GPU tests
-# and the CLI) and variants, runs the attention GPU tests (quick mode) on every build whose kernel
+# Tuning run of the sm90 forward on a GPU machine: builds libjfa as a tuning build
+# (-DJFA_SM90_TUNING=ON: the alternatives of choices.hpp compiled in, picked by the JFA_SM90_*
+# switches; with the GPU tests and the CLI) and variants, runs the attention GPU tests (quick mode) on every build whose kernel
 # source differs, then times every variant (one process each) under the run-time switches with
 # bench/tune_sm90.py (each output checked first). Logs go to OUTDIR.
 #
@@ -24,7 +25,7 @@ EXTRA=()
 
 build() {  # build BUILD_DIR TARGETS CUDA_FLAGS [SOURCE_DIR]
   cmake -S "${4:-.}" -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DJFA_BUILD_TOOLS=ON \
-    -DJFA_BUILD_BENCH=OFF "-DCMAKE_CUDA_FLAGS=$3" "${EXTRA[@]}" >"$OUT/build-$(basename "$1").log" 2>&1 &&
+    -DJFA_BUILD_BENCH=OFF -DJFA_SM90_TUNING=ON "-DCMAKE_CUDA_FLAGS=$3" "${EXTRA[@]}" >"$OUT/build-$(basename "$1").log" 2>&1 &&
     cmake --build "$1" -j"$JOBS" --target $2 >>"$OUT/build-$(basename "$1").log" 2>&1
 }
 

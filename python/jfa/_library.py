@@ -128,6 +128,21 @@ def candidate_paths() -> List[str]:
     return [str(p) for p in paths]
 
 
+def open_library(path: str) -> ctypes.CDLL:
+    """The libjfa.so at path with its C ABI declared, apart from the package's own copy (lib()):
+    for callers that time a given build, or several at once (bench/). OSError when it does not
+    load; LibraryNotFoundError (an OSError) when it lacks entry points."""
+    lib = ctypes.CDLL(path)
+    missing = [name for name in _PROTOTYPES if not hasattr(lib, name)]
+    if missing:
+        raise LibraryNotFoundError(f"lacks {', '.join(missing)}: an older libjfa?")
+    for name, (restype, argtypes) in _PROTOTYPES.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return lib
+
+
 def _load() -> ctypes.CDLL:
     tried = []
     for path in candidate_paths():
@@ -135,18 +150,10 @@ def _load() -> ctypes.CDLL:
             tried.append(f"{path} (not found)")
             continue
         try:
-            lib = ctypes.CDLL(path)
+            lib = open_library(path)
         except OSError as e:
             tried.append(f"{path} ({e})")
             continue
-        missing = [name for name in _PROTOTYPES if not hasattr(lib, name)]
-        if missing:
-            tried.append(f"{path} (lacks {', '.join(missing)}: an older libjfa?)")
-            continue
-        for name, (restype, argtypes) in _PROTOTYPES.items():
-            fn = getattr(lib, name)
-            fn.restype = restype
-            fn.argtypes = argtypes
         global _lib_path
         _lib_path = path
         return lib
@@ -173,10 +180,12 @@ def library_path() -> str:
     return _lib_path
 
 
-def check(status: int, function: str) -> None:
-    """Raises the JfaError of a failed status, with the library's message of this thread."""
+def check(status: int, function: str, library: Optional[ctypes.CDLL] = None) -> None:
+    """Raises the JfaError of a failed status, with the library's message of this thread.
+
+    library: the libjfa that returned status, when not lib() (one from open_library)."""
     if status != SUCCESS:
-        raw = lib().jfa_last_error_message()
+        raw = (lib() if library is None else library).jfa_last_error_message()
         message = raw.decode("utf-8", "replace") if raw else ""
         raise error_from_status(status, message, function)
 

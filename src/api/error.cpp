@@ -1,30 +1,6 @@
 #include "api/error.hpp"
 
-#include <cstdarg>
-#include <cstdio>
-
 #include "api/enum_bits.hpp"
-
-namespace jfa::detail {
-namespace {
-thread_local std::string last_error;
-}
-
-jfa_status fail(jfa_status status, const char* format, ...) {
-  char buffer[1024];
-  va_list args;
-  va_start(args, format);
-  std::vsnprintf(buffer, sizeof(buffer), format, args);
-  va_end(args);
-  last_error = buffer;
-  return status;
-}
-
-void clear_error() { last_error.clear(); }
-
-const std::string& last_error_message() { return last_error; }
-
-}  // namespace jfa::detail
 
 extern "C" const char* jfa_last_error_message(void) {
   return jfa::detail::last_error_message().c_str();

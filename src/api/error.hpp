@@ -1,19 +1,10 @@
-// The last error of each thread, and the helpers that set it. Every public entry reports failure
-// through these so that the message always names the argument and the rule broken.
+// Entry-point guard of the C ABI: no exception crosses it. The status and message helpers live in
+// common/status.hpp.
 #pragma once
 
-#include <string>
-
-#include "jfa/jfa.h"
+#include "common/status.hpp"
 
 namespace jfa::detail {
-
-// Records a printf-style message for this thread and returns the status, so callers can write
-// `return fail(JFA_ERROR_INVALID_ARGUMENT, "head_dim must be > 0, got %d", d);`.
-jfa_status fail(jfa_status status, const char* format, ...) __attribute__((format(printf, 2, 3)));
-
-void clear_error();
-const std::string& last_error_message();
 
 // Runs a body that may throw, turning exceptions into statuses (no exception crosses the C ABI).
 template <typename Body>

@@ -22,17 +22,4 @@ MemoryKind memory_kind(const void* ptr) {
   return MemoryKind::kHost;
 }
 
-bool cuda_device_present() {
-#ifdef JFA_WITH_CUDA
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return count > 0;
-#else
-  return false;
-#endif
-}
-
 }  // namespace jfa::detail

@@ -8,7 +8,4 @@ enum class MemoryKind { kHost, kDevice };
 // Host unless the CUDA runtime is built in and reports device (or managed) memory.
 MemoryKind memory_kind(const void* ptr);
 
-// Whether the CUDA backend is compiled in and a GPU is visible.
-bool cuda_device_present();
-
 }  // namespace jfa::detail

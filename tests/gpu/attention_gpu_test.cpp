@@ -15,15 +15,18 @@
 #include <vector>
 
 #include "common/jagged_batch.hpp"
-#include "cuda/sm90/tuning_switch.hpp"
 #include "gpu_test_util.hpp"
 #include "jfa/jfa.h"
 #include "jfa/jfa.hpp"
+#include "kernel_variants.hpp"
 
 using jfa::DType;
 using jfa::gpu_test::DeviceBuffer;
 using jfa::gpu_test::fresh_seed;
+using jfa::gpu_test::KernelVariant;
 using jfa::gpu_test::quick_mode;
+using jfa::gpu_test::ScopedVariant;
+using jfa::gpu_test::VariantLoop;
 using jfa::tools::HostBuffer;
 using jfa::tools::JaggedBatch;
 
@@ -140,7 +143,9 @@ class AttentionRunner {
     jfa_attention_params p = device_params();
     p.backend = backend;
     p.stream = stream;
-    const jfa_status s = jfa_attention_forward(&p);
+    const KernelVariant* variant = jfa::gpu_test::active_variant();
+    const jfa_status s = variant != nullptr ? jfa::gpu_test::forward_variant(&p, *variant)
+                                            : jfa_attention_forward(&p);
     if (s != JFA_SUCCESS) return s;
     if (cudaStreamSynchronize(stream) != cudaSuccess) return JFA_ERROR_CUDA;
     download(r);
@@ -276,25 +281,6 @@ void run_case(const Case& c, bool check_determinism = true) {
         << "two runs differ (LSE)";
   }
 }
-
-// Sets a tuning switch of the CUDA backend for the scope (and unsets it after, also when an
-// assertion ends the scope early).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    setenv(name, value, 1);
-    jfa_sm90_reload_tuning_switches();
-  }
-  ~ScopedEnv() {
-    unsetenv(name_);
-    jfa_sm90_reload_tuning_switches();
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-};
 
 std::vector<int32_t> random_lengths(std::mt19937_64& rng, int n, int lo, int hi) {
   std::uniform_int_distribution<int> len(lo, hi);
@@ -433,12 +419,14 @@ TEST(AttentionGpu, ManyTinySequences) {
 // sampled query tokens.
 TEST(AttentionGpu, PersistentCtasRunManyItems) {
   std::mt19937_64 rng(fresh_seed("many items per CTA"));
-  for (const char* rows : {"128", "192"}) {
-    SCOPED_TRACE(std::string("JFA_SM90_D64_ROWS=") + rows);
-    const ScopedEnv rows_env("JFA_SM90_D64_ROWS", rows);
+  for (int groups : {2, 3}) {
+    KernelVariant variant;
+    variant.d64_groups = groups;
+    SCOPED_TRACE(variant.describe());
+    const ScopedVariant use(variant);
     for (int d : kHeadDims)
       for (bool causal : {false, true}) {
-        if (d != 64 && std::strcmp(rows, "192") == 0) continue;  // one tile height above 64
+        if (d != 64 && groups == 3) continue;  // one tile height above 64
         Case c;
         c.lq = random_lengths(rng, 48, 150, 900);
         c.lk = causal ? c.lq : random_lengths(rng, 48, 100, 1000);
@@ -493,26 +481,20 @@ TEST(AttentionGpu, ShortSequencesShareTiles) {
   for (const Case& c : shared_tile_cases(rng)) run_case(c);
 }
 
-// The mainloops other than the default (JFA_SM90_SCHEDULE=0: one K tile at a time, 2: overlapped
-// with the groups independent), with the work list heaviest sequences first (JFA_SM90_LPT=1), on
-// the cases that stress masks, GQA, lengths and shared tiles; every tile shape (both Q tile
-// heights at head_dim 64, both K tile sizes at 128), the second time with the tile-major item
-// order (JFA_SM90_HEAD_MAJOR=0).
+// The main loops that lost to the shipped one (one K tile at a time; overlapped with the groups
+// independent and the items tile-major), with the work list heaviest sequences first, on the cases
+// that stress masks, GQA, lengths and shared tiles; every tile shape (both Q tile heights at
+// head_dim 64, both K tile sizes at 128).
 TEST(AttentionGpu, AlternativeSchedulesMatchReference) {
-  const ScopedEnv lpt_env("JFA_SM90_LPT", "1");
-  struct Shapes {
-    const char *rows, *keys, *head_major;
-  };
-  for (const char* schedule : {"0", "2"})
-    for (const Shapes& shapes : {Shapes{"128", "128", "1"}, Shapes{"192", "160", "0"}}) {
-      const char* rows = shapes.rows;
-      SCOPED_TRACE(std::string("JFA_SM90_SCHEDULE=") + schedule + " JFA_SM90_D64_ROWS=" + rows +
-                   " JFA_SM90_D128_KEYS=" + shapes.keys +
-                   " JFA_SM90_HEAD_MAJOR=" + shapes.head_major);
-      const ScopedEnv schedule_env("JFA_SM90_SCHEDULE", schedule);
-      const ScopedEnv rows_env("JFA_SM90_D64_ROWS", rows);
-      const ScopedEnv keys_env("JFA_SM90_D128_KEYS", shapes.keys);
-      const ScopedEnv order_env("JFA_SM90_HEAD_MAJOR", shapes.head_major);
+  for (VariantLoop loop : {VariantLoop::kOneTileAtATime, VariantLoop::kOverlappedIndependent})
+    for (int shape : {0, 1}) {
+      KernelVariant variant;
+      variant.loop = loop;
+      variant.d64_groups = shape == 0 ? 2 : 3;
+      variant.d128_keys = shape == 0 ? 128 : 160;
+      variant.sort_work_list = true;
+      SCOPED_TRACE(variant.describe());
+      const ScopedVariant use(variant);
       std::mt19937_64 rng(fresh_seed("overlapped schedule"));
       for (DType dt : {DType::kFloat16, DType::kBFloat16})
         for (int d : kHeadDims)
@@ -532,14 +514,37 @@ TEST(AttentionGpu, AlternativeSchedulesMatchReference) {
     }
 }
 
-// Both tile shapes at head_dim 64 (JFA_SM90_D64_ROWS forces the one the mean length would not
-// pick): edge and cross lengths under both masks (groups of a 192-row tile that see no key of the
-// last K tiles skip them; groups past a tile's last row skip all), shared tiles, and longer
-// sequences.
+// The shipped kernels launched as two plain launches (no programmatic dependency), and with the
+// work list sorted heaviest first.
+TEST(AttentionGpu, OtherLaunchChoicesMatchReference) {
+  for (int choice : {0, 1}) {
+    KernelVariant variant;
+    variant.dependent_launch = choice != 0;
+    variant.sort_work_list = choice != 0;
+    SCOPED_TRACE(variant.describe());
+    const ScopedVariant use(variant);
+    std::mt19937_64 rng(fresh_seed("launch choices"));
+    for (const Case& c : shared_tile_cases(rng)) run_case(c, false);
+    Case c;
+    c.lq = random_lengths(rng, 24, 0, 700);
+    c.lk = c.lq;
+    c.heads_q = 8;
+    c.heads_kv = 2;
+    c.head_dim = 128;
+    c.causal = true;
+    run_case(c);
+  }
+}
+
+// Both tile shapes at head_dim 64 (forced, so also the one the mean length would not pick): edge
+// and cross lengths under both masks (groups of a 192-row tile that see no key of the last K tiles
+// skip them; groups past a tile's last row skip all), shared tiles, and longer sequences.
 TEST(AttentionGpu, HeadDim64TileShapesMatchReference) {
-  for (const char* rows : {"128", "192"}) {
-    SCOPED_TRACE(std::string("JFA_SM90_D64_ROWS=") + rows);
-    const ScopedEnv rows_env("JFA_SM90_D64_ROWS", rows);
+  for (int groups : {2, 3}) {
+    KernelVariant variant;
+    variant.d64_groups = groups;
+    SCOPED_TRACE(variant.describe());
+    const ScopedVariant use(variant);
     std::mt19937_64 rng(fresh_seed("head_dim 64 tile shapes"));
     for (DType dt : {DType::kFloat16, DType::kBFloat16})
       for (bool causal : {false, true}) {
@@ -564,13 +569,15 @@ TEST(AttentionGpu, HeadDim64TileShapesMatchReference) {
   }
 }
 
-// Both K tile sizes at head_dim 128 (JFA_SM90_D128_KEYS forces each; the default depends on the
-// mask and the mean length): lengths on both sides of multiples of 128 and 160, cross lengths, GQA,
+// Both K tile sizes at head_dim 128 (forced; the library's choice depends on the mask and the mean
+// length): lengths on both sides of multiples of 128 and 160, cross lengths, GQA,
 // shared tiles (which pack up to one K tile of keys) and longer sequences, under both masks.
 TEST(AttentionGpu, HeadDim128KeyTilesMatchReference) {
-  for (const char* keys : {"128", "160"}) {
-    SCOPED_TRACE(std::string("JFA_SM90_D128_KEYS=") + keys);
-    const ScopedEnv keys_env("JFA_SM90_D128_KEYS", keys);
+  for (int keys : {128, 160}) {
+    KernelVariant variant;
+    variant.d128_keys = keys;
+    SCOPED_TRACE(variant.describe());
+    const ScopedVariant use(variant);
     std::mt19937_64 rng(fresh_seed("head_dim 128 key tiles"));
     for (DType dt : {DType::kFloat16, DType::kBFloat16})
       for (bool causal : {false, true}) {

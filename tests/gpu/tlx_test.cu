@@ -15,6 +15,7 @@
 
 #include "cuda/common/tensor_map.hpp"
 #include "cuda/tlx/fence.hpp"
+#include "cuda/tlx/fragment.hpp"
 #include "cuda/tlx/mbarrier.hpp"
 #include "cuda/tlx/named_barrier.hpp"
 #include "cuda/tlx/smem_tile.hpp"
@@ -205,7 +206,7 @@ __device__ T bits_to(uint16_t b) {
 template <typename T, int kD, int kNB>
 __global__ void __launch_bounds__(128)
     wgmma_chain_kernel(const uint16_t* q, const uint16_t* k, const uint16_t* v, float* s_out,
-                       float* o_out) {
+                       float* o_out, float* row_max_out, float* row_sum_out) {
   extern __shared__ unsigned char raw[];
   using Shared = GemmShared<T, kD, kNB>;
   auto& sm =
@@ -220,26 +221,34 @@ __global__ void __launch_bounds__(128)
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float s[kNB / 2];
+  tlx::AccumFragment<kNB> s;
   tlx::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk) {
     const uint32_t qa = sm.q.box_addr(kk / 4) + (kk % 4) * 32;
     const uint32_t kb = sm.k.box_addr(kk / 4) + (kk % 4) * 32;
-    tlx::wgmma_ss<T, kNB, 0>(s, tlx::make_desc_sw128(qa, 16, 1024),
+    tlx::wgmma_ss<T, kNB, 0>(s.reg, tlx::make_desc_sw128(qa, 16, 1024),
                              tlx::make_desc_sw128(kb, 16, 1024), kk > 0 ? 1u : 0u);
   }
   tlx::wgmma_commit();
   tlx::wgmma_wait<0>();
   tlx::fence_operand(s);
+  // S through the fragment's map from registers to (row, column).
+  s.for_each([&](float& x, int h, int col) { s_out[s.row(h) * kNB + col] = x; });
+  // Row maxima and sums through the fragment's row reductions (the identity map keeps S).
+  float row_max[2], row_sum[2];
+  s.thread_row_max(row_max);
+  s.map_and_sum_rows([](float x, int) { return x; }, row_sum);
 #pragma unroll
-  for (int i = 0; i < kNB / 2; ++i) {
-    const int row = warp * 16 + lane / 4 + 8 * ((i / 2) % 2);
-    const int col = 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
-    s_out[row * kNB + col] = s[i];
+  for (int h = 0; h < 2; ++h) {
+    const float m = tlx::quad_max(row_max[h]), sum = tlx::quad_sum(row_sum[h]);
+    if (lane % 4 == 0) {
+      row_max_out[s.row(h)] = m;
+      row_sum_out[s.row(h)] = sum;
+    }
   }
-  uint32_t p[kNB / 16][4];
-  tlx::accum_to_a_frags<T, kNB>(s, p);
+  tlx::AFragment<T, kNB> p;
+  s.template to_a<T>(p);
   float o[kD / 2];
 #pragma unroll
   for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
@@ -249,7 +258,7 @@ __global__ void __launch_bounds__(128)
   for (int kk = 0; kk < kNB / 16; ++kk) {
     const uint32_t vb = sm.v.box_addr(0) + kk * 16 * tlx::kSwizzleBytes;
     tlx::wgmma_rs<T, kD, 1>(
-        o, p[kk], tlx::make_desc_sw128(vb, tlx::SwizzledTile<T, kNB, kD>::kBoxBytes, 1024), 1u);
+        o, p.reg[kk], tlx::make_desc_sw128(vb, tlx::SwizzledTile<T, kNB, kD>::kBoxBytes, 1024), 1u);
   }
   tlx::wgmma_commit();
   tlx::wgmma_wait<0>();
@@ -280,7 +289,7 @@ void run_wgmma_case() {
     return static_cast<double>(from_bits(b[i], kHalf));
   };
   DeviceBuffer dq(q.size() * 2), dk(k.size() * 2), dv(v.size() * 2), ds(64 * kNB * 4),
-      d_o(64 * kD * 4);
+      d_o(64 * kD * 4), d_max(64 * 4), d_sum(64 * 4);
   JFA_CUDA_OK(cudaMemcpy(dq.ptr, q.data(), dq.bytes, cudaMemcpyHostToDevice));
   JFA_CUDA_OK(cudaMemcpy(dk.ptr, k.data(), dk.bytes, cudaMemcpyHostToDevice));
   JFA_CUDA_OK(cudaMemcpy(dv.ptr, v.data(), dv.bytes, cudaMemcpyHostToDevice));
@@ -288,12 +297,15 @@ void run_wgmma_case() {
   auto kernel = wgmma_chain_kernel<T, kD, kNB>;
   JFA_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   kernel<<<1, 128, smem>>>(dq.as<uint16_t>(), dk.as<uint16_t>(), dv.as<uint16_t>(), ds.as<float>(),
-                           d_o.as<float>());
+                           d_o.as<float>(), d_max.as<float>(), d_sum.as<float>());
   JFA_CUDA_OK(cudaGetLastError());
   JFA_CUDA_OK(cudaDeviceSynchronize());
   std::vector<float> s(64 * kNB), o(64 * kD);
   JFA_CUDA_OK(cudaMemcpy(s.data(), ds.ptr, ds.bytes, cudaMemcpyDeviceToHost));
   JFA_CUDA_OK(cudaMemcpy(o.data(), d_o.ptr, d_o.bytes, cudaMemcpyDeviceToHost));
+  std::vector<float> row_max(64), row_sum(64);
+  JFA_CUDA_OK(cudaMemcpy(row_max.data(), d_max.ptr, d_max.bytes, cudaMemcpyDeviceToHost));
+  JFA_CUDA_OK(cudaMemcpy(row_sum.data(), d_sum.ptr, d_sum.bytes, cudaMemcpyDeviceToHost));
   double diff = 0, norm = 0;
   for (int r = 0; r < 64; ++r) {
     for (int c = 0; c < kNB; ++c) {
@@ -304,6 +316,18 @@ void run_wgmma_case() {
     }
   }
   EXPECT_LT(std::sqrt(diff / norm), 1e-5) << "S = Q K^T (SS wgmma)";
+  // The fragment's row reductions against the rows of S as the device wrote them.
+  for (int r = 0; r < 64; ++r) {
+    float want_max = -INFINITY;
+    double want_sum = 0, magnitude = 0;
+    for (int c = 0; c < kNB; ++c) {
+      want_max = std::max(want_max, s[r * kNB + c]);
+      want_sum += s[r * kNB + c];
+      magnitude += std::abs(s[r * kNB + c]);
+    }
+    EXPECT_EQ(row_max[r], want_max) << "row max of row " << r;
+    EXPECT_NEAR(row_sum[r], want_sum, 1e-5 * magnitude + 1e-6) << "row sum of row " << r;
+  }
   // P as the device rounds it, then O = P V.
   std::vector<uint16_t> p(64 * kNB);
   for (size_t i = 0; i < p.size(); ++i) p[i] = to_bits(s[i], kHalf);

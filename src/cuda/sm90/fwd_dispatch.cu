@@ -5,10 +5,13 @@
 
 #include <cstdint>
 
-#include "api/error.hpp"
+#include "common/status.hpp"
+#include "cuda/sm90/choices.hpp"
 #include "cuda/sm90/device_facts.hpp"
 #include "cuda/sm90/fwd_sm90.hpp"
+#ifdef JFA_SM90_TUNING
 #include "cuda/sm90/tuning_switch.hpp"
+#endif
 
 namespace jfa::sm90 {
 namespace {
@@ -18,24 +21,25 @@ constexpr const char* kSupported =
     "16-byte aligned with token and head strides that are multiples of 8 elements, on compute "
     "capability 9.0 (Hopper) GPUs";
 
-// Q tile rows at head_dim 64: 192 (three consumer groups) unless the sequences are 128 query tokens
-// long or shorter on average. Shared tiles of short sequences hold at most one K tile (128 keys)
-// of them, so a third of a 192-row tile would be padding; 128-row tiles with dynamic items are
-// faster there (many tiny sequences: +17%) and slower on long ones (-15%). The mean needs no read
-// of the offsets. JFA_SM90_D64_ROWS=128 or 192 forces a shape (a tuning and testing switch).
-int head_dim_64_tile_rows(const jfa::detail::Params& p) {
-  return tuning_switch(TuningSwitch::kD64Rows, p.total_q <= int64_t{128} * p.batch ? 128 : 192);
+// Consumer groups at head_dim 64 and keys per K tile at 128, from the mean query length
+// (choices.hpp); a tuning build lets JFA_SM90_D64_ROWS=128|192 and JFA_SM90_D128_KEYS=128|160 force
+// a shape.
+int groups_at_head_dim_64(const jfa::detail::Params& p) {
+  const int groups = jfa::sm90::head_dim_64_groups(p.total_q, p.batch);
+#ifdef JFA_SM90_TUNING
+  return tuning_switch(TuningSwitch::kD64Rows, 64 * groups) / 64;
+#else
+  return groups;
+#endif
 }
 
-// Keys per K tile at head_dim 128: 160 without the causal mask on sequences longer than 128 query
-// tokens on average (fewer softmax passes and barrier hand-overs per FLOP: measured +1-4% on long
-// and cross-length batches; the shared memory then holds one Q tile), else 128 (160 was 4-5%
-// slower causal, where more of each diagonal tile is masked, and 10% slower on tiny sequences,
-// whose items need the second Q tile). JFA_SM90_D128_KEYS=128 or 160 forces a size (a tuning and
-// testing switch).
-int head_dim_128_key_tile(const jfa::detail::Params& p) {
-  return tuning_switch(TuningSwitch::kD128Keys,
-                       !p.causal && p.total_q > int64_t{128} * p.batch ? 160 : 128);
+int keys_at_head_dim_128(const jfa::detail::Params& p) {
+  const int keys = jfa::sm90::head_dim_128_keys(p.total_q, p.batch, p.causal);
+#ifdef JFA_SM90_TUNING
+  return tuning_switch(TuningSwitch::kD128Keys, keys);
+#else
+  return keys;
+#endif
 }
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
@@ -103,17 +107,17 @@ jfa_status forward(const jfa::detail::Params& p) {
     return fail(JFA_ERROR_INVALID_ARGUMENT, "lse must be 4-byte aligned");
   const bool half = p.dtype == JFA_DTYPE_FLOAT16;
   if (p.head_dim == 64) {
-    if (head_dim_64_tile_rows(p) == 128)
-      return half ? run_forward<__half, 64, 2, 128>(p, facts)
-                  : run_forward<__nv_bfloat16, 64, 2, 128>(p, facts);
-    return half ? run_forward<__half, 64, 3, 128>(p, facts)
-                : run_forward<__nv_bfloat16, 64, 3, 128>(p, facts);
+    if (groups_at_head_dim_64(p) == 2)
+      return half ? forward_shape<__half, 64, 2, 128>(p, facts)
+                  : forward_shape<__nv_bfloat16, 64, 2, 128>(p, facts);
+    return half ? forward_shape<__half, 64, 3, 128>(p, facts)
+                : forward_shape<__nv_bfloat16, 64, 3, 128>(p, facts);
   }
-  if (head_dim_128_key_tile(p) == 160)
-    return half ? run_forward<__half, 128, 2, 160>(p, facts)
-                : run_forward<__nv_bfloat16, 128, 2, 160>(p, facts);
-  return half ? run_forward<__half, 128, 2, 128>(p, facts)
-              : run_forward<__nv_bfloat16, 128, 2, 128>(p, facts);
+  if (keys_at_head_dim_128(p) == 160)
+    return half ? forward_shape<__half, 128, 2, 160>(p, facts)
+                : forward_shape<__nv_bfloat16, 128, 2, 160>(p, facts);
+  return half ? forward_shape<__half, 128, 2, 128>(p, facts)
+              : forward_shape<__nv_bfloat16, 128, 2, 128>(p, facts);
 }
 
 }  // namespace jfa::sm90

@@ -8,9 +8,6 @@
 
 namespace jfa::sm90 {
 
-// Head dims with a compiled kernel.
-inline constexpr int kSupportedHeadDims[] = {64, 128};
-
 // Whether a compute-capability-9.0 GPU is visible.
 bool hopper_available();
 
@@ -20,6 +17,6 @@ jfa_status forward(const jfa::detail::Params& p);
 // One per (dtype, head_dim, consumer warp groups, keys per K tile) instantiation
 // (src/cuda/sm90/instantiations/).
 template <typename T, int kHeadDim, int kGroups, int kKeys>
-jfa_status run_forward(const jfa::detail::Params& p, const DeviceFacts& device);
+jfa_status forward_shape(const jfa::detail::Params& p, const DeviceFacts& device);
 
 }  // namespace jfa::sm90

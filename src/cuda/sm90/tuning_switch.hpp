@@ -1,7 +1,7 @@
-// Run-time tuning switches of the Hopper forward: environment variables that force a choice the
-// library otherwise makes itself, for A/B measurements and tests (every choice computes the same
-// function). They are read once, at the first launch, so that a call reads no environment;
-// jfa_sm90_reload_tuning_switches() reads them again (for tests that change them in-process).
+// Run-time tuning switches of the Hopper forward, compiled in tuning builds only (CMake
+// -DJFA_SM90_TUNING=ON): environment variables that force a choice that choices.hpp otherwise
+// makes, for A/B measurements (every choice computes the same function). They are read once, at
+// the first launch; jfa_sm90_reload_tuning_switches() reads them again.
 #pragma once
 
 #include "jfa/jfa.h"

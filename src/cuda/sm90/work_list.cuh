@@ -1,11 +1,12 @@
 // Work list of the sm90 forward, built on the device from cu_seqlens (no host read of offsets, so
 // the forward can be captured in a CUDA graph): sequence bounds, the K tiles a q tile visits, and
-// the prologue kernel that lists the q tiles (one block of kListThreads threads).
+// the kernel that lists the q tiles (one block of kListThreads threads), launched before the
+// attention kernel.
 #pragma once
 
 #include <cstdint>
 
-#include "cuda/sm90/fwd_params.hpp"
+#include "cuda/sm90/workspace.hpp"
 #include "cuda/tlx/grid_dependency.hpp"
 
 namespace jfa::sm90 {
@@ -98,14 +99,15 @@ __device__ __forceinline__ int64_t block_exclusive_scan(int32_t value, int32_t* 
 template <int kBlockM, int kBlockN>
 __global__ void __launch_bounds__(kListThreads)
     build_work_list(const int32_t* cu_q, const int32_t* cu_k, int64_t batch, int64_t total_q,
-                    int64_t total_k, int32_t causal, int32_t sort, WorkTile* list, WorkTile* work,
-                    int32_t* count, unsigned long long* next_item, int32_t capacity) {
+                    int64_t total_k, int32_t causal, int32_t sort, WorkListEntry* list,
+                    WorkListEntry* work, int32_t* count, unsigned long long* next_item,
+                    int32_t capacity) {
   // The forward kernel may start now: it sets up its CTAs while the list is built.
   tlx::allow_dependent_launch();
   __shared__ int32_t scratch[32];
   __shared__ int32_t bucket_next[kListThreads];
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-  WorkTile* const step1_out = sort ? list : work;
+  WorkListEntry* const step1_out = sort ? list : work;
   int64_t running = 0;
   for (int64_t base = 0; base < batch; base += kListThreads) {
     const int64_t warp_base = base + 32 * warp;
@@ -139,8 +141,8 @@ __global__ void __launch_bounds__(kListThreads)
         if (!start_short) {
           const int32_t tiles = q_tile_count<kBlockM>(start_len_q);
           for (int32_t t = lane; t < tiles; t += 32)
-            emit(n_out + t, WorkTile{static_cast<int32_t>(warp_base + start), tiles - 1 - t, 1},
-                 true);
+            emit(n_out + t,
+                 WorkListEntry{static_cast<int32_t>(warp_base + start), tiles - 1 - t, 1}, true);
           n_out += tiles;
           ++start;
           continue;
@@ -152,7 +154,8 @@ __global__ void __launch_bounds__(kListThreads)
         const int end = stop != 0 ? __ffs(stop) - 1 : 32;
         const int32_t rows = __shfl_sync(0xffffffffu, sum_q, end - 1) - before_q;
         if (rows > 0) {
-          emit(n_out, WorkTile{static_cast<int32_t>(warp_base + start), 0, end - start}, lane == 0);
+          emit(n_out, WorkListEntry{static_cast<int32_t>(warp_base + start), 0, end - start},
+               lane == 0);
           ++n_out;
         }
         start = end;
@@ -170,7 +173,7 @@ __global__ void __launch_bounds__(kListThreads)
       if (lane >= d) tiles_through_me += x;
     }
     const int32_t mine = all_long ? __shfl_sync(0xffffffffu, tiles_through_me, 31)
-                                  : walk([](int32_t, WorkTile, bool) {});
+                                  : walk([](int32_t, WorkListEntry, bool) {});
     int64_t round_total = 0;
     const int64_t first =
         running + block_exclusive_scan(lane == 0 ? mine : 0, scratch, &round_total);
@@ -178,9 +181,9 @@ __global__ void __launch_bounds__(kListThreads)
     if (all_long) {
       const int64_t my_first = warp_first + tiles_through_me - my_tiles;
       for (int32_t t = 0; t < my_tiles && my_first + t < capacity; ++t)
-        step1_out[my_first + t] = WorkTile{static_cast<int32_t>(b), my_tiles - 1 - t, 1};
+        step1_out[my_first + t] = WorkListEntry{static_cast<int32_t>(b), my_tiles - 1 - t, 1};
     } else {
-      walk([&](int32_t i, WorkTile t, bool writer) {
+      walk([&](int32_t i, WorkListEntry t, bool writer) {
         if (writer && warp_first + i < capacity) step1_out[warp_first + i] = t;
       });
     }
@@ -189,7 +192,7 @@ __global__ void __launch_bounds__(kListThreads)
   const int32_t n = static_cast<int32_t>(running < capacity ? running : capacity);
   __syncthreads();  // list complete
 
-  auto bucket_of = [&](const WorkTile& t) {
+  auto bucket_of = [&](const WorkListEntry& t) {
     const int32_t b = t.seq < 0 ? 0 : (t.seq >= batch ? static_cast<int32_t>(batch - 1) : t.seq);
     const int32_t n_seqs = t.n_seqs < 1 ? 1 : t.n_seqs;
     const SeqBounds sb =

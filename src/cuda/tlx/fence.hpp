@@ -12,11 +12,6 @@ JFA_DEVICE void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
-// Global memory written by ordinary stores that TMA reads next (or the reverse).
-JFA_DEVICE void fence_proxy_async_global() {
-  asm volatile("fence.proxy.async.global;" ::: "memory");
-}
-
 // Full async-proxy fence over all state spaces.
 JFA_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async;" ::: "memory"); }
 

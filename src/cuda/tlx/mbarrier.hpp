@@ -36,19 +36,6 @@ struct alignas(8) MBarrier {
                  : "memory");
   }
 
-  // True once the phase of the given parity has completed (non-blocking probe).
-  JFA_DEVICE bool test(uint32_t parity) const {
-    uint32_t done;
-    asm volatile(
-        "{\n .reg .pred p;\n"
-        " mbarrier.test_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done)
-        : "r"(smem_addr(&word)), "r"(parity)
-        : "memory");
-    return done != 0;
-  }
-
   // Blocks until the phase of the given parity has completed. A fresh barrier is in phase 0, so
   // wait(1) returns at once and wait(0) waits for the first completion.
   JFA_DEVICE void wait(uint32_t parity) const {

@@ -49,15 +49,6 @@ JFA_DEVICE void tma_store_2d(const CUtensorMap* map, const void* smem_src, int32
       : "memory");
 }
 
-JFA_DEVICE void tma_store_3d(const CUtensorMap* map, const void* smem_src, int32_t c0, int32_t c1,
-                             int32_t c2) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3}], [%4];" ::"l"(
-          tensor_map_addr(map)),
-      "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(smem_src))
-      : "memory");
-}
-
 JFA_DEVICE void tma_store_4d(const CUtensorMap* map, const void* smem_src, int32_t c0, int32_t c1,
                              int32_t c2, int32_t c3) {
   asm volatile(

@@ -146,14 +146,4 @@ JFA_DEVICE uint32_t pack2(float lo, float hi) {
   }
 }
 
-// Converts a 64 x N fp32 accumulator into N/16 A fragments (k-chunks of 16 columns).
-template <typename T, int kN>
-JFA_DEVICE void accum_to_a_frags(const float (&d)[kN / 2], uint32_t (&a)[kN / 16][4]) {
-#pragma unroll
-  for (int kk = 0; kk < kN / 16; ++kk) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) a[kk][i] = pack2<T>(d[8 * kk + 2 * i], d[8 * kk + 2 * i + 1]);
-  }
-}
-
 }  // namespace jfa::tlx

@@ -1,0 +1,96 @@
+// The choices the Hopper forward makes, in one table. Each was settled by an A/B measurement on an
+// H200 across the benchmark workloads (bench/NOTES.md holds the numbers and how they were taken):
+// the winner is what ships. The alternatives that lost stay compiled in tuning builds (CMake
+// -DJFA_SM90_TUNING=ON, picked there by JFA_SM90_* environment variables) and in the GPU tests,
+// which instantiate them; the shipped library reads no environment and holds only these kernels.
+#pragma once
+
+#include <cstdint>
+
+namespace jfa::sm90 {
+
+// How a consumer warp group walks the K tiles of an item.
+enum class Mainloop {
+  kOneTileAtATime,         // S = Q K^T, softmax, O += P V, each waited for before the next
+  kOverlappedTakingTurns,  // S(n) issued with P(n-1) V(n-1); the groups issue their MMAs in turn
+  kOverlappedIndependent,  // the same overlap, groups not synchronised with each other
+};
+
+// Compile-time choices of the attention kernel.
+template <Mainloop kLoop, bool kHeadMajor>
+struct KernelChoices {
+  static constexpr Mainloop kMainloop = kLoop;
+  // Without the causal mask, the items of the q tiles of one sequence go head by head (see
+  // decode_item), so that the CTAs at work share a few heads' K/V in L2.
+  static constexpr bool kHeadMajorRuns = kHeadMajor;
+};
+
+using ShippedKernel = KernelChoices<Mainloop::kOverlappedTakingTurns, true>;
+
+// Choices of the launch, taken on the host.
+struct LaunchChoices {
+  // The work list heaviest sequences first (a counting sort on the device) instead of in sequence
+  // order; it needs a second list in the workspace.
+  bool sort_work_list;
+  // The attention kernel as a programmatic dependent launch of the work-list kernel (its CTAs set
+  // up while the list is built) instead of two plain launches.
+  bool dependent_launch;
+};
+
+inline constexpr LaunchChoices kShippedLaunch{/*sort_work_list=*/false, /*dependent_launch=*/true};
+
+// Tile shapes, chosen per call from the mean query length (no read of the offsets):
+// - head_dim 64: three consumer groups (192-row Q tiles), whose third group hides the softmax of
+//   the others, unless the sequences are short on average: a shared tile of short sequences holds
+//   at most one K tile of them, so a third of a 192-row tile would be padding; two groups there.
+// - head_dim 128: K tiles of 160 keys without the causal mask on long sequences (fewer softmax
+//   passes and barrier hand-overs per FLOP), else 128 (160 leaves more of each diagonal tile
+//   masked, and holds one Q tile only, which short items need two of).
+inline constexpr int64_t kShortMeanQueryTokens = 128;
+
+constexpr bool short_on_average(int64_t total_q, int64_t batch) {
+  return total_q <= kShortMeanQueryTokens * batch;
+}
+constexpr int head_dim_64_groups(int64_t total_q, int64_t batch) {
+  return short_on_average(total_q, batch) ? 2 : 3;
+}
+constexpr int head_dim_128_keys(int64_t total_q, int64_t batch, bool causal) {
+  return !causal && !short_on_average(total_q, batch) ? 160 : 128;
+}
+
+// Pipeline depths and the register split (FwdConfig): K/V ring stages 4 at head_dim 64 and 2 at
+// 128; a second Q tile (the next item's Q arrives during this one) wherever shared memory holds
+// it; with two consumer groups the producer claims items from a global counter (three groups have
+// no registers left for the decode and walk the items round-robin); groups skip the K tiles none
+// of their rows sees with three groups only (with two it rarely applies and costs code on tiny
+// sequences); registers 56 / 224 (producer / consumers) with two groups, 32 / 160 with three.
+// Tuning builds may override these with JFA_SM90_KV_STAGES, JFA_SM90_Q_STAGES and
+// JFA_SM90_PRODUCER_REGS + JFA_SM90_CONSUMER_REGS (compiler definitions).
+#ifdef JFA_SM90_KV_STAGES
+inline constexpr int kKvStagesOverride = JFA_SM90_KV_STAGES;
+#else
+inline constexpr int kKvStagesOverride = 0;
+#endif
+#ifdef JFA_SM90_Q_STAGES
+inline constexpr int kQStagesCap = JFA_SM90_Q_STAGES;
+#else
+inline constexpr int kQStagesCap = 2;
+#endif
+
+constexpr int kv_stages(int head_dim) {
+  return kKvStagesOverride > 0 ? kKvStagesOverride : (head_dim <= 64 ? 4 : 2);
+}
+constexpr int producer_registers(int groups) {
+#if defined(JFA_SM90_PRODUCER_REGS) && defined(JFA_SM90_CONSUMER_REGS)
+  if (groups == 2) return JFA_SM90_PRODUCER_REGS;
+#endif
+  return groups == 2 ? 56 : 32;
+}
+constexpr int consumer_registers(int groups) {
+#if defined(JFA_SM90_PRODUCER_REGS) && defined(JFA_SM90_CONSUMER_REGS)
+  if (groups == 2) return JFA_SM90_CONSUMER_REGS;
+#endif
+  return groups == 2 ? 224 : 160;
+}
+
+}  // namespace jfa::sm90

@@ -1,0 +1,67 @@
+// The end of an item for one consumer group: O normalised into the group's staging tile, from
+// which one thread writes the group's 64 rows with TMA stores through the ragged output map (rows
+// past the item's last query row are clipped by the map, see FwdArgs::out_ragged_rows); LSE goes
+// out directly. The store only has to finish reading the tile before the group's next epilogue,
+// so the group moves on to its next item at once.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "cuda/sm90/fwd_config.cuh"
+#include "cuda/sm90/softmax.cuh"
+#include "cuda/tlx/fence.hpp"
+#include "cuda/tlx/fragment.hpp"
+#include "cuda/tlx/named_barrier.hpp"
+#include "cuda/tlx/tma.hpp"
+
+namespace jfa::sm90 {
+
+// `no_keys`: no row of the item sees a key (O is zero, LSE -inf).
+template <typename Cfg>
+__device__ __forceinline__ void epilogue(const tlx::AccumFragment<Cfg::kD>& o,
+                                         const OnlineSoftmax& softmax, typename Cfg::Shared& s,
+                                         const CUtensorMap* tm_o, const FwdArgs& a,
+                                         const WorkItem& w, int group, int32_t row0_in_seq,
+                                         bool no_keys) {
+  using T = typename Cfg::Element;
+  using Frag = tlx::AccumFragment<Cfg::kD>;
+  const bool storer = threadIdx.x % 128 == 0;
+  const uint32_t barrier = Cfg::kEpilogueBarrier0 + group;
+  const int64_t first = static_cast<int64_t>(w.seq.q_start) + w.m_block * Cfg::kBlockM + group * 64;
+  const int64_t end = static_cast<int64_t>(w.seq.q_start) + w.seq.len_q;
+  if (first >= end) return;  // warp-group uniform: no row of the group lies inside the item
+  typename Cfg::OTile& tile = s.o[group];
+  const uint32_t tile_addr = tlx::smem_addr(&tile);
+  if (storer) tlx::tma_store_wait_read<0>();  // the previous item's store has read the tile
+  tlx::NamedBarrier::sync(barrier, 128);
+  const int row0 = Frag::row(0), col0 = Frag::col(0, 0);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float l = softmax.total(h);
+    const bool empty = no_keys || !(l > 0.f);
+    const float inv = empty ? 0.f : 1.f / l;
+#pragma unroll
+    for (int j = 0; j < Frag::kBlocks; ++j)
+      tlx::st_shared_u32(tile_addr + Cfg::OTile::offset_bytes(row0 + 8 * h, col0 + 8 * j),
+                         tlx::pack2<T>(o.at(j, h, 0) * inv, o.at(j, h, 1) * inv));
+    const int32_t row = row0_in_seq + 8 * h;
+    if (row < w.seq.len_q && a.lse != nullptr && threadIdx.x % 4 == 0) {
+      const int64_t token = static_cast<int64_t>(w.seq.q_start) + row;
+      const float lse = empty ? -INFINITY : softmax.row_max[h] * a.softmax_scale + logf(l);
+      a.lse[static_cast<int64_t>(w.head) * a.total_q + token] = lse;
+    }
+  }
+  tlx::fence_proxy_async_smem();
+  tlx::NamedBarrier::sync(barrier, 128);
+  if (storer) {
+    const int32_t r = static_cast<int32_t>(a.out_ragged_rows - (end - first));
+#pragma unroll
+    for (int bx = 0; bx < Cfg::kD / 64; ++bx)
+      tlx::tma_store_4d(tm_o, tile.box(bx), bx * 64, w.head, r, static_cast<int32_t>(end));
+    tlx::tma_store_commit();
+  }
+}
+
+}  // namespace jfa::sm90

@@ -1,0 +1,85 @@
+// Configuration of one forward kernel instantiation: tile shape, pipeline depths, register split,
+// warp-group roles, and the shared-memory layout they share.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/sm90/choices.hpp"
+#include "cuda/sm90/work_items.cuh"
+#include "cuda/tlx/mbarrier.hpp"
+#include "cuda/tlx/smem_tile.hpp"
+
+namespace jfa::sm90 {
+
+// The dynamic shared memory a CTA may opt in to on sm_90, and the slack that aligning the layout to
+// 1024 bytes (the 128-byte swizzle's period) may take.
+inline constexpr int kMaxDynamicSmemBytes = 232448;
+inline constexpr int kSmemAlignBytes = 1024;
+
+inline constexpr int kItemSlots = 4;  // work items the producer has claimed ahead (dynamic items)
+
+// Shared memory of a CTA: Q tiles (kQStages), K and V rings (kStages), one staging tile of O per
+// consumer group, and the barriers of the rings and of the item hand-over.
+template <typename T, int kBlockM, int kBlockN, int kD, int kGroups, int kStages, int kQStages>
+struct FwdShared {
+  using QTile = tlx::SwizzledTile<T, kBlockM, kD>;
+  using KVTile = tlx::SwizzledTile<T, kBlockN, kD>;
+  using OTile = tlx::SwizzledTile<T, 64, kD>;  // one group's rows of O, staged for the TMA store
+  QTile q[kQStages];
+  KVTile k[kStages];
+  KVTile v[kStages];
+  OTile o[kGroups];
+  // The small members last, so that no 1024-byte-aligned tile follows them.
+  tlx::MBarrier q_full[kQStages], q_empty[kQStages];
+  tlx::MBarrier item_full[kItemSlots], item_empty[kItemSlots];
+  WorkItem item[kItemSlots];  // decoded by the producer, read by the consumers
+  tlx::MBarrier k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages];
+};
+
+// kGroups consumer warp groups of 64 rows each, K tiles of kKeys keys (choices.hpp says which
+// shape serves which batch), compile-time choices `Choices` (a KernelChoices).
+template <typename T, int kHeadDim, int kGroups, int kKeys, typename Choices = ShippedKernel>
+struct FwdConfig {
+  static_assert(kGroups == 2 || kGroups == 3, "two or three consumer warp groups");
+  // Sizes with wgmma wrappers (tools/gen_wgmma_ops.py) and a power-of-two number of partial row
+  // maxima and sums in the softmax (8 from 64 keys up).
+  static_assert(kKeys == 128 || kKeys == 160, "K tiles of 128 or 160 keys");
+  using Element = T;
+  using Kernel = Choices;
+  static constexpr int kD = kHeadDim;
+  static constexpr int kConsumerGroups = kGroups;
+  static constexpr int kBlockM = 64 * kConsumerGroups;
+  static constexpr int kBlockN = kKeys;
+  static constexpr int kStages = kv_stages(kHeadDim);
+
+  template <int kQ>
+  using SharedWith = FwdShared<T, kBlockM, kBlockN, kD, kGroups, kStages, kQ>;
+  static constexpr int kQStagesThatFit =
+      sizeof(SharedWith<2>) + kSmemAlignBytes <= kMaxDynamicSmemBytes ? 2 : 1;
+  static constexpr int kQStages = kQStagesCap < kQStagesThatFit ? kQStagesCap : kQStagesThatFit;
+  using Shared = SharedWith<kQStages>;
+  using QTile = typename Shared::QTile;
+  using KVTile = typename Shared::KVTile;
+  using OTile = typename Shared::OTile;
+  static constexpr int kSmemBytes = static_cast<int>(sizeof(Shared)) + kSmemAlignBytes;
+  static_assert(kSmemBytes <= kMaxDynamicSmemBytes, "over the shared memory a CTA may opt in to");
+
+  // Warp group 0 produces, groups 1 .. kConsumerGroups consume.
+  static constexpr int kThreads = 128 * (1 + kConsumerGroups);
+  static constexpr int kConsumerWarps = 4 * kConsumerGroups;
+  static constexpr bool kDynamicItems = kConsumerGroups == 2;
+  static constexpr bool kSkipUnseenKTiles = kConsumerGroups == 3;
+  static constexpr int kProducerRegs = producer_registers(kConsumerGroups);
+  static constexpr int kConsumerRegs = consumer_registers(kConsumerGroups);
+  // setmaxnreg only moves registers between the warp groups of the CTA: the split must fit in what
+  // the CTA holds at launch (the per-thread count of __launch_bounds__(kThreads, 1), a multiple of
+  // 8), or the consumers' increase waits forever.
+  static_assert((kProducerRegs + kConsumerGroups * kConsumerRegs) * 128 <=
+                    65536 / kThreads / 8 * 8 * kThreads,
+                "register split exceeds the CTA's allocation");
+
+  // Named barriers: 1 .. kConsumerGroups are the turn ring, then one per group for its epilogue.
+  static constexpr uint32_t kEpilogueBarrier0 = 1 + kConsumerGroups;
+};
+
+}  // namespace jfa::sm90

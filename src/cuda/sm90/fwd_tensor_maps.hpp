@@ -1,0 +1,76 @@
+// The tensor maps of the sm90 forward: Q, K and V as packed [total, heads, d] tensors, and the
+// ragged output map that clips each tile at the end of its item.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "common/params.hpp"
+#include "cuda/common/tensor_map.hpp"
+
+namespace jfa::sm90 {
+
+template <typename T>
+CUtensorMapDataType map_dtype() {
+  return std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                   : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+}
+
+// Map over a packed [total, heads, d] tensor: dims (d, heads, total), box (64, 1, rows).
+template <typename T>
+bool encode_qkv_map(const void* base, int64_t total, int32_t heads, int32_t d,
+                    const jfa::detail::Layout& layout, uint32_t rows, CUtensorMap* map,
+                    std::string* error) {
+  jfa::cuda::TiledMapSpec spec;
+  spec.dtype = map_dtype<T>();
+  spec.rank = 3;
+  spec.base = base;
+  spec.dims[0] = static_cast<uint64_t>(d);
+  spec.dims[1] = static_cast<uint64_t>(heads);
+  spec.dims[2] = static_cast<uint64_t>(std::max<int64_t>(total, 1));
+  spec.strides[0] = static_cast<uint64_t>(layout.head_stride) * sizeof(T);
+  spec.strides[1] = static_cast<uint64_t>(layout.token_stride) * sizeof(T);
+  spec.box[0] = 64;
+  spec.box[1] = 1;
+  spec.box[2] = rows;
+  spec.swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
+  return jfa::cuda::encode_tiled_map(spec, map, error);
+}
+
+// The ragged output map (see FwdArgs::out_ragged_rows): dims (d, heads, rows, total + 1), both
+// outer dims one token apart, box (64, 1, 64, 1), based `rows` tokens before `out` (never
+// dereferenced there: every stored element lies inside the item's rows).
+template <typename T>
+bool encode_out_map(void* out, int64_t total, int64_t rows, int32_t heads, int32_t d,
+                    const jfa::detail::Layout& layout, CUtensorMap* map, std::string* error) {
+  jfa::cuda::TiledMapSpec spec;
+  spec.dtype = map_dtype<T>();
+  spec.rank = 4;
+  const uint64_t before = static_cast<uint64_t>(rows * layout.token_stride) * sizeof(T);
+  if (reinterpret_cast<uintptr_t>(out) < before) {
+    *error = "the output lies too low in the address space for the ragged output map";
+    return false;
+  }
+  spec.base = reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(out) - before);
+  spec.dims[0] = static_cast<uint64_t>(d);
+  spec.dims[1] = static_cast<uint64_t>(heads);
+  spec.dims[2] = static_cast<uint64_t>(rows);
+  spec.dims[3] = static_cast<uint64_t>(total + 1);
+  spec.strides[0] = static_cast<uint64_t>(layout.head_stride) * sizeof(T);
+  spec.strides[1] = static_cast<uint64_t>(layout.token_stride) * sizeof(T);
+  spec.strides[2] = static_cast<uint64_t>(layout.token_stride) * sizeof(T);
+  spec.box[0] = 64;
+  spec.box[1] = 1;
+  spec.box[2] = 64;
+  spec.box[3] = 1;
+  spec.swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
+  return jfa::cuda::encode_tiled_map(spec, map, error);
+}
+
+}  // namespace jfa::sm90

@@ -1,0 +1,41 @@
+// The forward of one set of kernel choices at every tile shape; each kernel_variants_*.cu file
+// instantiates one set.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common/params.hpp"
+#include "cuda/sm90/choices.hpp"
+#include "cuda/sm90/device_facts.hpp"
+#include "cuda/sm90/fwd_launch.cuh"
+#include "kernel_variants.hpp"
+
+namespace jfa::gpu_test {
+
+template <typename Choices>
+jfa_status forward_with(const jfa::detail::Params& p, const jfa::sm90::DeviceFacts& device,
+                        const KernelVariant& v) {
+  using jfa::sm90::FwdConfig;
+  using jfa::sm90::run_forward;
+  const jfa::sm90::LaunchChoices launch{v.sort_work_list, v.dependent_launch};
+  const bool half = p.dtype == JFA_DTYPE_FLOAT16;
+  if (p.head_dim == 64) {
+    const int groups =
+        v.d64_groups != 0 ? v.d64_groups : jfa::sm90::head_dim_64_groups(p.total_q, p.batch);
+    if (groups == 2)
+      return half ? run_forward<FwdConfig<__half, 64, 2, 128, Choices>>(p, device, launch)
+                  : run_forward<FwdConfig<__nv_bfloat16, 64, 2, 128, Choices>>(p, device, launch);
+    return half ? run_forward<FwdConfig<__half, 64, 3, 128, Choices>>(p, device, launch)
+                : run_forward<FwdConfig<__nv_bfloat16, 64, 3, 128, Choices>>(p, device, launch);
+  }
+  const int keys =
+      v.d128_keys != 0 ? v.d128_keys : jfa::sm90::head_dim_128_keys(p.total_q, p.batch, p.causal);
+  if (keys == 160)
+    return half ? run_forward<FwdConfig<__half, 128, 2, 160, Choices>>(p, device, launch)
+                : run_forward<FwdConfig<__nv_bfloat16, 128, 2, 160, Choices>>(p, device, launch);
+  return half ? run_forward<FwdConfig<__half, 128, 2, 128, Choices>>(p, device, launch)
+              : run_forward<FwdConfig<__nv_bfloat16, 128, 2, 128, Choices>>(p, device, launch);
+}
+
+}  // namespace jfa::gpu_test
