@@ -146,6 +146,54 @@ JFA_API jfa_status jfa_attention_reference(const jfa_attention_params* params,
                                            const int64_t* q_tokens, int64_t n_tokens, double* out,
                                            double* lse);
 
+/* ---- Backward (gradients for training) ---------------------------------------------------------
+ */
+
+/* Parameters of the attention backward: `forward` as for the forward call (q, k, v, offsets, sizes,
+ * scale, mask, backend, stream, workspace) with its out and lse as that call wrote them (both
+ * required here: lse is float32 [heads_q, total_q]), plus the gradient of the loss with respect to
+ * out and the buffers for the gradients with respect to q, k and v. All in the dtype of q; zero
+ * strides mean packed. Fill with jfa_attention_backward_params_init() first. */
+typedef struct jfa_attention_backward_params {
+  /* sizeof(jfa_attention_backward_params), set by jfa_attention_backward_params_init (which also
+   * fills `forward` with jfa_attention_params_init). */
+  uint32_t struct_size;
+  jfa_attention_params forward;
+  const void* dout; /* [total_q, heads_q, head_dim] */
+  void* dq;         /* [total_q, heads_q, head_dim], every element written */
+  void* dk; /* [total_k, heads_kv, head_dim], every element written; with GQA/MQA the sum over
+               the query heads of each group. Keys no query sees get zeros. */
+  void* dv; /* [total_k, heads_kv, head_dim], as dk */
+  jfa_tensor_layout dout_layout, dq_layout, dk_layout, dv_layout;
+  /* Optional, NULL or float32 [heads_q, total_q] contiguous: the gradient of the loss with respect
+   * to the forward's lse, where the loss uses it. */
+  const float* dlse;
+  /* Nonzero: bit-identical gradients from run to run. The CPU backend always is. */
+  int deterministic;
+} jfa_attention_backward_params;
+
+/* Fills every field with its default (struct_size, forward's defaults); JFA_ERROR_INVALID_ARGUMENT
+ * for NULL. */
+JFA_API jfa_status jfa_attention_backward_params_init(jfa_attention_backward_params* params);
+
+/* dq, dk, dv of out = softmax(scale * q k^T [+ causal mask]) v given dout, per sequence and head.
+ * Rows with no visible key contribute nothing. Backends: CPU (float32 accumulation, any dtype);
+ * the CUDA backward is not built yet (JFA_ERROR_UNSUPPORTED). Nothing is written when a call is
+ * rejected. */
+JFA_API jfa_status jfa_attention_backward(const jfa_attention_backward_params* params);
+
+/* The bytes of forward.workspace that jfa_attention_backward needs (reads the sizes only); 0 while
+ * no backend needs one. */
+JFA_API jfa_status
+jfa_attention_backward_workspace_size(const jfa_attention_backward_params* params, size_t* bytes);
+
+/* The float64 reference backward (the oracle of the tests): host memory only, any dtype. Computes
+ * the gradients from q, k, v, dout and dlse alone (the softmax recomputed in float64; forward.out
+ * and forward.lse are ignored, and dq, dk, dv of params too). dq: [total_q, heads_q, head_dim], dk
+ * and dv: [total_k, heads_kv, head_dim], packed float64. */
+JFA_API jfa_status jfa_attention_backward_reference(const jfa_attention_backward_params* params,
+                                                    double* dq, double* dk, double* dv);
+
 /* Useful floating-point operations of the forward, 4 * pairs * heads_q * head_dim, from host
  * offsets. pairs: len_q * len_k per sequence; causal: half of that for equal lengths (the usual
  * convention), the exact count of visible (query, key) pairs otherwise. */

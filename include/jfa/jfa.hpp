@@ -152,6 +152,10 @@ inline void check_views(const JaggedTensor& q, const JaggedTensor& k, const Jagg
     throw Error(Status::kInvalidArgument, "q, k, v and out must have the same head_dim");
 }
 
+inline bool same_shape(const JaggedTensor& a, const JaggedTensor& b) {
+  return a.dtype == b.dtype && a.total == b.total && a.heads == b.heads && a.head_dim == b.head_dim;
+}
+
 // out = jagged attention of q, k, v. cu_seqlens_k may be the same pointer as cu_seqlens_q.
 inline void attention(const JaggedTensor& q, const JaggedTensor& k, const JaggedTensor& v,
                       const JaggedTensor& out, const int32_t* cu_seqlens_q,
@@ -161,6 +165,74 @@ inline void attention(const JaggedTensor& q, const JaggedTensor& k, const Jagged
   jfa_attention_params p = make_params(q, k, v, out, cu_seqlens_q, cu_seqlens_k, batch, options);
   if (options.workspace != nullptr) options.workspace->prepare(p);
   check(jfa_attention_forward(&p));
+}
+
+// The gradients of a forward call (see jfa_attention_backward): q, k, v, out and the forward's
+// LSE (options.lse, required) as that call had them, dout the gradient of the loss with respect to
+// out; dq, dk, dv receive the gradients (views shaped like q, k, v). `deterministic` asks for
+// bit-identical results from run to run.
+struct BackwardViews {
+  JaggedTensor dout, dq, dk, dv;
+  const float* dlse = nullptr;  // optional: the gradient with respect to the forward's LSE
+};
+
+inline jfa_attention_backward_params make_backward_params(
+    const JaggedTensor& q, const JaggedTensor& k, const JaggedTensor& v, const JaggedTensor& out,
+    const BackwardViews& grads, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
+    int64_t batch, const AttentionOptions& options, bool deterministic) {
+  check_views(q, k, v, out);
+  if (!same_shape(grads.dout, q) || !same_shape(grads.dq, q) || !same_shape(grads.dk, k) ||
+      !same_shape(grads.dv, v))
+    throw Error(Status::kInvalidArgument,
+                "dout and dq must have the shape and dtype of q, dk and dv those of k and v");
+  jfa_attention_backward_params p;
+  check(jfa_attention_backward_params_init(&p));
+  p.forward = make_params(q, k, v, out, cu_seqlens_q, cu_seqlens_k, batch, options);
+  p.dout = grads.dout.data;
+  p.dq = grads.dq.data;
+  p.dk = grads.dk.data;
+  p.dv = grads.dv.data;
+  p.dlse = grads.dlse;
+  p.dout_layout = {grads.dout.token_stride, grads.dout.head_stride};
+  p.dq_layout = {grads.dq.token_stride, grads.dq.head_stride};
+  p.dk_layout = {grads.dk.token_stride, grads.dk.head_stride};
+  p.dv_layout = {grads.dv.token_stride, grads.dv.head_stride};
+  p.deterministic = deterministic ? 1 : 0;
+  return p;
+}
+
+inline void attention_backward(const JaggedTensor& q, const JaggedTensor& k, const JaggedTensor& v,
+                               const JaggedTensor& out, const BackwardViews& grads,
+                               const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
+                               int64_t batch, const AttentionOptions& options = {},
+                               bool deterministic = false) {
+  const jfa_attention_backward_params p = make_backward_params(
+      q, k, v, out, grads, cu_seqlens_q, cu_seqlens_k, batch, options, deterministic);
+  check(jfa_attention_backward(&p));
+}
+
+// The float64 reference backward over host memory: packed dq [total_q, heads_q, d] and dk, dv
+// [total_k, heads_kv, d] from q, k, v, dout and dlse alone (out and the LSE are not read).
+struct ReferenceGradients {
+  std::vector<double> dq, dk, dv;
+};
+
+inline ReferenceGradients attention_backward_reference(
+    const JaggedTensor& q, const JaggedTensor& k, const JaggedTensor& v, const JaggedTensor& dout,
+    const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k, int64_t batch,
+    const AttentionOptions& options = {}, const float* dlse = nullptr) {
+  JaggedTensor none_q = q, none_k = k;
+  none_q.data = nullptr;
+  none_k.data = nullptr;
+  const jfa_attention_backward_params p =
+      make_backward_params(q, k, v, none_q, {dout, none_q, none_k, none_k, dlse}, cu_seqlens_q,
+                           cu_seqlens_k, batch, options, true);
+  ReferenceGradients g;
+  g.dq.resize(static_cast<std::size_t>(q.total) * q.heads * q.head_dim);
+  g.dk.resize(static_cast<std::size_t>(k.total) * k.heads * k.head_dim);
+  g.dv.resize(g.dk.size());
+  check(jfa_attention_backward_reference(&p, g.dq.data(), g.dk.data(), g.dv.data()));
+  return g;
 }
 
 // The float64 reference over host memory: rows of the given query tokens (every token when

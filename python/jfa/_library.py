@@ -67,7 +67,27 @@ class AttentionParams(ctypes.Structure):
     ]
 
 
+class BackwardParams(ctypes.Structure):
+    """struct jfa_attention_backward_params, field for field."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("forward", AttentionParams),
+        ("dout", ctypes.c_void_p),
+        ("dq", ctypes.c_void_p),
+        ("dk", ctypes.c_void_p),
+        ("dv", ctypes.c_void_p),
+        ("dout_layout", TensorLayout),
+        ("dq_layout", TensorLayout),
+        ("dk_layout", TensorLayout),
+        ("dv_layout", TensorLayout),
+        ("dlse", ctypes.c_void_p),
+        ("deterministic", ctypes.c_int),
+    ]
+
+
 _P = ctypes.POINTER(AttentionParams)
+_B = ctypes.POINTER(BackwardParams)
 _c_status = ctypes.c_int32
 
 # name: (restype, argtypes)
@@ -76,6 +96,10 @@ _PROTOTYPES = {
     "jfa_attention_forward": (_c_status, [_P]),
     "jfa_attention_workspace_size": (_c_status, [_P, ctypes.POINTER(ctypes.c_size_t)]),
     "jfa_attention_reference": (_c_status, [_P, _c_int64_p, ctypes.c_int64, _c_double_p, _c_double_p]),
+    "jfa_attention_backward_params_init": (_c_status, [_B]),
+    "jfa_attention_backward": (_c_status, [_B]),
+    "jfa_attention_backward_workspace_size": (_c_status, [_B, ctypes.POINTER(ctypes.c_size_t)]),
+    "jfa_attention_backward_reference": (_c_status, [_B, _c_double_p, _c_double_p, _c_double_p]),
     "jfa_attention_flops": (
         _c_status,
         [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32,
@@ -199,6 +223,13 @@ def new_params() -> AttentionParams:
     """A jfa_attention_params filled by jfa_attention_params_init()."""
     p = AttentionParams()
     call("jfa_attention_params_init", ctypes.byref(p))
+    return p
+
+
+def new_backward_params() -> BackwardParams:
+    """A jfa_attention_backward_params filled by jfa_attention_backward_params_init()."""
+    p = BackwardParams()
+    call("jfa_attention_backward_params_init", ctypes.byref(p))
     return p
 
 

@@ -43,3 +43,35 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqle
 def layout(name: str, t: Tensor):
     """(token_stride, head_stride) in elements, checked as the library takes them."""
     return _checks.layout(name, tuple(t.shape), tuple(t.stride()), _FIX)
+
+
+def check_backward_inputs(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                          lse: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                          grad_lse=None):
+    """The backward op's checks (those of the forward, then out, grad_out, lse and grad_lse);
+    returns the (token, head) strides of q, k, v, out and grad_out."""
+    layouts = check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    for name, t in (("out", out), ("grad_out", grad_out)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if tuple(t.shape) != tuple(q.shape):
+            raise ValueError(f"{name} must have the shape of q {tuple(q.shape)}, got {tuple(t.shape)}")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} must have the dtype of q ({q.dtype}), got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name} must be on the device of q ({q.device}), got {t.device}")
+        layouts.append(layout(name, t))
+    heads_q, total_q = q.shape[1], q.shape[0]
+    for name, t in (("lse", lse), ("grad_lse", grad_lse)):
+        if t is None and name == "grad_lse":
+            continue
+        if t.dtype != torch.float32:
+            raise TypeError(f"{name} must be float32, got {t.dtype}")
+        if tuple(t.shape) != (heads_q, total_q):
+            raise ValueError(f"{name} must have shape ({heads_q}, {total_q}) [heads_q, total_q] "
+                             f"(the forward's with return_lse=True), got {tuple(t.shape)}")
+        if total_q > 0 and not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous; {_FIX}")
+        if t.device != q.device:
+            raise ValueError(f"{name} must be on the device of q ({q.device}), got {t.device}")
+    return layouts

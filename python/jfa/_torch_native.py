@@ -45,7 +45,7 @@ _STATUS = re.compile(r"jfa status (\d+): (.*)", re.S)
 
 
 def translate(error: RuntimeError, function: str) -> Exception:
-    """The exception a native op's tagged message stands for (see jagged_attention_op.cpp): a
+    """The exception a native op's tagged message stands for (see src/torch/op_support.hpp): a
     TypeError, a ValueError or the JfaError of a library status; other errors as they are."""
     from ._errors import error_from_status
 

@@ -1,10 +1,11 @@
 """The torch path: the custom ops ``torch.ops.jfa.*`` over libjfa.
 
-``jfa::jagged_attention_fwd`` is implemented in C++ (libjfa_torch.so, PyTorch's stable ABI) and
-registered with the dispatcher for CPU and CUDA tensors; where that library is missing, the same op
-is defined in Python over ctypes (jfa._torch_ctypes_op). Either way this module registers its fake
-(meta) kernel, so ``torch.compile(fullgraph=True)`` keeps it in the graph, and its autograd
-formula. The CUDA kernel launches on the current CUDA stream, takes its workspace from torch's
+``jfa::jagged_attention_fwd`` and ``jfa::jagged_attention_bwd`` are implemented in C++
+(libjfa_torch.so, PyTorch's stable ABI) and registered with the dispatcher for CPU and CUDA
+tensors; where that library is missing, the same ops are defined in Python over ctypes
+(jfa._torch_ctypes_op). Either way this module registers their fake (meta) kernels, so
+``torch.compile(fullgraph=True)`` keeps them in the graph, and the forward's autograd formula,
+which calls the backward op (the CPU backend computes it; the CUDA backward is not built yet). The CUDA kernel launches on the current CUDA stream, takes its workspace from torch's
 caching allocator and never reads the offsets on the host, so a call can be captured in a CUDA
 graph and replayed after new lengths are written into the same offsets buffer.
 """
@@ -15,16 +16,16 @@ import torch
 from torch import Tensor
 
 from . import _checks, _torch_native
-from ._torch_checks import check_inputs
+from ._torch_checks import check_backward_inputs, check_inputs
 
 KIND, KIND_DETAIL = _torch_native.load(torch)
 if KIND == "ctypes":
-    from . import _torch_ctypes_op  # noqa: F401  (defines jfa::jagged_attention_fwd)
+    from . import _torch_ctypes_op  # noqa: F401  (defines jfa::jagged_attention_fwd and _bwd)
 
 
 @torch.library.register_fake("jfa::jagged_attention_fwd")
 def _jagged_attention_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                               causal, softmax_scale, return_lse):
+                               causal, softmax_scale, return_lse, deterministic=False):
     check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
     total_q, heads_q, d = q.shape
     out = q.new_empty((total_q, heads_q, d))
@@ -32,40 +33,44 @@ def _jagged_attention_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     return out, lse
 
 
-BACKWARD_MESSAGE = (
-    "jfa.jagged_attention: the backward pass is not implemented yet (jfa provides the forward "
-    "only); run it under torch.no_grad() or detach q, k and v")
+@torch.library.register_fake("jfa::jagged_attention_bwd")
+def _jagged_attention_bwd_fake(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                               max_seqlen_q, max_seqlen_k, causal, softmax_scale, grad_lse,
+                               deterministic):
+    check_backward_inputs(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, grad_lse)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-@torch.library.custom_op("jfa::jagged_attention_bwd", mutates_args=())
-def jagged_attention_bwd(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
-                         cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
-                         max_seqlen_k: int, causal: bool,
-                         softmax_scale: Optional[float]) -> Tuple[Tensor, Tensor, Tensor]:
-    """Placeholder of the backward: raises NotImplementedError when it runs.
-
-    It is an op (rather than a Python error in the autograd formula) so that tracing a training
-    graph with torch.compile succeeds, and the error comes only if the backward actually runs."""
-    raise NotImplementedError(BACKWARD_MESSAGE)
-
-
-@jagged_attention_bwd.register_fake
-def _jagged_attention_bwd_fake(grad_out, q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                               max_seqlen_k, causal, softmax_scale):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+NEEDS_LSE_MESSAGE = (
+    "jfa::jagged_attention_fwd was called with return_lse=False, so its gradient cannot be taken "
+    "(the backward needs the LSE): call jfa.jagged_attention, or the op with return_lse=True")
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, _return_lse = inputs
-    out, _lse = output
-    ctx.save_for_backward(q, k, v, out, cu_q, cu_k)
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, return_lse = inputs[:10]
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
     ctx.args = (max_q, max_k, causal, scale)
+    ctx.return_lse = return_lse
+    ctx.deterministic = inputs[10] if len(inputs) > 10 else False
 
 
 def _backward(ctx, grad_out, grad_lse):
-    q, k, v, out, cu_q, cu_k = ctx.saved_tensors
-    dq, dk, dv = jagged_attention_bwd(grad_out, q, k, v, out, cu_q, cu_k, *ctx.args)
-    return dq, dk, dv, None, None, None, None, None, None, None
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    if not ctx.return_lse:
+        raise RuntimeError(NEEDS_LSE_MESSAGE)
+    if grad_out is None:  # only the LSE is used
+        grad_out = torch.zeros_like(out)
+    try:
+        dq, dk, dv = torch.ops.jfa.jagged_attention_bwd(
+            grad_out.contiguous(), q, k, v, out, lse, cu_q, cu_k, *ctx.args,
+            None if grad_lse is None else grad_lse.contiguous(), ctx.deterministic)
+    except RuntimeError as e:
+        translated = _torch_native.translate(e, "jfa_attention_backward")
+        if translated is e:
+            raise
+        raise translated from None
+    return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("jfa::jagged_attention_fwd", _backward,
@@ -90,7 +95,7 @@ def _hint(name: str, value) -> int:
 
 
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-              softmax_scale, return_lse):
+              softmax_scale, return_lse, deterministic=False):
     """The torch face of jfa.jagged_attention (traceable by torch.compile).
 
     When no input needs a gradient the op is called below the autograd layer, which skips the
@@ -98,16 +103,18 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c
     cu_q = _offsets_tensor("cu_seqlens_q", cu_seqlens_q, q.device)
     cu_k = cu_q if cu_seqlens_k is None else _offsets_tensor("cu_seqlens_k", cu_seqlens_k, q.device)
     scale = None if softmax_scale is None else _checks.scale_value(softmax_scale)
+    return_lse = _checks.flag("return_lse", return_lse)
+    deterministic = _checks.flag("deterministic", deterministic)
     args = (q, k, v, cu_q, cu_k, _hint("max_seqlen_q", max_seqlen_q),
-            _hint("max_seqlen_k", max_seqlen_k), _checks.flag("causal", causal), scale,
-            _checks.flag("return_lse", return_lse))
+            _hint("max_seqlen_k", max_seqlen_k), _checks.flag("causal", causal), scale)
     try:
         if _is_compiling() or (_grad_enabled() and (q.requires_grad or k.requires_grad
                                                     or v.requires_grad)):
-            out, lse = _FWD(*args)
+            # The backward needs the LSE.
+            out, lse = _FWD(*args, True, deterministic)
         else:
             with _below_autograd():
-                out, lse = _FWD(*args)
+                out, lse = _FWD(*args, return_lse)
     except RuntimeError as e:
         translated = _torch_native.translate(e, "jfa_attention_forward")
         if translated is e:

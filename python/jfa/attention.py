@@ -9,8 +9,10 @@ __all__ = ["jagged_attention", "attention_reference"]
 
 
 def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None,
-                     max_seqlen_k=None, *, causal=False, softmax_scale=None, return_lse=False):
-    """Exact softmax attention over packed variable-length sequences (the forward).
+                     max_seqlen_k=None, *, causal=False, softmax_scale=None, return_lse=False,
+                     deterministic=False):
+    """Exact softmax attention over packed variable-length sequences, differentiable in q, k and v
+    (torch tensors).
 
     Follows ``flash_attn_varlen_func``: ``q`` is ``[total_q, heads_q, head_dim]``, ``k`` and ``v``
     are ``[total_k, heads_kv, head_dim]`` with ``heads_q`` a multiple of ``heads_kv`` (GQA/MQA),
@@ -28,7 +30,9 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None
         causal: bottom-right aligned causal mask: query i sees key j iff j <= i + len_k - len_q.
         softmax_scale: defaults to 1/sqrt(head_dim).
         return_lse: also return the float32 log-sum-exp ``[heads_q, total_q]`` (natural log;
-            -inf for rows that see no key).
+            -inf for rows that see no key); differentiable too.
+        deterministic: bit-identical gradients from run to run (torch autograd). The CPU backward
+            always is; the CUDA backward is not built yet (its call raises JfaUnsupportedError).
 
     Returns:
         ``out`` ``[total_q, heads_q, head_dim]`` of q's dtype, or ``(out, lse)``.
@@ -43,15 +47,16 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None
             raise TypeError("q, k and v must all be torch tensors or all numpy arrays, got "
                             f"q {type(q).__name__}, k {type(k).__name__}, v {type(v).__name__}")
         return _ops.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                              causal, softmax_scale, return_lse)
+                              causal, softmax_scale, return_lse, deterministic)
     if _torch is not None and (isinstance(k, _torch.Tensor) or isinstance(v, _torch.Tensor)):
         raise TypeError("q, k and v must all be torch tensors or all numpy arrays, got "
                         f"q {type(q).__name__}, k {type(k).__name__}, v {type(v).__name__}")
     if _is_foreign_tensor(q):
         raise TypeError(f"q is a {type(q).__module__}.{type(q).__name__} but torch support is not "
                         f"available: {_unavailable_reason()}")
-    from . import _numpy_backend
+    from . import _checks, _numpy_backend
 
+    _checks.flag("deterministic", deterministic)  # no gradients for numpy arrays
     return _numpy_backend.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k, causal, softmax_scale, return_lse)
 

@@ -30,36 +30,15 @@ const char* backend_name(jfa_backend b) {
   }
 }
 
-// All buffers must live on one side; returns the side or fails naming the odd one out.
-jfa_status locate_buffers(const Params& p, MemoryKind* kind) {
-  struct Named {
-    const void* ptr;
-    const char* name;
-  };
-  const Named buffers[] = {{p.cu_seqlens_q, "cu_seqlens_q"},
-                           {p.cu_seqlens_k, "cu_seqlens_k"},
-                           {p.q, "q"},
-                           {p.k, "k"},
-                           {p.v, "v"},
-                           {p.out, "out"},
-                           {p.lse, "lse"}};
-  const Named* first = nullptr;
-  MemoryKind first_kind = MemoryKind::kHost;
-  for (const Named& b : buffers) {
-    if (b.ptr == nullptr) continue;
-    const MemoryKind k = jfa::detail::memory_kind(b.ptr);
-    if (first == nullptr) {
-      first = &b;
-      first_kind = k;
-    } else if (k != first_kind) {
-      return fail(JFA_ERROR_INVALID_ARGUMENT,
-                  "%s is in %s memory but %s is in %s memory; all buffers must be on one side",
-                  b.name, k == MemoryKind::kDevice ? "device" : "host", first->name,
-                  first_kind == MemoryKind::kDevice ? "device" : "host");
-    }
-  }
-  *kind = first_kind;
-  return JFA_SUCCESS;
+jfa_status locate_forward_buffers(const Params& p, MemoryKind* kind) {
+  return jfa::detail::locate_buffers({{p.cu_seqlens_q, "cu_seqlens_q"},
+                                      {p.cu_seqlens_k, "cu_seqlens_k"},
+                                      {p.q, "q"},
+                                      {p.k, "k"},
+                                      {p.v, "v"},
+                                      {p.out, "out"},
+                                      {p.lse, "lse"}},
+                                     kind);
 }
 
 }  // namespace
@@ -83,7 +62,7 @@ jfa_status jfa_attention_forward(const jfa_attention_params* params) {
     jfa_status s = jfa::detail::build_params(params, &p);
     if (s != JFA_SUCCESS) return s;
     MemoryKind kind;
-    if ((s = locate_buffers(p, &kind)) != JFA_SUCCESS) return s;
+    if ((s = locate_forward_buffers(p, &kind)) != JFA_SUCCESS) return s;
     jfa_backend backend = params->backend;
     if (backend == JFA_BACKEND_AUTO)
       backend = kind == MemoryKind::kDevice ? JFA_BACKEND_CUDA : JFA_BACKEND_CPU;
@@ -134,7 +113,7 @@ jfa_status jfa_attention_reference(const jfa_attention_params* params, const int
     p.lse = nullptr;
     if (s != JFA_SUCCESS) return s;
     MemoryKind kind;
-    if ((s = locate_buffers(p, &kind)) != JFA_SUCCESS) return s;
+    if ((s = locate_forward_buffers(p, &kind)) != JFA_SUCCESS) return s;
     if (kind == MemoryKind::kDevice)
       return fail(JFA_ERROR_INVALID_ARGUMENT, "the reference needs host buffers");
     if ((s = jfa::detail::validate_host_offsets(p)) != JFA_SUCCESS) return s;

@@ -1,5 +1,7 @@
 #include "api/memory_probe.hpp"
 
+#include "common/status.hpp"
+
 #ifdef JFA_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -20,6 +22,26 @@ MemoryKind memory_kind(const void* ptr) {
   (void)ptr;
 #endif
   return MemoryKind::kHost;
+}
+
+jfa_status locate_buffers(std::initializer_list<NamedBuffer> buffers, MemoryKind* kind) {
+  const NamedBuffer* first = nullptr;
+  MemoryKind first_kind = MemoryKind::kHost;
+  for (const NamedBuffer& b : buffers) {
+    if (b.ptr == nullptr) continue;
+    const MemoryKind k = memory_kind(b.ptr);
+    if (first == nullptr) {
+      first = &b;
+      first_kind = k;
+    } else if (k != first_kind) {
+      return fail(JFA_ERROR_INVALID_ARGUMENT,
+                  "%s is in %s memory but %s is in %s memory; all buffers must be on one side",
+                  b.name, k == MemoryKind::kDevice ? "device" : "host", first->name,
+                  first_kind == MemoryKind::kDevice ? "device" : "host");
+    }
+  }
+  *kind = first_kind;
+  return JFA_SUCCESS;
 }
 
 }  // namespace jfa::detail

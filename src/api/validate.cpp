@@ -164,6 +164,58 @@ jfa_status build_params(const jfa_attention_params* in, Params* out, bool needs_
   return JFA_SUCCESS;
 }
 
+jfa_status build_backward_params(const jfa_attention_backward_params* in, BackwardParams* out,
+                                 bool for_reference) {
+  if (in == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "params must not be NULL");
+  if (in->struct_size != sizeof(jfa_attention_backward_params))
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "params->struct_size is %u but this libjfa's jfa_attention_backward_params has %zu "
+                "bytes: fill the struct with jfa_attention_backward_params_init() first",
+                static_cast<unsigned>(in->struct_size), sizeof(jfa_attention_backward_params));
+  BackwardParams b{};
+  if (const jfa_status s = build_params(&in->forward, &b.fwd, !for_reference); s != JFA_SUCCESS)
+    return s;
+  const Params& p = b.fwd;
+  b.dout = in->dout;
+  b.dout_layout = {in->dout_layout.token_stride, in->dout_layout.head_stride};
+  b.dlse = in->dlse;
+  b.deterministic = in->deterministic != 0;
+  if (p.total_q > 0 && b.dout == nullptr)
+    return fail(JFA_ERROR_INVALID_ARGUMENT, "dout must not be NULL when total_q > 0");
+  jfa_status s;
+  if ((s = check_layout("dout", b.dout_layout, p.total_q, p.heads_q, p.head_dim)) != JFA_SUCCESS)
+    return s;
+  if (for_reference) {  // the reference reads q, k, v and dout only
+    b.fwd.out = nullptr;
+    b.fwd.lse = nullptr;
+    *out = b;
+    return JFA_SUCCESS;
+  }
+  if (p.total_q > 0 && p.lse == nullptr)
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "forward.lse must not be NULL: the backward needs the forward's LSE");
+  b.dq = in->dq;
+  b.dk = in->dk;
+  b.dv = in->dv;
+  b.dq_layout = {in->dq_layout.token_stride, in->dq_layout.head_stride};
+  b.dk_layout = {in->dk_layout.token_stride, in->dk_layout.head_stride};
+  b.dv_layout = {in->dv_layout.token_stride, in->dv_layout.head_stride};
+  if (p.total_q > 0 && b.dq == nullptr)
+    return fail(JFA_ERROR_INVALID_ARGUMENT, "dq must not be NULL when total_q > 0");
+  if (p.total_k > 0 && b.dk == nullptr)
+    return fail(JFA_ERROR_INVALID_ARGUMENT, "dk must not be NULL when total_k > 0");
+  if (p.total_k > 0 && b.dv == nullptr)
+    return fail(JFA_ERROR_INVALID_ARGUMENT, "dv must not be NULL when total_k > 0");
+  if ((s = check_layout("dq", b.dq_layout, p.total_q, p.heads_q, p.head_dim)) != JFA_SUCCESS)
+    return s;
+  if ((s = check_layout("dk", b.dk_layout, p.total_k, p.heads_kv, p.head_dim)) != JFA_SUCCESS)
+    return s;
+  if ((s = check_layout("dv", b.dv_layout, p.total_k, p.heads_kv, p.head_dim)) != JFA_SUCCESS)
+    return s;
+  *out = b;
+  return JFA_SUCCESS;
+}
+
 jfa_status validate_offsets_named(const int32_t* offsets, int64_t batch, int64_t total,
                                   const char* name) {
   if (offsets == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "%s must not be NULL", name);

@@ -20,6 +20,12 @@ jfa_status check_batch_and_total_q(int64_t batch, int64_t total_q);
 // writes into its own buffers, so it passes needs_output = false.
 jfa_status build_params(const jfa_attention_params* in, Params* out, bool needs_output = true);
 
+// The backward's checks: the forward's (build_params, out and lse required), dout, and the
+// gradients' buffers and layouts; fills `out` on success. for_reference: only what the float64
+// reference reads (q, k, v, dout; out, lse and the gradient buffers left NULL).
+jfa_status build_backward_params(const jfa_attention_backward_params* in, BackwardParams* out,
+                                 bool for_reference = false);
+
 // Offsets rules for host-visible offsets; `name` appears in the message.
 jfa_status validate_offsets_named(const int32_t* offsets, int64_t batch, int64_t total,
                                   const char* name);

@@ -41,4 +41,17 @@ struct Params {
   int32_t group_size() const { return heads_q / heads_kv; }
 };
 
+// The backward's parameters: the forward's (out and lse as the forward wrote them) and the
+// gradients. Built once by validation, like Params.
+struct BackwardParams {
+  Params fwd;
+  const void* dout;
+  void* dq;
+  void* dk;
+  void* dv;
+  Layout dout_layout, dq_layout, dk_layout, dv_layout;
+  const float* dlse;  // nullable, [heads_q, total_q]
+  bool deterministic;
+};
+
 }  // namespace jfa::detail

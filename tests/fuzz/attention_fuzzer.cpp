@@ -1,8 +1,8 @@
 // libFuzzer harness of the C ABI on the CPU backend (built with ASan and UBSan, preset `fuzz`):
 // random parameters, offsets, strides, sizes and enum values, including invalid ones, into
-// jfa_attention_forward, jfa_attention_reference, jfa_attention_workspace_size and the jagged
-// utilities. Buffers are allocated exactly as large as the parameters describe, so any access
-// outside them is caught. Beyond "no crash, no undefined behaviour" it checks:
+// jfa_attention_forward, jfa_attention_backward, jfa_attention_reference, the workspace queries
+// and the jagged utilities. Buffers are allocated exactly as large as the parameters describe, so
+// any access outside them is caught. Beyond "no crash, no undefined behaviour" it checks:
 // - every call returns a jfa_status that is one of the enumerators;
 // - a rejected forward writes nothing (the output keeps its poison);
 // - an accepted forward on moderate inputs writes every output element, all finite.
@@ -34,6 +34,24 @@ bool valid_status(jfa_status s) {
   int32_t bits;
   std::memcpy(&bits, &s, sizeof bits);
   return bits >= JFA_SUCCESS && bits <= JFA_ERROR_INTERNAL;
+}
+
+// Every element a [total, heads, d] tensor with layout l (0 strides: packed) describes in `buffer`
+// is finite (float32, or bf16 as the top half of a float); the poison (all ones) is a NaN.
+void require_finite(const std::vector<unsigned char>& buffer, size_t es, int64_t total,
+                    int32_t heads, int32_t d, jfa_tensor_layout l, const char* what) {
+  const int64_t ts = l.token_stride ? l.token_stride : int64_t{heads} * d;
+  const int64_t hs = l.head_stride ? l.head_stride : d;
+  for (int64_t t = 0; t < total; ++t)
+    for (int32_t h = 0; h < heads; ++h)
+      for (int32_t j = 0; j < d; ++j) {
+        uint32_t bits = 0;
+        std::memcpy(&bits, &buffer[(t * ts + h * hs + j) * es], es);
+        if (es == 2) bits <<= 16;
+        float x;
+        std::memcpy(&x, &bits, 4);
+        require(std::isfinite(x), what);
+      }
 }
 
 // An int32 enum field set to any value, as a C caller may.
@@ -77,7 +95,8 @@ jfa_tensor_layout make_layout(FuzzedDataProvider& in, int32_t heads, int32_t d) 
     case 2:
       return {d, int64_t{d} * in.ConsumeIntegralInRange<int>(1, 64)};  // heads outermost
     default:
-      return {in.ConsumeIntegralInRange<int64_t>(-8, 4096), in.ConsumeIntegralInRange<int64_t>(-8, 512)};
+      return {in.ConsumeIntegralInRange<int64_t>(-8, 4096),
+              in.ConsumeIntegralInRange<int64_t>(-8, 512)};
   }
 }
 
@@ -96,13 +115,12 @@ void fuzz_attention(FuzzedDataProvider& in) {
     cu_k = make_offsets(in, offsets_count, &total_k);
   }
   const int32_t heads_kv = in.ConsumeIntegralInRange<int32_t>(in.ConsumeBool() ? -1 : 1, 3);
-  const int32_t heads_q =
-      in.ConsumeBool() ? heads_kv * in.ConsumeIntegralInRange<int32_t>(1, 3)
-                       : in.ConsumeIntegralInRange<int32_t>(0, 6);
+  const int32_t heads_q = in.ConsumeBool() ? heads_kv * in.ConsumeIntegralInRange<int32_t>(1, 3)
+                                           : in.ConsumeIntegralInRange<int32_t>(0, 6);
   const int32_t d = in.ConsumeBool() ? in.ConsumeIntegralInRange<int32_t>(1, 40)
                                      : in.ConsumeIntegralInRange<int32_t>(-2, 600);
-  const int32_t dtype = in.ConsumeBool() ? in.ConsumeIntegralInRange<int32_t>(0, 2)
-                                         : in.ConsumeIntegral<int32_t>();
+  const int32_t dtype =
+      in.ConsumeBool() ? in.ConsumeIntegralInRange<int32_t>(0, 2) : in.ConsumeIntegral<int32_t>();
   const jfa_tensor_layout lq = make_layout(in, heads_q, d), lk = make_layout(in, heads_kv, d),
                           lv = make_layout(in, heads_kv, d), lo = make_layout(in, heads_q, d);
   const bool moderate = in.ConsumeBool();
@@ -128,8 +146,9 @@ void fuzz_attention(FuzzedDataProvider& in) {
       } else {
         uint32_t bits;
         std::memcpy(&bits, &x, 4);
-        const uint16_t half_like = dtype == JFA_DTYPE_BFLOAT16 ? static_cast<uint16_t>(bits >> 16)
-                                                               : static_cast<uint16_t>(0x3C00 ^ (i & 0x3FF));
+        const uint16_t half_like = dtype == JFA_DTYPE_BFLOAT16
+                                       ? static_cast<uint16_t>(bits >> 16)
+                                       : static_cast<uint16_t>(0x3C00 ^ (i & 0x3FF));
         std::memcpy(&buf[i * 2], &half_like, 2);
       }
     }
@@ -162,8 +181,8 @@ void fuzz_attention(FuzzedDataProvider& in) {
   p.causal = in.ConsumeIntegral<int>();
   p.max_seqlen_q = in.ConsumeBool() ? 0 : in.ConsumeIntegralInRange<int32_t>(-1, 64);
   p.max_seqlen_k = in.ConsumeBool() ? 0 : in.ConsumeIntegralInRange<int32_t>(-1, 64);
-  set_enum(&p.backend, in.ConsumeBool() ? JFA_BACKEND_CPU
-                                        : in.ConsumeIntegralInRange<int32_t>(-1, 3));
+  set_enum(&p.backend,
+           in.ConsumeBool() ? JFA_BACKEND_CPU : in.ConsumeIntegralInRange<int32_t>(-1, 3));
   if (in.ConsumeIntegralInRange<int>(0, 31) == 0) p.struct_size = in.ConsumeIntegral<uint32_t>();
 
   // A buffer the parameters describe but that was too large to allocate here: skip the call
@@ -182,19 +201,44 @@ void fuzz_attention(FuzzedDataProvider& in) {
   } else if (moderate && dtype != JFA_DTYPE_FLOAT16) {
     // float32 and bf16 inputs here are all in [-4, 4]: every output element is finite (the
     // poison, all ones, is a NaN in both).
-    const int64_t ts = lo.token_stride ? lo.token_stride : int64_t{heads_q} * d;
-    const int64_t hs = lo.head_stride ? lo.head_stride : d;
-    for (int64_t t = 0; t < total_q; ++t)
-      for (int32_t h = 0; h < heads_q; ++h)
-        for (int32_t j = 0; j < d; ++j) {
-          const int64_t at = t * ts + h * hs + j;
-          uint32_t bits = 0;
-          std::memcpy(&bits, &out[at * es], es);
-          if (es == 2) bits <<= 16;  // bf16: the top half of a float
-          float x;
-          std::memcpy(&x, &bits, 4);
-          require(std::isfinite(x), "an accepted call left an output element unwritten or NaN");
-        }
+    require_finite(out, es, total_q, heads_q, d, lo,
+                   "an accepted call left an output element unwritten or NaN");
+  }
+  // The backward on the forward's result (or on a rejected one: then it must reject too): gradient
+  // buffers as large as q, k, v and out are described, dlse sometimes, poison checked after a
+  // rejection; an accepted call on moderate float32/bf16 inputs gives finite dq.
+  if (in.ConsumeBool()) {
+    jfa_attention_backward_params b;
+    require(jfa_attention_backward_params_init(&b) == JFA_SUCCESS, "backward init");
+    b.forward = p;
+    std::vector<unsigned char> dout(out.size()), dq(static_cast<size_t>(nq) * es, 0xFF),
+        dk(static_cast<size_t>(nk) * es, 0xFF), dv(static_cast<size_t>(nv) * es, 0xFF);
+    fill(dout, no);
+    b.dout = no ? dout.data() : nullptr;
+    b.dq = nq ? dq.data() : nullptr;
+    b.dk = nk ? dk.data() : nullptr;
+    b.dv = nv ? dv.data() : nullptr;
+    b.dout_layout = lo;
+    b.dq_layout = lq;
+    b.dk_layout = lk;
+    b.dv_layout = lv;
+    std::vector<float> dlse(static_cast<size_t>(nlse), 0.5f);
+    b.dlse = nlse && in.ConsumeBool() ? dlse.data() : nullptr;
+    b.deterministic = in.ConsumeIntegral<int>();
+    if (in.ConsumeIntegralInRange<int>(0, 31) == 0) b.struct_size = in.ConsumeIntegral<uint32_t>();
+    size_t bws = 0;
+    require(valid_status(jfa_attention_backward_workspace_size(&b, &bws)),
+            "backward workspace_size status");
+    const jfa_status bs = jfa_attention_backward(&b);
+    require(valid_status(bs), "backward status");
+    require(s == JFA_SUCCESS || bs != JFA_SUCCESS, "a backward of a rejected forward ran");
+    if (bs != JFA_SUCCESS) {
+      for (auto* g : {&dq, &dk, &dv})
+        for (unsigned char c : *g) require(c == 0xFF, "a rejected backward wrote a gradient");
+    } else if (moderate && dtype != JFA_DTYPE_FLOAT16) {
+      require_finite(dq, es, total_q, heads_q, d, lq,
+                     "an accepted backward left dq unwritten or NaN");
+    }
   }
   // The float64 reference on a few rows when the problem is small.
   if (total_q > 0 && total_k >= 0 && heads_q > 0 && d > 0 && total_q <= 256 && total_k <= 256 &&
@@ -205,8 +249,8 @@ void fuzz_attention(FuzzedDataProvider& in) {
     const int64_t rows = n > 0 ? n : total_q;
     std::vector<double> ref(static_cast<size_t>(rows * heads_q * d + 1));
     std::vector<double> ref_lse(static_cast<size_t>(rows * heads_q + 1));
-    require(valid_status(jfa_attention_reference(&p, n > 0 ? tokens.data() : nullptr, n > 0 ? n : total_q,
-                                                 ref.data(), ref_lse.data())),
+    require(valid_status(jfa_attention_reference(&p, n > 0 ? tokens.data() : nullptr,
+                                                 n > 0 ? n : total_q, ref.data(), ref_lse.data())),
             "reference status");
   }
 }

@@ -835,4 +835,38 @@ TEST(AttentionGpuApi, HostOrDeviceMismatchesAreErrors) {
       << "host offsets, device tensors";
 }
 
+// The backward on device buffers: the CUDA backward is not built yet, and the call says so without
+// writing a gradient; a gradient buffer on the wrong side is named.
+TEST(AttentionGpuApi, BackwardOnDeviceBuffersSaysItIsNotBuilt) {
+  Case c;
+  c.lq = c.lk = {10, 20};
+  AttentionRunner runner(c, 3);
+  runner.upload();
+  DeviceRun forward;
+  ASSERT_EQ(runner.run(&forward), JFA_SUCCESS) << jfa_last_error_message();
+  JaggedBatch& b = runner.batch();
+  const size_t bytes = b.q.bytes.size();
+  DeviceBuffer dout(bytes), dq(bytes), dk(b.k.bytes.size()), dv(b.v.bytes.size());
+  for (DeviceBuffer* g : {&dout, &dq, &dk, &dv}) JFA_CUDA_OK(cudaMemset(g->ptr, 0xFF, g->bytes));
+  jfa_attention_backward_params p;
+  ASSERT_EQ(jfa_attention_backward_params_init(&p), JFA_SUCCESS);
+  p.forward = runner.device_params();
+  p.dout = dout.ptr;
+  p.dq = dq.ptr;
+  p.dk = dk.ptr;
+  p.dv = dv.ptr;
+  EXPECT_EQ(jfa_attention_backward(&p), JFA_ERROR_UNSUPPORTED);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("CUDA backward"), std::string::npos)
+      << jfa_last_error_message();
+  std::vector<unsigned char> back(bytes);
+  JFA_CUDA_OK(cudaMemcpy(back.data(), dq.ptr, bytes, cudaMemcpyDeviceToHost));
+  EXPECT_TRUE(std::all_of(back.begin(), back.end(), [](unsigned char x) { return x == 0xFF; }))
+      << "a rejected backward wrote dq";
+  HostBuffer host_dq = b.make_output();
+  p.dq = host_dq.data();
+  EXPECT_EQ(jfa_attention_backward(&p), JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("dq is in host memory"), std::string::npos)
+      << jfa_last_error_message();
+}
+
 }  // namespace

@@ -55,3 +55,16 @@ def test_help_cites_nothing_outside_the_repository():
         r = subprocess.run([_cli(), command, "--help"], capture_output=True, text=True, timeout=30)
         assert r.returncode == 0
         assert ".md" not in r.stdout and "seed's" not in r.stdout, r.stdout
+
+
+def test_check_covers_the_backward():
+    r = subprocess.run([_cli(), "check", "--backend", "cpu", "--cases", "12"], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    checked = [line for line in r.stdout.splitlines() if " bwd " in line and "ok" in line]
+    assert any("bwd -" not in line for line in checked), r.stdout
+    summary = next(line for line in r.stdout.splitlines() if line.startswith("backward:"))
+    assert int(summary.split()[1]) >= 8, summary
+    quiet = subprocess.run([_cli(), "check", "--backend", "cpu", "--cases", "3", "--no-backward"],
+                           capture_output=True, text=True, timeout=300)
+    assert quiet.returncode == 0 and "bwd" not in quiet.stdout and "backward:" not in quiet.stdout

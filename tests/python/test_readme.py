@@ -27,11 +27,20 @@ def test_numpy_example_runs():
             exec(compile(block, "README.md (numpy example)", "exec"), {})
 
 
+def test_torch_cpu_example_runs():
+    if not jfa.torch_available():
+        pytest.skip(f"torch path unavailable: {jfa.torch_unavailable_reason()}")
+    blocks = [b for b in python_blocks() if "import torch" in b and "# CPU example" in b]
+    assert blocks
+    for block in blocks:
+        exec(compile(block, "README.md (torch CPU example)", "exec"), {})
+
+
 def test_torch_example_runs():
     if not jfa.torch_available():
         pytest.skip(f"torch path unavailable: {jfa.torch_unavailable_reason()}")
     if not jfa.cuda_available():
         pytest.skip("no usable CUDA backend (needs a Hopper GPU and a CUDA build of libjfa)")
     for block in python_blocks():
-        if "import torch" in block:
+        if "import torch" in block and "# CPU example" not in block:
             exec(compile(block, "README.md (torch example)", "exec"), {})

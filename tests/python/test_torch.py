@@ -208,12 +208,13 @@ def test_cuda_graph_replay_with_new_lengths(seed, hints):
 
 
 @needs_cuda
-def test_cuda_backward_not_implemented(seed):
+def test_cuda_backward_reports_it_is_not_built(seed):
+    """Autograd reaches the backward op; the CUDA backward is not built yet and says so."""
     q, k, v, cu, _ = _inputs(seed, [5, 9], None, 2, 2, 64, torch.float16, "cuda")
     q.requires_grad_(True)
     out = jfa.jagged_attention(q, k, v, cu)
     assert out.requires_grad
-    with pytest.raises(NotImplementedError, match="backward pass is not implemented yet"):
+    with pytest.raises(jfa.JfaUnsupportedError, match="CUDA backward is not built yet"):
         out.float().sum().backward()
 
 
@@ -290,26 +291,126 @@ def test_cpu_op_registered_and_opcheck(seed):
                                           "test_faketensor"))
 
 
-def test_cpu_compile_fullgraph_and_backward_error(seed):
-    """Tracing with autograd succeeds (the backward is an op); running the backward raises."""
-    q, k, v, cu, _ = _inputs(seed, [4, 11], None, 2, 2, 16, torch.float32, "cpu")
+def _reference_with_grads(q, k, v, cu_q, cu_k, causal, grad_out, grad_lse):
+    """Gradients of sum(grad_out * out) + sum(grad_lse * lse) (rows with a key) by torch autograd
+    over a per-sequence float64 attention, bottom-right causal mask."""
+    qd, kd, vd = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    hq, d = q.shape[1], q.shape[2]
+    group = hq // k.shape[1]
+    cu_q, cu_k = cu_q.tolist(), cu_k.tolist()
+    loss = qd.new_zeros(())
+    for b in range(len(cu_q) - 1):
+        lq, lk = cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b]
+        qs = qd[cu_q[b]:cu_q[b + 1]]
+        ks = kd[cu_k[b]:cu_k[b + 1]].repeat_interleave(group, 1)
+        vs = vd[cu_k[b]:cu_k[b + 1]].repeat_interleave(group, 1)
+        s = torch.einsum("qhd,khd->hqk", qs, ks) / math.sqrt(d)
+        if causal:
+            i = torch.arange(lq)[:, None]
+            j = torch.arange(lk)[None, :]
+            s = s.masked_fill(j > i + lk - lq, float("-inf"))
+        lse = torch.logsumexp(s, -1)
+        seen = torch.isfinite(lse)
+        p = torch.where(seen[..., None], torch.exp(s - torch.where(seen, lse, 0)[..., None]), 0)
+        out = torch.einsum("hqk,khd->qhd", p, vs)
+        loss = loss + (out * grad_out[cu_q[b]:cu_q[b + 1]].double()).sum()
+        loss = loss + torch.where(seen, lse * grad_lse[:, cu_q[b]:cu_q[b + 1]].double(), 0).sum()
+    loss.backward()
+    return qd.grad, kd.grad, vd.grad
+
+
+GRAD_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16],
+                         ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("use_lse", [False, True], ids=["out", "out+lse"])
+def test_cpu_backward_matches_float64_autograd(seed, dtype, causal, use_lse):
+    lq, lk = [5, 0, 33, 1, 70, 64], [9, 4, 0, 1, 64, 65]
+    q, k, v, cu_q, cu_k = _inputs(seed, lq, lk, 4, 2, 32, dtype, "cpu")
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    out, lse = jfa.jagged_attention(q, k, v, cu_q, cu_k, causal=causal, return_lse=True)
+    g = torch.Generator().manual_seed(seed + 1)
+    grad_out = torch.randn(out.shape, generator=g).to(dtype)
+    grad_lse = torch.randn(lse.shape, generator=g) if use_lse else torch.zeros(lse.shape)
+    loss = (out.float() * grad_out.float()).sum()
+    if use_lse:
+        loss = loss + torch.where(torch.isfinite(lse), lse * grad_lse, 0).sum()
+    loss.backward()
+    for name, got, want in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad),
+                               _reference_with_grads(q, k, v, cu_q, cu_k, causal, grad_out,
+                                                     grad_lse)):
+        assert got.dtype == dtype and got.shape == want.shape
+        assert torch.isfinite(got).all(), name
+        err = ((got.double() - want).norm() / want.norm()).item()
+        assert err <= GRAD_TOL[dtype], f"{name}: relative error {err}"
+
+
+@pytest.mark.filterwarnings("ignore:Input #.* is not a double precision")
+def test_cpu_gradcheck(seed):
+    """torch.autograd.gradcheck in float32 (jfa takes 16- and 32-bit floats; the float64 oracle is
+    checked against finite differences in the C++ tests)."""
+    q, k, v, cu_q, cu_k = _inputs(seed, [2, 3, 0], [3, 1, 2], 2, 1, 4, torch.float32, "cpu")
+    for t in (q, k, v):
+        t.requires_grad_(True)
+
+    def f(q, k, v):
+        out, lse = jfa.jagged_attention(q, k, v, cu_q, cu_k, causal=True, return_lse=True)
+        return out, torch.where(torch.isfinite(lse), lse, 0)
+
+    assert torch.autograd.gradcheck(f, (q, k, v), eps=1e-3, atol=2e-3, rtol=2e-3)
+
+
+def test_cpu_backward_op_opcheck(seed):
+    q, k, v, cu, _ = _inputs(seed, [3, 0, 6], None, 2, 1, 16, torch.float32, "cpu")
+    out, lse = jfa.jagged_attention(q, k, v, cu, causal=True, return_lse=True)
+    grad_out = torch.randn_like(out)
+    for grad_lse in (None, torch.randn_like(lse)):
+        args = (grad_out, q, k, v, out, lse, cu, cu, 0, 0, True, None, grad_lse, False)
+        torch.library.opcheck(torch.ops.jfa.jagged_attention_bwd.default, args,
+                              test_utils=("test_schema", "test_faketensor"))
+
+
+def test_cpu_compile_fullgraph_training_step(seed):
+    """A compiled forward with autograd: the backward op is in the traced graph and the gradients
+    equal eager ones."""
+    q, k, v, cu, _ = _inputs(seed, [4, 11, 0, 1], None, 2, 2, 16, torch.float32, "cpu")
 
     def f(q, k, v, cu):
         return jfa.jagged_attention(q, k, v, cu, causal=True) * 2
 
     torch._dynamo.reset()
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
-    torch.testing.assert_close(compiled(q, k, v, cu), f(q, k, v, cu))
-    out = compiled(q.clone().requires_grad_(True), k, v, cu)
-    with pytest.raises(NotImplementedError, match="backward pass is not implemented yet"):
-        out.sum().backward()
+    grads = []
+    for fn in (f, compiled):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        fn(*leaves, cu).square().sum().backward()
+        grads.append([t.grad for t in leaves])
+    for eager, traced in zip(*grads):
+        torch.testing.assert_close(traced, eager)
 
 
-def test_cpu_backward_not_implemented(seed):
+def test_cpu_deterministic_gradients(seed):
+    q, k, v, cu, _ = _inputs(seed, [40, 0, 77], None, 4, 2, 32, torch.bfloat16, "cpu")
+    grads = []
+    for _ in range(2):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out = jfa.jagged_attention(*leaves, cu, causal=True, deterministic=True)
+        out.float().square().sum().backward()
+        grads.append([t.grad for t in leaves])
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+    with pytest.raises(TypeError, match="deterministic must be a bool"):
+        jfa.jagged_attention(q, k, v, cu, deterministic=1)
+
+
+def test_cpu_backward_needs_the_forward_lse(seed):
     q, k, v, cu, _ = _inputs(seed, [3, 2], None, 1, 1, 8, torch.float32, "cpu")
     v.requires_grad_(True)
-    out, lse = jfa.jagged_attention(q, k, v, cu, return_lse=True)
-    with pytest.raises(NotImplementedError, match="backward pass is not implemented yet"):
+    out, _ = torch.ops.jfa.jagged_attention_fwd(q, k, v, cu, cu, 0, 0, False, None, False)
+    with pytest.raises(RuntimeError, match="return_lse=True"):
         out.sum().backward()
     with torch.no_grad():
         assert not jfa.jagged_attention(q, k, v, cu).requires_grad
@@ -384,10 +485,11 @@ def test_native_op_registered_from_cpp():
     if not path.is_file():
         pytest.skip(f"{path} was not built (torch was not found at build time)")
     assert jfa.torch_ops_kind() == "native", jfa._torch_support.ops.KIND_DETAIL
-    dump = torch._C._dispatch_dump("jfa::jagged_attention_fwd")
-    for key in ("CPU", "CUDA"):
-        line = next((x for x in dump.splitlines() if x.startswith(key + ":")), "")
-        assert "jagged_attention_op.cpp" in line, dump
+    for op in ("jfa::jagged_attention_fwd", "jfa::jagged_attention_bwd"):
+        dump = torch._C._dispatch_dump(op)
+        for key in ("CPU", "CUDA"):
+            line = next((x for x in dump.splitlines() if x.startswith(key + ":")), "")
+            assert "src/torch/registration.cpp" in line, dump
 
 
 def _default_pool_peak(reset):

@@ -116,12 +116,14 @@ int check_main(std::span<const std::string> args) {
   uint64_t seed = kDefaultSeed;
   BackendChoice backend = BackendChoice::kAuto;
   std::optional<DType> only_dtype;
+  bool no_backward = false;
   ArgParser parser("jfa check",
                    "Runs edge cases and random problems (empty batches, zero-length and "
                    "length-1 sequences, lengths\noff tile multiples, cross attention, GQA/MQA, "
                    "causal or not, head_dim 32/64/96/128, every dtype of\nthe backend) and "
-                   "compares the output and the log-sum-exp with the float64 reference. Outputs "
-                   "are\npoisoned with NaN before each run, so anything left unwritten fails.");
+                   "compares the output and the log-sum-exp with the float64 reference, then the "
+                   "gradients of\nthe backward (where the reference is affordable). Outputs are "
+                   "poisoned with NaN before each\nrun, so anything left unwritten fails.");
   parser.add_int("--cases", "N", "number of problems, the edge cases first (default 60)", &cases, 1,
                  1000000);
   parser.add_uint64("--seed", "S",
@@ -132,6 +134,7 @@ int check_main(std::span<const std::string> args) {
   parser.add_option("--dtype", "fp16|bf16|fp32",
                     "check only this dtype (default: every dtype the backend supports, in turn)",
                     [&only_dtype](std::string_view v) { only_dtype = parse_dtype(v); });
+  parser.add_flag("--no-backward", "check the forward only", &no_backward);
   parser.set_epilog(
       "exit status: 0 when every case passes, 1 when one fails (error above the "
       "dtype's tolerance, a\nnon-finite output, or a library error), 2 on a bad "
@@ -163,6 +166,8 @@ int check_main(std::span<const std::string> args) {
   std::map<DType, Worst> worst;
   double worst_lse = 0;
   int failed = 0, unsupported = 0;
+  int backward_checked = 0, backward_unsupported = 0;
+  double worst_backward = 0;
   std::vector<std::string> unsupported_reasons;
   const Stopwatch wall;
   for (int i = 0; i < cases; ++i) {
@@ -188,11 +193,36 @@ int check_main(std::span<const std::string> args) {
       tools::HostBuffer out;
       std::vector<float> lse;
       runner->download(&out, &lse);
-      const CheckReport r = check_against_reference(batch, c.causal, out, &lse, tokens);
+      CheckReport r = check_against_reference(batch, c.causal, out, &lse, tokens);
+      // The backward of the same problem, where its reference (about three forwards) fits.
+      // "bwd -": not checked (forward failed, or the reference would cost too much).
+      std::string backward = no_backward ? "" : "  bwd -       ";
+      if (!no_backward && r.passed && 3 * reference_cost(c) <= kFullReferenceBudget) {
+        tools::HostBuffer dout = batch.make_output();
+        std::mt19937_64 dout_rng(rng());
+        tools::fill_normal(dout, dout_rng);
+        try {
+          Gradients grads;
+          runner->backward(dout, &grads);
+          const BackwardReport br = check_backward_against_reference(batch, c.causal, dout, grads);
+          ++backward_checked;
+          const double e = std::max({br.dq_error, br.dk_error, br.dv_error});
+          worst_backward = std::max(worst_backward, e);
+          backward = strprintf("  bwd %.2e", e);
+          if (!br.passed) {
+            r.passed = false;
+            r.failure = br.failure;
+          }
+        } catch (const Error& e) {
+          if (e.status() != Status::kUnsupported) throw;
+          ++backward_unsupported;
+          backward = "  bwd unsupported";
+        }
+      }
       runner->release();
-      std::printf("%s  %s %5lld rows  err %.2e  lse %.1e  %s%s\n", head.c_str(),
+      std::printf("%s  %s %5lld rows  err %.2e  lse %.1e%s  %s%s\n", head.c_str(),
                   full ? "all    " : "sampled", static_cast<long long>(r.rows), r.rel_error,
-                  r.lse_error, r.passed ? "ok  " : "FAIL", tail.c_str());
+                  r.lse_error, backward.c_str(), r.passed ? "ok  " : "FAIL", tail.c_str());
       if (!r.passed) std::printf("          %s\n", r.failure.c_str());
       Worst& w = worst[c.dtype];
       if (r.rel_error > w.error) w = {r.rel_error, i};
@@ -224,6 +254,13 @@ int check_main(std::span<const std::string> args) {
                 it->second.case_index, tools::tolerance(t));
   }
   std::printf("\nworst log-sum-exp error: %.2e (tolerance %.0e)\n", worst_lse, kLseTolerance);
+  if (!no_backward) {
+    std::printf("backward: %d case%s checked, worst gradient error %.2e", backward_checked,
+                backward_checked == 1 ? "" : "s", worst_backward);
+    if (backward_unsupported > 0)
+      std::printf(", %d unsupported by the backend", backward_unsupported);
+    std::printf("\n");
+  }
   for (size_t i = 0; i < unsupported_reasons.size(); ++i)
     std::printf("unsupported [%zu]: %s\n", i + 1, unsupported_reasons[i].c_str());
   const int passed = cases - failed - unsupported;

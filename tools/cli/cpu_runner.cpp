@@ -59,6 +59,19 @@ class CpuRunner final : public Runner {
     if (lse != nullptr) *lse = lse_;
   }
 
+  void backward(const tools::HostBuffer& dout, Gradients* grads) override {
+    *grads = poisoned_gradients(call_);
+    auto like = [](JaggedTensor view, const tools::HostBuffer& data) {
+      view.data = const_cast<void*>(data.data());
+      view.token_stride = view.head_stride = 0;  // the buffers are packed
+      return view;
+    };
+    const BackwardViews views{like(call_.q, dout), like(call_.q, grads->dq),
+                              like(call_.k, grads->dk), like(call_.v, grads->dv)};
+    attention_backward(call_.q, call_.k, call_.v, call_.out, views, call_.cu_seqlens_q,
+                       call_.cu_seqlens_k, call_.batch, call_.options);
+  }
+
   void release() override {
     call_ = AttentionCall();
     out_ = tools::HostBuffer();

@@ -176,6 +176,28 @@ class DeviceRunner final : public Runner {
     }
   }
 
+  void backward(const tools::HostBuffer& dout, Gradients* grads) override {
+    *grads = poisoned_gradients(call_);
+    const DeviceBuffer d_dout = DeviceBuffer::copy_of(dout.data(), dout.bytes.size());
+    DeviceBuffer dq = DeviceBuffer::copy_of(grads->dq.data(), grads->dq.bytes.size());
+    DeviceBuffer dk = DeviceBuffer::copy_of(grads->dk.data(), grads->dk.bytes.size());
+    DeviceBuffer dv = DeviceBuffer::copy_of(grads->dv.data(), grads->dv.bytes.size());
+    auto on = [](JaggedTensor view, const DeviceBuffer& data) {
+      view.data = data.get();
+      return view;
+    };
+    const BackwardViews views{on(call_.q, d_dout), on(call_.q, dq), on(call_.k, dk),
+                              on(call_.v, dv)};
+    attention_backward(call_.q, call_.k, call_.v, call_.out, views, call_.cu_seqlens_q,
+                       call_.cu_seqlens_k, call_.batch, call_.options);
+    check_cuda(cudaStreamSynchronize(stream_), "backward on the GPU");
+    for (auto [host, device] :
+         {std::pair{&grads->dq, &dq}, std::pair{&grads->dk, &dk}, std::pair{&grads->dv, &dv}})
+      if (device->bytes() > 0)
+        check_cuda(cudaMemcpy(host->data(), device->get(), device->bytes(), cudaMemcpyDeviceToHost),
+                   "cudaMemcpy D2H");
+  }
+
   void release() override {
     for (DeviceBuffer* b : {&q_, &k_, &v_, &out_, &lse_, &cu_q_, &cu_k_}) *b = DeviceBuffer();
     call_ = AttentionCall();

@@ -31,6 +31,15 @@ AttentionCall make_host_call(const tools::JaggedBatch& batch, const RunConfig& c
   return call;
 }
 
+Gradients poisoned_gradients(const AttentionCall& call) {
+  auto buffer = [](const JaggedTensor& like) {
+    tools::HostBuffer b(like.dtype, like.total * like.heads * like.head_dim);
+    tools::poison(b);
+    return b;
+  };
+  return {buffer(call.q), buffer(call.k), buffer(call.v)};
+}
+
 int cpu_threads() { return jfa::cpu_thread_count(); }
 
 bool device_runner_available() {

@@ -31,9 +31,17 @@ struct AttentionCall {
   void operator()() const { attention(q, k, v, out, cu_seqlens_q, cu_seqlens_k, batch, options); }
 };
 
+// Gradients with respect to q, k and v, in host memory.
+struct Gradients {
+  tools::HostBuffer dq, dk, dv;
+};
+
 // The call for `batch` on its host buffers (out left null), with the max-length hints set.
 AttentionCall make_host_call(const tools::JaggedBatch& batch, const RunConfig& config,
                              Backend backend);
+
+// Host gradient buffers shaped for `call`'s q, k and v, poisoned with NaN.
+Gradients poisoned_gradients(const AttentionCall& call);
 
 class Runner {
  public:
@@ -56,6 +64,10 @@ class Runner {
   virtual Timing time(int warmup, int repeats, Progress& progress) = 0;
   // The output of the last run into host memory; lse (when not null) gets [heads_q, total_q].
   virtual void download(tools::HostBuffer* out, std::vector<float>* lse) = 0;
+  // The backward of the last run (uploaded with with_lse) for the output gradient `dout` (host,
+  // [total_q, heads_q, head_dim]); the gradients are poisoned before the call, so anything left
+  // unwritten is caught, and copied to host memory after it.
+  virtual void backward(const tools::HostBuffer& dout, Gradients* grads) = 0;
   // Forgets the current problem and frees its buffers.
   virtual void release() = 0;
 };

@@ -89,4 +89,37 @@ CheckReport check_against_reference(const tools::JaggedBatch& batch, bool causal
   return report;
 }
 
+BackwardReport check_backward_against_reference(const tools::JaggedBatch& batch, bool causal,
+                                                const tools::HostBuffer& dout,
+                                                const Gradients& grads) {
+  auto view = [&](const tools::HostBuffer& b, bool keys) {
+    return JaggedTensor{const_cast<void*>(b.data()),
+                        batch.dtype,
+                        keys ? batch.total_k() : batch.total_q(),
+                        keys ? batch.heads_kv : batch.heads_q,
+                        batch.head_dim,
+                        0,
+                        0};
+  };
+  AttentionOptions options;
+  options.causal = causal;
+  const ReferenceGradients ref = attention_backward_reference(
+      view(batch.q, false), view(batch.k, true), view(batch.v, true), view(dout, false),
+      batch.cu_q.data(), batch.cu_k.data(), batch.batch(), options);
+  BackwardReport r;
+  const int64_t q_row = int64_t{batch.heads_q} * batch.head_dim;
+  const int64_t k_row = int64_t{batch.heads_kv} * batch.head_dim;
+  r.dq_error = tools::relative_error(grads.dq, ref.dq, {}, q_row);
+  r.dk_error = tools::relative_error(grads.dk, ref.dk, {}, k_row);
+  r.dv_error = tools::relative_error(grads.dv, ref.dv, {}, k_row);
+  const double tol = tools::tolerance(batch.dtype);
+  r.passed = r.dq_error <= tol && r.dk_error <= tol && r.dv_error <= tol;
+  if (!r.passed)
+    r.failure = strprintf(
+        "gradient error above %.0e (dq %.2e, dk %.2e, dv %.2e; inf = NaN or "
+        "an unwritten element)",
+        tol, r.dq_error, r.dk_error, r.dv_error);
+  return r;
+}
+
 }  // namespace jfa::cli

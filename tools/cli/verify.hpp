@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/runner.hpp"
 #include "common/jagged_batch.hpp"
 
 namespace jfa::cli {
@@ -36,5 +37,16 @@ std::vector<int64_t> sample_tokens(const tools::JaggedBatch& batch, int per_sequ
 CheckReport check_against_reference(const tools::JaggedBatch& batch, bool causal,
                                     const tools::HostBuffer& out, const std::vector<float>* lse,
                                     const std::vector<int64_t>& tokens);
+
+struct BackwardReport {
+  double dq_error = 0, dk_error = 0, dv_error = 0;  // relative errors (+inf for a NaN)
+  bool passed = false;
+  std::string failure;
+};
+
+// Compares the gradients of `dout` with the float64 reference backward on every element.
+BackwardReport check_backward_against_reference(const tools::JaggedBatch& batch, bool causal,
+                                                const tools::HostBuffer& dout,
+                                                const Gradients& grads);
 
 }  // namespace jfa::cli

@@ -1,0 +1,103 @@
+// C entry points of the attention backward: validation, backend choice, dispatch.
+#include "api/error.hpp"
+#include "api/memory_probe.hpp"
+#include "api/validate.hpp"
+#include "cpu/backward_cpu.hpp"
+
+using jfa::detail::BackwardParams;
+using jfa::detail::fail;
+using jfa::detail::guarded;
+using jfa::detail::MemoryKind;
+
+namespace {
+
+jfa_status locate_backward_buffers(const BackwardParams& b, MemoryKind* kind) {
+  const jfa::detail::Params& p = b.fwd;
+  return jfa::detail::locate_buffers({{p.cu_seqlens_q, "forward.cu_seqlens_q"},
+                                      {p.cu_seqlens_k, "forward.cu_seqlens_k"},
+                                      {p.q, "forward.q"},
+                                      {p.k, "forward.k"},
+                                      {p.v, "forward.v"},
+                                      {p.out, "forward.out"},
+                                      {p.lse, "forward.lse"},
+                                      {b.dout, "dout"},
+                                      {b.dlse, "dlse"},
+                                      {b.dq, "dq"},
+                                      {b.dk, "dk"},
+                                      {b.dv, "dv"}},
+                                     kind);
+}
+
+}  // namespace
+
+extern "C" {
+
+jfa_status jfa_attention_backward_params_init(jfa_attention_backward_params* params) {
+  if (params == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "params must not be NULL");
+  *params = jfa_attention_backward_params{};
+  params->struct_size = sizeof(jfa_attention_backward_params);
+  return jfa_attention_params_init(&params->forward);
+}
+
+jfa_status jfa_attention_backward(const jfa_attention_backward_params* params) {
+  return guarded([&] {
+    BackwardParams b;
+    jfa_status s = jfa::detail::build_backward_params(params, &b);
+    if (s != JFA_SUCCESS) return s;
+    MemoryKind kind;
+    if ((s = locate_backward_buffers(b, &kind)) != JFA_SUCCESS) return s;
+    jfa_backend backend = params->forward.backend;
+    if (backend == JFA_BACKEND_AUTO)
+      backend = kind == MemoryKind::kDevice ? JFA_BACKEND_CUDA : JFA_BACKEND_CPU;
+    if (backend == JFA_BACKEND_CUDA)
+      return fail(JFA_ERROR_UNSUPPORTED,
+                  "the CUDA backward is not built yet; the CPU backend (host buffers) computes "
+                  "the backward");
+    if (kind == MemoryKind::kDevice)
+      return fail(JFA_ERROR_INVALID_ARGUMENT,
+                  "backend=cpu needs host buffers, but the buffers are in device memory");
+    if ((s = jfa::detail::validate_host_offsets(b.fwd)) != JFA_SUCCESS) return s;
+    jfa::detail::attention_backward_cpu(b);
+    return JFA_SUCCESS;
+  });
+}
+
+jfa_status jfa_attention_backward_workspace_size(const jfa_attention_backward_params* params,
+                                                 size_t* bytes) {
+  return guarded([&] {
+    if (params == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "params must not be NULL");
+    if (bytes == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "bytes must not be NULL");
+    if (params->struct_size != sizeof(jfa_attention_backward_params))
+      return fail(JFA_ERROR_INVALID_ARGUMENT,
+                  "params->struct_size is %u: fill the struct with "
+                  "jfa_attention_backward_params_init() first",
+                  static_cast<unsigned>(params->struct_size));
+    if (const jfa_status s =
+            jfa::detail::check_batch_and_total_q(params->forward.batch, params->forward.total_q);
+        s != JFA_SUCCESS)
+      return s;
+    *bytes = 0;  // the CPU backward needs none
+    return JFA_SUCCESS;
+  });
+}
+
+jfa_status jfa_attention_backward_reference(const jfa_attention_backward_params* params, double* dq,
+                                            double* dk, double* dv) {
+  return guarded([&] {
+    BackwardParams b;
+    jfa_status s = jfa::detail::build_backward_params(params, &b, /*for_reference=*/true);
+    if (s != JFA_SUCCESS) return s;
+    const jfa::detail::Params& p = b.fwd;
+    if ((p.total_q > 0 && dq == nullptr) || (p.total_k > 0 && (dk == nullptr || dv == nullptr)))
+      return fail(JFA_ERROR_INVALID_ARGUMENT, "the dq, dk and dv arrays must not be NULL");
+    MemoryKind kind;
+    if ((s = locate_backward_buffers(b, &kind)) != JFA_SUCCESS) return s;
+    if (kind == MemoryKind::kDevice)
+      return fail(JFA_ERROR_INVALID_ARGUMENT, "the reference needs host buffers");
+    if ((s = jfa::detail::validate_host_offsets(p)) != JFA_SUCCESS) return s;
+    jfa::detail::attention_backward_reference_cpu(b, dq, dk, dv);
+    return JFA_SUCCESS;
+  });
+}
+
+}  // extern "C"

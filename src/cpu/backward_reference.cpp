@@ -1,0 +1,83 @@
+// Float64 reference backward: the softmax of each row recomputed in float64 from q and k, then
+// dP = dO V^T, dS = P (dP - rowsum(dO O) + dLSE), dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO,
+// written out term by term. It ignores the forward's out and LSE, so it checks them too.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "common/float_convert.hpp"
+#include "cpu/backward_cpu.hpp"
+#include "cpu/parallel.hpp"
+
+namespace jfa::detail {
+
+void attention_backward_reference_cpu(const BackwardParams& bp, double* dq, double* dk,
+                                      double* dv) {
+  const Params& p = bp.fwd;
+  const int32_t d = p.head_dim;
+  const int32_t group = p.group_size();
+  const double scale = p.softmax_scale;
+  std::fill(dq, dq + p.total_q * p.heads_q * d, 0.0);
+  std::fill(dk, dk + p.total_k * p.heads_kv * d, 0.0);
+  std::fill(dv, dv + p.total_k * p.heads_kv * d, 0.0);
+  auto load = [&](const void* base, const Layout& l, int64_t token, int32_t head, double* row) {
+    const int64_t at = token * l.token_stride + head * l.head_stride;
+    for (int32_t c = 0; c < d; ++c) row[c] = load_as_float(base, at + c, p.dtype);
+  };
+  // One unit per (sequence, kv head): it alone writes the dK/dV rows of that head and the dQ rows
+  // of the query heads of its group.
+  parallel_for(p.batch * p.heads_kv, cpu_thread_count(), [&](int64_t unit, int) {
+    const int64_t b = unit / p.heads_kv;
+    const int32_t g = static_cast<int32_t>(unit % p.heads_kv);
+    const int64_t q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
+    const int64_t len_q = p.cu_seqlens_q[b + 1] - q0, len_k = p.cu_seqlens_k[b + 1] - k0;
+    std::vector<double> k(len_k * d), v(len_k * d), q(d), dout(d), o(d), prob(len_k);
+    for (int64_t j = 0; j < len_k; ++j) {
+      load(p.k, p.k_layout, k0 + j, g, &k[j * d]);
+      load(p.v, p.v_layout, k0 + j, g, &v[j * d]);
+    }
+    for (int32_t h = g * group; h < (g + 1) * group; ++h) {
+      for (int64_t i = 0; i < len_q; ++i) {
+        int64_t visible = len_k;
+        if (p.causal) visible = std::clamp<int64_t>(i + (len_k - len_q) + 1, 0, len_k);
+        if (visible == 0) continue;  // a row with no keys: no gradient
+        load(p.q, p.q_layout, q0 + i, h, q.data());
+        load(bp.dout, bp.dout_layout, q0 + i, h, dout.data());
+        double m = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < visible; ++j) {
+          double s = 0;
+          for (int32_t c = 0; c < d; ++c) s += q[c] * k[j * d + c];
+          prob[j] = s * scale;
+          m = std::max(m, prob[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < visible; ++j) sum += (prob[j] = std::exp(prob[j] - m));
+        std::fill(o.begin(), o.end(), 0.0);
+        for (int64_t j = 0; j < visible; ++j) {
+          prob[j] /= sum;
+          for (int32_t c = 0; c < d; ++c) o[c] += prob[j] * v[j * d + c];
+        }
+        // rowsum(dO o O), less the gradient of the LSE (d lse_i / d s_ij = P_ij).
+        double delta = 0;
+        for (int32_t c = 0; c < d; ++c) delta += dout[c] * o[c];
+        if (bp.dlse != nullptr) delta -= bp.dlse[h * p.total_q + q0 + i];
+        double* dq_row = dq + ((q0 + i) * p.heads_q + h) * d;
+        for (int64_t j = 0; j < visible; ++j) {
+          double dp = 0;
+          for (int32_t c = 0; c < d; ++c) dp += dout[c] * v[j * d + c];
+          const double ds = prob[j] * (dp - delta);
+          double* dk_row = dk + ((k0 + j) * p.heads_kv + g) * d;
+          double* dv_row = dv + ((k0 + j) * p.heads_kv + g) * d;
+          for (int32_t c = 0; c < d; ++c) {
+            dq_row[c] += scale * ds * k[j * d + c];
+            dk_row[c] += scale * ds * q[c];
+            dv_row[c] += prob[j] * dout[c];
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace jfa::detail

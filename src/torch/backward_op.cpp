@@ -1,0 +1,85 @@
+// torch.ops.jfa.jagged_attention_bwd: the gradients of the forward over libjfa's C ABI. The CPU
+// backend computes them; on CUDA tensors the library reports that its CUDA backward is not built.
+#include <cstdint>
+#include <string>
+
+#include "torch/op_support.hpp"
+#include "torch/ops.hpp"
+
+namespace jfa::torch_ops {
+namespace {
+
+// `t` must have the shape, dtype and device of `like` ([total, heads, head_dim]).
+void check_like(const char* name, const Tensor& t, const char* like_name, const Tensor& like) {
+  if (t.dim() != 3 || t.size(0) != like.size(0) || t.size(1) != like.size(1) ||
+      t.size(2) != like.size(2))
+    raise("ValueError", std::string(name) + " must have the shape of " + like_name + " " +
+                            shape_string(like) + ", got " + shape_string(t));
+  if (dtype_of(t) != dtype_of(like))
+    raise("TypeError", std::string(name) + " must have the dtype of " + like_name + " (" +
+                           dtype_string(dtype_of(like)) + "), got " + dtype_string(dtype_of(t)));
+  if (!(device_of(t) == device_of(like)))
+    raise("ValueError", std::string(name) + " must be on the device of " + like_name + " (" +
+                            device_string(device_of(like)) + "), got " +
+                            device_string(device_of(t)));
+}
+
+// A float32 [heads_q, total_q] contiguous tensor on `device` (the LSE or its gradient).
+void check_lse_like(const char* name, const Tensor& t, int64_t heads_q, int64_t total_q,
+                    DeviceId device) {
+  if (dtype_of(t) != aoti_torch_dtype_float32())
+    raise("TypeError", std::string(name) + " must be float32, got " + dtype_string(dtype_of(t)));
+  if (t.dim() != 2 || t.size(0) != heads_q || t.size(1) != total_q)
+    raise("ValueError", std::string(name) + " must have shape (" + std::to_string(heads_q) + ", " +
+                            std::to_string(total_q) +
+                            ") [heads_q, total_q] (the forward's with "
+                            "return_lse=True), got " +
+                            shape_string(t));
+  if (total_q > 0 && ((heads_q > 1 && t.stride(0) != total_q) || (total_q > 1 && t.stride(1) != 1)))
+    raise("ValueError", std::string(name) + " must be contiguous; call .contiguous() on it");
+  if (!(device_of(t) == device))
+    raise("ValueError", std::string(name) + " must be on the device of q (" +
+                            device_string(device) + "), got " + device_string(device_of(t)));
+}
+
+}  // namespace
+
+std::tuple<Tensor, Tensor, Tensor> jagged_attention_bwd(
+    Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q,
+    Tensor cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, bool causal,
+    std::optional<double> softmax_scale, std::optional<Tensor> grad_lse, bool deterministic) {
+  ForwardCall call = prepare_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                     max_seqlen_k, causal, softmax_scale);
+  check_like("out", out, "q", q);
+  check_like("grad_out", grad_out, "q", q);
+  const int64_t total_q = q.size(0), heads_q = q.size(1), d = q.size(2);
+  check_lse_like("lse", lse, heads_q, total_q, call.device);
+  if (grad_lse.has_value()) check_lse_like("grad_lse", *grad_lse, heads_q, total_q, call.device);
+
+  jfa_attention_backward_params p;
+  jfa_attention_backward_params_init(&p);
+  p.forward = call.params;
+  p.forward.out = out.data_ptr();
+  p.forward.out_layout = layout_of("out", out);
+  p.forward.lse = static_cast<float*>(lse.data_ptr());
+  p.dout = grad_out.data_ptr();
+  p.dout_layout = layout_of("grad_out", grad_out);
+  p.dlse = grad_lse.has_value() ? static_cast<const float*>(grad_lse->data_ptr()) : nullptr;
+  p.deterministic = deterministic ? 1 : 0;
+  Tensor dq = empty({total_q, heads_q, d}, call.dtype, call.device);
+  Tensor dk = empty({k.size(0), k.size(1), d}, call.dtype, call.device);
+  Tensor dv = empty({k.size(0), k.size(1), d}, call.dtype, call.device);
+  p.dq = dq.data_ptr();
+  p.dk = dk.data_ptr();
+  p.dv = dv.data_ptr();
+  if (call.on_cuda) {
+    const CudaDeviceScope scope(call.device.index);
+    p.forward.stream = current_cuda_stream(call.device.index);
+    check_status(jfa_attention_backward(&p));
+  } else {
+    check_status(jfa_attention_backward(&p));
+  }
+  return {dq, dk, dv};
+}
+
+}  // namespace jfa::torch_ops

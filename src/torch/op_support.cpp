@@ -1,0 +1,253 @@
+#include "torch/op_support.hpp"
+
+#include <dlfcn.h>
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+namespace jfa::torch_ops {
+namespace {
+
+void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const char* names[] = {"q", "k", "v"};
+  const Tensor* ts[] = {&q, &k, &v};
+  for (int i = 0; i < 3; ++i)
+    if (ts[i]->dim() != 3)
+      raise("ValueError", std::string(names[i]) +
+                              " must have 3 dimensions [total, heads, head_dim], got shape " +
+                              shape_string(*ts[i]));
+  if (v.size(0) != k.size(0) || v.size(1) != k.size(1) || v.size(2) != k.size(2))
+    raise("ValueError", "v must have the shape of k [total_k, heads_kv, head_dim], got k " +
+                            shape_string(k) + " and v " + shape_string(v));
+  if (k.size(2) != q.size(2))
+    raise("ValueError", "q, k and v must have the same head_dim (last dimension), got q " +
+                            std::to_string(q.size(2)) + " and k/v " + std::to_string(k.size(2)));
+  if (q.size(1) < 1 || k.size(1) < 1)
+    raise("ValueError", "heads must be >= 1, got heads_q=" + std::to_string(q.size(1)) +
+                            " (q) and heads_kv=" + std::to_string(k.size(1)) + " (k, v)");
+  if (q.size(1) % k.size(1) != 0)
+    raise("ValueError",
+          "the heads of q must be a multiple of the heads of k and v (GQA/MQA), got heads_q=" +
+              std::to_string(q.size(1)) + " and heads_kv=" + std::to_string(k.size(1)));
+  if (q.size(2) < 1) raise("ValueError", "head_dim must be >= 1, got " + std::to_string(q.size(2)));
+}
+
+jfa_dtype jfa_dtype_of(int32_t dtype) {
+  if (dtype == aoti_torch_dtype_float16()) return JFA_DTYPE_FLOAT16;
+  if (dtype == aoti_torch_dtype_bfloat16()) return JFA_DTYPE_BFLOAT16;
+  if (dtype == aoti_torch_dtype_float32()) return JFA_DTYPE_FLOAT32;
+  raise("TypeError", "q must be float16, bfloat16 or float32, got " + dtype_string(dtype));
+}
+
+// Offsets as the kernel reads them: int32, 1-D, on q's device, dense (a device copy when strided;
+// no host synchronization).
+Tensor dense_offsets(const char* name, const Tensor& t, DeviceId device) {
+  if (dtype_of(t) != aoti_torch_dtype_int32())
+    raise("TypeError", std::string(name) + " must be an int32 tensor (batch + 1 offsets), got " +
+                           dtype_string(dtype_of(t)));
+  if (t.dim() != 1)
+    raise("ValueError",
+          std::string(name) + " must be 1-D (batch + 1 offsets), got shape " + shape_string(t));
+  const DeviceId d = device_of(t);
+  if (!(d == device))
+    raise("ValueError", std::string(name) + " must be on the device of q (" +
+                            device_string(device) + "), got " + device_string(d));
+  if (t.size(0) <= 1 || t.stride(0) == 1) return t;
+  AtenTensorHandle copy = nullptr;
+  check_shim(aoti_torch_clone(t.get(), &copy), "clone of the offsets");
+  return Tensor(copy);
+}
+
+int32_t seqlen_hint(const char* name, int64_t value) {
+  if (value < 0 || value > std::numeric_limits<int32_t>::max())
+    raise("ValueError", std::string(name) +
+                            " must be in [0, 2^31 - 1] (0 or None = unknown), got " +
+                            std::to_string(value));
+  return static_cast<int32_t>(value);
+}
+
+}  // namespace
+
+[[noreturn]] void raise(const char* kind, const std::string& message) {
+  throw std::runtime_error(std::string(kind) + ": " + message);
+}
+
+void check_shim(AOTITorchError e, const char* what) {
+  if (e != AOTI_TORCH_SUCCESS)
+    throw std::runtime_error(std::string("torch shim call failed: ") + what);
+}
+
+std::string shape_string(const Tensor& t) {
+  std::string s = "(";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + (t.dim() == 1 ? ",)" : ")");
+}
+
+DeviceId device_of(const Tensor& t) {
+  DeviceId d{};
+  check_shim(aoti_torch_get_device_type(t.get(), &d.type), "device type");
+  check_shim(aoti_torch_get_device_index(t.get(), &d.index), "device index");
+  return d;
+}
+
+std::string device_string(DeviceId d) {
+  if (d.type == aoti_torch_device_type_cpu()) return "cpu";
+  const std::string type =
+      d.type == aoti_torch_device_type_cuda() ? "cuda" : "device type " + std::to_string(d.type);
+  return d.index >= 0 ? type + ":" + std::to_string(d.index) : type;
+}
+
+int32_t dtype_of(const Tensor& t) {
+  int32_t dtype = 0;
+  check_shim(aoti_torch_get_dtype(t.get(), &dtype), "dtype");
+  return dtype;
+}
+
+std::string dtype_string(int32_t dtype) {
+  if (dtype == aoti_torch_dtype_float16()) return "torch.float16";
+  if (dtype == aoti_torch_dtype_bfloat16()) return "torch.bfloat16";
+  if (dtype == aoti_torch_dtype_float32()) return "torch.float32";
+  if (dtype == aoti_torch_dtype_float64()) return "torch.float64";
+  if (dtype == aoti_torch_dtype_int32()) return "torch.int32";
+  if (dtype == aoti_torch_dtype_int64()) return "torch.int64";
+  return "dtype code " + std::to_string(dtype);
+}
+
+jfa_tensor_layout layout_of(const char* name, const Tensor& t) {
+  const int64_t total = t.size(0), heads = t.size(1), d = t.size(2);
+  if (total == 0) return {heads * d, d};
+  if (d > 1 && t.stride(2) != 1)
+    raise("ValueError",
+          std::string(name) +
+              ": the last dimension (head_dim) must be contiguous (stride 1 element), "
+              "got stride " +
+              std::to_string(t.stride(2)) + "; call .contiguous() on it");
+  int64_t st = t.stride(0), sh = t.stride(1);
+  if (heads <= 1) sh = d;
+  if (total <= 1) st = heads * sh;
+  if (st <= 0 || sh <= 0)
+    raise("ValueError", std::string(name) +
+                            ": token and head strides must be positive, got "
+                            "token_stride=" +
+                            std::to_string(st) + " head_stride=" + std::to_string(sh) +
+                            " (broadcast or reversed views are not supported); call .contiguous() "
+                            "on it");
+  return {st, sh};
+}
+
+Tensor empty(std::initializer_list<int64_t> sizes, int32_t dtype, DeviceId device) {
+  int64_t shape[3] = {}, strides[3] = {};
+  int64_t n = 0;
+  for (int64_t s : sizes) shape[n++] = s;
+  int64_t stride = 1;
+  for (int64_t i = n - 1; i >= 0; --i) {
+    strides[i] = stride;
+    stride *= shape[i] > 0 ? shape[i] : 1;
+  }
+  AtenTensorHandle h = nullptr;
+  check_shim(aoti_torch_empty_strided(n, shape, strides, dtype, device.type, device.index, &h),
+             "empty_strided");
+  return Tensor(h);
+}
+
+using CurrentCudaStreamFn = AOTITorchError (*)(int32_t, void**);
+
+void* current_cuda_stream(int32_t device_index) {
+  static const CurrentCudaStreamFn fn = [] {
+    void* lib = dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_NOLOAD);
+    void* sym = lib != nullptr ? dlsym(lib, "aoti_torch_get_current_cuda_stream") : nullptr;
+    return reinterpret_cast<CurrentCudaStreamFn>(sym);
+  }();
+  if (fn == nullptr)
+    throw std::runtime_error(
+        "torch's CUDA library (libtorch_cuda.so) is not loaded in this process");
+  void* stream = nullptr;
+  check_shim(fn(device_index, &stream), "current CUDA stream");
+  return stream;
+}
+
+void check_status(jfa_status status) {
+  if (status != JFA_SUCCESS)
+    throw std::runtime_error("jfa status " + std::to_string(static_cast<int>(status)) + ": " +
+                             jfa_last_error_message());
+}
+
+CudaDeviceScope::CudaDeviceScope(int32_t index) {
+  int32_t current = -1;
+  check_shim(aoti_torch_get_current_device_index(&current), "current device");
+  if (current != index) check_shim(aoti_torch_create_device_guard(index, &guard_), "device guard");
+}
+
+CudaDeviceScope::~CudaDeviceScope() {
+  if (guard_ != nullptr) aoti_torch_delete_device_guard(guard_);
+}
+
+ForwardCall prepare_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                            int64_t max_seqlen_q, int64_t max_seqlen_k, bool causal,
+                            std::optional<double> softmax_scale) {
+  check_qkv(q, k, v);
+  const int32_t dtype = dtype_of(q);
+  const jfa_dtype jdtype = jfa_dtype_of(dtype);
+  const char* kv_names[] = {"k", "v"};
+  const Tensor* kv[] = {&k, &v};
+  for (int i = 0; i < 2; ++i)
+    if (dtype_of(*kv[i]) != dtype)
+      raise("TypeError", std::string("q, k and v must have the same dtype, got q ") +
+                             dtype_string(dtype) + " and " + kv_names[i] + " " +
+                             dtype_string(dtype_of(*kv[i])));
+  const DeviceId device = device_of(q);
+  const DeviceId dk = device_of(k), dv = device_of(v);
+  if (!(dk == device) || !(dv == device))
+    raise("ValueError", "q, k and v must be on the same device, got q on " + device_string(device) +
+                            ", k on " + device_string(dk) + ", v on " + device_string(dv));
+  const bool on_cuda = device.type == aoti_torch_device_type_cuda();
+  if (!on_cuda && device.type != aoti_torch_device_type_cpu())
+    raise("ValueError",
+          "q, k and v must be CPU or CUDA tensors, got device " + device_string(device));
+  const Tensor cu_q = dense_offsets("cu_seqlens_q", cu_seqlens_q, device);
+  const Tensor cu_k = dense_offsets("cu_seqlens_k", cu_seqlens_k, device);
+  if (cu_q.size(0) < 1)
+    raise("ValueError", "cu_seqlens_q must hold batch + 1 >= 1 offsets, got " +
+                            std::to_string(cu_q.size(0)) + " entries");
+  if (cu_k.size(0) != cu_q.size(0))
+    raise("ValueError",
+          "cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got " +
+              std::to_string(cu_q.size(0)) + " and " + std::to_string(cu_k.size(0)));
+  jfa_attention_params p;
+  jfa_attention_params_init(&p);
+  p.q_layout = layout_of("q", q);
+  p.k_layout = layout_of("k", k);
+  p.v_layout = layout_of("v", v);
+  p.max_seqlen_q = seqlen_hint("max_seqlen_q", max_seqlen_q);
+  p.max_seqlen_k = seqlen_hint("max_seqlen_k", max_seqlen_k);
+  if (softmax_scale.has_value()) {
+    const double s = *softmax_scale;
+    if (!std::isfinite(s) || std::fabs(s) > std::numeric_limits<float>::max())
+      raise("ValueError",
+            "softmax_scale must be finite in float32 (or None for "
+            "1/sqrt(head_dim)), got " +
+                std::to_string(s));
+    p.softmax_scale = static_cast<float>(s);
+  }
+
+  const int64_t heads_q = q.size(1), d = q.size(2);
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.cu_seqlens_q = static_cast<const int32_t*>(cu_q.data_ptr());
+  p.cu_seqlens_k = static_cast<const int32_t*>(cu_k.data_ptr());
+  p.batch = cu_q.size(0) - 1;
+  p.total_q = q.size(0);
+  p.total_k = k.size(0);
+  p.heads_q = static_cast<int32_t>(heads_q);
+  p.heads_kv = static_cast<int32_t>(k.size(1));
+  p.head_dim = static_cast<int32_t>(d);
+  p.dtype = jdtype;
+  p.causal = causal ? 1 : 0;
+  p.backend = on_cuda ? JFA_BACKEND_CUDA : JFA_BACKEND_CPU;
+  return ForwardCall{p, cu_q, cu_k, device, dtype, on_cuda};
+}
+
+}  // namespace jfa::torch_ops

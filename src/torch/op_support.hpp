@@ -1,0 +1,76 @@
+// What the torch ops share: argument checks whose errors carry a tag that the Python layer turns
+// into the matching exception ("TypeError: ", "ValueError: ", or "jfa status N: " for a status of
+// the library), tensor metadata through the stable ABI's C shim, the forward's parameters from the
+// op's arguments, and torch's current CUDA stream.
+#pragma once
+
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/tensor.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <string>
+
+#include "jfa/jfa.h"
+
+namespace jfa::torch_ops {
+
+using torch::stable::Tensor;
+
+[[noreturn]] void raise(const char* kind, const std::string& message);
+void check_shim(AOTITorchError e, const char* what);
+void check_status(jfa_status status);
+
+std::string shape_string(const Tensor& t);
+
+struct DeviceId {
+  int32_t type;
+  int32_t index;
+  bool operator==(const DeviceId&) const = default;
+};
+DeviceId device_of(const Tensor& t);
+std::string device_string(DeviceId d);
+int32_t dtype_of(const Tensor& t);
+std::string dtype_string(int32_t dtype);
+
+// [total, heads, head_dim] strides in elements as the C ABI takes them (the rules of
+// jfa._checks.layout): the last dimension contiguous, strides of size-1 and empty dimensions
+// replaced by packed ones, positive strides.
+jfa_tensor_layout layout_of(const char* name, const Tensor& t);
+
+// A tensor of `sizes` (packed, row-major) on `device`.
+Tensor empty(std::initializer_list<int64_t> sizes, int32_t dtype, DeviceId device);
+
+// The forward's parameters from the op's arguments, checked (every pointer but out and lse set),
+// with the dense offsets they point into; `on_cuda` says which backend serves the tensors.
+struct ForwardCall {
+  jfa_attention_params params;
+  Tensor cu_q, cu_k;  // keep the (possibly copied) offsets alive for the call
+  DeviceId device;
+  int32_t dtype;
+  bool on_cuda;
+};
+ForwardCall prepare_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                            int64_t max_seqlen_q, int64_t max_seqlen_k, bool causal,
+                            std::optional<double> softmax_scale);
+
+// torch's current CUDA stream on the device, through the CUDA part of the shim found in the
+// running process (so the ops have no link-time dependency on torch's CUDA libraries and load into
+// CPU-only builds).
+void* current_cuda_stream(int32_t device_index);
+
+// Makes `index` the current CUDA device for the scope when it is not already.
+class CudaDeviceScope {
+ public:
+  explicit CudaDeviceScope(int32_t index);
+  ~CudaDeviceScope();
+  CudaDeviceScope(const CudaDeviceScope&) = delete;
+  CudaDeviceScope& operator=(const CudaDeviceScope&) = delete;
+
+ private:
+  DeviceGuardHandle guard_ = nullptr;
+};
+
+}  // namespace jfa::torch_ops

@@ -1,0 +1,27 @@
+// The kernels of torch.ops.jfa.* (registered in registration.cpp).
+#pragma once
+
+#include <torch/csrc/stable/tensor.h>
+
+#include <cstdint>
+#include <optional>
+#include <tuple>
+
+namespace jfa::torch_ops {
+
+using torch::stable::Tensor;
+
+// `deterministic` is for the backward (the autograd formula passes it on); the forward is
+// deterministic anyway.
+std::tuple<Tensor, Tensor> jagged_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q,
+                                                Tensor cu_seqlens_k, int64_t max_seqlen_q,
+                                                int64_t max_seqlen_k, bool causal,
+                                                std::optional<double> softmax_scale,
+                                                bool return_lse, bool deterministic);
+
+std::tuple<Tensor, Tensor, Tensor> jagged_attention_bwd(
+    Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q,
+    Tensor cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, bool causal,
+    std::optional<double> softmax_scale, std::optional<Tensor> grad_lse, bool deterministic);
+
+}  // namespace jfa::torch_ops

@@ -1,0 +1,29 @@
+// torch.ops.jfa.*: the op library over libjfa's C ABI, built against PyTorch's stable ABI (the C
+// shim and the header-only stable API), so one build loads into every torch release from the
+// targeted one on. The fake (meta) kernels and the autograd formula are registered from Python
+// (jfa._torch_ops); the kernels are in forward_op.cpp and backward_op.cpp.
+#include <torch/csrc/stable/library.h>
+
+#include "torch/ops.hpp"
+
+STABLE_TORCH_LIBRARY(jfa, m) {
+  m.def(
+      "jagged_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor "
+      "cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool causal, float? softmax_scale, bool "
+      "return_lse, bool deterministic=False) -> (Tensor, Tensor)");
+  m.def(
+      "jagged_attention_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor "
+      "lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool "
+      "causal, float? softmax_scale, Tensor? grad_lse, bool deterministic) -> (Tensor, Tensor, "
+      "Tensor)");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(jfa, CPU, m) {
+  m.impl("jagged_attention_fwd", TORCH_BOX(&jfa::torch_ops::jagged_attention_fwd));
+  m.impl("jagged_attention_bwd", TORCH_BOX(&jfa::torch_ops::jagged_attention_bwd));
+}
+
+STABLE_TORCH_LIBRARY_IMPL(jfa, CUDA, m) {
+  m.impl("jagged_attention_fwd", TORCH_BOX(&jfa::torch_ops::jagged_attention_fwd));
+  m.impl("jagged_attention_bwd", TORCH_BOX(&jfa::torch_ops::jagged_attention_bwd));
+}
