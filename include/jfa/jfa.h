@@ -88,7 +88,8 @@ typedef struct jfa_attention_params {
   /* Zero strides mean "packed": token_stride = heads * head_dim, head_stride = head_dim. */
   jfa_tensor_layout q_layout, k_layout, v_layout, out_layout;
 
-  float softmax_scale; /* NaN (the default) means 1/sqrt(head_dim) */
+  float softmax_scale; /* NaN (the default) means 1/sqrt(head_dim); |scale| <= 2.3e38 (its product
+                          with log2(e) must be finite in float32) */
   int causal;          /* nonzero: key j is seen by query i iff j <= i + (len_k - len_q) */
 
   /* Optional hints: the longest q / k sequence, or 0 when unknown. A hint smaller than the real
@@ -110,13 +111,20 @@ typedef struct jfa_attention_params {
   size_t workspace_bytes;
 } jfa_attention_params;
 
+/* Buffers a call writes (out and lse; dq, dk and dv for the backward) must not share an element
+ * with any other buffer of the call, inputs and offsets included, not even in place (out == q):
+ * JFA_ERROR_INVALID_ARGUMENT names both. Views that interleave in one tensor without sharing an
+ * element (slots of a fused [total, n, heads, head_dim] buffer) are fine. */
+
 /* Semantics of a query row with no visible key (an empty key sequence, or causal with
  * len_q > len_k for its first len_q - len_k rows): its output is zeros and its LSE is -inf. */
 
 /* Fills every field with its default (and struct_size); JFA_ERROR_INVALID_ARGUMENT for NULL. */
 JFA_API jfa_status jfa_attention_params_init(jfa_attention_params* params);
 
-/* out = softmax(scale * q k^T [+ causal mask]) v, per sequence and head. */
+/* out = softmax(scale * q k^T [+ causal mask]) v, per sequence and head. A scaled score beyond
+ * float32's range (or a NaN/infinite input) gives JFA_ERROR_UNSUPPORTED on the CPU backend, after
+ * which out and lse are unspecified; the CUDA backend does not detect it yet. */
 JFA_API jfa_status jfa_attention_forward(const jfa_attention_params* params);
 
 /* The bytes of params->workspace that jfa_attention_forward needs for these sizes: it reads

@@ -4,6 +4,7 @@
 
 #include "api/error.hpp"
 #include "api/memory_probe.hpp"
+#include "api/overlap.hpp"
 #include "api/validate.hpp"
 #include "cpu/attention_cpu.hpp"
 #include "cpu/parallel.hpp"
@@ -61,6 +62,8 @@ jfa_status jfa_attention_forward(const jfa_attention_params* params) {
     Params p;
     jfa_status s = jfa::detail::build_params(params, &p);
     if (s != JFA_SUCCESS) return s;
+    if ((s = jfa::detail::check_outputs_disjoint(jfa::detail::forward_buffers(p))) != JFA_SUCCESS)
+      return s;
     MemoryKind kind;
     if ((s = locate_forward_buffers(p, &kind)) != JFA_SUCCESS) return s;
     jfa_backend backend = params->backend;
@@ -71,8 +74,7 @@ jfa_status jfa_attention_forward(const jfa_attention_params* params) {
         return fail(JFA_ERROR_INVALID_ARGUMENT,
                     "backend=cpu needs host buffers, but the buffers are in device memory");
       if ((s = jfa::detail::validate_host_offsets(p)) != JFA_SUCCESS) return s;
-      jfa::detail::attention_forward_cpu(p);
-      return JFA_SUCCESS;
+      return jfa::detail::attention_forward_cpu(p);
     }
 #ifndef JFA_WITH_CUDA
     return fail(JFA_ERROR_BACKEND_UNAVAILABLE, "backend=%s: this libjfa was built without CUDA",

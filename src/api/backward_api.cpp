@@ -1,6 +1,7 @@
 // C entry points of the attention backward: validation, backend choice, dispatch.
 #include "api/error.hpp"
 #include "api/memory_probe.hpp"
+#include "api/overlap.hpp"
 #include "api/validate.hpp"
 #include "cpu/backward_cpu.hpp"
 
@@ -44,6 +45,8 @@ jfa_status jfa_attention_backward(const jfa_attention_backward_params* params) {
     BackwardParams b;
     jfa_status s = jfa::detail::build_backward_params(params, &b);
     if (s != JFA_SUCCESS) return s;
+    if ((s = jfa::detail::check_outputs_disjoint(jfa::detail::backward_buffers(b))) != JFA_SUCCESS)
+      return s;
     MemoryKind kind;
     if ((s = locate_backward_buffers(b, &kind)) != JFA_SUCCESS) return s;
     jfa_backend backend = params->forward.backend;
@@ -57,8 +60,7 @@ jfa_status jfa_attention_backward(const jfa_attention_backward_params* params) {
       return fail(JFA_ERROR_INVALID_ARGUMENT,
                   "backend=cpu needs host buffers, but the buffers are in device memory");
     if ((s = jfa::detail::validate_host_offsets(b.fwd)) != JFA_SUCCESS) return s;
-    jfa::detail::attention_backward_cpu(b);
-    return JFA_SUCCESS;
+    return jfa::detail::attention_backward_cpu(b);
   });
 }
 

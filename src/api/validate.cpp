@@ -10,6 +10,8 @@ namespace jfa::detail {
 namespace {
 
 constexpr int64_t kMaxTotal = std::numeric_limits<int32_t>::max();
+// A bound on |softmax_scale| under which its product with log2(e) stays finite in float32.
+constexpr float kMaxScale = std::numeric_limits<float>::max() / 1.443f;
 
 // A tensor [total, heads, d] with the given strides: every (token, head) row must be distinct and
 // the furthest element must be addressable in int64.
@@ -146,6 +148,11 @@ jfa_status build_params(const jfa_attention_params* in, Params* out, bool needs_
   } else if (!std::isfinite(in->softmax_scale)) {
     return fail(JFA_ERROR_INVALID_ARGUMENT,
                 "softmax_scale must be finite (or NaN for the default)");
+  } else if (std::fabs(in->softmax_scale) > kMaxScale) {
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "softmax_scale %g cannot be used: the kernels fold log2(e) into it, and "
+                "|softmax_scale| * log2(e) must stay finite in float32 (|softmax_scale| <= %g)",
+                static_cast<double>(in->softmax_scale), static_cast<double>(kMaxScale));
   } else {
     p.softmax_scale = in->softmax_scale;
   }

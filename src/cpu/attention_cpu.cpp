@@ -12,6 +12,7 @@
 
 #include "common/float_convert.hpp"
 #include "cpu/parallel.hpp"
+#include "cpu/score_overflow.hpp"
 
 namespace jfa::detail {
 namespace {
@@ -139,8 +140,10 @@ inline void accumulate_pv(const float* __restrict p, const float* __restrict v, 
   }
 }
 
-// Built for AVX2+FMA as well as the baseline; the loader picks the best the CPU has.
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void run_tile(const Params& p,
+// Built for AVX2+FMA as well as the baseline; the loader picks the best the CPU has. Returns false
+// when a score is not finite in float32 (the caller throws: GCC treats calls through the clones'
+// dispatcher as not throwing).
+__attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_tile(const Params& p,
                                                                           const WorkItem& item,
                                                                           Scratch& w) {
   const int d = p.head_dim;
@@ -198,6 +201,7 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void run_tile(const 
       if (limit == 0) continue;
       float tile_max = kNegInf;
       for (int j = 0; j < limit; ++j) tile_max = std::max(tile_max, si[j]);
+      if (!std::isfinite(tile_max)) return false;
       const float m_new = std::max(w.m[i], tile_max);
       const float alpha = std::exp2(w.m[i] - m_new);  // 0 on the first visible tile
       float sum = 0;
@@ -225,6 +229,7 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void run_tile(const 
           l > 0 ? (w.m[i] + std::log2(l)) * std::numbers::ln2_v<float> : kNegInf;
     }
   }
+  return true;
 }
 
 // Threads worth starting for `items`: about one per kMinFlopsPerThread of work, so that a small
@@ -239,14 +244,20 @@ int workers_for(const std::vector<WorkItem>& items, int head_dim) {
 
 }  // namespace
 
-void attention_forward_cpu(const Params& p) {
+jfa_status attention_forward_cpu(const Params& p) {
   const std::vector<WorkItem> items = make_work_items(p);
   const int workers = workers_for(items, p.head_dim);
   std::vector<Scratch> scratch;
   scratch.reserve(static_cast<size_t>(workers));
   for (int w = 0; w < workers; ++w) scratch.emplace_back(p.head_dim);
-  parallel_for(static_cast<int64_t>(items.size()), workers,
-               [&](int64_t i, int worker) { run_tile(p, items[i], scratch[worker]); });
+  try {
+    parallel_for(static_cast<int64_t>(items.size()), workers, [&](int64_t i, int worker) {
+      if (!run_tile(p, items[i], scratch[worker])) throw ScoreOverflow();
+    });
+  } catch (const ScoreOverflow&) {
+    return score_overflow_status();
+  }
+  return JFA_SUCCESS;
 }
 
 }  // namespace jfa::detail

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "common/params.hpp"
+#include "jfa/jfa.h"
 
 namespace jfa::detail {
 
@@ -12,6 +13,7 @@ void attention_reference_cpu(const Params& p, const int64_t* q_tokens, int64_t n
                              double* out, double* lse);
 
 // Fast path: float32 accumulation, tiled online softmax, threads over (sequence, head, q tile).
-void attention_forward_cpu(const Params& p);
+// JFA_ERROR_UNSUPPORTED when a scaled score is not finite in float32 (see score_overflow.hpp).
+jfa_status attention_forward_cpu(const Params& p);
 
 }  // namespace jfa::detail

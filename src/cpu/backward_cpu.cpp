@@ -13,6 +13,7 @@
 
 #include "common/float_convert.hpp"
 #include "cpu/parallel.hpp"
+#include "cpu/score_overflow.hpp"
 
 namespace jfa::detail {
 namespace {
@@ -31,8 +32,10 @@ struct UnitScratch {
   std::vector<float> k, v, dk, dv, q, dout, out, dq, prob;
 };
 
-// Built for AVX2+FMA as well as the baseline; the loader picks the best the CPU has.
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void run_unit(const BackwardParams& bp,
+// Built for AVX2+FMA as well as the baseline; the loader picks the best the CPU has. Returns false
+// when a score is not finite in float32 (the caller throws: GCC treats calls through the clones'
+// dispatcher as not throwing).
+__attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_unit(const BackwardParams& bp,
                                                                           int64_t unit,
                                                                           UnitScratch& w) {
   const Params& p = bp.fwd;
@@ -78,8 +81,11 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void run_unit(const 
         float delta = dot(w.dout.data(), w.out.data(), d);
         if (bp.dlse != nullptr) delta -= bp.dlse[h * p.total_q + token];
         const float lse_log2 = lse * std::numbers::log2e_v<float>;
-        for (int64_t j = 0; j < visible; ++j)
-          w.prob[j] = std::exp2(dot(w.q.data(), &w.k[j * d], d) * scale_log2 - lse_log2);
+        for (int64_t j = 0; j < visible; ++j) {
+          const float score = dot(w.q.data(), &w.k[j * d], d) * scale_log2;
+          if (!std::isfinite(score)) return false;
+          w.prob[j] = std::exp2(score - lse_log2);
+        }
         for (int64_t j = 0; j < visible; ++j) {
           const float ds = w.prob[j] * (dot(w.dout.data(), &w.v[j * d], d) - delta);
           axpy(scale * ds, &w.k[j * d], w.dq.data(), d);
@@ -99,11 +105,12 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void run_unit(const 
       store_from_float(bp.dv, at_v + c, p.dtype, w.dv[j * d + c]);
     }
   }
+  return true;
 }
 
 }  // namespace
 
-void attention_backward_cpu(const BackwardParams& bp) {
+jfa_status attention_backward_cpu(const BackwardParams& bp) {
   const Params& p = bp.fwd;
   // About one thread per 4 MFLOP of work (10 * head_dim FLOPs per visible (query, key) pair, an
   // upper bound under the causal mask), as the forward.
@@ -115,8 +122,14 @@ void attention_backward_cpu(const BackwardParams& bp) {
   const int workers =
       static_cast<int>(std::min<double>(cpu_thread_count(), std::max(1.0, flops / 4e6)));
   std::vector<UnitScratch> scratch(static_cast<size_t>(std::max(workers, 1)));
-  parallel_for(p.batch * p.heads_kv, workers,
-               [&](int64_t unit, int worker) { run_unit(bp, unit, scratch[worker]); });
+  try {
+    parallel_for(p.batch * p.heads_kv, workers, [&](int64_t unit, int worker) {
+      if (!run_unit(bp, unit, scratch[worker])) throw ScoreOverflow();
+    });
+  } catch (const ScoreOverflow&) {
+    return score_overflow_status();
+  }
+  return JFA_SUCCESS;
 }
 
 }  // namespace jfa::detail

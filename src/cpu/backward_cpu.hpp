@@ -2,6 +2,7 @@
 #pragma once
 
 #include "common/params.hpp"
+#include "jfa/jfa.h"
 
 namespace jfa::detail {
 
@@ -10,7 +11,8 @@ namespace jfa::detail {
 void attention_backward_reference_cpu(const BackwardParams& p, double* dq, double* dk, double* dv);
 
 // Float32 accumulation from the forward's out and LSE, threads over (sequence, kv head); the
-// result does not depend on the number of threads.
-void attention_backward_cpu(const BackwardParams& p);
+// result does not depend on the number of threads. JFA_ERROR_UNSUPPORTED when a scaled score is
+// not finite in float32 (see score_overflow.hpp).
+jfa_status attention_backward_cpu(const BackwardParams& p);
 
 }  // namespace jfa::detail

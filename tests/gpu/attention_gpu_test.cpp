@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/call_params.hpp"
 #include "common/jagged_batch.hpp"
 #include "gpu_test_util.hpp"
 #include "jfa/jfa.h"
@@ -87,22 +88,10 @@ class AttentionRunner {
 
   jfa_attention_params params(const void* q, const void* k, const void* v, void* out, float* lse,
                               const int32_t* cu_q, const int32_t* cu_k) const {
-    jfa_attention_params p;
-    jfa_attention_params_init(&p);
-    p.q = q;
-    p.k = k;
-    p.v = v;
-    p.out = out;
-    p.lse = lse;
-    p.cu_seqlens_q = cu_q;
-    p.cu_seqlens_k = cu_k;
-    p.batch = b_.batch();
-    p.total_q = b_.total_q();
-    p.total_k = b_.total_k();
-    p.heads_q = c_.heads_q;
-    p.heads_kv = c_.heads_kv;
-    p.head_dim = c_.head_dim;
-    p.dtype = static_cast<jfa_dtype>(c_.dtype);
+    jfa_attention_params p =
+        jfa::tools::call_params({q, k, v, out, lse, cu_q, cu_k},
+                                {b_.batch(), b_.total_q(), b_.total_k(), c_.heads_q, c_.heads_kv,
+                                 c_.head_dim, static_cast<jfa_dtype>(c_.dtype)});
     const int64_t qts = c_.heads_q * c_.head_dim + c_.token_pad;
     const int64_t kts = c_.heads_kv * c_.head_dim + c_.token_pad;
     p.q_layout = {qts, c_.head_dim};

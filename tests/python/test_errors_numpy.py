@@ -152,7 +152,14 @@ def test_softmax_scale(args):
     for bad in (1e39, -3.5e38):
         with pytest.raises(ValueError, match="softmax_scale must be finite in float32"):
             jfa.jagged_attention(q, k, v, cu, softmax_scale=bad)
-    jfa.jagged_attention(q, k, v, cu, softmax_scale=3.4e38)  # the largest float32 range is fine
+    # Finite in float32, but its product with log2(e) is not: the library names the argument.
+    with pytest.raises(ValueError, match="softmax_scale 3.4e\\+38 cannot be used"):
+        jfa.jagged_attention(q, k, v, cu, softmax_scale=3.4e38)
+    # Representable scores (even huge ones) give a finite result; scores beyond float32 an error.
+    out = jfa.jagged_attention(q, k, v, cu, softmax_scale=1e30)
+    assert np.isfinite(out.astype(np.float64)).all()
+    with pytest.raises(jfa.JfaUnsupportedError, match="not finite in float32"):
+        jfa.jagged_attention(q, k, v, cu, softmax_scale=2.3e38)
 
 
 def test_flags_are_bools(args):

@@ -1,0 +1,115 @@
+#include "api/overlap.hpp"
+
+#include <algorithm>
+
+#include "common/status.hpp"
+
+namespace jfa::detail {
+namespace {
+
+// Bytes [first, last) that the view's elements lie in.
+struct ByteRange {
+  uintptr_t first, last;
+};
+
+ByteRange range_of(const BufferView& v) {
+  const int64_t reach =
+      (v.total - 1) * v.layout.token_stride + (v.heads - 1) * v.layout.head_stride + v.d;
+  const uintptr_t first = reinterpret_cast<uintptr_t>(v.base);
+  return {first, first + static_cast<uintptr_t>(reach) * v.element_bytes};
+}
+
+bool empty(const BufferView& v) {
+  return v.base == nullptr || v.total <= 0 || v.heads <= 0 || v.d <= 0;
+}
+
+// Whether two views of one element type and one layout, `delta` elements apart, share an element:
+// delta = dt * token_stride + dh * head_stride + dc for some |dt| < tokens, |dh| < heads, |dc| < d.
+// Validated layouts nest one dimension inside the other, so only the quotients next to
+// delta / stride can work.
+bool same_layout_views_share(const BufferView& a, const BufferView& b, int64_t delta) {
+  const Layout& l = a.layout;
+  const int64_t outer = std::max(l.token_stride, l.head_stride);
+  const int64_t inner = std::min(l.token_stride, l.head_stride);
+  const bool tokens_outer = l.token_stride >= l.head_stride;
+  const int64_t outer_span =
+      std::max(tokens_outer ? a.total : a.heads, tokens_outer ? b.total : b.heads);
+  const int64_t inner_span =
+      std::max(tokens_outer ? a.heads : a.total, tokens_outer ? b.heads : b.total);
+  const int64_t q_outer = delta / outer;
+  for (int64_t i = q_outer - 1; i <= q_outer + 1; ++i) {
+    if (i <= -outer_span || i >= outer_span) continue;
+    const int64_t rest = delta - i * outer;
+    const int64_t q_inner = rest / inner;
+    for (int64_t j = q_inner - 1; j <= q_inner + 1; ++j) {
+      if (j <= -inner_span || j >= inner_span) continue;
+      const int64_t c = rest - j * inner;
+      if (c > -a.d && c < a.d) return true;
+    }
+  }
+  return false;
+}
+
+bool share_an_element(const BufferView& a, const BufferView& b) {
+  const ByteRange ra = range_of(a), rb = range_of(b);
+  if (ra.last <= rb.first || rb.last <= ra.first) return false;
+  const intptr_t bytes = static_cast<intptr_t>(rb.first) - static_cast<intptr_t>(ra.first);
+  const bool same_layout = a.element_bytes == b.element_bytes && a.d == b.d &&
+                           a.layout.token_stride == b.layout.token_stride &&
+                           a.layout.head_stride == b.layout.head_stride;
+  if (!same_layout || bytes % static_cast<intptr_t>(a.element_bytes) != 0) return true;
+  return same_layout_views_share(a, b, bytes / static_cast<intptr_t>(a.element_bytes));
+}
+
+BufferView tensor_view(const char* name, const void* base, int64_t total, int32_t heads,
+                       const Params& p, const Layout& layout, bool written) {
+  return {name, base, total, heads, p.head_dim, layout, jfa_dtype_size(p.dtype), written};
+}
+
+}  // namespace
+
+BufferView array_view(const char* name, const void* base, int64_t n, size_t element_bytes,
+                      bool written) {
+  return {name, base, n, 1, 1, {1, 1}, element_bytes, written};
+}
+
+jfa_status check_outputs_disjoint(const std::vector<BufferView>& buffers) {
+  for (size_t i = 0; i < buffers.size(); ++i)
+    for (size_t j = i + 1; j < buffers.size(); ++j) {
+      const BufferView &a = buffers[i], &b = buffers[j];
+      if ((!a.written && !b.written) || empty(a) || empty(b)) continue;
+      if (share_an_element(a, b))
+        return fail(JFA_ERROR_INVALID_ARGUMENT,
+                    "%s and %s share memory; a buffer the call writes must not overlap any other "
+                    "buffer of the call (not even in place)",
+                    a.written ? a.name : b.name, a.written ? b.name : a.name);
+    }
+  return JFA_SUCCESS;
+}
+
+std::vector<BufferView> forward_buffers(const Params& p) {
+  return {tensor_view("out", p.out, p.total_q, p.heads_q, p, p.out_layout, true),
+          array_view("lse", p.lse, p.total_q * p.heads_q, sizeof(float), true),
+          tensor_view("q", p.q, p.total_q, p.heads_q, p, p.q_layout, false),
+          tensor_view("k", p.k, p.total_k, p.heads_kv, p, p.k_layout, false),
+          tensor_view("v", p.v, p.total_k, p.heads_kv, p, p.v_layout, false),
+          array_view("cu_seqlens_q", p.cu_seqlens_q, p.batch + 1, sizeof(int32_t), false),
+          array_view("cu_seqlens_k", p.cu_seqlens_k, p.batch + 1, sizeof(int32_t), false)};
+}
+
+std::vector<BufferView> backward_buffers(const BackwardParams& b) {
+  const Params& p = b.fwd;
+  std::vector<BufferView> v = {
+      tensor_view("dq", b.dq, p.total_q, p.heads_q, p, b.dq_layout, true),
+      tensor_view("dk", b.dk, p.total_k, p.heads_kv, p, b.dk_layout, true),
+      tensor_view("dv", b.dv, p.total_k, p.heads_kv, p, b.dv_layout, true),
+      tensor_view("dout", b.dout, p.total_q, p.heads_q, p, b.dout_layout, false),
+      array_view("dlse", b.dlse, p.total_q * p.heads_q, sizeof(float), false)};
+  for (BufferView f : forward_buffers(p)) {
+    f.written = false;  // the forward's outputs are the backward's inputs
+    v.push_back(f);
+  }
+  return v;
+}
+
+}  // namespace jfa::detail
