@@ -11,14 +11,14 @@
 #include <vector>
 
 #include "common/float_convert.hpp"
+#include "cpu/key_limit.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/score_overflow.hpp"
+#include "cpu/tile_kernels.hpp"
 
 namespace jfa::detail {
 namespace {
 
-constexpr int kRows = 64;  // queries per tile
-constexpr int kCols = 64;  // keys per tile
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct WorkItem {
@@ -27,11 +27,6 @@ struct WorkItem {
   int32_t q_tile;
   double cost;
 };
-
-// Register-blocked micro-kernels: kBlockRows x kBlockCols accumulators stay in registers while the
-// inner dimension streams through, which is what lets the compiler keep the FMA units busy.
-constexpr int kBlockRows = 4;
-constexpr int kBlockCols = 16;
 
 // Scratch tiles owned by one worker thread. Rows of q, v and o are `width` floats: head_dim
 // rounded up to kBlockCols, the extra columns staying zero.
@@ -50,12 +45,6 @@ struct Scratch {
   std::vector<float> q, kt, v, s, o, m, l, row;
 };
 
-// Visible keys of query row i: [0, key_limit(i)).
-inline int64_t key_limit(bool causal, int64_t i, int64_t len_q, int64_t len_k) {
-  if (!causal) return len_k;
-  return std::clamp<int64_t>(i + (len_k - len_q) + 1, 0, len_k);
-}
-
 std::vector<WorkItem> make_work_items(const Params& p) {
   std::vector<WorkItem> items;
   for (int64_t b = 0; b < p.batch; ++b) {
@@ -73,71 +62,6 @@ std::vector<WorkItem> make_work_items(const Params& p) {
   std::stable_sort(items.begin(), items.end(),
                    [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
   return items;
-}
-
-// Eight floats; the compiler maps it to one AVX register or two SSE registers. The helpers are
-// always inlined, so the ABI note GCC gives for such types does not apply.
-#pragma GCC diagnostic ignored "-Wpsabi"
-typedef float Vec8 __attribute__((vector_size(32)));
-
-__attribute__((always_inline)) inline Vec8 load8(const float* p) {
-  Vec8 v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-__attribute__((always_inline)) inline void store8(float* p, Vec8 v) {
-  std::memcpy(p, &v, sizeof(v));
-}
-
-// s[kRows][kCols] = q[kRows][:d] * kt[d][kCols]
-inline void scores_tile(const float* __restrict q, const float* __restrict kt, float* __restrict s,
-                        int d, int width) {
-  for (int i0 = 0; i0 < kRows; i0 += kBlockRows) {
-    for (int j0 = 0; j0 < kCols; j0 += kBlockCols) {
-      Vec8 acc[kBlockRows][2] = {};
-      for (int c = 0; c < d; ++c) {
-        const float* krow = kt + static_cast<size_t>(c) * kCols + j0;
-        const Vec8 k0 = load8(krow), k1 = load8(krow + 8);
-        for (int r = 0; r < kBlockRows; ++r) {
-          const float qv = q[static_cast<size_t>(i0 + r) * width + c];
-          acc[r][0] += qv * k0;
-          acc[r][1] += qv * k1;
-        }
-      }
-      for (int r = 0; r < kBlockRows; ++r) {
-        store8(&s[(i0 + r) * kCols + j0], acc[r][0]);
-        store8(&s[(i0 + r) * kCols + j0 + 8], acc[r][1]);
-      }
-    }
-  }
-}
-
-// o[kRows][width] += p[kRows][kCols] * v[kCols][width]
-inline void accumulate_pv(const float* __restrict p, const float* __restrict v, float* __restrict o,
-                          int width) {
-  for (int i0 = 0; i0 < kRows; i0 += kBlockRows) {
-    for (int c0 = 0; c0 < width; c0 += kBlockCols) {
-      Vec8 acc[kBlockRows][2];
-      for (int r = 0; r < kBlockRows; ++r) {
-        acc[r][0] = load8(&o[static_cast<size_t>(i0 + r) * width + c0]);
-        acc[r][1] = load8(&o[static_cast<size_t>(i0 + r) * width + c0 + 8]);
-      }
-      for (int j = 0; j < kCols; ++j) {
-        const float* vrow = v + static_cast<size_t>(j) * width + c0;
-        const Vec8 v0 = load8(vrow), v1 = load8(vrow + 8);
-        for (int r = 0; r < kBlockRows; ++r) {
-          const float pv = p[(i0 + r) * kCols + j];
-          acc[r][0] += pv * v0;
-          acc[r][1] += pv * v1;
-        }
-      }
-      for (int r = 0; r < kBlockRows; ++r) {
-        store8(&o[static_cast<size_t>(i0 + r) * width + c0], acc[r][0]);
-        store8(&o[static_cast<size_t>(i0 + r) * width + c0 + 8], acc[r][1]);
-      }
-    }
-  }
 }
 
 // Built for AVX2+FMA as well as the baseline; the loader picks the best the CPU has. Returns false

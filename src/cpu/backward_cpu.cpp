@@ -1,9 +1,11 @@
-// Float32 CPU backward. Each unit (sequence, kv head) holds its keys and values as float32 rows and
-// accumulates dK and dV for them over the query heads of its group, one query row at a time:
-// P from the forward's LSE (exp2 with the scale and log2(e) folded in), D = rowsum(dO o O) from the
-// forward's out (less the gradient of the LSE, where given), dS = P (dO V^T - D), dQ = scale dS K,
-// dK += scale dS^T Q, dV += P^T dO. Units own disjoint rows of dq, dk and dv, so no two threads
-// write the same element and the sums run in a fixed order.
+// Float32 CPU backward, tiled like the forward. Each unit (sequence, kv head) holds its keys and
+// values (and their transposes) as float32 tiles and accumulates dK and dV for them over the query
+// heads of its group, one 64-row query tile at a time against 64-key tiles: S = Q K^T and
+// dP = dO V^T, P = exp2(S scale log2(e) - LSE log2(e)) from the forward's LSE, D = rowsum(dO o O)
+// from the forward's out (less the gradient of the LSE, where given), dS = P (dP - D), then
+// dV += P^T dO, dK += scale dS^T Q, dQ += scale dS K with the forward's register-blocked kernels.
+// Units own disjoint rows of dq, dk and dv, so no two threads write the same element and the sums
+// run in a fixed order.
 #include "cpu/backward_cpu.hpp"
 
 #include <algorithm>
@@ -12,11 +14,15 @@
 #include <vector>
 
 #include "common/float_convert.hpp"
+#include "cpu/key_limit.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/score_overflow.hpp"
+#include "cpu/tile_kernels.hpp"
 
 namespace jfa::detail {
 namespace {
+
+constexpr float kLog2e = std::numbers::log2e_v<float>;
 
 inline float dot(const float* __restrict a, const float* __restrict b, int n) {
   float s = 0;
@@ -24,12 +30,33 @@ inline float dot(const float* __restrict a, const float* __restrict b, int n) {
   return s;
 }
 
-inline void axpy(float alpha, const float* __restrict x, float* __restrict y, int n) {
-  for (int c = 0; c < n; ++c) y[c] += alpha * x[c];
+// b[kCols][kRows] = a[kRows][kCols] transposed, times `factor`.
+inline void transpose_tile(const float* __restrict a, float* __restrict b, float factor) {
+  for (int i = 0; i < kRows; ++i)
+    for (int j = 0; j < kCols; ++j) b[j * kRows + i] = a[i * kCols + j] * factor;
 }
 
+// Scratch of one worker. Rows of q, k, v and the gradients are `width` floats: head_dim rounded up
+// to kBlockCols, the extra columns zero. Keys are padded to whole tiles with zero rows.
 struct UnitScratch {
-  std::vector<float> k, v, dk, dv, q, dout, out, dq, prob;
+  explicit UnitScratch(int d)
+      : width((d + kBlockCols - 1) / kBlockCols * kBlockCols),
+        q(kRows * width),
+        dout(kRows * width),
+        dq(kRows * width),
+        s(kRows * kCols),
+        dp(kRows * kCols),
+        t(kRows * kCols),
+        lse_log2(kRows),
+        delta(kRows),
+        limit(kRows),
+        row(d) {}
+  int width;
+  std::vector<float> k, v, kt, vt, dk,
+      dv;  // the unit's keys: [tiles * kCols][width], kt/vt [d][kCols]
+  std::vector<float> q, dout, dq, s, dp, t, lse_log2, delta;
+  std::vector<int> limit;
+  std::vector<float> row;
 };
 
 // Built for AVX2+FMA as well as the baseline; the loader picks the best the CPU has. Returns false
@@ -39,70 +66,103 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_unit(const 
                                                                           int64_t unit,
                                                                           UnitScratch& w) {
   const Params& p = bp.fwd;
-  const int d = p.head_dim;
+  const int d = p.head_dim, width = w.width;
   const int32_t group = p.group_size();
   const int64_t b = unit / p.heads_kv;
   const int32_t g = static_cast<int32_t>(unit % p.heads_kv);
   const int64_t q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
   const int64_t len_q = p.cu_seqlens_q[b + 1] - q0, len_k = p.cu_seqlens_k[b + 1] - k0;
-  const float scale = p.softmax_scale;
-  const float scale_log2 = scale * std::numbers::log2e_v<float>;
-  const size_t keys = static_cast<size_t>(len_k) * d;
-  w.k.resize(keys);
-  w.v.resize(keys);
-  w.dk.assign(keys, 0.0f);
-  w.dv.assign(keys, 0.0f);
-  w.q.resize(d);
-  w.dout.resize(d);
-  w.out.resize(d);
-  w.dq.resize(d);
-  w.prob.resize(static_cast<size_t>(len_k));
+  const float scale = p.softmax_scale, scale_log2 = scale * kLog2e;
+  const int64_t key_tiles = (len_k + kCols - 1) / kCols;
+  const size_t key_rows = static_cast<size_t>(key_tiles) * kCols;
+  w.k.assign(key_rows * width, 0.0f);
+  w.v.assign(key_rows * width, 0.0f);
+  w.dk.assign(key_rows * width, 0.0f);
+  w.dv.assign(key_rows * width, 0.0f);
+  w.kt.assign(static_cast<size_t>(key_tiles) * d * kCols, 0.0f);
+  w.vt.assign(static_cast<size_t>(key_tiles) * d * kCols, 0.0f);
   for (int64_t j = 0; j < len_k; ++j) {
+    float* kj = &w.k[j * width];
+    float* vj = &w.v[j * width];
     load_row_as_float(p.k, (k0 + j) * p.k_layout.token_stride + g * p.k_layout.head_stride, d,
-                      p.dtype, &w.k[j * d]);
+                      p.dtype, kj);
     load_row_as_float(p.v, (k0 + j) * p.v_layout.token_stride + g * p.v_layout.head_stride, d,
-                      p.dtype, &w.v[j * d]);
+                      p.dtype, vj);
+    float* kt = &w.kt[(j / kCols) * d * kCols];
+    float* vt = &w.vt[(j / kCols) * d * kCols];
+    for (int c = 0; c < d; ++c) {
+      kt[c * kCols + j % kCols] = kj[c];
+      vt[c * kCols + j % kCols] = vj[c];
+    }
   }
   for (int32_t h = g * group; h < (g + 1) * group; ++h) {
-    for (int64_t i = 0; i < len_q; ++i) {
-      const int64_t token = q0 + i;
+    for (int64_t row0 = 0; row0 < len_q; row0 += kRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(kRows, len_q - row0));
+      std::fill(w.q.begin(), w.q.end(), 0.0f);
+      std::fill(w.dout.begin(), w.dout.end(), 0.0f);
       std::fill(w.dq.begin(), w.dq.end(), 0.0f);
-      int64_t visible = len_k;
-      if (p.causal) visible = std::clamp<int64_t>(i + (len_k - len_q) + 1, 0, len_k);
-      const float lse = p.lse[h * p.total_q + token];
-      if (visible > 0 && std::isfinite(lse)) {  // a row with no keys (LSE -inf) adds nothing
+      int64_t k_end = 0;  // keys any row of the tile sees
+      for (int i = 0; i < kRows; ++i) {
+        w.limit[i] = 0;
+        if (i >= rows) continue;
+        const int64_t token = q0 + row0 + i;
+        const float lse = p.lse[h * p.total_q + token];
+        const int64_t visible = key_limit(p.causal, row0 + i, len_q, len_k);
+        if (visible == 0 || !std::isfinite(lse)) continue;  // a row with no keys adds nothing
+        w.limit[i] = static_cast<int>(std::min<int64_t>(visible, INT32_MAX));
+        k_end = std::max(k_end, visible);
+        float* qi = &w.q[i * width];
+        float* di = &w.dout[i * width];
         load_row_as_float(p.q, token * p.q_layout.token_stride + h * p.q_layout.head_stride, d,
-                          p.dtype, w.q.data());
+                          p.dtype, qi);
         load_row_as_float(bp.dout,
                           token * bp.dout_layout.token_stride + h * bp.dout_layout.head_stride, d,
-                          p.dtype, w.dout.data());
+                          p.dtype, di);
         load_row_as_float(p.out, token * p.out_layout.token_stride + h * p.out_layout.head_stride,
-                          d, p.dtype, w.out.data());
-        float delta = dot(w.dout.data(), w.out.data(), d);
-        if (bp.dlse != nullptr) delta -= bp.dlse[h * p.total_q + token];
-        const float lse_log2 = lse * std::numbers::log2e_v<float>;
-        for (int64_t j = 0; j < visible; ++j) {
-          const float score = dot(w.q.data(), &w.k[j * d], d) * scale_log2;
-          if (!std::isfinite(score)) return false;
-          w.prob[j] = std::exp2(score - lse_log2);
-        }
-        for (int64_t j = 0; j < visible; ++j) {
-          const float ds = w.prob[j] * (dot(w.dout.data(), &w.v[j * d], d) - delta);
-          axpy(scale * ds, &w.k[j * d], w.dq.data(), d);
-          axpy(scale * ds, w.q.data(), &w.dk[j * d], d);
-          axpy(w.prob[j], w.dout.data(), &w.dv[j * d], d);
-        }
+                          d, p.dtype, w.row.data());
+        // rowsum(dO o O), less the gradient of the LSE where given (d lse_i / d s_ij = P_ij).
+        w.delta[i] = dot(di, w.row.data(), d) - (bp.dlse ? bp.dlse[h * p.total_q + token] : 0.f);
+        w.lse_log2[i] = lse * kLog2e;
       }
-      const int64_t at = token * bp.dq_layout.token_stride + h * bp.dq_layout.head_stride;
-      for (int c = 0; c < d; ++c) store_from_float(bp.dq, at + c, p.dtype, w.dq[c]);
+      for (int64_t key0 = 0; key0 < k_end; key0 += kCols) {
+        const int64_t tile = key0 / kCols;
+        // P = exp2(S * scale * log2(e) - LSE * log2(e)) on the visible keys, 0 elsewhere.
+        scores_tile(w.q.data(), &w.kt[tile * d * kCols], w.s.data(), d, width);
+        scores_tile(w.dout.data(), &w.vt[tile * d * kCols], w.dp.data(), d, width);
+        for (int i = 0; i < kRows; ++i) {
+          float* si = &w.s[i * kCols];
+          float* dpi = &w.dp[i * kCols];
+          const int limit = static_cast<int>(std::clamp<int64_t>(w.limit[i] - key0, 0, kCols));
+          for (int j = 0; j < limit; ++j) {
+            const float score = si[j] * scale_log2;
+            if (!std::isfinite(score)) return false;
+            si[j] = std::exp2(score - w.lse_log2[i]);
+            dpi[j] = si[j] * (dpi[j] - w.delta[i]) * scale;  // scale * dS
+          }
+          std::fill(si + limit, si + kCols, 0.0f);
+          std::fill(dpi + limit, dpi + kCols, 0.0f);
+        }
+        float* dk = &w.dk[key0 * width];
+        float* dv = &w.dv[key0 * width];
+        transpose_tile(w.s.data(), w.t.data(), 1.0f);
+        accumulate_pv(w.t.data(), w.dout.data(), dv, width);  // dV += P^T dO
+        transpose_tile(w.dp.data(), w.t.data(), 1.0f);
+        accumulate_pv(w.t.data(), w.q.data(), dk, width);                    // dK += scale dS^T Q
+        accumulate_pv(w.dp.data(), &w.k[key0 * width], w.dq.data(), width);  // dQ += scale dS K
+      }
+      for (int i = 0; i < rows; ++i) {
+        const int64_t token = q0 + row0 + i;
+        const int64_t at = token * bp.dq_layout.token_stride + h * bp.dq_layout.head_stride;
+        for (int c = 0; c < d; ++c) store_from_float(bp.dq, at + c, p.dtype, w.dq[i * width + c]);
+      }
     }
   }
   for (int64_t j = 0; j < len_k; ++j) {
     const int64_t at_k = (k0 + j) * bp.dk_layout.token_stride + g * bp.dk_layout.head_stride;
     const int64_t at_v = (k0 + j) * bp.dv_layout.token_stride + g * bp.dv_layout.head_stride;
     for (int c = 0; c < d; ++c) {
-      store_from_float(bp.dk, at_k + c, p.dtype, w.dk[j * d + c]);
-      store_from_float(bp.dv, at_v + c, p.dtype, w.dv[j * d + c]);
+      store_from_float(bp.dk, at_k + c, p.dtype, w.dk[j * width + c]);
+      store_from_float(bp.dv, at_v + c, p.dtype, w.dv[j * width + c]);
     }
   }
   return true;
@@ -121,7 +181,9 @@ jfa_status attention_backward_cpu(const BackwardParams& bp) {
              static_cast<double>(p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b]);
   const int workers =
       static_cast<int>(std::min<double>(cpu_thread_count(), std::max(1.0, flops / 4e6)));
-  std::vector<UnitScratch> scratch(static_cast<size_t>(std::max(workers, 1)));
+  std::vector<UnitScratch> scratch;
+  scratch.reserve(static_cast<size_t>(std::max(workers, 1)));
+  for (int w = 0; w < std::max(workers, 1); ++w) scratch.emplace_back(p.head_dim);
   try {
     parallel_for(p.batch * p.heads_kv, workers, [&](int64_t unit, int worker) {
       if (!run_unit(bp, unit, scratch[worker])) throw ScoreOverflow();
