@@ -241,8 +241,10 @@ JFA_API const char* jfa_version(void);
 JFA_API size_t jfa_dtype_size(jfa_dtype dtype);
 /* Threads the CPU backend uses at most: the hardware threads, capped by JFA_NUM_THREADS when it
  * holds a whole number >= 1 (read once; any other value is reported once on stderr and ignored).
- * A call starts about one thread per 4 MFLOP of work, up to this; a thread that cannot be started
- * leaves its share to the others. */
+ * A call uses about one thread per 4 MFLOP of work, up to this: the calling thread and threads of a
+ * pool that are started once, when a call first needs them, and kept (a forked child starts its
+ * own). A thread that cannot be started leaves its share to the others; calls from several
+ * threads at once take turns on the pool. */
 JFA_API int jfa_cpu_thread_count(void);
 /* 1 when the CUDA backend is built and a supported GPU is visible, else 0. */
 JFA_API int jfa_cuda_available(void);

@@ -1,6 +1,7 @@
-// A minimal parallel-for over [0, n) for the CPU backend: workers pull indices from an atomic
-// counter, so uneven items balance themselves, and any number of workers (one at least: the
-// calling thread) finishes the work. JFA_NUM_THREADS caps the thread count.
+// A minimal parallel-for over [0, n) for the CPU backend, on the process's worker pool: workers
+// pull indices from an atomic counter, so uneven items balance themselves, and any number of
+// workers (one at least: the calling thread) finishes the work. JFA_NUM_THREADS caps the thread
+// count.
 #pragma once
 
 #include <algorithm>
@@ -11,7 +12,10 @@
 #include <string>
 #include <system_error>
 #include <thread>
+#include <type_traits>
 #include <vector>
+
+#include "cpu/worker_pool.hpp"
 
 namespace jfa::detail {
 
@@ -24,34 +28,36 @@ int parse_thread_cap(const char* text, int hardware, std::string* warning);
 // variable is read once; an unusable value is reported once on stderr.
 int cpu_thread_count();
 
-// Calls body(item, worker) for every item in [0, n); worker is in [0, workers). A thread that
-// cannot be started leaves its share to the others (the call still completes); an exception of
-// body stops the remaining items and is rethrown to the caller.
+// Calls body(item, worker) for every item in [0, n); worker is in [0, workers). The calling thread
+// and up to workers - 1 threads of the process's worker pool share the items; a pool smaller than
+// asked for (threads that could not be started) leaves the work to the others, and the call still
+// completes. An exception of body stops the remaining items and is rethrown to the caller. Not for
+// use from inside a body (the pool runs one call at a time).
 template <typename Body>
 void parallel_for(int64_t n, int workers, Body&& body) {
+  using BodyType = std::remove_reference_t<Body>;
+  struct Shared {
+    std::atomic<int64_t> next{0};
+    int64_t n;
+    BodyType* body;
+    std::exception_ptr error;
+    std::mutex error_mutex;
+  } shared;
+  shared.n = n;
+  shared.body = &body;
   workers = static_cast<int>(std::min<int64_t>(workers, std::max<int64_t>(n, 1)));
-  std::atomic<int64_t> next{0};
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  auto run = [&](int worker) {
+  auto task = [](void* context, int worker) {
+    Shared& s = *static_cast<Shared*>(context);
     try {
-      for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) body(i, worker);
+      for (int64_t i = s.next.fetch_add(1); i < s.n; i = s.next.fetch_add(1)) (*s.body)(i, worker);
     } catch (...) {
-      std::lock_guard<std::mutex> lock(error_mutex);
-      if (!error) error = std::current_exception();
-      next.store(n);
+      std::lock_guard<std::mutex> lock(s.error_mutex);
+      if (!s.error) s.error = std::current_exception();
+      s.next.store(s.n);
     }
   };
-  std::vector<std::thread> threads;
-  try {
-    threads.reserve(static_cast<size_t>(workers - 1));
-    for (int w = 1; w < workers; ++w) threads.emplace_back(run, w);
-  } catch (const std::system_error&) {  // no more threads (limits, memory): fewer workers
-  } catch (const std::bad_alloc&) {
-  }
-  run(0);
-  for (auto& t : threads) t.join();
-  if (error) std::rethrow_exception(error);
+  WorkerPool::instance().run(std::max(workers, 1), task, &shared);
+  if (shared.error) std::rethrow_exception(shared.error);
 }
 
 }  // namespace jfa::detail

@@ -2,8 +2,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/jagged_batch.hpp"
@@ -150,6 +152,31 @@ TEST(AttentionCpu, RepeatedRunsAreBitIdentical) {
   const Outcome second = run_cpu(b, {.causal = true});
   EXPECT_EQ(first.out.bytes, second.out.bytes);
   EXPECT_EQ(0, std::memcmp(first.lse.data(), second.lse.data(), first.lse.size() * sizeof(float)));
+}
+
+// Calls from several threads at once share the worker pool (they take turns) and each gets its own
+// right answer.
+TEST(AttentionCpu, ConcurrentCallersGetTheirOwnResults) {
+  const uint64_t seed = jfa::testing::logged_seed();
+  constexpr int kCallers = 4;
+  std::vector<JaggedBatch> batches;
+  for (int c = 0; c < kCallers; ++c)
+    batches.push_back(jfa::tools::make_batch({100 + 37 * c, 64, 5}, {90 + 11 * c, 64, 9}, 4, 2, 32,
+                                             DType::kFloat32, seed + c));
+  std::vector<Outcome> serial, parallel(kCallers);
+  for (JaggedBatch& b : batches) serial.push_back(run_cpu(b, {}));
+  std::vector<std::thread> callers;
+  for (int c = 0; c < kCallers; ++c)
+    callers.emplace_back([&, c] {
+      for (int repeat = 0; repeat < 5; ++repeat) parallel[c] = run_cpu(batches[c], {});
+    });
+  for (std::thread& t : callers) t.join();
+  for (int c = 0; c < kCallers; ++c) {
+    EXPECT_EQ(serial[c].out.bytes, parallel[c].out.bytes) << "caller " << c;
+    EXPECT_EQ(0,
+              std::memcmp(serial[c].lse.data(), parallel[c].lse.data(), serial[c].lse.size() * 4))
+        << "caller " << c;
+  }
 }
 
 }  // namespace

@@ -79,3 +79,49 @@ else:
     if r.stdout.strip() == "one thread":
         pytest.skip("one hardware thread: no second thread to fail")
     assert r.stdout.strip() in ("ok", "out of memory"), r.stdout + r.stderr
+
+
+_PROBLEM = """
+import os, numpy as np, jfa
+threads_at_start = len(os.listdir("/proc/self/task"))  # before any call of the library
+rng = np.random.default_rng(3)
+cu = jfa.lengths_to_offsets([300, 129, 64])
+q, k, v = (rng.standard_normal((493, 4, 32)).astype(np.float32) for _ in range(3))
+ref = jfa.attention_reference(q, k, v, cu)
+def ok():
+    return np.allclose(jfa.jagged_attention(q, k, v, cu), ref, atol=1e-4, rtol=1e-4)
+"""
+
+
+def test_threads_are_kept_across_calls():
+    """The worker threads are started once: more calls start no more threads."""
+    code = _PROBLEM + """
+before = threads_at_start
+assert ok()
+after_first = len(os.listdir("/proc/self/task"))
+assert all(ok() for _ in range(30))
+print(before, after_first, len(os.listdir("/proc/self/task")),
+      jfa._library.lib().jfa_cpu_thread_count())
+"""
+    r = _run(code)
+    assert r.returncode == 0, r.stderr[-800:]
+    before, first, later, cap = map(int, r.stdout.split())
+    if cap >= 2:
+        assert first > before, "the worker threads end with the call instead of being kept"
+    assert later == first, f"threads grew from {first} to {later} over 30 calls"
+
+
+def test_forked_child_gets_its_own_workers():
+    """After fork() the parent's worker threads do not exist in the child: the child's calls must
+    still complete (on threads of its own) with the right result."""
+    code = _PROBLEM + """
+assert ok()  # the parent's pool exists now
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if ok() and ok() else 3)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status), ok())
+"""
+    r = _run(code)
+    assert r.returncode == 0, r.stderr[-800:]
+    assert r.stdout.split() == ["0", "True"], r.stdout + r.stderr
