@@ -3,11 +3,18 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <new>
 #include <system_error>
 
 namespace jfa::detail {
 namespace {
+
+inline void spin_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
 
 // The pool and the process that made it; a pool found from another process (a forked child) is
 // left alone, its threads not being there, and a new one takes its place. Pools are never freed:
@@ -57,6 +64,7 @@ void WorkerPool::run(int workers, void (*task)(void*, int), void* context) {
       wanted_ = helpers;
       taken_ = 0;
       ++generation_;
+      posted_.store(generation_, std::memory_order_release);
     }
     work_ready_.notify_all();
   }
@@ -70,9 +78,20 @@ void WorkerPool::run(int workers, void (*task)(void*, int), void* context) {
 }
 
 void WorkerPool::serve() {
+  // How long a thread that has finished a task watches for the next one before it sleeps.
+  constexpr auto kSpin = std::chrono::microseconds(200);
   uint64_t served = 0;
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
+    if (generation_ == served) {
+      lock.unlock();
+      const auto until = std::chrono::steady_clock::now() + kSpin;
+      while (posted_.load(std::memory_order_acquire) == served &&
+             std::chrono::steady_clock::now() < until) {
+        for (int i = 0; i < 32; ++i) spin_pause();
+      }
+      lock.lock();
+    }
     work_ready_.wait(lock, [&] { return generation_ != served && taken_ < wanted_; });
     served = generation_;
     const int worker = ++taken_;

@@ -2,9 +2,11 @@
 // for it instead of starting threads of its own. Threads are started on demand up to the cap a
 // call asks for; one that cannot be started (limits, memory) leaves the pool smaller and the work
 // to the others. After fork() the child process gets a pool of its own (the parent's threads do
-// not exist there).
+// not exist there). A thread that has finished a task spins for a short while before it sleeps, so
+// that calls in quick succession do not wait for sleeping threads to be woken.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -41,6 +43,7 @@ class WorkerPool {
   void (*task_)(void*, int) = nullptr;
   void* context_ = nullptr;
   uint64_t generation_ = 0;
+  std::atomic<uint64_t> posted_{0};  // generation_, readable without the lock by spinning threads
   int wanted_ = 0;
   int taken_ = 0;
   int running_ = 0;
