@@ -212,6 +212,11 @@ int bench_main(std::span<const std::string> args) {
     throw UsageError(strprintf("--dtype: %s is not supported by the %s backend",
                                tools::dtype_name(o.dtype), runner->backend_name()));
   }
+  // Before any buffer is allocated.
+  if (std::string supported; !runner->supports_head_dim(o.head_dim, &supported)) {
+    throw UsageError(strprintf("--head-dim: %d is not supported by the %s backend (it takes %s)",
+                               o.head_dim, runner->backend_name(), supported.c_str()));
+  }
   if (o.warmup < 0) o.warmup = runner->backend() == Backend::kCpu ? 1 : 3;
 
   const tools::JaggedBatch batch = tools::make_batch(w.lengths_q, w.lengths_k, o.heads, o.heads_kv,

@@ -20,6 +20,11 @@ class CpuRunner final : public Runner {
 
   bool supports(DType) const override { return true; }
 
+  bool supports_head_dim(int head_dim, std::string* supported) const override {
+    *supported = strprintf("1 to %d", JFA_MAX_HEAD_DIM);
+    return head_dim >= 1 && head_dim <= JFA_MAX_HEAD_DIM;
+  }
+
   void upload(const tools::JaggedBatch& batch, const RunConfig& config) override {
     call_ = make_host_call(batch, config, Backend::kCpu);
     out_ = batch.make_output();

@@ -100,6 +100,12 @@ class DeviceRunner final : public Runner {
   // float32 is a CPU-only dtype of the library.
   bool supports(DType dtype) const override { return dtype != DType::kFloat32; }
 
+  // The head dims the Hopper kernels are built for.
+  bool supports_head_dim(int head_dim, std::string* supported) const override {
+    *supported = "64 or 128";
+    return head_dim == 64 || head_dim == 128;
+  }
+
   void upload(const tools::JaggedBatch& batch, const RunConfig& config) override {
     release();  // first, so two large problems never sit on the GPU together
     call_ = make_host_call(batch, config, Backend::kCuda);

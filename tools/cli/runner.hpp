@@ -52,6 +52,8 @@ class Runner {
   // What runs the work, for humans: "CPU (2 threads)", "NVIDIA H200 (sm_90, 132 SMs, ...)".
   virtual std::string device() const = 0;
   virtual bool supports(DType dtype) const = 0;
+  // Whether the backend takes this head_dim; `supported` gets the values it takes, for messages.
+  virtual bool supports_head_dim(int head_dim, std::string* supported) const = 0;
 
   // Makes `batch` the current problem and allocates its output. The runner may keep pointers into
   // `batch`, which must outlive the runner or the next upload().
