@@ -122,9 +122,10 @@ typedef struct jfa_attention_params {
 /* Fills every field with its default (and struct_size); JFA_ERROR_INVALID_ARGUMENT for NULL. */
 JFA_API jfa_status jfa_attention_params_init(jfa_attention_params* params);
 
-/* out = softmax(scale * q k^T [+ causal mask]) v, per sequence and head. A scaled score beyond
- * float32's range (or a NaN/infinite input) gives JFA_ERROR_UNSUPPORTED on the CPU backend, after
- * which out and lse are unspecified; the CUDA backend does not detect it yet. */
+/* out = softmax(scale * q k^T [+ causal mask]) v, per sequence and head. On the CPU backend a
+ * scaled score that float32 cannot hold (+inf or NaN: too large, or from a NaN or infinite q or
+ * k), or a row whose every score is -inf, gives JFA_ERROR_UNSUPPORTED, after which out and lse are
+ * unspecified; the CUDA backend does not detect it yet. Non-finite values of v reach out. */
 JFA_API jfa_status jfa_attention_forward(const jfa_attention_params* params);
 
 /* The bytes of params->workspace that jfa_attention_forward needs for these sizes: it reads
@@ -187,7 +188,8 @@ JFA_API jfa_status jfa_attention_backward_params_init(jfa_attention_backward_par
 /* dq, dk, dv of out = softmax(scale * q k^T [+ causal mask]) v given dout, per sequence and head.
  * Rows with no visible key contribute nothing. Backends: CPU (float32 accumulation, any dtype);
  * the CUDA backward is not built yet (JFA_ERROR_UNSUPPORTED). Nothing is written when a call is
- * rejected. */
+ * rejected; scores that float32 cannot hold (see jfa_attention_forward) give
+ * JFA_ERROR_UNSUPPORTED after which dq, dk and dv are unspecified. */
 JFA_API jfa_status jfa_attention_backward(const jfa_attention_backward_params* params);
 
 /* The bytes of forward.workspace that jfa_attention_backward needs (reads the sizes only); 0 while

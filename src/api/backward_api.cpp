@@ -74,6 +74,8 @@ jfa_status jfa_attention_backward_workspace_size(const jfa_attention_backward_pa
                   "params->struct_size is %u: fill the struct with "
                   "jfa_attention_backward_params_init() first",
                   static_cast<unsigned>(params->struct_size));
+    if (const jfa_status s = jfa::detail::check_struct_size(&params->forward); s != JFA_SUCCESS)
+      return s;
     if (const jfa_status s =
             jfa::detail::check_batch_and_total_q(params->forward.batch, params->forward.total_q);
         s != JFA_SUCCESS)

@@ -23,26 +23,27 @@ bool empty(const BufferView& v) {
   return v.base == nullptr || v.total <= 0 || v.heads <= 0 || v.d <= 0;
 }
 
-// Whether two views of one element type and one layout, `delta` elements apart, share an element:
-// delta = dt * token_stride + dh * head_stride + dc for some |dt| < tokens, |dh| < heads, |dc| < d.
-// Validated layouts nest one dimension inside the other, so only the quotients next to
-// delta / stride can work.
+// Whether two views of one element type and one layout share an element, b starting `delta`
+// elements after a: delta = dt * token_stride + dh * head_stride + dc with dt in (-b.total,
+// a.total), dh in (-b.heads, a.heads), |dc| < d. Validated layouts nest one dimension inside the
+// other (strides of size-1 dimensions made packed), so only the quotients next to delta / stride
+// can work.
 bool same_layout_views_share(const BufferView& a, const BufferView& b, int64_t delta) {
   const Layout& l = a.layout;
-  const int64_t outer = std::max(l.token_stride, l.head_stride);
-  const int64_t inner = std::min(l.token_stride, l.head_stride);
   const bool tokens_outer = l.token_stride >= l.head_stride;
-  const int64_t outer_span =
-      std::max(tokens_outer ? a.total : a.heads, tokens_outer ? b.total : b.heads);
-  const int64_t inner_span =
-      std::max(tokens_outer ? a.heads : a.total, tokens_outer ? b.heads : b.total);
+  const int64_t outer = tokens_outer ? l.token_stride : l.head_stride;
+  const int64_t inner = tokens_outer ? l.head_stride : l.token_stride;
+  const int64_t outer_a = tokens_outer ? a.total : a.heads,
+                outer_b = tokens_outer ? b.total : b.heads;
+  const int64_t inner_a = tokens_outer ? a.heads : a.total,
+                inner_b = tokens_outer ? b.heads : b.total;
   const int64_t q_outer = delta / outer;
   for (int64_t i = q_outer - 1; i <= q_outer + 1; ++i) {
-    if (i <= -outer_span || i >= outer_span) continue;
+    if (i <= -outer_b || i >= outer_a) continue;
     const int64_t rest = delta - i * outer;
     const int64_t q_inner = rest / inner;
     for (int64_t j = q_inner - 1; j <= q_inner + 1; ++j) {
-      if (j <= -inner_span || j >= inner_span) continue;
+      if (j <= -inner_b || j >= inner_a) continue;
       const int64_t c = rest - j * inner;
       if (c > -a.d && c < a.d) return true;
     }

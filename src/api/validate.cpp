@@ -28,6 +28,10 @@ jfa_status check_layout(const char* name, Layout& layout, int64_t total, int32_t
                 name, static_cast<long long>(layout.token_stride),
                 static_cast<long long>(layout.head_stride));
   }
+  // A stride of a dimension of size 1 is never used to address an element: make it the packed one,
+  // so that the rules below (and the overlap check of the call) see how the elements really lie.
+  if (heads <= 1) layout.head_stride = d;
+  if (total <= 1) layout.token_stride = static_cast<int64_t>(heads) * layout.head_stride;
   const __int128 ts = layout.token_stride, hs = layout.head_stride;
   // Rows are distinct when one dimension nests inside the other without overlap.
   const bool heads_inner = (heads == 1 || hs >= d) && (total <= 1 || ts >= hs * heads);

@@ -124,8 +124,16 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_tile(const 
       std::fill(si + limit, si + kCols, 0.0f);  // hidden keys weigh nothing in P V
       if (limit == 0) continue;
       float tile_max = kNegInf;
-      for (int j = 0; j < limit; ++j) tile_max = std::max(tile_max, si[j]);
-      if (!std::isfinite(tile_max)) return false;
+      bool unrepresentable = false;  // +inf or NaN (std::max would pass over a NaN)
+      for (int j = 0; j < limit; ++j) {
+        tile_max = std::max(tile_max, si[j]);
+        unrepresentable |= !(si[j] < std::numeric_limits<float>::infinity());
+      }
+      if (unrepresentable) return false;
+      if (tile_max == kNegInf) {  // every visible score of the tile -inf: weights of 0
+        std::fill(si, si + limit, 0.0f);
+        continue;
+      }
       const float m_new = std::max(w.m[i], tile_max);
       const float alpha = std::exp2(w.m[i] - m_new);  // 0 on the first visible tile
       float sum = 0;
@@ -144,6 +152,8 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_tile(const 
   for (int i = 0; i < rows; ++i) {
     const int64_t token = q_start + row0 + i;
     const float l = w.l[i];
+    // A row that sees keys but whose scores were all -inf (beyond float32): not representable.
+    if (!(l > 0) && key_limit(p.causal, row0 + i, len_q, len_k) > 0) return false;
     const float inv = l > 0 ? 1.0f / l : 0.0f;  // a row with no keys gives zeros
     const int64_t base = token * p.out_layout.token_stride + hq * p.out_layout.head_stride;
     const float* oi = &w.o[static_cast<size_t>(i) * width];

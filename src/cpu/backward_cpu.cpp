@@ -1,7 +1,7 @@
 // Float32 CPU backward, tiled like the forward. Each unit (sequence, kv head) holds its keys and
 // values (and their transposes) as float32 tiles and accumulates dK and dV for them over the query
-// heads of its group, one 64-row query tile at a time against 64-key tiles: S = Q K^T and
-// dP = dO V^T, P = exp2(S scale log2(e) - LSE log2(e)) from the forward's LSE, D = rowsum(dO o O)
+// heads of its group, one 64-row query tile at a time against 64-key tiles: S = (Q scale log2(e))
+// K^T and dP = dO V^T, P = exp2(S - LSE log2(e)) from the forward's LSE, D = rowsum(dO o O)
 // from the forward's out (less the gradient of the LSE, where given), dS = P (dP - D), then
 // dV += P^T dO, dK += scale dS^T Q, dQ += scale dS K with the forward's register-blocked kernels.
 // Units own disjoint rows of dq, dk and dv, so no two threads write the same element and the sums
@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numbers>
 #include <vector>
 
@@ -42,6 +43,7 @@ struct UnitScratch {
   explicit UnitScratch(int d)
       : width((d + kBlockCols - 1) / kBlockCols * kBlockCols),
         q(kRows * width),
+        q_scaled(kRows * width),
         dout(kRows * width),
         dq(kRows * width),
         s(kRows * kCols),
@@ -54,14 +56,27 @@ struct UnitScratch {
   int width;
   std::vector<float> k, v, kt, vt, dk,
       dv;  // the unit's keys: [tiles * kCols][width], kt/vt [d][kCols]
-  std::vector<float> q, dout, dq, s, dp, t, lse_log2, delta;
+  std::vector<float> q, q_scaled, dout, dq, s, dp, t, lse_log2, delta;
   std::vector<int> limit;
   std::vector<float> row;
 };
 
+// Sizes and zeroes the key buffers of `w` for `unit` (sequence, kv head). Outside run_unit, whose
+// calls GCC treats as not throwing (see there): an allocation that fails throws from here.
+void prepare_unit(const Params& p, int64_t unit, UnitScratch& w) {
+  const int64_t b = unit / p.heads_kv;
+  const int64_t len_k = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+  const size_t key_tiles = static_cast<size_t>((len_k + kCols - 1) / kCols);
+  const size_t key_rows = key_tiles * kCols;
+  for (std::vector<float>* buffer : {&w.k, &w.v, &w.dk, &w.dv})
+    buffer->assign(key_rows * w.width, 0.0f);
+  w.kt.assign(key_tiles * p.head_dim * kCols, 0.0f);
+  w.vt.assign(key_tiles * p.head_dim * kCols, 0.0f);
+}
+
 // Built for AVX2+FMA as well as the baseline; the loader picks the best the CPU has. Returns false
-// when a score is not finite in float32 (the caller throws: GCC treats calls through the clones'
-// dispatcher as not throwing).
+// when a score is +inf or NaN in float32 (the caller throws: GCC treats calls through the clones'
+// dispatcher as not throwing, so nothing in here may throw).
 __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_unit(const BackwardParams& bp,
                                                                           int64_t unit,
                                                                           UnitScratch& w) {
@@ -73,14 +88,6 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_unit(const 
   const int64_t q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
   const int64_t len_q = p.cu_seqlens_q[b + 1] - q0, len_k = p.cu_seqlens_k[b + 1] - k0;
   const float scale = p.softmax_scale, scale_log2 = scale * kLog2e;
-  const int64_t key_tiles = (len_k + kCols - 1) / kCols;
-  const size_t key_rows = static_cast<size_t>(key_tiles) * kCols;
-  w.k.assign(key_rows * width, 0.0f);
-  w.v.assign(key_rows * width, 0.0f);
-  w.dk.assign(key_rows * width, 0.0f);
-  w.dv.assign(key_rows * width, 0.0f);
-  w.kt.assign(static_cast<size_t>(key_tiles) * d * kCols, 0.0f);
-  w.vt.assign(static_cast<size_t>(key_tiles) * d * kCols, 0.0f);
   for (int64_t j = 0; j < len_k; ++j) {
     float* kj = &w.k[j * width];
     float* vj = &w.v[j * width];
@@ -99,6 +106,7 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_unit(const 
     for (int64_t row0 = 0; row0 < len_q; row0 += kRows) {
       const int rows = static_cast<int>(std::min<int64_t>(kRows, len_q - row0));
       std::fill(w.q.begin(), w.q.end(), 0.0f);
+      std::fill(w.q_scaled.begin(), w.q_scaled.end(), 0.0f);
       std::fill(w.dout.begin(), w.dout.end(), 0.0f);
       std::fill(w.dq.begin(), w.dq.end(), 0.0f);
       int64_t k_end = 0;  // keys any row of the tile sees
@@ -115,6 +123,10 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_unit(const 
         float* di = &w.dout[i * width];
         load_row_as_float(p.q, token * p.q_layout.token_stride + h * p.q_layout.head_stride, d,
                           p.dtype, qi);
+        // The scores from q scaled first, as the forward computes them (q.k alone may overflow
+        // where the scaled score does not); dK takes q as it is.
+        float* qsi = &w.q_scaled[i * width];
+        for (int c = 0; c < d; ++c) qsi[c] = qi[c] * scale_log2;
         load_row_as_float(bp.dout,
                           token * bp.dout_layout.token_stride + h * bp.dout_layout.head_stride, d,
                           p.dtype, di);
@@ -127,16 +139,16 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_unit(const 
       for (int64_t key0 = 0; key0 < k_end; key0 += kCols) {
         const int64_t tile = key0 / kCols;
         // P = exp2(S * scale * log2(e) - LSE * log2(e)) on the visible keys, 0 elsewhere.
-        scores_tile(w.q.data(), &w.kt[tile * d * kCols], w.s.data(), d, width);
+        scores_tile(w.q_scaled.data(), &w.kt[tile * d * kCols], w.s.data(), d, width);
         scores_tile(w.dout.data(), &w.vt[tile * d * kCols], w.dp.data(), d, width);
         for (int i = 0; i < kRows; ++i) {
           float* si = &w.s[i * kCols];
           float* dpi = &w.dp[i * kCols];
           const int limit = static_cast<int>(std::clamp<int64_t>(w.limit[i] - key0, 0, kCols));
           for (int j = 0; j < limit; ++j) {
-            const float score = si[j] * scale_log2;
-            if (!std::isfinite(score)) return false;
-            si[j] = std::exp2(score - w.lse_log2[i]);
+            // +inf or NaN cannot be represented; -inf is a weight of 0.
+            if (!(si[j] < std::numeric_limits<float>::infinity())) return false;
+            si[j] = std::exp2(si[j] - w.lse_log2[i]);
             dpi[j] = si[j] * (dpi[j] - w.delta[i]) * scale;  // scale * dS
           }
           std::fill(si + limit, si + kCols, 0.0f);
@@ -186,6 +198,7 @@ jfa_status attention_backward_cpu(const BackwardParams& bp) {
   for (int w = 0; w < std::max(workers, 1); ++w) scratch.emplace_back(p.head_dim);
   try {
     parallel_for(p.batch * p.heads_kv, workers, [&](int64_t unit, int worker) {
+      prepare_unit(p, unit, scratch[worker]);
       if (!run_unit(bp, unit, scratch[worker])) throw ScoreOverflow();
     });
   } catch (const ScoreOverflow&) {

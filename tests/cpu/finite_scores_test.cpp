@@ -66,7 +66,7 @@ TEST(FiniteScores, ScoresBeyondFloat32AreAnErrorNotNaN) {
   }
   // The backward reports the same instead of NaN gradients: the forward's out and LSE of moderate
   // inputs, then q and k of 1e19.
-  Problem ok(1.f, 0.5f);
+  Problem ok(1.f, 1.f);  // scale 1: (q scale log2(e)).k = 4 * 1.44e38, beyond float32
   ASSERT_EQ(jfa_attention_forward(&ok.p), JFA_SUCCESS) << jfa_last_error_message();
   std::vector<float> dout(ok.q.size(), 1.f), dq(ok.q.size()), dk(ok.q.size()), dv(ok.q.size());
   std::vector<float> big(ok.q.size(), 1e19f);
@@ -80,6 +80,40 @@ TEST(FiniteScores, ScoresBeyondFloat32AreAnErrorNotNaN) {
   b.dk = dk.data();
   b.dv = dv.data();
   EXPECT_EQ(jfa_attention_backward(&b), JFA_ERROR_UNSUPPORTED);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("not finite in float32"), std::string::npos)
+      << jfa_last_error_message();
+}
+
+// What the forward can represent, the backward can: scores computed from q scaled first in both.
+TEST(FiniteScores, BackwardTakesWhatTheForwardTook) {
+  Problem problem(1.f, 1e-30f);  // q.k = 4e38 overflows; scale * log2(e) * q.k = 5.8e8 does not
+  std::fill(problem.q.begin(), problem.q.end(), 1e19f);
+  std::fill(problem.k.begin(), problem.k.end(), 1e19f);
+  ASSERT_EQ(jfa_attention_forward(&problem.p), JFA_SUCCESS) << jfa_last_error_message();
+  std::vector<float> dout(problem.q.size(), 1.f), dq(problem.q.size()), dk(problem.q.size()),
+      dv(problem.q.size());
+  jfa_attention_backward_params b;
+  jfa_attention_backward_params_init(&b);
+  b.forward = problem.p;
+  b.dout = dout.data();
+  b.dq = dq.data();
+  b.dk = dk.data();
+  b.dv = dv.data();
+  ASSERT_EQ(jfa_attention_backward(&b), JFA_SUCCESS) << jfa_last_error_message();
+  for (const std::vector<float>* g : {&dq, &dk, &dv})
+    for (float x : *g) EXPECT_TRUE(std::isfinite(x));
+}
+
+// A NaN among finite keys, and rows whose every score is -inf (beyond float32 on the negative
+// side): reported, not NaN or zeros with a success.
+TEST(FiniteScores, NaNKeysAndAllNegativeInfiniteRowsAreReported) {
+  Problem nan_key(1.f, 0.5f);
+  nan_key.k[5] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(jfa_attention_forward(&nan_key.p), JFA_ERROR_UNSUPPORTED);
+  Problem negative(1.f, 1.f);
+  std::fill(negative.q.begin(), negative.q.end(), 1e19f);
+  std::fill(negative.k.begin(), negative.k.end(), -1e19f);
+  EXPECT_EQ(jfa_attention_forward(&negative.p), JFA_ERROR_UNSUPPORTED);
   EXPECT_NE(std::string(jfa_last_error_message()).find("not finite in float32"), std::string::npos)
       << jfa_last_error_message();
 }

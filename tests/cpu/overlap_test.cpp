@@ -121,4 +121,55 @@ TEST(Overlap, GradientsSharingMemoryAreRejected) {
   }
 }
 
+// GQA gradients in the slots of one fused [total, heads_q + 2 heads_kv, d] buffer do not share an
+// element and run; with MQA, a stride of the size-1 head dimension (never used to address) cannot
+// hide dk and dv sharing memory; a layout whose own rows overlap (token_stride 1 with one head) is
+// rejected.
+TEST(Overlap, FusedGqaGradientsOddStridesAndSelfOverlappingRows) {
+  constexpr int kHq = 4, kHkv = 1, kSlots = kHq + 2 * kHkv;
+  const size_t nq = kTotal * kHq * kDim, nk = kTotal * kHkv * kDim;
+  std::vector<float> q = random_floats(nq, 1), k = random_floats(nk, 2), v = random_floats(nk, 3);
+  std::vector<float> out(nq), lse(kTotal * kHq), dout = random_floats(nq, 4);
+  jfa_attention_params f = params(q.data(), k.data(), v.data(), out.data(), lse.data());
+  f.heads_q = kHq;
+  f.heads_kv = kHkv;
+  ASSERT_EQ(jfa_attention_forward(&f), JFA_SUCCESS) << jfa_last_error_message();
+  jfa_attention_backward_params b;
+  jfa_attention_backward_params_init(&b);
+  b.forward = f;
+  b.dout = dout.data();
+  std::vector<float> dq(nq), dk(nk), dv(nk);
+  b.dq = dq.data();
+  b.dk = dk.data();
+  b.dv = dv.data();
+  ASSERT_EQ(jfa_attention_backward(&b), JFA_SUCCESS) << jfa_last_error_message();
+  std::vector<float> fused(kTotal * kSlots * kDim);
+  jfa_attention_backward_params in_fused = b;
+  in_fused.dq = fused.data();
+  in_fused.dk = fused.data() + kHq * kDim;
+  in_fused.dv = fused.data() + (kHq + kHkv) * kDim;
+  in_fused.dq_layout = in_fused.dk_layout = in_fused.dv_layout = {kSlots * kDim, kDim};
+  ASSERT_EQ(jfa_attention_backward(&in_fused), JFA_SUCCESS) << jfa_last_error_message();
+  for (int t = 0; t < kTotal; ++t)
+    for (int e = 0; e < kHq * kDim; ++e)
+      ASSERT_EQ(fused[t * kSlots * kDim + e], dq[t * kHq * kDim + e]);
+
+  // dk and dv 4 tokens apart in one buffer, token stride 18 (> 3 d): dk's token 4 is dv's token 0.
+  std::vector<float> shared(kTotal * 18 + 64);
+  jfa_attention_backward_params hidden = b;
+  hidden.dk = shared.data();
+  hidden.dv = shared.data() + 4 * 18;
+  hidden.dk_layout = hidden.dv_layout = {18, 32};  // head stride of the single head: unused
+  EXPECT_EQ(jfa_attention_backward(&hidden), JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("dk and dv share memory"), std::string::npos)
+      << jfa_last_error_message();
+
+  jfa_attention_backward_params rows = b;
+  rows.dk_layout = {1, 1};  // one head: token rows 1 element apart overlap
+  EXPECT_EQ(jfa_attention_backward(&rows), JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("dk strides make rows overlap"),
+            std::string::npos)
+      << jfa_last_error_message();
+}
+
 }  // namespace
