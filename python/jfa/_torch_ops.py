@@ -76,6 +76,20 @@ def _backward(ctx, grad_out, grad_lse):
 torch.library.register_autograd("jfa::jagged_attention_fwd", _backward,
                                 setup_context=_setup_context)
 
+DOUBLE_BACKWARD_MESSAGE = (
+    "jfa.jagged_attention: gradients of its gradients (a double backward, create_graph=True) are "
+    "not implemented")
+
+
+def _backward_of_backward(ctx, *grads):
+    raise NotImplementedError(DOUBLE_BACKWARD_MESSAGE)
+
+
+# Without a formula, autograd would treat the gradients as constants and give a wrong second
+# derivative; with this one a double backward stops with a clear error.
+torch.library.register_autograd("jfa::jagged_attention_bwd", _backward_of_backward,
+                                setup_context=lambda ctx, inputs, output: None)
+
 _FWD = torch.ops.jfa.jagged_attention_fwd.default
 _below_autograd = torch._C._AutoDispatchBelowAutograd
 _is_compiling = torch.compiler.is_compiling

@@ -406,6 +406,16 @@ def test_cpu_deterministic_gradients(seed):
         jfa.jagged_attention(q, k, v, cu, deterministic=1)
 
 
+def test_cpu_double_backward_is_a_clear_error(seed):
+    q, k, v, cu, _ = _inputs(seed, [3, 5], None, 2, 2, 8, torch.float32, "cpu")
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    out = jfa.jagged_attention(q, k, v, cu)
+    (grad_q,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    with pytest.raises(NotImplementedError, match="double backward"):
+        grad_q.sum().backward()
+
+
 def test_cpu_backward_needs_the_forward_lse(seed):
     q, k, v, cu, _ = _inputs(seed, [3, 2], None, 1, 1, 8, torch.float32, "cpu")
     v.requires_grad_(True)
