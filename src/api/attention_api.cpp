@@ -31,17 +31,6 @@ const char* backend_name(jfa_backend b) {
   }
 }
 
-jfa_status locate_forward_buffers(const Params& p, MemoryKind* kind) {
-  return jfa::detail::locate_buffers({{p.cu_seqlens_q, "cu_seqlens_q"},
-                                      {p.cu_seqlens_k, "cu_seqlens_k"},
-                                      {p.q, "q"},
-                                      {p.k, "k"},
-                                      {p.v, "v"},
-                                      {p.out, "out"},
-                                      {p.lse, "lse"}},
-                                     kind);
-}
-
 }  // namespace
 
 extern "C" {
@@ -62,13 +51,11 @@ jfa_status jfa_attention_forward(const jfa_attention_params* params) {
     Params p;
     jfa_status s = jfa::detail::build_params(params, &p);
     if (s != JFA_SUCCESS) return s;
-    if ((s = jfa::detail::check_outputs_disjoint(jfa::detail::forward_buffers(p))) != JFA_SUCCESS)
-      return s;
+    const std::vector<jfa::detail::BufferView> buffers = jfa::detail::forward_buffers(p);
+    if ((s = jfa::detail::check_outputs_disjoint(buffers)) != JFA_SUCCESS) return s;
     MemoryKind kind;
-    if ((s = locate_forward_buffers(p, &kind)) != JFA_SUCCESS) return s;
-    jfa_backend backend = params->backend;
-    if (backend == JFA_BACKEND_AUTO)
-      backend = kind == MemoryKind::kDevice ? JFA_BACKEND_CUDA : JFA_BACKEND_CPU;
+    if ((s = jfa::detail::locate_buffers(buffers, &kind)) != JFA_SUCCESS) return s;
+    const jfa_backend backend = jfa::detail::resolve_backend(params->backend, kind);
     if (backend == JFA_BACKEND_CPU) {
       if (kind == MemoryKind::kDevice)
         return fail(JFA_ERROR_INVALID_ARGUMENT,
@@ -115,7 +102,8 @@ jfa_status jfa_attention_reference(const jfa_attention_params* params, const int
     p.lse = nullptr;
     if (s != JFA_SUCCESS) return s;
     MemoryKind kind;
-    if ((s = locate_forward_buffers(p, &kind)) != JFA_SUCCESS) return s;
+    if ((s = jfa::detail::locate_buffers(jfa::detail::forward_buffers(p), &kind)) != JFA_SUCCESS)
+      return s;
     if (kind == MemoryKind::kDevice)
       return fail(JFA_ERROR_INVALID_ARGUMENT, "the reference needs host buffers");
     if ((s = jfa::detail::validate_host_offsets(p)) != JFA_SUCCESS) return s;

@@ -10,27 +10,6 @@ using jfa::detail::fail;
 using jfa::detail::guarded;
 using jfa::detail::MemoryKind;
 
-namespace {
-
-jfa_status locate_backward_buffers(const BackwardParams& b, MemoryKind* kind) {
-  const jfa::detail::Params& p = b.fwd;
-  return jfa::detail::locate_buffers({{p.cu_seqlens_q, "forward.cu_seqlens_q"},
-                                      {p.cu_seqlens_k, "forward.cu_seqlens_k"},
-                                      {p.q, "forward.q"},
-                                      {p.k, "forward.k"},
-                                      {p.v, "forward.v"},
-                                      {p.out, "forward.out"},
-                                      {p.lse, "forward.lse"},
-                                      {b.dout, "dout"},
-                                      {b.dlse, "dlse"},
-                                      {b.dq, "dq"},
-                                      {b.dk, "dk"},
-                                      {b.dv, "dv"}},
-                                     kind);
-}
-
-}  // namespace
-
 extern "C" {
 
 jfa_status jfa_attention_backward_params_init(jfa_attention_backward_params* params) {
@@ -45,14 +24,11 @@ jfa_status jfa_attention_backward(const jfa_attention_backward_params* params) {
     BackwardParams b;
     jfa_status s = jfa::detail::build_backward_params(params, &b);
     if (s != JFA_SUCCESS) return s;
-    if ((s = jfa::detail::check_outputs_disjoint(jfa::detail::backward_buffers(b))) != JFA_SUCCESS)
-      return s;
+    const std::vector<jfa::detail::BufferView> buffers = jfa::detail::backward_buffers(b);
+    if ((s = jfa::detail::check_outputs_disjoint(buffers)) != JFA_SUCCESS) return s;
     MemoryKind kind;
-    if ((s = locate_backward_buffers(b, &kind)) != JFA_SUCCESS) return s;
-    jfa_backend backend = params->forward.backend;
-    if (backend == JFA_BACKEND_AUTO)
-      backend = kind == MemoryKind::kDevice ? JFA_BACKEND_CUDA : JFA_BACKEND_CPU;
-    if (backend == JFA_BACKEND_CUDA)
+    if ((s = jfa::detail::locate_buffers(buffers, &kind)) != JFA_SUCCESS) return s;
+    if (jfa::detail::resolve_backend(params->forward.backend, kind) == JFA_BACKEND_CUDA)
       return fail(JFA_ERROR_UNSUPPORTED,
                   "the CUDA backward is not built yet; the CPU backend (host buffers) computes "
                   "the backward");
@@ -95,7 +71,8 @@ jfa_status jfa_attention_backward_reference(const jfa_attention_backward_params*
     if ((p.total_q > 0 && dq == nullptr) || (p.total_k > 0 && (dk == nullptr || dv == nullptr)))
       return fail(JFA_ERROR_INVALID_ARGUMENT, "the dq, dk and dv arrays must not be NULL");
     MemoryKind kind;
-    if ((s = locate_backward_buffers(b, &kind)) != JFA_SUCCESS) return s;
+    if ((s = jfa::detail::locate_buffers(jfa::detail::backward_buffers(b), &kind)) != JFA_SUCCESS)
+      return s;
     if (kind == MemoryKind::kDevice)
       return fail(JFA_ERROR_INVALID_ARGUMENT, "the reference needs host buffers");
     if ((s = jfa::detail::validate_host_offsets(p)) != JFA_SUCCESS) return s;

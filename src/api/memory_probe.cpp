@@ -24,12 +24,12 @@ MemoryKind memory_kind(const void* ptr) {
   return MemoryKind::kHost;
 }
 
-jfa_status locate_buffers(std::initializer_list<NamedBuffer> buffers, MemoryKind* kind) {
-  const NamedBuffer* first = nullptr;
+jfa_status locate_buffers(const std::vector<BufferView>& buffers, MemoryKind* kind) {
+  const BufferView* first = nullptr;
   MemoryKind first_kind = MemoryKind::kHost;
-  for (const NamedBuffer& b : buffers) {
-    if (b.ptr == nullptr) continue;
-    const MemoryKind k = memory_kind(b.ptr);
+  for (const BufferView& b : buffers) {
+    if (b.base == nullptr) continue;
+    const MemoryKind k = memory_kind(b.base);
     if (first == nullptr) {
       first = &b;
       first_kind = k;

@@ -62,17 +62,7 @@ bool share_an_element(const BufferView& a, const BufferView& b) {
   return same_layout_views_share(a, b, bytes / static_cast<intptr_t>(a.element_bytes));
 }
 
-BufferView tensor_view(const char* name, const void* base, int64_t total, int32_t heads,
-                       const Params& p, const Layout& layout, bool written) {
-  return {name, base, total, heads, p.head_dim, layout, jfa_dtype_size(p.dtype), written};
-}
-
 }  // namespace
-
-BufferView array_view(const char* name, const void* base, int64_t n, size_t element_bytes,
-                      bool written) {
-  return {name, base, n, 1, 1, {1, 1}, element_bytes, written};
-}
 
 jfa_status check_outputs_disjoint(const std::vector<BufferView>& buffers) {
   for (size_t i = 0; i < buffers.size(); ++i)
@@ -86,31 +76,6 @@ jfa_status check_outputs_disjoint(const std::vector<BufferView>& buffers) {
                     a.written ? a.name : b.name, a.written ? b.name : a.name);
     }
   return JFA_SUCCESS;
-}
-
-std::vector<BufferView> forward_buffers(const Params& p) {
-  return {tensor_view("out", p.out, p.total_q, p.heads_q, p, p.out_layout, true),
-          array_view("lse", p.lse, p.total_q * p.heads_q, sizeof(float), true),
-          tensor_view("q", p.q, p.total_q, p.heads_q, p, p.q_layout, false),
-          tensor_view("k", p.k, p.total_k, p.heads_kv, p, p.k_layout, false),
-          tensor_view("v", p.v, p.total_k, p.heads_kv, p, p.v_layout, false),
-          array_view("cu_seqlens_q", p.cu_seqlens_q, p.batch + 1, sizeof(int32_t), false),
-          array_view("cu_seqlens_k", p.cu_seqlens_k, p.batch + 1, sizeof(int32_t), false)};
-}
-
-std::vector<BufferView> backward_buffers(const BackwardParams& b) {
-  const Params& p = b.fwd;
-  std::vector<BufferView> v = {
-      tensor_view("dq", b.dq, p.total_q, p.heads_q, p, b.dq_layout, true),
-      tensor_view("dk", b.dk, p.total_k, p.heads_kv, p, b.dk_layout, true),
-      tensor_view("dv", b.dv, p.total_k, p.heads_kv, p, b.dv_layout, true),
-      tensor_view("dout", b.dout, p.total_q, p.heads_q, p, b.dout_layout, false),
-      array_view("dlse", b.dlse, p.total_q * p.heads_q, sizeof(float), false)};
-  for (BufferView f : forward_buffers(p)) {
-    f.written = false;  // the forward's outputs are the backward's inputs
-    v.push_back(f);
-  }
-  return v;
 }
 
 }  // namespace jfa::detail

@@ -166,14 +166,11 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_tile(const 
   return true;
 }
 
-// Threads worth starting for `items`: about one per kMinFlopsPerThread of work, so that a small
-// problem does not pay for starting (and giving scratch tiles to) threads it cannot keep busy.
+// Threads worth using for `items` (see workers_for_flops).
 int workers_for(const std::vector<WorkItem>& items, int head_dim) {
-  constexpr double kMinFlopsPerThread = 4e6;
   double flops = 0;
   for (const WorkItem& item : items) flops += 4.0 * item.cost * head_dim;
-  const double useful = std::max(1.0, flops / kMinFlopsPerThread);
-  return static_cast<int>(std::min<double>(cpu_thread_count(), useful));
+  return workers_for_flops(flops);
 }
 
 }  // namespace

@@ -31,10 +31,10 @@ inline float dot(const float* __restrict a, const float* __restrict b, int n) {
   return s;
 }
 
-// b[kCols][kRows] = a[kRows][kCols] transposed, times `factor`.
-inline void transpose_tile(const float* __restrict a, float* __restrict b, float factor) {
+// b[kCols][kRows] = a[kRows][kCols] transposed.
+inline void transpose_tile(const float* __restrict a, float* __restrict b) {
   for (int i = 0; i < kRows; ++i)
-    for (int j = 0; j < kCols; ++j) b[j * kRows + i] = a[i * kCols + j] * factor;
+    for (int j = 0; j < kCols; ++j) b[j * kRows + i] = a[i * kCols + j];
 }
 
 // Scratch of one worker. Rows of q, k, v and the gradients are `width` floats: head_dim rounded up
@@ -156,9 +156,9 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_unit(const 
         }
         float* dk = &w.dk[key0 * width];
         float* dv = &w.dv[key0 * width];
-        transpose_tile(w.s.data(), w.t.data(), 1.0f);
+        transpose_tile(w.s.data(), w.t.data());
         accumulate_pv(w.t.data(), w.dout.data(), dv, width);  // dV += P^T dO
-        transpose_tile(w.dp.data(), w.t.data(), 1.0f);
+        transpose_tile(w.dp.data(), w.t.data());
         accumulate_pv(w.t.data(), w.q.data(), dk, width);                    // dK += scale dS^T Q
         accumulate_pv(w.dp.data(), &w.k[key0 * width], w.dq.data(), width);  // dQ += scale dS K
       }
@@ -184,18 +184,16 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_unit(const 
 
 jfa_status attention_backward_cpu(const BackwardParams& bp) {
   const Params& p = bp.fwd;
-  // About one thread per 4 MFLOP of work (10 * head_dim FLOPs per visible (query, key) pair, an
-  // upper bound under the causal mask), as the forward.
+  // 10 * head_dim FLOPs per (query, key) pair (an upper bound under the causal mask).
   double flops = 0;
   for (int64_t b = 0; b < p.batch; ++b)
     flops += 10.0 * p.head_dim * p.heads_q *
              static_cast<double>(p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b]) *
              static_cast<double>(p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b]);
-  const int workers =
-      static_cast<int>(std::min<double>(cpu_thread_count(), std::max(1.0, flops / 4e6)));
+  const int workers = workers_for_flops(flops);
   std::vector<UnitScratch> scratch;
-  scratch.reserve(static_cast<size_t>(std::max(workers, 1)));
-  for (int w = 0; w < std::max(workers, 1); ++w) scratch.emplace_back(p.head_dim);
+  scratch.reserve(static_cast<size_t>(workers));
+  for (int w = 0; w < workers; ++w) scratch.emplace_back(p.head_dim);
   try {
     parallel_for(p.batch * p.heads_kv, workers, [&](int64_t unit, int worker) {
       prepare_unit(p, unit, scratch[worker]);

@@ -23,6 +23,12 @@ int parse_thread_cap(const char* text, int hardware, std::string* warning) {
   return static_cast<int>(std::min<unsigned long long>(n, static_cast<unsigned>(hardware)));
 }
 
+int workers_for_flops(double flops) {
+  constexpr double kMinFlopsPerThread = 4e6;
+  const double useful = std::max(1.0, flops / kMinFlopsPerThread);
+  return static_cast<int>(std::min<double>(cpu_thread_count(), useful));
+}
+
 int cpu_thread_count() {
   static const int count = [] {
     std::string warning;

@@ -28,6 +28,11 @@ int parse_thread_cap(const char* text, int hardware, std::string* warning);
 // variable is read once; an unusable value is reported once on stderr.
 int cpu_thread_count();
 
+// Threads worth using for `flops` of work: about one per 4 MFLOP, so that a small problem does not
+// pay for waking (and giving scratch tiles to) threads it cannot keep busy; at most
+// cpu_thread_count(), at least 1.
+int workers_for_flops(double flops);
+
 // Calls body(item, worker) for every item in [0, n); worker is in [0, workers). The calling thread
 // and up to workers - 1 threads of the process's worker pool share the items; a pool smaller than
 // asked for (threads that could not be started) leaves the work to the others, and the call still
