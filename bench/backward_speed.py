@@ -1,6 +1,6 @@
 """Forward and backward time of jfa.jagged_attention through torch autograd, on CPU or CUDA tensors:
 medians over timed runs after warm-up, useful GFLOP/s on the unpadded pairs (the backward counted as
-2.5 times the forward's FLOPs). The CUDA backward is not built yet; on CUDA tensors it reports so.
+2.5 times the forward's FLOPs).
 
     python3 bench/backward_speed.py --lengths 1024,512,2048 --heads 8 --head-dim 64 [--causal]
 """

@@ -3,8 +3,9 @@
 # and Python tests (the torch ops native, then over ctypes), compute-sanitizer memcheck and
 # racecheck over a reduced GPU case set, the CLI benchmark, the peers benchmark (bench/peers.py
 # --quick: jfa, varlen FA2, the plain Triton JFA and the others, every output checked before
-# timing) and the call-overhead benchmark (bench/call_overhead.py). Logs go to OUTDIR; a summary
-# table is printed last.
+# timing), the call-overhead benchmark (bench/call_overhead.py) and the backward benchmark
+# (bench/backward_peers.py: jfa's backward against varlen FA2 and FA3, gradients checked against
+# float64 before timing). Logs go to OUTDIR; a summary table is printed last.
 #
 # usage: scripts/gpu-check.sh OUTDIR
 # env:   BUILD_DIR (default build/gpu-check), PREBUILT=1 (use BUILD_DIR as built elsewhere, e.g.
@@ -12,8 +13,9 @@
 #        (default 400), SANITIZER_TIMEOUT (default 600 per tool), CLI_TIMEOUT (seconds per run),
 #        PEERS_FULL=1 (the full peers run instead of --quick: both dtypes, all workloads, and the
 #        results JSON and chart <date>-h200.json/.png in OUTDIR), SKIP_PEERS=1,
-#        CALL_OVERHEAD=quick|full|off (default quick), FA3_LIB (FlashAttention-3's op library for
-#        the call-overhead benchmark)
+#        CALL_OVERHEAD=quick|full|off (default quick), BWD_BENCH=quick|full|off (default quick:
+#        W1 and W4, fp16, both masks, 3 rounds; full: W1-W4), FA3_LIB (FlashAttention-3's op
+#        library for the call-overhead and backward benchmarks)
 set -u -o pipefail
 OUT=${1:?usage: scripts/gpu-check.sh OUTDIR}
 mkdir -p "$OUT"
@@ -23,6 +25,13 @@ BUILD=${BUILD_DIR:-build/gpu-check}
 JOBS=$(nproc 2>/dev/null || echo 4)
 declare -a SUMMARY=()
 note() { SUMMARY+=("$(printf '%-28s %s' "$1" "$2")"); }
+# FlashAttention-3's library needs the CUDA runtime that torch's wheels ship, which the dynamic
+# loader does not find by itself.
+fa3_runtime() {
+  [ -n "${FA3_CUDART_DIR+set}" ] && return
+  FA3_CUDART_DIR=$(python3 -c 'import glob, site; print(next(iter(sorted(glob.glob(site.getsitepackages()[0] + "/nvidia/**/libcudart.so.*", recursive=True))), "").rpartition("/")[0])' 2>/dev/null)
+  [ -n "$FA3_CUDART_DIR" ] && export LD_LIBRARY_PATH="$FA3_CUDART_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+}
 
 # A googletest install may be carried next to the sources (.gtest/, a copy of an install prefix).
 EXTRA=()
@@ -52,13 +61,14 @@ if [ -n "$LIB" ] && python3 -c 'import torch, pytest' 2>/dev/null; then
     >"$OUT/pytest.log" 2>&1
   note "pytest (torch + CUDA)" "rc=$? $(tail -1 "$OUT/pytest.log")"
   JFA_TORCH_OPS=ctypes JFA_LIBRARY="$(realpath "$LIB")" PYTHONUNBUFFERED=1 timeout 600 \
-    python3 -m pytest tests/python/test_torch.py tests/python/test_readme.py -q -rs \
+    python3 -m pytest tests/python/test_torch.py tests/python/test_torch_cuda_backward.py \
+    tests/python/test_readme.py -q -rs \
     >"$OUT/pytest_ctypes.log" 2>&1
   note "pytest (ctypes torch ops)" "rc=$? $(tail -1 "$OUT/pytest_ctypes.log")"
 fi
 
 if [ -z "${SKIP_SANITIZERS:-}" ] && [ -n "$GPU_TESTS" ] && command -v compute-sanitizer >/dev/null; then
-  FILTER='TlxTma.*:TlxMBarrier.*:TlxWgmma.Fp16D128N128:AttentionGpu.OtherLaunchChoicesMatchReference:AttentionGpu.EdgeLengths*:AttentionGpu.DifferentQueryAndKeyLengthsGqa:AttentionGpu.GarbageDeviceOffsetsStayInBounds:AttentionGpu.NoKeysAnywhere:AttentionGpu.ManyTinySequences:AttentionGpu.AlternativeSchedulesMatchReference:AttentionGpu.ShortSequencesShareTiles:AttentionGpuApi.CallerWorkspace:AttentionGpuApi.KeptWorkspaceGrows'
+  FILTER='TlxTma.*:TlxMBarrier.*:TlxWgmma.Fp16D128N128:AttentionGpu.OtherLaunchChoicesMatchReference:AttentionGpu.EdgeLengths*:AttentionGpu.DifferentQueryAndKeyLengthsGqa:AttentionGpu.GarbageDeviceOffsetsStayInBounds:AttentionGpu.NoKeysAnywhere:AttentionGpu.ManyTinySequences:AttentionGpu.AlternativeSchedulesMatchReference:AttentionGpu.ShortSequencesShareTiles:AttentionGpuApi.CallerWorkspace:AttentionGpuApi.KeptWorkspaceGrows:BackwardGpu.EdgeLengths*:BackwardGpu.CrossLengthsGqa:BackwardGpu.EmptySequences:BackwardGpu.StridedGradientLayouts:BackwardGpu.DeterministicRunsAreBitIdentical:BackwardGpuApi.CallerWorkspaceGivesTheSameGradients'
   for tool in memcheck racecheck; do
     JFA_GPU_TESTS_QUICK=1 timeout "${SANITIZER_TIMEOUT:-600}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
       "$GPU_TESTS" --gtest_filter="$FILTER" >"$OUT/$tool.log" 2>&1
@@ -88,10 +98,7 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     [ -n "${CLI:-}" ] && CALL+=(--cli "$CLI")
     if [ -n "${FA3_LIB:-}" ]; then
       CALL+=(--fa3-lib "$FA3_LIB")
-      # FlashAttention-3's library needs the CUDA runtime that torch's wheels ship, which the
-      # dynamic loader does not find by itself.
-      CUDART_DIR=$(python3 -c 'import glob, site; print(next(iter(sorted(glob.glob(site.getsitepackages()[0] + "/nvidia/**/libcudart.so.*", recursive=True))), "").rpartition("/")[0])' 2>/dev/null)
-      [ -n "$CUDART_DIR" ] && export LD_LIBRARY_PATH="$CUDART_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+      fa3_runtime
     fi
     PYTHONUNBUFFERED=1 timeout 900 python3 bench/call_overhead.py "${CALL[@]}" >"$OUT/call_overhead.log" 2>&1
     note "call overhead (${CALL_OVERHEAD:-quick})" "rc=$? (table in call_overhead.log)"
@@ -104,6 +111,19 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     [ -n "${CLI:-}" ] && PEERS+=(--cli "$CLI")
     PYTHONUNBUFFERED=1 timeout 900 python3 bench/peers.py "${PEERS[@]}" >"$OUT/peers.log" 2>&1
     note "peers ($kind)" "rc=$? (table in peers.log)"
+  fi
+  if [ -n "$LIB" ] && [ "${BWD_BENCH:-quick}" != off ] && python3 -c 'import torch' 2>/dev/null; then
+    # The backward against varlen FA2 (and FA3 with FA3_LIB), gradients checked before timing
+    # (quick: W1 and W4, fp16, both masks, 3 rounds; BWD_BENCH=full: W1-W4).
+    BWD=(--lib "$LIB" --json "$OUT/backward_peers.json")
+    if [ "${BWD_BENCH:-quick}" = full ]; then kind=full; limit=900; else kind=quick; limit=300; BWD+=(--quick); fi
+    [ -n "${CLI:-}" ] && BWD+=(--cli "$CLI")
+    if [ -n "${FA3_LIB:-}" ]; then
+      BWD+=(--fa3-lib "$FA3_LIB")
+      fa3_runtime
+    fi
+    PYTHONUNBUFFERED=1 timeout "$limit" python3 bench/backward_peers.py "${BWD[@]}" >"$OUT/backward_peers.log" 2>&1
+    note "backward peers ($kind)" "rc=$? (tables in backward_peers.log)"
   fi
 fi
 

@@ -17,7 +17,7 @@ HEADER = """\
 // Inline-asm wgmma.mma_async wrappers, one per (form, shape, type); included by wgmma.hpp.
 // fp32 accumulators d (N/2 per thread: the overloads of one form and type differ in N), A from
 // shared memory (ss, descriptor) or registers (rs, 4 x b32), B from shared memory; kTransB = 1
-// reads B as MN-major (N contiguous).
+// reads B as MN-major (N contiguous), kTransA = 1 (ss only) reads A as MN-major (M contiguous).
 """
 
 
@@ -28,7 +28,7 @@ def wrapper(form, n, type_name, ptx_type):
     if form == "ss":
         a_param, a_ptx, a_inputs, a_void = "uint64_t desc_a", f"%{acc}", '"l"(desc_a)', "desc_a"
         nxt = acc + 1
-        scale_a = "1, 1, 0"  # scale-d predicate follows; imm-scale-a, imm-scale-b, tnspA
+        scale_a = f"1, 1, %{acc + 3}"  # scale-d predicate follows; imm-scale-a, imm-scale-b, tnspA
     else:
         a_param = "const uint32_t (&a)[4]"
         a_ptx = "{" + ", ".join(f"%{acc + i}" for i in range(4)) + "}"
@@ -37,8 +37,13 @@ def wrapper(form, n, type_name, ptx_type):
         nxt = acc + 4
         scale_a = "1, 1"
     desc_b, pred, trans = nxt, nxt + 1, nxt + 2
+    if form == "ss":
+        trans = nxt + 3  # tnspA is operand nxt + 2
+        template, extra_inputs = "template <int kTransB, int kTransA>", ', "n"(kTransA)'
+    else:
+        template, extra_inputs = "template <int kTransB>", ""
     return f"""
-template <int kTransB>
+{template}
 JFA_DEVICE void wgmma_{form}_k16_{type_name}(float (&d)[{acc}], {a_param}, uint64_t desc_b, uint32_t accumulate) {{
 #if JFA_TLX_SM90A
   asm volatile(
@@ -48,7 +53,7 @@ JFA_DEVICE void wgmma_{form}_k16_{type_name}(float (&d)[{acc}], {a_param}, uint6
       "{{{regs}}}, "
       "{a_ptx}, %{desc_b}, p, {scale_a}, %{trans};\\n}}\\n"
       : {outputs}
-      : {a_inputs}, "l"(desc_b), "r"(accumulate), "n"(kTransB));
+      : {a_inputs}, "l"(desc_b), "r"(accumulate){extra_inputs}, "n"(kTransB));
 #else
   (void)d; (void)desc_b; (void)accumulate;
   (void){a_void};

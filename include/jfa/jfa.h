@@ -186,14 +186,20 @@ typedef struct jfa_attention_backward_params {
 JFA_API jfa_status jfa_attention_backward_params_init(jfa_attention_backward_params* params);
 
 /* dq, dk, dv of out = softmax(scale * q k^T [+ causal mask]) v given dout, per sequence and head.
- * Rows with no visible key contribute nothing. Backends: CPU (float32 accumulation, any dtype);
- * the CUDA backward is not built yet (JFA_ERROR_UNSUPPORTED). Nothing is written when a call is
- * rejected; scores that float32 cannot hold (see jfa_attention_forward) give
- * JFA_ERROR_UNSUPPORTED after which dq, dk and dv are unspecified. */
+ * Rows with no visible key contribute nothing. Backends: CPU (float32 accumulation, any dtype,
+ * always deterministic) and CUDA (Hopper, the forward's dtypes, head_dims and alignment rules;
+ * float32 accumulation; out and lse as the CUDA forward wrote them; a device workspace, see
+ * jfa_attention_backward_workspace_size; no host read of the offsets, so the call can be captured
+ * in a CUDA graph; deterministic = 0 accumulates dq with atomics, in an order that may differ from
+ * run to run). Nothing is written when a call is rejected; on the CPU, scores that float32 cannot
+ * hold (see jfa_attention_forward) give JFA_ERROR_UNSUPPORTED after which dq, dk and dv are
+ * unspecified. */
 JFA_API jfa_status jfa_attention_backward(const jfa_attention_backward_params* params);
 
-/* The bytes of forward.workspace that jfa_attention_backward needs (reads the sizes only); 0 while
- * no backend needs one. */
+/* The bytes of forward.workspace that the CUDA backward needs for these sizes (reads total_q,
+ * total_k, batch, heads_q and head_dim only; 0 in a library built without CUDA). With
+ * forward.workspace NULL the call allocates and frees one in stream order. It holds the float32
+ * dq accumulator, so it grows with total_q * heads_q * head_dim. */
 JFA_API jfa_status
 jfa_attention_backward_workspace_size(const jfa_attention_backward_params* params, size_t* bytes);
 

@@ -83,8 +83,8 @@ def jagged_attention_bwd(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out:
                          max_seqlen_q: int, max_seqlen_k: int, causal: bool,
                          softmax_scale: Optional[float], grad_lse: Optional[Tensor],
                          deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    """Gradients of the forward with respect to q, k and v (CPU backend; on CUDA tensors the
-    library reports that its CUDA backward is not built)."""
+    """Gradients of the forward with respect to q, k and v; on CUDA tensors on the current stream,
+    with a workspace from torch's caching allocator as the forward's."""
     layouts = check_backward_inputs(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                     grad_lse)
     b = new_backward_params()
@@ -98,11 +98,15 @@ def jagged_attention_bwd(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out:
     b.dq, b.dk, b.dv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
     b.dlse = None if grad_lse is None else grad_lse.data_ptr()
     b.deterministic = 1 if deterministic else 0
-    if q.device.type == "cuda":
-        with torch.cuda.device(q.device):
-            b.forward.stream = torch.cuda.current_stream(q.device).cuda_stream
-            call("jfa_attention_backward", ctypes.byref(b))
-    else:
+    if q.device.type != "cuda":
+        call("jfa_attention_backward", ctypes.byref(b))
+        return dq, dk, dv
+    with torch.cuda.device(q.device):
+        b.forward.stream = torch.cuda.current_stream(q.device).cuda_stream
+        size = ctypes.c_size_t(0)
+        call("jfa_attention_backward_workspace_size", ctypes.byref(b), ctypes.byref(size))
+        workspace = torch.empty((size.value,), dtype=torch.uint8, device=q.device)
+        b.forward.workspace, b.forward.workspace_bytes = workspace.data_ptr(), size.value
         call("jfa_attention_backward", ctypes.byref(b))
     del offsets
     return dq, dk, dv

@@ -5,9 +5,10 @@
 tensors; where that library is missing, the same ops are defined in Python over ctypes
 (jfa._torch_ctypes_op). Either way this module registers their fake (meta) kernels, so
 ``torch.compile(fullgraph=True)`` keeps them in the graph, and the forward's autograd formula,
-which calls the backward op (the CPU backend computes it; the CUDA backward is not built yet). The CUDA kernel launches on the current CUDA stream, takes its workspace from torch's
-caching allocator and never reads the offsets on the host, so a call can be captured in a CUDA
-graph and replayed after new lengths are written into the same offsets buffer.
+which calls the backward op. On CUDA tensors both ops launch on the current CUDA stream, take their
+workspace from torch's caching allocator and never read the offsets on the host, so a forward and
+its backward can be captured in a CUDA graph and replayed after new lengths are written into the
+same offsets buffer.
 """
 
 from typing import Optional, Tuple

@@ -32,7 +32,7 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None
         return_lse: also return the float32 log-sum-exp ``[heads_q, total_q]`` (natural log;
             -inf for rows that see no key); differentiable too.
         deterministic: bit-identical gradients from run to run (torch autograd). The CPU backward
-            always is; the CUDA backward is not built yet (its call raises JfaUnsupportedError).
+            always is.
 
     Returns:
         ``out`` ``[total_q, heads_q, head_dim]`` of q's dtype, or ``(out, lse)``.

@@ -4,6 +4,9 @@
 #include "api/overlap.hpp"
 #include "api/validate.hpp"
 #include "cpu/backward_cpu.hpp"
+#ifdef JFA_WITH_CUDA
+#include "cuda/sm90/bwd_sm90.hpp"
+#endif
 
 using jfa::detail::BackwardParams;
 using jfa::detail::fail;
@@ -28,10 +31,17 @@ jfa_status jfa_attention_backward(const jfa_attention_backward_params* params) {
     if ((s = jfa::detail::check_outputs_disjoint(buffers)) != JFA_SUCCESS) return s;
     MemoryKind kind;
     if ((s = jfa::detail::locate_buffers(buffers, &kind)) != JFA_SUCCESS) return s;
-    if (jfa::detail::resolve_backend(params->forward.backend, kind) == JFA_BACKEND_CUDA)
-      return fail(JFA_ERROR_UNSUPPORTED,
-                  "the CUDA backward is not built yet; the CPU backend (host buffers) computes "
-                  "the backward");
+    if (jfa::detail::resolve_backend(params->forward.backend, kind) == JFA_BACKEND_CUDA) {
+#ifndef JFA_WITH_CUDA
+      return fail(JFA_ERROR_BACKEND_UNAVAILABLE,
+                  "backend=cuda: this libjfa was built without CUDA");
+#else
+      if (kind == MemoryKind::kHost)
+        return fail(JFA_ERROR_INVALID_ARGUMENT,
+                    "backend=cuda needs device buffers, but the buffers are in host memory");
+      return jfa::sm90::backward(b);
+#endif
+    }
     if (kind == MemoryKind::kDevice)
       return fail(JFA_ERROR_INVALID_ARGUMENT,
                   "backend=cpu needs host buffers, but the buffers are in device memory");
@@ -56,7 +66,21 @@ jfa_status jfa_attention_backward_workspace_size(const jfa_attention_backward_pa
             jfa::detail::check_batch_and_total_q(params->forward.batch, params->forward.total_q);
         s != JFA_SUCCESS)
       return s;
+#ifdef JFA_WITH_CUDA
+    // What the CUDA backward needs (the CPU backward needs none). The sizes are bounded here so
+    // that the arithmetic cannot overflow; the call itself validates them fully.
+    const jfa_attention_params& f = params->forward;
+    constexpr int64_t kMaxTokens = int64_t{1} << 40;
+    if (f.total_k < 0 || f.total_k > kMaxTokens || f.heads_q <= 0 || f.heads_q > 65536 ||
+        f.head_dim <= 0 || f.head_dim > 1024)
+      return fail(JFA_ERROR_INVALID_ARGUMENT,
+                  "total_k (%lld), heads_q (%d) or head_dim (%d) is out of range",
+                  static_cast<long long>(f.total_k), f.heads_q, f.head_dim);
+    *bytes =
+        jfa::sm90::backward_workspace_bytes(f.total_q, f.total_k, f.batch, f.heads_q, f.head_dim);
+#else
     *bytes = 0;  // the CPU backward needs none
+#endif
     return JFA_SUCCESS;
   });
 }

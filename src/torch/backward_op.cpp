@@ -1,5 +1,5 @@
-// torch.ops.jfa.jagged_attention_bwd: the gradients of the forward over libjfa's C ABI. The CPU
-// backend computes them; on CUDA tensors the library reports that its CUDA backward is not built.
+// torch.ops.jfa.jagged_attention_bwd: the gradients of the forward over libjfa's C ABI, for CPU and
+// CUDA tensors.
 #include <cstdint>
 #include <string>
 
@@ -72,13 +72,21 @@ std::tuple<Tensor, Tensor, Tensor> jagged_attention_bwd(
   p.dq = dq.data_ptr();
   p.dk = dk.data_ptr();
   p.dv = dv.data_ptr();
-  if (call.on_cuda) {
-    const CudaDeviceScope scope(call.device.index);
-    p.forward.stream = current_cuda_stream(call.device.index);
+  if (!call.on_cuda) {
     check_status(jfa_attention_backward(&p));
-  } else {
-    check_status(jfa_attention_backward(&p));
+    return {dq, dk, dv};
   }
+  const CudaDeviceScope scope(call.device.index);
+  p.forward.stream = current_cuda_stream(call.device.index);
+  size_t workspace_bytes = 0;
+  check_status(jfa_attention_backward_workspace_size(&p, &workspace_bytes));
+  // From torch's caching allocator, as the forward's: no device allocation on a warm path, and
+  // graph-safe.
+  const Tensor workspace =
+      empty({static_cast<int64_t>(workspace_bytes)}, aoti_torch_dtype_uint8(), call.device);
+  p.forward.workspace = workspace.data_ptr();
+  p.forward.workspace_bytes = workspace_bytes;
+  check_status(jfa_attention_backward(&p));
   return {dq, dk, dv};
 }
 

@@ -22,6 +22,7 @@
 #include "kernel_variants.hpp"
 
 using jfa::DType;
+using jfa::gpu_test::default_pool_peak;
 using jfa::gpu_test::DeviceBuffer;
 using jfa::gpu_test::fresh_seed;
 using jfa::gpu_test::KernelVariant;
@@ -646,19 +647,6 @@ TEST(AttentionGpu, GraphCaptureReplaysWithNewLengths) {
   cudaStreamDestroy(stream);
 }
 
-// Bytes the default memory pool of the current device has handed out at its peak since the last
-// reset (the library's per-call allocation comes from it).
-size_t default_pool_peak(bool reset) {
-  int device = 0;
-  cudaMemPool_t pool;
-  cudaGetDevice(&device);
-  cudaDeviceGetDefaultMemPool(&pool, device);
-  uint64_t value = 0;  // the attribute is a 64-bit unsigned integer
-  if (reset) cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &value);
-  cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &value);
-  return static_cast<size_t>(value);
-}
-
 // A caller's workspace gives the same result as the library's own, and the call then allocates
 // nothing; a workspace that is too small or misaligned is rejected before anything is written.
 TEST(AttentionGpuApi, CallerWorkspace) {
@@ -824,9 +812,10 @@ TEST(AttentionGpuApi, HostOrDeviceMismatchesAreErrors) {
       << "host offsets, device tensors";
 }
 
-// The backward on device buffers: the CUDA backward is not built yet, and the call says so without
-// writing a gradient; a gradient buffer on the wrong side is named.
-TEST(AttentionGpuApi, BackwardOnDeviceBuffersSaysItIsNotBuilt) {
+// The backward on device buffers runs on the CUDA backend, chosen or automatic, and writes every
+// gradient element (backward_gpu_test.cpp checks the values); backend=cpu or a gradient buffer on
+// the wrong side is named.
+TEST(AttentionGpuApi, BackwardOnDeviceBuffersRuns) {
   Case c;
   c.lq = c.lk = {10, 20};
   AttentionRunner runner(c, 3);
@@ -834,9 +823,9 @@ TEST(AttentionGpuApi, BackwardOnDeviceBuffersSaysItIsNotBuilt) {
   DeviceRun forward;
   ASSERT_EQ(runner.run(&forward), JFA_SUCCESS) << jfa_last_error_message();
   JaggedBatch& b = runner.batch();
-  const size_t bytes = b.q.bytes.size();
-  DeviceBuffer dout(bytes), dq(bytes), dk(b.k.bytes.size()), dv(b.v.bytes.size());
-  for (DeviceBuffer* g : {&dout, &dq, &dk, &dv}) JFA_CUDA_OK(cudaMemset(g->ptr, 0xFF, g->bytes));
+  DeviceBuffer dout(b.q.bytes.size()), dq(b.q.bytes.size()), dk(b.k.bytes.size()),
+      dv(b.v.bytes.size());
+  JFA_CUDA_OK(cudaMemcpy(dout.ptr, b.q.data(), dout.bytes, cudaMemcpyHostToDevice));  // any values
   jfa_attention_backward_params p;
   ASSERT_EQ(jfa_attention_backward_params_init(&p), JFA_SUCCESS);
   p.forward = runner.device_params();
@@ -844,13 +833,22 @@ TEST(AttentionGpuApi, BackwardOnDeviceBuffersSaysItIsNotBuilt) {
   p.dq = dq.ptr;
   p.dk = dk.ptr;
   p.dv = dv.ptr;
-  EXPECT_EQ(jfa_attention_backward(&p), JFA_ERROR_UNSUPPORTED);
-  EXPECT_NE(std::string(jfa_last_error_message()).find("CUDA backward"), std::string::npos)
-      << jfa_last_error_message();
-  std::vector<unsigned char> back(bytes);
-  JFA_CUDA_OK(cudaMemcpy(back.data(), dq.ptr, bytes, cudaMemcpyDeviceToHost));
-  EXPECT_TRUE(std::all_of(back.begin(), back.end(), [](unsigned char x) { return x == 0xFF; }))
-      << "a rejected backward wrote dq";
+  for (jfa_backend backend : {JFA_BACKEND_AUTO, JFA_BACKEND_CUDA}) {
+    for (DeviceBuffer* g : {&dq, &dk, &dv}) JFA_CUDA_OK(cudaMemset(g->ptr, 0xFF, g->bytes));
+    p.forward.backend = backend;
+    ASSERT_EQ(jfa_attention_backward(&p), JFA_SUCCESS) << jfa_last_error_message();
+    JFA_CUDA_OK(cudaDeviceSynchronize());
+    for (const DeviceBuffer* g : {&dq, &dk, &dv}) {
+      HostBuffer back(c.dtype, static_cast<int64_t>(g->bytes / jfa::dtype_size(c.dtype)));
+      JFA_CUDA_OK(cudaMemcpy(back.data(), g->ptr, g->bytes, cudaMemcpyDeviceToHost));
+      for (int64_t i = 0; i < back.count(); ++i)
+        ASSERT_TRUE(std::isfinite(jfa::tools::element_as_double(back, i)))
+            << "backend " << backend << ": gradient element " << i << " unwritten";
+    }
+  }
+  p.forward.backend = JFA_BACKEND_CPU;
+  EXPECT_EQ(jfa_attention_backward(&p), JFA_ERROR_INVALID_ARGUMENT) << "device buffers, cpu";
+  p.forward.backend = JFA_BACKEND_AUTO;
   HostBuffer host_dq = b.make_output();
   p.dq = host_dq.data();
   EXPECT_EQ(jfa_attention_backward(&p), JFA_ERROR_INVALID_ARGUMENT);

@@ -64,4 +64,17 @@ struct DeviceBuffer {
   }
 };
 
+// Bytes the default memory pool of the current device has handed out at its peak since the last
+// reset (the library's per-call allocation comes from it).
+inline size_t default_pool_peak(bool reset) {
+  int device = 0;
+  cudaMemPool_t pool;
+  cudaGetDevice(&device);
+  cudaDeviceGetDefaultMemPool(&pool, device);
+  uint64_t value = 0;  // the attribute is a 64-bit unsigned integer
+  if (reset) cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &value);
+  cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &value);
+  return static_cast<size_t>(value);
+}
+
 }  // namespace jfa::gpu_test

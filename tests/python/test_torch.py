@@ -1,7 +1,6 @@
 """The torch path: the custom op on CUDA (Hopper) and on CPU, torch.compile, CUDA graphs,
 autograd, torch.nested interop. Skipped, with the reason, where torch or a GPU is missing."""
 
-import ctypes
 import math
 import os
 import threading
@@ -17,6 +16,7 @@ if not jfa.torch_available():
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from cuda_pool import default_pool_peak  # noqa: E402
 from jfa_reference import attention_ref  # noqa: E402
 
 
@@ -205,17 +205,6 @@ def test_cuda_graph_replay_with_new_lengths(seed, hints):
     graph.replay()
     torch.cuda.synchronize()
     _compare(out, lse, *sdpa_reference(q, k, v, cu, cu, True), torch.float16)
-
-
-@needs_cuda
-def test_cuda_backward_reports_it_is_not_built(seed):
-    """Autograd reaches the backward op; the CUDA backward is not built yet and says so."""
-    q, k, v, cu, _ = _inputs(seed, [5, 9], None, 2, 2, 64, torch.float16, "cuda")
-    q.requires_grad_(True)
-    out = jfa.jagged_attention(q, k, v, cu)
-    assert out.requires_grad
-    with pytest.raises(jfa.JfaUnsupportedError, match="CUDA backward is not built yet"):
-        out.float().sum().backward()
 
 
 @needs_cuda
@@ -502,24 +491,6 @@ def test_native_op_registered_from_cpp():
             assert "src/torch/registration.cpp" in line, dump
 
 
-def _default_pool_peak(reset):
-    """Peak bytes handed out by the device's default CUDA memory pool (where a library's
-    cudaMallocAsync draws from) since the last reset; None when libcudart cannot be reached."""
-    try:
-        rt = ctypes.CDLL("libcudart.so.13")
-    except OSError:
-        return None
-    pool = ctypes.c_void_p()
-    value = ctypes.c_uint64(0)
-    used_mem_high = 8  # cudaMemPoolAttrUsedMemHigh
-    if rt.cudaDeviceGetDefaultMemPool(ctypes.byref(pool), torch.cuda.current_device()) != 0:
-        return None
-    if reset:
-        rt.cudaMemPoolSetAttribute(pool, used_mem_high, ctypes.byref(value))
-    rt.cudaMemPoolGetAttribute(pool, used_mem_high, ctypes.byref(value))
-    return value.value
-
-
 @needs_cuda
 def test_cuda_warm_calls_allocate_no_device_memory(seed):
     """After a warm-up, calls take everything (workspace included) from torch's cache: no new
@@ -530,13 +501,13 @@ def test_cuda_warm_calls_allocate_no_device_memory(seed):
         out, lse = jfa.jagged_attention(q, k, v, cu, causal=True, return_lse=True)
     torch.cuda.synchronize()
     before = torch.cuda.memory_stats()["num_device_alloc"]
-    if _default_pool_peak(reset=True) is None:
+    if default_pool_peak(reset=True) is None:
         pytest.skip("libcudart.so.13 is not loadable here to read the default pool")
     for _ in range(20):
         out, lse = jfa.jagged_attention(q, k, v, cu, causal=True, return_lse=True)
     torch.cuda.synchronize()
     assert torch.cuda.memory_stats()["num_device_alloc"] == before
-    assert _default_pool_peak(reset=False) == 0
+    assert default_pool_peak(reset=False) == 0
     _compare(out, lse, *sdpa_reference(q, k, v, cu, cu, True), torch.float16)
 
 

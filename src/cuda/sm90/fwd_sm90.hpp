@@ -4,12 +4,10 @@
 
 #include "common/params.hpp"
 #include "cuda/sm90/device_facts.hpp"
+#include "cuda/sm90/support.hpp"
 #include "jfa/jfa.h"
 
 namespace jfa::sm90 {
-
-// Whether a compute-capability-9.0 GPU is visible.
-bool hopper_available();
 
 // Runs the forward on the stream in `p`; returns a status and sets the error message on failure.
 jfa_status forward(const jfa::detail::Params& p);

@@ -52,4 +52,11 @@ JFA_DEVICE void st_shared_u32(uint32_t addr, uint32_t value) {
   asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(value) : "memory");
 }
 
+// Two floats from an 8-byte-aligned shared-memory address.
+JFA_DEVICE float2 ld_shared_f32x2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+  return v;
+}
+
 }  // namespace jfa::tlx

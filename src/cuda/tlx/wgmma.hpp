@@ -110,16 +110,17 @@ JFA_DEVICE void fence_operand(uint32_t (&d)[kM][kN]) {
 
 #include "cuda/tlx/wgmma_ops.inc"
 
-// D[64 x N] (+)= A * B, A and B from shared memory. accumulate = 0 overwrites D.
-template <typename T, int kN, int kTransB>
+// D[64 x N] (+)= A * B, A and B from shared memory. accumulate = 0 overwrites D. kTransA = 1 reads
+// A as MN-major (M contiguous; its descriptor as for an MN-major B, see make_desc_sw128).
+template <typename T, int kN, int kTransB, int kTransA = 0>
 JFA_DEVICE void wgmma_ss(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b,
                          uint32_t accumulate) {
   constexpr bool kHalf = std::is_same_v<T, __half>;
   static_assert(kHalf || std::is_same_v<T, __nv_bfloat16>, "fp16 or bf16 operands");
   if constexpr (kHalf)
-    wgmma_ss_k16_Fp16<kTransB>(d, desc_a, desc_b, accumulate);
+    wgmma_ss_k16_Fp16<kTransB, kTransA>(d, desc_a, desc_b, accumulate);
   else
-    wgmma_ss_k16_Bf16<kTransB>(d, desc_a, desc_b, accumulate);
+    wgmma_ss_k16_Bf16<kTransB, kTransA>(d, desc_a, desc_b, accumulate);
 }
 
 // D[64 x N] (+)= A * B, A from registers (fragment above), B from shared memory.

@@ -1,0 +1,929 @@
+#!/usr/bin/env python3
+"""The attention backward on the GPU: jfa against varlen FlashAttention-2 and FlashAttention-3.
+
+Every method runs its own forward once (outside the timing) and then only its backward is
+measured, on the same packed Q, K, V and the same upstream gradient dO:
+- jfa: torch.ops.jfa.jagged_attention_bwd after torch.ops.jfa.jagged_attention_fwd with
+  return_lse=True; with --deterministic also jfa_det, the same with deterministic=True (two runs
+  must give identical gradients as well).
+- fa3: torch.ops.flash_attn_3.bwd after torch.ops.flash_attn_3.fwd, varlen, when FA3's op library
+  is loaded (--fa3-lib or $FA3_LIB; else an installed flash_attn_interface, if any). Both calls are
+  built from the ops' schemas, which differ between FA3 versions.
+- fa2_varlen: torch.ops.aten._flash_attention_backward after aten._flash_attention_forward
+  (varlen FlashAttention-2 inside torch); the call is built from the schema found at run time, so a
+  schema this script does not know is reported as the method failing.
+
+Before it is timed, every method's dQ, dK and dV are checked against float64 gradients: attention
+of each sequence recomputed from the upcast inputs and differentiated with torch autograd, on a
+sample of sequences (all of a small batch; else the longest, the shortest, the first and the last;
+up to 64 of a batch of tiny ones). Relative error ||g - ref|| / ||ref|| of each gradient over the
+sample must be <= 5e-3 (fp16) or 2e-2 (bf16), times --tolerance-scale, and every gradient must be
+finite. A method that fails is reported and not timed.
+
+Two times per method, workload, dtype and mask, medians over --runs after warm-up:
+- eager_ms: CUDA events around one backward call, torch.cuda.synchronize() after each: what a user
+  timing one call sees.
+- graph_ms: the backward captured once in a CUDA graph and replayed (events around each replay);
+  the replay's gradients are checked too.
+With --rounds R every cell is measured R times, the methods in alternating order (bench/rounds.py);
+each method keeps its median round by eager time, and graph_ms is the median of the rounds'.
+Useful TFLOP/s = 2.5 x the forward's useful FLOPs (4 * head_dim * heads * visible pairs, counted
+exactly per sequence as bench/workloads.py does) / time. "÷ FA2" is varlen FA2's time over the
+method's (> 1: faster than varlen FA2).
+
+usage: python3 bench/backward_peers.py --lib build/gpu/src/libjfa.so [--cli build/gpu/tools/jfa]
+           [--fa3-lib flash_attn_3.so] [--workloads W1,W2,W3,W4] [--dtypes fp16,bf16]
+           [--causal both|on|off] [--head-dim 64|128] [--heads-kv N] [--deterministic]
+           [--rounds N] [--quick] [--json PATH]
+"""
+import argparse
+import dataclasses
+import importlib
+import datetime
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import call_overhead as co  # noqa: E402
+import rounds  # noqa: E402
+import workloads as W  # noqa: E402
+from peers import parse_list, table_order, torch_with_cuda, write_json  # noqa: E402
+from rounds import in_turn  # noqa: E402
+from workloads import mask_name  # noqa: E402
+
+METHOD_ORDER = ["jfa", "jfa_det", "fa3", "fa2_varlen"]
+LABELS = {"jfa": "jfa", "jfa_det": "jfa deterministic", "fa3": "FA3 varlen",
+          "fa2_varlen": "varlen FA2 (aten)"}
+BASELINE = "fa2_varlen"
+TIMED = rounds.TIMED
+CELL = {"wrong": "wrong", "unavailable": "n/a", "error": "err", "skipped": "skip"}
+
+KNOWN_WORKLOADS = ["W1", "W2", "W3", "W4", "X1", "X2"]
+DEFAULT_WORKLOADS = ["W1", "W2", "W3", "W4"]
+QUICK_WORKLOADS = ["W1", "W4"]
+CAUSAL = {"both": (False, True), "on": (True,), "off": (False,)}
+HEAD_DIMS = (64, 128)
+
+# The backward does five matmuls of the forward's size where the forward does two.
+BACKWARD_FLOP_FACTOR = 2.5
+# Looser than the forward's check (bench/peers_gpu.py): dP, dS and the gradients pass through
+# 16-bit operands once more, while a wrong tile or mask still shows as errors of order 1e-1.
+TOLERANCE = {"fp16": 5e-3, "bf16": 2e-2}
+GRADIENTS = ("dq", "dk", "dv")
+ROUND_FIELDS = ("status", "eager_ms", "graph_ms", "rel_error")
+GRAD_SEED_OFFSET = 1  # dO is drawn after Q, K, V, from its own seed
+
+# aten's backward: argument names that changed between torch releases (position is the same).
+FA2_ALIASES = {"philox_seed": ("philox_seed", "rng_state"),
+               "philox_offset": ("philox_offset", "unused")}
+FA2_KEYWORDS = {"scale": ("scale",)}
+FA3_BWD_KEYWORDS = {"softmax_scale": ("softmax_scale", "scale"),
+                    "is_causal": ("is_causal", "causal")}
+
+
+# ---- pure parts (no torch) ---------------------------------------------------------------------
+
+def backward_flops(lengths_q, lengths_k, heads, head_dim, causal):
+    """Useful FLOPs of the backward: 2.5 x the forward's (workloads.useful_flops)."""
+    return BACKWARD_FLOP_FACTOR * W.useful_flops(lengths_q, lengths_k, heads, head_dim, causal)
+
+
+def workload_spec(wid, head_dim=128, heads_kv=W.HEADS):
+    """The spec of a workload of bench/workloads.py at another head_dim or K/V head count; its id
+    says so (W1-d64, W1-kv4)."""
+    base = W.SPEC_BY_ID[wid]
+    suffix = "" if head_dim == base.head_dim else f"-d{head_dim}"
+    suffix += "" if heads_kv == base.heads else f"-kv{heads_kv}"
+    return dataclasses.replace(base, id=base.id + suffix, head_dim=head_dim, heads_kv=heads_kv)
+
+
+def load_workloads(ids, cli, head_dim=128, heads_kv=W.HEADS):
+    """[(id, Workload or None, error or None)]; lengths from the CLI, as every benchmark takes
+    them."""
+    out = []
+    for wid in ids:
+        spec = workload_spec(wid, head_dim, heads_kv)
+        try:
+            out.append((spec.id, W.make_workload(spec, W.cli_lengths(cli, spec.base)), None))
+        except W.LengthsError as e:
+            out.append((spec.id, None, str(e)))
+    return out
+
+
+def schema_call(arguments, values, aliases=None, keywords=None):
+    """(args, kwargs) of an op call from its schema's arguments (names, or (name, default) pairs)
+    and values by name: positional names are looked up under their aliases first, then the call is
+    built as FA3's forward is (call_overhead.fa3_call). Raises ValueError on a schema that lacks a
+    name or leaves a required argument unset."""
+    aliases, keywords = aliases or {}, keywords or {}
+    names = {a if isinstance(a, str) else a[0] for a in arguments}
+    renamed = {}
+    for key, value in values.items():
+        if key in keywords:
+            renamed[key] = value
+            continue
+        options = aliases.get(key, (key,))
+        name = next((n for n in options if n in names), None)
+        if name is None:
+            raise ValueError(f"the schema has no {' or '.join(options)} (it has "
+                             f"{', '.join(a if isinstance(a, str) else a[0] for a in arguments)})")
+        renamed[name] = value
+    return co.fa3_call(arguments, renamed, keywords)
+
+
+def _slower_median(values):
+    """The median; of two middle values the larger (the slower time), as rounds.median_round."""
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def combine_rounds(records):
+    """One record from a method's rounds of one cell: the median round by eager time (a failed
+    round is the result), with graph_ms the median of every round's replay time (None, with the
+    reason, if some round has none)."""
+    kept = rounds.median_round(records, key="eager_ms", higher_is_better=False,
+                               fields=ROUND_FIELDS)
+    if kept.get("status") in TIMED:
+        graphs = [r.get("graph_ms") for r in records]
+        if all(g for g in graphs):
+            kept["graph_ms"] = _slower_median(graphs)
+        else:
+            kept["graph_ms"] = None
+            kept["graph_reason"] = next((r["graph_reason"] for r in records
+                                         if not r.get("graph_ms") and r.get("graph_reason")),
+                                        "no replay time in some round")
+    return kept
+
+
+def add_rates(rec):
+    """TFLOP/s of the record's eager and graph times (None where not timed)."""
+    flops = rec.get("bwd_gflop", 0.0) * 1e9
+    timed = rec.get("status") in TIMED
+    for mode in ("eager", "graph"):
+        t = rec.get(f"{mode}_ms")
+        rec[f"{mode}_tflops"] = flops / (t * 1e-3) / 1e12 if timed and t else None
+    return rec
+
+
+def _time(rec, mode):
+    if rec is None or rec.get("status") not in TIMED:
+        return None
+    t = rec.get(f"{mode}_ms")
+    return t if t else None
+
+
+def add_ratios(records):
+    """Sets vs_fa2_eager / vs_fa2_graph of every record: varlen FA2's time over the method's in the
+    same cell (> 1: faster than varlen FA2), None where either was not timed."""
+    base = {(r["workload"], r["dtype"], bool(r["causal"])): r for r in records
+            if r["method"] == BASELINE}
+    for r in records:
+        b = base.get((r["workload"], r["dtype"], bool(r["causal"])))
+        for mode in ("eager", "graph"):
+            mine, theirs = _time(r, mode), _time(b, mode)
+            r[f"vs_fa2_{mode}"] = theirs / mine if mine and theirs else None
+    return records
+
+
+def summarize(records):
+    """Per cell: every timed method's TFLOP/s and its ratio to varlen FA2."""
+    out = []
+    cells = {}
+    for r in records:
+        cells.setdefault((r["workload"], r["dtype"], bool(r["causal"])), []).append(r)
+    for (wid, dtype, causal), rs in cells.items():
+        s = {"workload": wid, "dtype": dtype, "causal": causal}
+        for r in rs:
+            s[r["method"]] = {k: r.get(k) for k in ("status", "eager_ms", "graph_ms",
+                                                    "eager_tflops", "graph_tflops",
+                                                    "vs_fa2_eager", "vs_fa2_graph")}
+        out.append(s)
+    return out
+
+
+def _fmt(v, digits):
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def _row(rec):
+    label = LABELS.get(rec["method"], rec["method"])
+    st = rec.get("status")
+    err = rec.get("rel_error")
+    err = "-" if err is None else f"{err:.1e}"
+    if st not in TIMED:
+        return [label] + [CELL.get(st, st or "-")] * 6 + [err]
+    star = "*" if st == "unchecked" else ""
+    graph = "no graph" if rec.get("graph_ms") is None and rec.get("graph_reason") else (
+        "-" if rec.get("graph_ms") is None else co.fmt_ms(rec["graph_ms"]) + star)
+    ratio = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
+    return [label, co.fmt_ms(rec["eager_ms"]) + star, graph, _fmt(rec.get("eager_tflops"), 1),
+            _fmt(rec.get("graph_tflops"), 1), ratio(rec.get("vs_fa2_eager")),
+            ratio(rec.get("vs_fa2_graph")), err]
+
+
+def format_tables(records, workload_order=None):
+    """Markdown: one table per (workload, dtype, mask), one row per method; notes follow."""
+    if not records:
+        return "no results"
+    methods, wids = table_order(records, METHOD_ORDER, workload_order)
+    dtypes = [d for d in W.DTYPES if any(r["dtype"] == d for r in records)]
+    dtypes += sorted({r["dtype"] for r in records} - set(dtypes))
+    by = {(r["workload"], r["dtype"], bool(r["causal"]), r["method"]): r for r in records}
+    head = ["method", "eager ms", "graph ms", "TFLOP/s eager", "TFLOP/s graph", "÷ FA2 eager",
+            "÷ FA2 graph", "max rel. error"]
+    lines = []
+    for wid in wids:
+        for dtype in dtypes:
+            for causal in (False, True):
+                rows = [by[(wid, dtype, causal, m)] for m in methods
+                        if (wid, dtype, causal, m) in by]
+                if not rows:
+                    continue
+                r0 = rows[0]
+                lines += ["", f"### {wid}, {dtype}, {mask_name(causal)} (heads {r0.get('heads')}, "
+                              f"K/V heads {r0.get('heads_kv')}, head_dim {r0.get('head_dim')}; "
+                              f"backward {_fmt(r0.get('bwd_gflop'), 1)} useful GFLOP)", "",
+                          "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+                lines += ["| " + " | ".join(_row(r)) + " |" for r in rows]
+    lines += ["", "eager: CUDA events around one backward call, synchronized after each. graph: "
+              "one replay of the captured call. TFLOP/s: 2.5 x the forward's useful FLOPs / time. "
+              "÷ FA2: varlen FA2's time / the method's (> 1: faster). max rel. error: the largest "
+              "of dQ, dK, dV against float64 autograd on the sampled sequences. n/a: unavailable. "
+              "err: failed. wrong: failed the check, not timed."]
+    notes, seen = [], set()
+    for r in records:
+        where = f"{r['workload']} {r['dtype']} {mask_name(r['causal'])}"
+        for kind, text in ((r.get("status"), r.get("reason") or r.get("note") or ""),
+                           ("no graph", r.get("graph_reason") or "")):
+            if not text or kind == "ok":
+                continue
+            key = (r["method"], kind, text)
+            if key not in seen:
+                seen.add(key)
+                notes.append(f"- {LABELS.get(r['method'], r['method'])} [{kind}] (first: "
+                             f"{where}): {text}")
+    if notes:
+        lines += ["", "notes:"] + notes[:60]
+        if len(notes) > 60:
+            lines.append(f"- ... {len(notes) - 60} more in the JSON")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    """The options, with --quick's defaults filled in and the lists parsed."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    ap.add_argument("--lib", default=None,
+                    help="libjfa.so for jfa (sets JFA_LIBRARY; default: jfa's own search)")
+    ap.add_argument("--cli", default=None,
+                    help="the jfa CLI, source of the workload lengths (default: tools/jfa of the "
+                         "--lib build tree, else the newest build/**/tools/jfa)")
+    ap.add_argument("--fa3-lib", default=os.environ.get("FA3_LIB") or None,
+                    help="FlashAttention-3's op library, loaded with torch.ops.load_library "
+                         "(default: $FA3_LIB; without it, FA3 runs if torch.ops.flash_attn_3.bwd "
+                         "exists after importing flash_attn_interface)")
+    ap.add_argument("--workloads", default=None,
+                    help=f"comma-separated, of {','.join(KNOWN_WORKLOADS)} (default "
+                         f"{','.join(DEFAULT_WORKLOADS)}; --quick: {','.join(QUICK_WORKLOADS)})")
+    ap.add_argument("--dtypes", default="fp16", help="fp16,bf16 (default fp16)")
+    ap.add_argument("--causal", default="both", choices=list(CAUSAL),
+                    help="masks: both, on (causal only) or off (non-causal only)")
+    ap.add_argument("--head-dim", type=int, default=128, choices=HEAD_DIMS)
+    ap.add_argument("--heads-kv", type=int, default=W.HEADS,
+                    help=f"K/V heads (GQA), a divisor of the {W.HEADS} query heads "
+                         f"(default {W.HEADS})")
+    ap.add_argument("--methods", default=None,
+                    help=f"comma-separated subset of {','.join(METHOD_ORDER)} (default: all but "
+                         "jfa_det)")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="also time jfa's deterministic backward, as method jfa_det")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="measure every cell this many times, the methods in alternating order "
+                         "(default 3)")
+    ap.add_argument("--runs", type=int, default=None,
+                    help="timed calls for eager_ms and replays for graph_ms per round (default "
+                         "30; --quick: 10)")
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="untimed calls before each figure (default 5; --quick: 3)")
+    ap.add_argument("--warm-seconds", type=float, default=None,
+                    help="seconds of matmuls before the first timing (default 3; --quick: 1)")
+    ap.add_argument("--tolerance-scale", type=float, default=1.0,
+                    help="multiplies the check's tolerances (fp16 5e-3, bf16 2e-2)")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"smoke test: {','.join(QUICK_WORKLOADS)} unless --workloads, fewer "
+                         "runs")
+    ap.add_argument("--json", default=None, help="write every number to this JSON file")
+    args = ap.parse_args(argv)
+    quick = args.quick
+    for name, full, short in (("runs", 30, 10), ("warmup", 5, 3), ("warm_seconds", 3.0, 1.0)):
+        if getattr(args, name) is None:
+            setattr(args, name, short if quick else full)
+    for name in ("runs", "rounds"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be at least 1")
+    if args.warmup < 0:
+        ap.error("--warmup must be at least 0")
+    if args.heads_kv < 1 or W.HEADS % args.heads_kv:
+        ap.error(f"--heads-kv must divide the {W.HEADS} query heads, got {args.heads_kv}")
+    if not args.tolerance_scale > 0:
+        ap.error("--tolerance-scale must be positive")
+    args.workload_ids = (parse_list(args.workloads, KNOWN_WORKLOADS, "workload")
+                         if args.workloads else list(QUICK_WORKLOADS if quick
+                                                     else DEFAULT_WORKLOADS))
+    args.dtype_names = parse_list(args.dtypes, list(W.DTYPES), "dtype")
+    methods = (parse_list(args.methods, METHOD_ORDER, "method") if args.methods
+               else [m for m in METHOD_ORDER if m != "jfa_det"])
+    if args.deterministic and "jfa_det" not in methods:
+        methods.insert(methods.index("jfa") + 1 if "jfa" in methods else 0, "jfa_det")
+    args.method_names = methods
+    args.masks = CAUSAL[args.causal]
+    if not (args.workload_ids and args.dtype_names and args.method_names):
+        ap.error("nothing to run: --workloads, --dtypes and --methods must not be empty")
+    return args
+
+
+# ---- inputs and the float64 reference (torch, GPU) ---------------------------------------------
+
+class BwdCase:
+    """One workload in one dtype: bench/peers_gpu.py's Case (packed Q, K, V, offsets) plus the
+    upstream gradient dO and the float64 reference gradients of the sampled sequences."""
+
+    def __init__(self, G, workload, dtype_name):
+        import torch
+        self.case = G.Case(workload, dtype_name)
+        c = self.case
+        gen = torch.Generator(device=c.device)
+        gen.manual_seed(G.DATA_SEED + GRAD_SEED_OFFSET)
+        self.dout = torch.randn(c.total_q, c.H, c.D, device=c.device, dtype=c.dtype,
+                                generator=gen)
+        self._refs = {}
+
+    def reference(self, causal):
+        """{sequence index: (dq, dk, dv) float64} on the sample."""
+        if causal not in self._refs:
+            self._refs[causal] = {i: reference_grads(self.case, self.dout, i, causal)
+                                  for i in self.case.sample}
+        return self._refs[causal]
+
+    def release(self):
+        self._refs = {}
+        self.dout = None
+        self.case.release()
+
+
+def reference_grads(case, dout, i, causal):
+    """dQ [Lq, H, D], dK and dV [Lk, Hkv, D] of sequence i in float64: softmax(scale q k^T
+    [+ bottom-right causal mask]) v on the upcast inputs, through torch autograd. A query row with
+    no visible key gives zeros and passes no gradient (the convention of jfa and FlashAttention)."""
+    import torch
+    a, b = case.cu_q_host[i], case.cu_q_host[i + 1]
+    c, d = case.cu_k_host[i], case.cu_k_host[i + 1]
+    lq, lk = b - a, d - c
+    H, Hkv, D = case.H, case.Hkv, case.D
+    dev, f64 = case.device, torch.float64
+    dq = torch.zeros(lq, H, D, device=dev, dtype=f64)
+    dk = torch.zeros(lk, Hkv, D, device=dev, dtype=f64)
+    dv = torch.zeros(lk, Hkv, D, device=dev, dtype=f64)
+    if lq == 0 or lk == 0:
+        return dq, dk, dv
+    q = case.q[a:b].to(f64).transpose(0, 1)      # [H, Lq, D]
+    k = case.k[c:d].to(f64).transpose(0, 1)      # [Hkv, Lk, D]
+    v = case.v[c:d].to(f64).transpose(0, 1)
+    g = dout[a:b].to(f64).transpose(0, 1)
+    hidden = live = None
+    if causal:
+        ii = torch.arange(lq, device=dev)[:, None]
+        jj = torch.arange(lk, device=dev)[None, :]
+        hidden = jj > ii + (lk - lq)
+        live = ~hidden.all(dim=1, keepdim=True)
+        # A row without keys is left unmasked (finite softmax) and zeroed after it, so that no NaN
+        # reaches the gradients.
+        hidden = hidden & live
+    rep = H // Hkv
+    # Heads are independent: a chunk of them at a time, <= 2 GiB of float64 scores each.
+    chunk = max(1, min(H, (1 << 28) // max(1, lq * lk)))
+    with torch.enable_grad():
+        for h0 in range(0, H, chunk):
+            h1 = min(H, h0 + chunk)
+            kv = torch.arange(h0, h1, device=dev) // rep
+            qc = q[h0:h1].detach().clone().requires_grad_(True)
+            kc = k[kv].detach().requires_grad_(True)
+            vc = v[kv].detach().requires_grad_(True)
+            s = torch.matmul(qc, kc.transpose(1, 2)) * case.scale
+            if hidden is not None:
+                s = s.masked_fill(hidden, float("-inf"))
+            p = torch.softmax(s, dim=-1)
+            del s
+            if live is not None:
+                p = p * live
+            o = torch.matmul(p, vc)
+            del p
+            gq, gk, gv = torch.autograd.grad(o, (qc, kc, vc), grad_outputs=g[h0:h1])
+            dq[:, h0:h1] = gq.transpose(0, 1)
+            dk.index_add_(1, kv, gk.transpose(0, 1))
+            dv.index_add_(1, kv, gv.transpose(0, 1))
+            del o, gq, gk, gv, qc, kc, vc
+    return dq, dk, dv
+
+
+def grad_errors(bc, causal, grads):
+    """{dq, dk, dv: relative error over the sample} against the float64 reference."""
+    import math
+    import torch
+    c = bc.case
+    ref = bc.reference(causal)
+    out = {}
+    for j, name in enumerate(GRADIENTS):
+        cu = c.cu_q_host if j == 0 else c.cu_k_host
+        num = torch.zeros((), dtype=torch.float64, device=c.device)
+        den = torch.zeros((), dtype=torch.float64, device=c.device)
+        for i, r in ref.items():
+            rows = grads[j][cu[i]:cu[i + 1]].to(torch.float64)
+            num += (rows - r[j]).pow(2).sum()
+            den += r[j].pow(2).sum()
+        n, dd = num.item(), den.item()
+        if not math.isfinite(n):
+            out[name] = float("nan")
+        else:
+            out[name] = math.sqrt(n / dd) if dd > 0 else (0.0 if n == 0 else float("inf"))
+    return out
+
+
+def check(bc, causal, grads, tolerance):
+    """(status, {gradient: error}, largest error, reason) of one method's gradients."""
+    import torch
+    c = bc.case
+    if not isinstance(grads, (tuple, list)) or len(grads) < 3:
+        return "wrong", {}, None, f"expected (dq, dk, dv), got {type(grads).__name__}"
+    for name, g, like in zip(GRADIENTS, grads, (c.q, c.k, c.v)):
+        if tuple(g.shape) != tuple(like.shape) or g.dtype != like.dtype:
+            return "wrong", {}, None, (f"{name} is {tuple(g.shape)} {g.dtype}, expected "
+                                       f"{tuple(like.shape)} {like.dtype}")
+    errors = grad_errors(bc, causal, grads)
+    worst = max(errors.values(), key=lambda e: (e != e, e))  # NaN counts as the worst
+    bad = [n for n, g in zip(GRADIENTS, grads) if not bool(torch.isfinite(g).all().item())]
+    if bad:
+        return "wrong", errors, worst, f"non-finite values in {', '.join(bad)}"
+    over = [f"{n} {e:.3g}" for n, e in errors.items() if not e <= tolerance]
+    if over:
+        return "wrong", errors, worst, f"relative error {', '.join(over)} > {tolerance:g}"
+    return "ok", errors, worst, ""
+
+
+# ---- methods (torch, GPU) ----------------------------------------------------------------------
+
+class Prepared:
+    """run(): one backward call, returns (dq, dk, dv). explain(e): (status, reason) of a failed
+    first call. outputs: preallocated gradients the call writes (filled with NaN before checks)."""
+
+    def __init__(self, run, provider="", note="", explain=None, outputs=(), keep=None):
+        self.run = run
+        self.provider = provider
+        self.note = note
+        self.explain = explain
+        self.outputs = outputs
+        self.keep = keep  # tensors the call reads (the forward's out and LSE)
+
+
+def prepare_jfa(G, ctx, bc, causal, deterministic=False):
+    import torch
+    jfa = ctx.get("jfa")
+    if jfa is None:
+        raise G.Unavailable(ctx.get("jfa_error") or "jfa is not loaded")
+    c = bc.case
+    fwd = torch.ops.jfa.jagged_attention_fwd
+    bwd = torch.ops.jfa.jagged_attention_bwd
+    q, k, v, cu_q, cu_k, mq, mk, scale = c.q, c.k, c.v, c.cu_q, c.cu_k, c.max_q, c.max_k, c.scale
+    from jfa import _torch_native  # the native ops' messages as the package's errors
+    try:
+        out, lse = fwd(q, k, v, cu_q, cu_k, mq, mk, causal, scale, True, deterministic)
+    except RuntimeError as e:
+        e = _torch_native.translate(e, "jfa_attention_forward")
+        raise RuntimeError(f"forward: {G.short(e)}") from None
+    dout = bc.dout
+
+    def run():
+        return bwd(dout, q, k, v, out, lse, cu_q, cu_k, mq, mk, causal, scale, None, deterministic)
+
+    def explain(e):
+        if isinstance(e, RuntimeError):
+            e = _torch_native.translate(e, "jfa_attention_backward")
+        unavailable = isinstance(e, (jfa.JfaUnsupportedError, jfa.JfaBackendUnavailableError))
+        return ("unavailable" if unavailable else "error"), G.short(e)
+
+    return Prepared(run, provider=f"torch.ops.jfa.jagged_attention_bwd (torch ops: "
+                                  f"{ctx.get('jfa_ops_kind')}, libjfa {ctx.get('jfa_version')})",
+                    note="deterministic=True" if deterministic else "",
+                    explain=explain, keep=(out, lse))
+
+
+def prepare_jfa_det(G, ctx, bc, causal):
+    return prepare_jfa(G, ctx, bc, causal, deterministic=True)
+
+
+def prepare_fa2(G, ctx, bc, causal):
+    fwd_op, bwd_op = ctx.get("fa2_fwd"), ctx.get("fa2_bwd")
+    if fwd_op is None or bwd_op is None:
+        raise G.Unavailable(ctx.get("fa2_error") or "aten._flash_attention_* is missing")
+    c = bc.case
+    q, k, v, cu_q, cu_k, mq, mk = c.q, c.k, c.v, c.cu_q, c.cu_k, c.max_q, c.max_k
+    forward = {"query": q, "key": k, "value": v, "cum_seq_q": cu_q, "cum_seq_k": cu_k,
+               "max_q": mq, "max_k": mk, "dropout_p": 0.0, "is_causal": bool(causal),
+               "return_debug_mask": False, "scale": c.scale}
+    try:
+        fargs, fkwargs = schema_call(ctx["fa2_fwd_arguments"], forward, keywords=FA2_KEYWORDS)
+    except ValueError as e:
+        raise ValueError(f"aten._flash_attention_forward schema mismatch: {e}") from None
+    res = fwd_op(*fargs, **fkwargs)
+    if not isinstance(res, (tuple, list)) or len(res) < 4:
+        raise ValueError(f"aten._flash_attention_forward returned {type(res).__name__} of "
+                         f"{len(res) if isinstance(res, (tuple, list)) else 1} values, expected "
+                         "(output, logsumexp, philox seed, philox offset, ...)")
+    out, lse, seed, offset = res[0], res[1], res[2], res[3]
+    # As torch's own autograd formula passes them: the forward's outputs 2 and 3 are the
+    # backward's philox_seed / rng_state and philox_offset / unused.
+    values = {"grad_out": bc.dout, "query": q, "key": k, "value": v, "out": out, "logsumexp": lse,
+              "cum_seq_q": cu_q, "cum_seq_k": cu_k, "max_q": mq, "max_k": mk, "dropout_p": 0.0,
+              "is_causal": bool(causal), "philox_seed": seed, "philox_offset": offset,
+              "scale": c.scale}
+    try:
+        args, kwargs = schema_call(ctx["fa2_bwd_arguments"], values, FA2_ALIASES, FA2_KEYWORDS)
+    except ValueError as e:
+        raise ValueError(f"aten._flash_attention_backward schema mismatch: {e}") from None
+
+    def run():
+        return bwd_op(*args, **kwargs)
+
+    return Prepared(run, provider="torch.ops.aten._flash_attention_backward",
+                    keep=(out, lse, seed, offset))
+
+
+def prepare_fa3(G, ctx, bc, causal):
+    import torch
+    fwd_op, bwd_op = ctx.get("fa3_fwd"), ctx.get("fa3_bwd")
+    if fwd_op is None or bwd_op is None:
+        raise G.Unavailable(ctx.get("fa3_error") or "torch.ops.flash_attn_3 is missing")
+    c = bc.case
+    common = {"q": c.q, "k": c.k, "v": c.v, "cu_seqlens_q": c.cu_q, "cu_seqlens_k": c.cu_k,
+              "max_seqlen_q": c.max_q, "max_seqlen_k": c.max_k, "softmax_scale": c.scale,
+              "is_causal": bool(causal)}
+    try:
+        fargs, fkwargs = co.fa3_call(ctx["fa3_fwd_arguments"], common)
+    except ValueError as e:
+        raise G.Unavailable(f"torch.ops.flash_attn_3.fwd: {e}")
+    res = fwd_op(*fargs, **fkwargs)
+    out, lse = res[0], res[1]
+    # FA3's backward writes into the gradients it is given (it returns its scratch buffers).
+    dq, dk, dv = torch.empty_like(c.q), torch.empty_like(c.k), torch.empty_like(c.v)
+    values = dict(common, dout=bc.dout, out=out, softmax_lse=lse, dq=dq, dk=dk, dv=dv)
+    try:
+        args, kwargs = schema_call(ctx["fa3_bwd_arguments"], values, keywords=FA3_BWD_KEYWORDS)
+    except ValueError as e:
+        raise G.Unavailable(f"torch.ops.flash_attn_3.bwd: {e}")
+
+    def run():
+        bwd_op(*args, **kwargs)
+        return dq, dk, dv
+
+    def explain(e):
+        text = G.short(e)
+        low = text.lower()
+        # A forward-only build (FLASHATTENTION_DISABLE_BACKWARD) has the op but refuses the call.
+        if "backward" in low and ("not support" in low or "disabled" in low):
+            return "unavailable", text
+        return "error", text
+
+    return Prepared(run, provider=ctx.get("fa3_provider", ""), explain=explain,
+                    outputs=(dq, dk, dv), keep=(out, lse))
+
+
+PREPARE = {"jfa": prepare_jfa, "jfa_det": prepare_jfa_det, "fa3": prepare_fa3,
+           "fa2_varlen": prepare_fa2}
+
+
+def _op(namespace, name):
+    import torch
+    try:
+        return getattr(getattr(torch.ops, namespace), name)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def load_fa2(ctx):
+    """aten's varlen FlashAttention-2 forward and backward, and their schemas."""
+    fwd, bwd = _op("aten", "_flash_attention_forward"), _op("aten", "_flash_attention_backward")
+    if fwd is None or bwd is None:
+        ctx["fa2_error"] = "torch.ops.aten._flash_attention_forward / _backward is missing"
+        return
+    try:
+        fwd_schema, bwd_schema = fwd.default._schema, bwd.default._schema
+    except Exception as e:
+        ctx["fa2_error"] = f"aten._flash_attention_* has no schema: {type(e).__name__}: {e}"
+        return
+    ctx["schemas"]["aten._flash_attention_forward"] = str(fwd_schema)
+    ctx["schemas"]["aten._flash_attention_backward"] = str(bwd_schema)
+    ctx["fa2_fwd"], ctx["fa2_bwd"] = fwd, bwd
+    ctx["fa2_fwd_arguments"] = co.schema_arguments(fwd_schema)
+    ctx["fa2_bwd_arguments"] = co.schema_arguments(bwd_schema)
+
+
+def load_fa3(ctx, lib_path):
+    """FA3's fwd and bwd ops: from lib_path, else those already registered or registered by
+    importing flash_attn_interface; their schemas."""
+    import torch
+    if lib_path:
+        try:
+            torch.ops.load_library(lib_path)
+        except Exception as e:
+            ctx["fa3_error"] = f"torch.ops.load_library({lib_path}): {type(e).__name__}: {e}"
+            return
+    elif _op("flash_attn_3", "bwd") is None:
+        try:
+            importlib.import_module("flash_attn_interface")  # an installed FA3 registers its ops
+        except Exception:
+            pass
+    fwd, bwd = _op("flash_attn_3", "fwd"), _op("flash_attn_3", "bwd")
+    if fwd is None or bwd is None:
+        ctx["fa3_error"] = ("torch.ops.flash_attn_3.fwd / .bwd is missing (pass --fa3-lib or set "
+                            "FA3_LIB)")
+        return
+    try:
+        fwd_schema, bwd_schema = fwd.default._schema, bwd.default._schema
+    except Exception as e:
+        ctx["fa3_error"] = f"torch.ops.flash_attn_3 has no schema: {type(e).__name__}: {e}"
+        return
+    ctx["schemas"]["flash_attn_3.fwd"] = str(fwd_schema)
+    ctx["schemas"]["flash_attn_3.bwd"] = str(bwd_schema)
+    ctx["fa3_fwd"], ctx["fa3_bwd"] = fwd, bwd
+    ctx["fa3_fwd_arguments"] = co.schema_arguments(fwd_schema)
+    ctx["fa3_bwd_arguments"] = co.schema_arguments(bwd_schema)
+    ctx["fa3_provider"] = ("torch.ops.flash_attn_3.bwd from "
+                           + (os.path.basename(lib_path) if lib_path else "the installed FA3"))
+
+
+# ---- one measurement ---------------------------------------------------------------------------
+
+def _poison(bc, prep):
+    """NaN where the gradients will land: the preallocated ones, and blocks of the gradients'
+    sizes freed just before the call (the caching allocator likely hands them out again), so rows
+    a kernel never writes fail the check."""
+    import torch
+    for t in prep.outputs:
+        t.fill_(float("nan"))
+    c = bc.case
+    blocks = [torch.full_like(x, float("nan")) for x in (c.q, c.k, c.v)]
+    del blocks
+
+
+def _record(G, name, bc, causal, tolerance):
+    c, w = bc.case, bc.case.w
+    return {"method": name, "label": LABELS.get(name, name), "workload": w.id,
+            "dtype": c.dtype_name, "causal": bool(causal), "heads": c.H, "heads_kv": c.Hkv,
+            "head_dim": c.D, "batch": c.B, "total_q": c.total_q, "total_k": c.total_k,
+            "status": None, "reason": "", "note": "", "provider": "", "rel_error": None,
+            "rel_errors": {}, "tolerance": tolerance, "checked_sequences": len(c.sample),
+            "fwd_gflop": w.flops(causal) / 1e9,
+            "bwd_gflop": backward_flops(c.lq, c.lk, c.H, c.D, causal) / 1e9,
+            "eager_ms": None, "graph_ms": None, "graph_reason": ""}
+
+
+def measure(G, ctx, name, bc, causal, opts):
+    """A record of one method on one case and mask: checked, then timed eager and replayed."""
+    import warnings
+    import torch
+    tolerance = TOLERANCE[bc.case.dtype_name] * opts["tolerance_scale"]
+    rec = _record(G, name, bc, causal, tolerance)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prep = None
+        try:
+            prep = PREPARE[name](G, ctx, bc, causal)
+        except G.Unavailable as e:
+            rec.update(status="unavailable", reason=str(e))
+        except G.Skipped as e:
+            rec.update(status="skipped", reason=str(e))
+        except torch.cuda.OutOfMemoryError as e:
+            rec.update(status="error", reason="out of memory while preparing: " + G.short(e, 150))
+        except Exception as e:
+            rec.update(status="error", reason="prepare: " + G.short(e))
+        if prep is not None:
+            rec["provider"], rec["note"] = prep.provider, prep.note
+            try:
+                _measure(G, bc, causal, prep, rec, opts, deterministic=(name == "jfa_det"))
+            except torch.cuda.OutOfMemoryError as e:
+                rec.update(status="error", reason="out of memory: " + G.short(e, 150))
+            except Exception as e:
+                rec.update(status="error", reason=G.short(e))
+        prep = None
+        torch.cuda.empty_cache()
+    return add_rates(rec)
+
+
+def _measure(G, bc, causal, prep, rec, opts, deterministic):
+    import torch
+    _poison(bc, prep)
+    try:
+        grads = prep.run()
+        torch.cuda.synchronize()
+    except Exception as e:
+        try:
+            torch.cuda.synchronize()
+        except Exception:
+            pass
+        status, reason = prep.explain(e) if prep.explain else ("error", G.short(e))
+        rec.update(status=status, reason=reason)
+        return
+    status, errors, worst, reason = check(bc, causal, grads, rec["tolerance"])
+    rec.update(status=status, rel_errors=errors, rel_error=worst, reason=reason)
+    if status == "ok" and deterministic:
+        first = [g.clone() for g in grads]
+        again = prep.run()
+        same = all(torch.equal(a, b) for a, b in zip(first, again))
+        rec["repeat_identical"] = same
+        if not same:
+            rec.update(status="wrong", reason="deterministic mode: two runs gave different "
+                                              "gradients")
+        del first, again
+    del grads
+    if rec["status"] not in TIMED:
+        return
+    rec.update(co.eager_time(prep.run, opts["runs"], opts["warmup"]))
+    graph = out = None
+    try:
+        graph, out = co.capture(prep.run, opts["warmup"])
+        for t in out:
+            t.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        g_status, g_errors, g_worst, g_reason = check(bc, causal, out, rec["tolerance"])
+        rec["graph_rel_error"] = g_worst
+        if g_status != "ok":
+            rec["graph_reason"] = f"the replay's gradients are wrong: {g_reason}"
+            return
+        rec.update(co.graph_time(graph, opts["runs"], opts["warmup"]))
+    except Exception as e:
+        rec["graph_reason"] = "capture or replay failed: " + G.short(e)
+        try:
+            torch.cuda.synchronize()
+        except Exception:
+            pass
+    finally:
+        graph = out = None
+
+
+def progress_line(rec, tag):
+    text = (f"[{rec['workload']} {rec['dtype']} {mask_name(rec['causal'])}{tag}] "
+            f"{rec['method']:<10} {rec['status']:<11}")
+    for mode in ("eager", "graph"):
+        t = rec.get(f"{mode}_ms")
+        if t is not None:
+            tf = rec.get(f"{mode}_tflops")
+            text += f" {mode} {t:.4f} ms" + (f" ({tf:.1f} TF/s)" if tf else "")
+    errs = rec.get("rel_errors") or {}
+    if errs:
+        text += " err " + "/".join(f"{errs[n]:.1e}" for n in GRADIENTS if n in errs)
+    why = "; ".join(x for x in (rec.get("reason"), rec.get("graph_reason")) if x)
+    return text + (f" {why[:200]}" if why else "")
+
+
+# ---- driver ------------------------------------------------------------------------------------
+
+def main(argv=None):
+    args = parse_args(argv)
+    t_start = time.perf_counter()
+    torch = torch_with_cuda("backward_peers.py")
+    if torch is None:
+        return 2
+    if args.lib:  # before anything imports jfa (libjfa.py does): it loads the library then
+        os.environ["JFA_LIBRARY"] = os.path.abspath(args.lib)
+    import peers_gpu as G
+    from libjfa import cli_next_to
+
+    ctx = {"schemas": {}}
+    co.load_jfa(ctx, args.lib)
+    load_fa3(ctx, args.fa3_lib)
+    load_fa2(ctx)
+    env = G.environment()
+    env.update({"jfa_library": ctx.get("jfa_path"), "jfa_version": ctx.get("jfa_version"),
+                "jfa_torch_ops_kind": ctx.get("jfa_ops_kind"),
+                "jfa_torch_ops_detail": ctx.get("jfa_ops_detail"),
+                "fa3": ctx.get("fa3_provider") or ctx.get("fa3_error"),
+                "fa3_version": G._dist_version("flash_attn_3"),
+                "schemas": ctx["schemas"]})
+    cli = args.cli or cli_next_to(args.lib or ctx.get("jfa_path")) or W.find_cli(None, REPO)
+    env["jfa_cli"] = cli
+    print(f"GPU {env.get('gpu')}, torch {env.get('torch')}, CUDA {env.get('cuda_runtime')}, "
+          f"jfa {env.get('jfa_version')} (torch ops: {env.get('jfa_torch_ops_kind')})",
+          flush=True)
+    for op, schema in ctx["schemas"].items():
+        print(f"schema {op}: {schema}", flush=True)
+    for what in ("jfa", "fa3", "fa2"):
+        if ctx.get(f"{what}_error"):
+            print(f"{what}: unavailable: {ctx[f'{what}_error']}", flush=True)
+
+    opts = {"runs": args.runs, "warmup": args.warmup, "tolerance_scale": args.tolerance_scale}
+    loaded = load_workloads(args.workload_ids, cli, args.head_dim, args.heads_kv)
+    order = [wid for wid, _, _ in loaded]
+    records = []
+    settings = {k: v for k, v in vars(args).items()
+                if k not in ("workload_ids", "dtype_names", "method_names", "masks")}
+    settings.update(workloads=args.workload_ids, dtypes=args.dtype_names,
+                    methods=args.method_names, masks=[mask_name(c) for c in args.masks],
+                    heads=W.HEADS, tolerance={d: t * args.tolerance_scale
+                                              for d, t in TOLERANCE.items()},
+                    data_seed=G.DATA_SEED, grad_seed=G.DATA_SEED + GRAD_SEED_OFFSET)
+    doc = {"title": "jfa backward against its peers: eager and CUDA-graph time per call",
+           "date": datetime.date.today().isoformat(),
+           "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(
+               timespec="seconds"),
+           "environment": env, "settings": settings,
+           "counting": "useful TFLOP/s = 2.5 * 4 * head_dim * heads * sum(visible pairs) / time "
+                       "(causal: visible pairs counted exactly, bottom-right aligned; equal "
+                       "lengths: half the square)",
+           "figures": {"eager_ms": "CUDA events around one backward call, synchronized after "
+                                   "each; median of the median round by eager time",
+                       "graph_ms": "CUDA events around one replay of the captured backward; "
+                                   "median over the rounds"},
+           "workloads": {w.id: w.summary() for _, w, _ in loaded if w is not None},
+           "workload_errors": {wid: err for wid, w, err in loaded if w is None},
+           "results": records, "summary": []}
+
+    def save():
+        if not args.json:
+            return
+        doc["summary"] = summarize(add_ratios(records))
+        doc["elapsed_s"] = round(time.perf_counter() - t_start, 1)
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+            write_json(args.json, doc)
+        except Exception as e:
+            print(f"cannot write {args.json}: {e}", file=sys.stderr)
+
+    for wid, err in doc["workload_errors"].items():
+        print(f"{wid}: unavailable: {err}", flush=True)
+    try:
+        G.warm_gpu(args.warm_seconds)
+    except Exception as e:
+        print(f"GPU warm-up failed (continuing): {G.short(e)}", flush=True)
+
+    for wid, w, _ in loaded:
+        if w is None:
+            continue
+        for dtype in [d for d in args.dtype_names if d in w.spec.dtypes]:
+            t_case = time.perf_counter()
+            try:
+                bc = BwdCase(G, w, dtype)
+            except Exception as e:
+                print(f"[{wid} {dtype}] building the inputs failed: {G.short(e)}", flush=True)
+                torch.cuda.empty_cache()
+                continue
+            for causal in [c for c in args.masks if c in w.spec.causal]:
+                try:
+                    t_ref = time.perf_counter()
+                    bc.reference(causal)
+                    print(f"[{wid} {dtype} {mask_name(causal)}] float64 reference on "
+                          f"{len(bc.case.sample)} sequences: {time.perf_counter() - t_ref:.1f} s",
+                          flush=True)
+                except Exception as e:
+                    reason = f"reference failed: {G.short(e)}"
+                    print(f"[{wid} {dtype} {mask_name(causal)}] {reason}", flush=True)
+                    for m in args.method_names:
+                        rec = _record(G, m, bc, causal, TOLERANCE[dtype] * args.tolerance_scale)
+                        rec.update(status="error", reason=reason)
+                        records.append(add_rates(rec))
+                    torch.cuda.empty_cache()
+                    continue
+                per_method = {m: [] for m in args.method_names}
+                for r in range(args.rounds):
+                    for m in in_turn(args.method_names, r):
+                        if r > 0 and per_method[m][0]["status"] not in TIMED:
+                            continue  # unavailable, skipped or failed: once is the result
+                        rec = measure(G, ctx, m, bc, causal, opts)
+                        rec["round"] = r
+                        per_method[m].append(rec)
+                        print(progress_line(rec, f" r{r}" if args.rounds > 1 else ""),
+                              flush=True)
+                records.extend(add_rates(combine_rounds(per_method[m]))
+                               for m in args.method_names)
+            bc.release()
+            bc = None
+            torch.cuda.empty_cache()
+            print(f"[{wid} {dtype}] done in {time.perf_counter() - t_case:.1f} s", flush=True)
+            save()
+
+    add_ratios(records)
+    doc["table"] = format_tables(records, order)
+    save()
+    print(doc["table"])
+    elapsed = time.perf_counter() - t_start
+    print(f"\n{'wrote ' + args.json + ' ' if args.json else ''}({elapsed:.0f} s)")
+    return 0 if any(w is not None for _, w, _ in loaded) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+// Device-side arguments of the sm90 backward (a POD passed by value next to the tensor maps).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/sm90/bwd_workspace.hpp"
+
+namespace jfa::sm90 {
+
+struct BwdArgs {
+  const int32_t* cu_q;
+  const int32_t* cu_k;
+  const BwdListEntry* work;       // built by the work-list kernel
+  const int32_t* work_count;      // number of valid entries of `work`
+  unsigned long long* next_item;  // items claimed so far (zeroed by the work-list kernel)
+  const float* lse2;              // [heads_q, row_len] padded rows: LSE * log2(e), +inf for none
+  const float* dpsum;             // [heads_q, row_len] padded rows: rowsum(dO * O) - dLSE
+  int32_t* sems;                  // [heads_q, row_len / kBwdBlockM] dQ adds done per q tile
+  float* dq_acc;                  // [total_q, heads_q, head_dim]
+  void* dk;
+  void* dv;
+  int64_t dk_token_stride, dk_head_stride, dv_token_stride, dv_head_stride;  // elements
+  int64_t batch;
+  int64_t total_q;
+  int64_t total_k;
+  int64_t row_len;
+  int32_t heads_q;
+  int32_t heads_kv;
+  int32_t group;  // heads_q / heads_kv
+  int32_t work_capacity;
+  float softmax_scale;
+  float scale_log2;  // softmax_scale * log2(e)
+  int32_t causal;
+  int32_t deterministic;
+};
+
+}  // namespace jfa::sm90

@@ -1,0 +1,68 @@
+// Configuration of one backward kernel instantiation (dtype, head_dim): tile shape, ring depth,
+// register split, and the shared-memory layout of a CTA.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/sm90/bwd_work_list.cuh"
+#include "cuda/sm90/fwd_config.cuh"
+#include "cuda/tlx/mbarrier.hpp"
+#include "cuda/tlx/smem_tile.hpp"
+
+namespace jfa::sm90 {
+
+// The item's K and V tiles, rings of Q and dO tiles with their LSE and D rows, two buffers of
+// dS^T (keys x queries: the A operand of dQ += dS K, read M-major), and the barriers.
+template <typename T, int kD, int kStages>
+struct BwdShared {
+  using KVTile = tlx::SwizzledTile<T, kBwdBlockN, kD>;
+  using QTile = tlx::SwizzledTile<T, kBwdBlockM, kD>;
+  using DsTile = tlx::SwizzledTile<T, kBwdBlockN, kBwdBlockM>;
+  KVTile k;
+  KVTile v;
+  QTile q[kStages];
+  QTile dout[kStages];
+  DsTile ds[2];
+  alignas(16) float lse2[kStages][kBwdBlockM];
+  alignas(16) float dpsum[kStages][kBwdBlockM];
+  tlx::MBarrier kv_full, kv_empty;
+  tlx::MBarrier full[kStages], empty[kStages];
+  tlx::MBarrier item_full[kItemSlots], item_empty[kItemSlots];
+  BwdItem item[kItemSlots];
+};
+
+template <typename T, int kHeadDim>
+struct BwdConfig {
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
+  using Element = T;
+  static constexpr int kD = kHeadDim;
+  static constexpr int kStages = 2;
+  using Shared = BwdShared<T, kD, kStages>;
+  using KVTile = typename Shared::KVTile;
+  using QTile = typename Shared::QTile;
+  using DsTile = typename Shared::DsTile;
+  static constexpr int kSmemBytes = static_cast<int>(sizeof(Shared)) + kSmemAlignBytes;
+  static_assert(kSmemBytes <= kMaxDynamicSmemBytes, "over the shared memory a CTA may opt in to");
+
+  // Warp group 0 produces; groups 1 and 2 consume, each the K tile's keys 64 g .. 64 g + 63.
+  static constexpr int kConsumerGroups = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumerGroups);
+  static constexpr int kConsumerWarps = 4 * kConsumerGroups;
+  // dQ += dS K per q tile: at head_dim 128 each group computes half of dQ's columns over all keys
+  // of the tile (both groups' dS must be in shared memory first); at 64 each group computes all
+  // columns over its own keys (two partial sums, no wait for the other group).
+  static constexpr bool kDqSplitKeys = kD == 64;
+  static constexpr int kDqKeys = kDqSplitKeys ? 64 : kBwdBlockN;
+  static constexpr int kDqCols = kDqSplitKeys ? kD : kD / 2;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static_assert((kProducerRegs + kConsumerGroups * kConsumerRegs) * 128 <=
+                    65536 / kThreads / 8 * 8 * kThreads,
+                "register split exceeds the CTA's allocation");
+  // Named barriers: dS written (one for both groups, or one per group), dQ adds ordered (per
+  // group).
+  static constexpr uint32_t kDsBarrier0 = 1;
+  static constexpr uint32_t kOrderBarrier0 = 3;
+};
+
+}  // namespace jfa::sm90

@@ -1,0 +1,40 @@
+// The Hopper backward: the forward's support checks plus those of its own tensors, then the
+// (dtype, head_dim) instantiation.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "common/status.hpp"
+#include "cuda/sm90/bwd_sm90.hpp"
+#include "cuda/sm90/bwd_workspace.hpp"
+#include "cuda/sm90/support.hpp"
+
+namespace jfa::sm90 {
+
+size_t backward_workspace_bytes(int64_t total_q, int64_t total_k, int64_t batch, int32_t heads_q,
+                                int32_t head_dim) {
+  return backward_workspace_layout(total_q, total_k, batch, heads_q, head_dim).bytes;
+}
+
+jfa_status backward(const jfa::detail::BackwardParams& b) {
+  using jfa::detail::fail;
+  const jfa::detail::Params& p = b.fwd;
+  const DeviceFacts* facts = nullptr;
+  if (const jfa_status s = check_supported(p, &facts); s != JFA_SUCCESS) return s;
+  const TensorArg tensors[] = {{b.dout, &b.dout_layout, "dout"},
+                               {b.dq, &b.dq_layout, "dq"},
+                               {b.dk, &b.dk_layout, "dk"},
+                               {b.dv, &b.dv_layout, "dv"}};
+  if (const jfa_status s = check_tensors_supported(tensors, 4); s != JFA_SUCCESS) return s;
+  if (b.dlse != nullptr && (reinterpret_cast<uintptr_t>(b.dlse) & 3u) != 0)
+    return fail(JFA_ERROR_INVALID_ARGUMENT, "dlse must be 4-byte aligned");
+  const bool half = p.dtype == JFA_DTYPE_FLOAT16;
+  if (p.head_dim == 64)
+    return half ? backward_shape<__half, 64>(b, *facts)
+                : backward_shape<__nv_bfloat16, 64>(b, *facts);
+  return half ? backward_shape<__half, 128>(b, *facts)
+              : backward_shape<__nv_bfloat16, 128>(b, *facts);
+}
+
+}  // namespace jfa::sm90

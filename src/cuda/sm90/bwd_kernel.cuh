@@ -1,0 +1,458 @@
+// Hopper backward kernel of jagged attention. A work item is one K tile (128 keys) of one kv head
+// of one sequence (bwd_work_list.cuh); a persistent grid claims items from a global counter. The
+// item's K and V stay in shared memory while it walks the q tiles (64 rows) of each query head of
+// its group that see any of its keys; dK and dV accumulate in registers over the whole walk, so
+// they need no atomics and are summed over the group's query heads in a fixed order.
+//
+// Roles (128 threads per warp group, one CTA per SM):
+//   warp group 0   producer: one thread loads K and V per item and, per step, Q and dO (TMA) with
+//                  their rows of LSE and D (bulk copies) into a ring guarded by mbarriers.
+//   warp groups 1, 2  consumers, keys 64 g .. 64 g + 63 of the tile each, per step:
+//                  S^T = K Q^T and dP^T = V dO^T (SS wgmma), P^T = exp2(S^T scale log2e - LSE2),
+//                  dS^T = P^T (dP^T - D); dV += P^T dO and dK += dS^T Q (RS wgmma, dO and Q read
+//                  as MN-major B); dS^T to shared memory, dQ = dS K (SS wgmma, both operands
+//                  MN-major), added to the float32 dQ accumulator with atomics (in deterministic
+//                  mode in the order of the K tiles, one semaphore per q tile and head).
+// Rows past a sequence's end in a q tile have LSE2 = +inf (the preprocess), so P = 0 there; keys
+// past its end and, under the causal mask, keys a query does not see are set to P = 0 on the steps
+// that hold any. Offsets are not validated on the device; they are clamped so that no access
+// leaves the caller's buffers (results for invalid offsets are unspecified).
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "cuda/sm90/bwd_config.cuh"
+#include "cuda/sm90/bwd_preprocess.cuh"
+#include "cuda/sm90/softmax.cuh"
+#include "cuda/tlx/fence.hpp"
+#include "cuda/tlx/fragment.hpp"
+#include "cuda/tlx/named_barrier.hpp"
+#include "cuda/tlx/tma.hpp"
+#include "cuda/tlx/warpgroup.hpp"
+#include "cuda/tlx/wgmma.hpp"
+
+namespace jfa::sm90 {
+
+// The items of one CTA: the producer claims each from the global counter and hands it to the
+// consumers through a ring in shared memory; an invalid item ends the walk.
+template <typename Cfg, bool kProducer>
+struct BwdItemScheduler {
+  tlx::PipelineState<kItemSlots> slot;
+
+  __device__ __forceinline__ bool next(typename Cfg::Shared& s, const BwdArgs& a, int64_t n_items,
+                                       BwdItem& w) {
+    if constexpr (kProducer) {
+      const int64_t claimed = static_cast<int64_t>(atomicAdd(a.next_item, 1ull));
+      w = claimed < n_items ? decode_bwd_item(a, claimed) : BwdItem{};
+      s.item_empty[slot.stage].wait_suspended(slot.phase ^ 1u);
+      s.item[slot.stage] = w;
+      s.item_full[slot.stage].arrive();
+    } else {
+      s.item_full[slot.stage].wait(slot.phase);
+      w = warp_uniform(s.item[slot.stage]);
+      s.item_empty[slot.stage].arrive();  // every thread releases its own reads
+    }
+    slot.advance();
+    return w.valid != 0;
+  }
+};
+
+template <typename Cfg>
+__device__ __forceinline__ void bwd_producer(typename Cfg::Shared& s, const CUtensorMap* tm_q,
+                                             const CUtensorMap* tm_k, const CUtensorMap* tm_v,
+                                             const CUtensorMap* tm_do, const BwdArgs& a,
+                                             int64_t n_items) {
+  constexpr int kBoxes = Cfg::kD / 64;
+  constexpr uint32_t kRowBytes = kBwdBlockM * sizeof(float);
+  tlx::PipelineState<Cfg::kStages> st;
+  uint32_t kv_phase = 0;
+  BwdItemScheduler<Cfg, true> items;
+  BwdItem w;
+  while (items.next(s, a, n_items, w)) {
+    if (w.q_tiles() <= 0) continue;
+    s.kv_empty.wait_suspended(kv_phase ^ 1u);
+    s.kv_full.arrive_expect_tx(2 * Cfg::KVTile::kBytes);
+    const int32_t key_row = w.seq.k_start + w.n_block * kBwdBlockN;
+#pragma unroll
+    for (int bx = 0; bx < kBoxes; ++bx) {
+      tlx::tma_load_3d(tm_k, &s.kv_full, s.k.box(bx), bx * 64, w.kv_head, key_row);
+      tlx::tma_load_3d(tm_v, &s.kv_full, s.v.box(bx), bx * 64, w.kv_head, key_row);
+    }
+    kv_phase ^= 1u;
+    for (int32_t g = 0; g < a.group; ++g) {
+      const int32_t head = w.kv_head * a.group + g;
+      const int64_t rows = static_cast<int64_t>(head) * a.row_len + w.lse_row;
+      for (int32_t m = w.m_first; m < w.m_end; ++m) {
+        s.empty[st.stage].wait_suspended(st.phase ^ 1u);
+        tlx::MBarrier* full = &s.full[st.stage];
+        full->arrive_expect_tx(2 * Cfg::QTile::kBytes + 2 * kRowBytes);
+        const int32_t q_row = w.seq.q_start + m * kBwdBlockM;
+#pragma unroll
+        for (int bx = 0; bx < kBoxes; ++bx) {
+          tlx::tma_load_3d(tm_q, full, s.q[st.stage].box(bx), bx * 64, head, q_row);
+          tlx::tma_load_3d(tm_do, full, s.dout[st.stage].box(bx), bx * 64, head, q_row);
+        }
+        tlx::bulk_load(s.lse2[st.stage], a.lse2 + rows + m * kBwdBlockM, kRowBytes, full);
+        tlx::bulk_load(s.dpsum[st.stage], a.dpsum + rows + m * kBwdBlockM, kRowBytes, full);
+        st.advance();
+      }
+    }
+  }
+}
+
+using BwdTile = tlx::AccumFragment<kBwdBlockM>;  // 64 x 64: keys x queries, or dQ's rows x columns
+
+// out = rows x cols^T for this group's 64 keys: S^T = K Q^T or dP^T = V dO^T (SS wgmma, both
+// operands K-major over head_dim).
+template <typename Cfg>
+__device__ __forceinline__ void gemm_keys_by_rows(BwdTile& out, const typename Cfg::KVTile& keys,
+                                                  const typename Cfg::QTile& rows, int group) {
+  using T = typename Cfg::Element;
+  const uint64_t a_desc = tlx::make_desc_sw128(keys.box_addr(0) + group * 64 * tlx::kSwizzleBytes,
+                                               16, tlx::kSwizzleAtomBytes);
+  const uint64_t b_desc = tlx::make_desc_sw128(rows.box_addr(0), 16, tlx::kSwizzleAtomBytes);
+  tlx::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kD / 16; ++kk)
+    tlx::wgmma_ss<T, kBwdBlockM, 0>(
+        out.reg, tlx::desc_advance(a_desc, (kk / 4) * Cfg::KVTile::kBoxBytes + (kk % 4) * 32),
+        tlx::desc_advance(b_desc, (kk / 4) * Cfg::QTile::kBoxBytes + (kk % 4) * 32),
+        kk > 0 ? 1u : 0u);
+  tlx::wgmma_commit();
+}
+
+// acc += a * rows: dV += P^T dO or dK += dS^T Q (RS wgmma, the q tile read as an MN-major B).
+template <typename Cfg>
+__device__ __forceinline__ void gemm_accumulate(
+    tlx::AccumFragment<Cfg::kD>& acc, const tlx::AFragment<typename Cfg::Element, kBwdBlockM>& a,
+    const typename Cfg::QTile& rows) {
+  using T = typename Cfg::Element;
+  const uint64_t desc =
+      tlx::make_desc_sw128(rows.box_addr(0), Cfg::QTile::kBoxBytes, tlx::kSwizzleAtomBytes);
+  tlx::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kBwdBlockM / 16; ++kk)
+    tlx::wgmma_rs<T, Cfg::kD, 1>(acc.reg, a.reg[kk],
+                                 tlx::desc_advance(desc, kk * 16 * tlx::kSwizzleBytes), 1u);
+  tlx::wgmma_commit();
+}
+
+// dQ (this group's part, see BwdConfig::kDqSplitKeys) = dS K: dS read from its transposed tile
+// (M-major A), K as an MN-major B.
+template <typename Cfg>
+__device__ __forceinline__ void gemm_dq(BwdTile& dq, const typename Cfg::DsTile& ds,
+                                        const typename Cfg::KVTile& k, int group) {
+  using T = typename Cfg::Element;
+  constexpr int kGroupRows = 64 * tlx::kSwizzleBytes;
+  const uint32_t a_addr = ds.box_addr(0) + (Cfg::kDqSplitKeys ? group * kGroupRows : 0);
+  const uint32_t b_addr =
+      Cfg::kDqSplitKeys ? k.box_addr(0) + group * kGroupRows : k.box_addr(group);
+  const uint64_t a_desc =
+      tlx::make_desc_sw128(a_addr, Cfg::DsTile::kBoxBytes, tlx::kSwizzleAtomBytes);
+  const uint64_t b_desc =
+      tlx::make_desc_sw128(b_addr, Cfg::KVTile::kBoxBytes, tlx::kSwizzleAtomBytes);
+  tlx::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kDqKeys / 16; ++kk)
+    tlx::wgmma_ss<T, kBwdBlockM, 1, 1>(
+        dq.reg, tlx::desc_advance(a_desc, kk * 16 * tlx::kSwizzleBytes),
+        tlx::desc_advance(b_desc, kk * 16 * tlx::kSwizzleBytes), kk > 0 ? 1u : 0u);
+  tlx::wgmma_commit();
+}
+
+__device__ __forceinline__ int32_t load_acquire(const int32_t* p) {
+  int32_t v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Adds this group's part of dQ for q tile m of `head` to the accumulator (rows past the sequence's
+// end are dropped). In deterministic mode the adds to one q tile go in the order of the K tiles
+// (and, when both groups add to the same columns, group 0 first): the semaphore counts the groups'
+// adds done, and K tile n waits for the 2 n adds of the tiles before it, all of which see this q
+// tile when n does.
+template <typename Cfg>
+__device__ __forceinline__ void add_dq(const BwdTile& dq, const BwdArgs& a, const BwdItem& w,
+                                       int32_t head, int32_t m, int group) {
+  const bool leader = threadIdx.x % 128 == 0;
+  const uint32_t order_barrier = Cfg::kOrderBarrier0 + group;
+  int32_t* sem =
+      a.sems + static_cast<int64_t>(head) * (a.row_len / kBwdBlockM) + w.lse_row / kBwdBlockM + m;
+  if (a.deterministic) {
+    // Every warp polls for itself (lane 0 loads, the warp follows), so that the loop stays
+    // warp-uniform: divergent code here would make the compiler serialize the MMAs in flight.
+    const int32_t target = 2 * w.n_block + (Cfg::kDqSplitKeys ? group : 0);
+    while (__shfl_sync(0xffffffffu, tlx::lane_is_leader() ? load_acquire(sem) : 0, 0) < target)
+      __nanosleep(64);
+  }
+  // The thread's first element of row half 0; the others lie 8 rows and 8 j columns on (the
+  // column offsets fold into the instructions' immediates).
+  const int col0 = (Cfg::kDqSplitKeys ? 0 : group * Cfg::kDqCols) + BwdTile::col(0, 0);
+  const int64_t row_floats = static_cast<int64_t>(a.heads_q) * Cfg::kD;
+  const int32_t r0 = m * kBwdBlockM + BwdTile::row(0);
+  float* first = a.dq_acc + (static_cast<int64_t>(w.seq.q_start) + r0) * row_floats +
+                 static_cast<int64_t>(head) * Cfg::kD + col0;
+  // Predicated adds, no branch: a branch here, under the next step's MMA, would make the compiler
+  // serialize the MMAs.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const bool inside = r0 + 8 * h < w.seq.len_q;
+    float* row = first + 8 * h * row_floats;
+#pragma unroll
+    for (int j = 0; j < BwdTile::kBlocks; ++j)
+      if (inside)
+        atomicAdd(reinterpret_cast<float2*>(row + 8 * j),
+                  make_float2(dq.at(j, h, 0), dq.at(j, h, 1)));
+  }
+  if (a.deterministic) {
+    __threadfence();
+    tlx::NamedBarrier::sync(order_barrier, 128);
+    if (leader) atomicAdd(sem, 1);
+  }
+}
+
+// The scores of a step, S^T = K Q^T for this group's keys, issued once the stage's Q, dO, LSE and
+// D have arrived (dP^T follows in step_gradients: issued here too, it would hold 32 more registers
+// while the previous step's dQ is in flight).
+template <typename Cfg>
+__device__ __forceinline__ void issue_scores(typename Cfg::Shared& s, BwdTile& sc,
+                                             const tlx::PipelineState<Cfg::kStages>& st,
+                                             int group) {
+  s.full[st.stage].wait(st.phase);
+  gemm_keys_by_rows<Cfg>(sc, s.k, s.q[st.stage], group);
+}
+
+// P^T = exp2(S^T scale log2e - LSE2) in place, each column with its query row's LSE; kMasked: keys
+// past the sequence's end and (causal) keys past a query's diagonal get P = 0.
+template <bool kMasked>
+__device__ __forceinline__ void probabilities(BwdTile& sc, uint32_t lse2, float scale_log2,
+                                              int32_t key0, int32_t q0, int32_t len_k, int32_t diag,
+                                              bool causal) {
+#pragma unroll
+  for (int j = 0; j < BwdTile::kBlocks; ++j) {
+    const float2 l = tlx::ld_shared_f32x2(lse2 + 32 * j);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float p = fast_exp2(fmaf(sc.at(j, h, c), scale_log2, -(c == 0 ? l.x : l.y)));
+        if constexpr (kMasked) {
+          const int32_t key = key0 + BwdTile::row(h), query = q0 + BwdTile::col(j, c);
+          if (key >= len_k || (causal && key > query + diag)) p = 0.f;
+        }
+        sc.at(j, h, c) = p;
+      }
+  }
+}
+
+// The operands of a step's RS MMAs, which must keep their registers until those MMAs are waited
+// for.
+template <typename T>
+struct StepOperands {
+  tlx::AFragment<T, kBwdBlockM> p;   // P^T
+  tlx::AFragment<T, kBwdBlockM> ds;  // dS^T
+};
+
+// The rest of a step once its scores are issued: dP^T = V dO^T, P^T, dV += P^T dO,
+// dS^T = P^T (dP^T - D), dK += dS^T Q, dS^T to shared memory, and dQ = dS K issued. Leaves dV, dK
+// and dQ in flight (three commit groups, in that order).
+template <typename Cfg>
+__device__ __forceinline__ void step_gradients(
+    typename Cfg::Shared& s, BwdTile& sc, BwdTile& dp, tlx::AccumFragment<Cfg::kD>& dk,
+    tlx::AccumFragment<Cfg::kD>& dv, BwdTile& dq, StepOperands<typename Cfg::Element>& ops,
+    const BwdArgs& a, const BwdItem& w, int32_t m, int group,
+    const tlx::PipelineState<Cfg::kStages>& st, int ds_buf) {
+  using T = typename Cfg::Element;
+  // Which keys the step's queries see: all, unless the tile holds keys past the sequence's end or
+  // (causal) keys past the diagonal of its first query row.
+  const int32_t key0 = w.n_block * kBwdBlockN + group * 64;  // of this group, in the sequence
+  const int32_t q0 = m * kBwdBlockM;
+  const int32_t diag = w.seq.len_k - w.seq.len_q;  // query r sees keys <= r + diag
+  const bool masked = key0 + 64 > w.seq.len_k || (a.causal && q0 + diag < key0 + 63);
+  // The thread's first column of the step's LSE and D rows; column block j is 8 j further.
+  const uint32_t lse2 = tlx::smem_addr(s.lse2[st.stage] + BwdTile::col(0, 0));
+  const uint32_t dpsum = tlx::smem_addr(s.dpsum[st.stage] + BwdTile::col(0, 0));
+  gemm_keys_by_rows<Cfg>(dp, s.v, s.dout[st.stage], group);
+
+  // P^T (S^T done, dP^T may still run), packed at once as the A operand of dV += P^T dO.
+  tlx::wgmma_wait<1>();
+  tlx::fence_operand(sc.reg);
+  if (masked)
+    probabilities<true>(sc, lse2, a.scale_log2, key0, q0, w.seq.len_k, diag, a.causal != 0);
+  else
+    probabilities<false>(sc, lse2, a.scale_log2, key0, q0, w.seq.len_k, diag, a.causal != 0);
+  sc.to_a(ops.p);
+  gemm_accumulate<Cfg>(dv, ops.p, s.dout[st.stage]);
+
+  // dS^T = P^T (dP^T - D) in place of dP^T, then dK += dS^T Q.
+  tlx::wgmma_wait<1>();
+  tlx::fence_operand(dp.reg);
+#pragma unroll
+  for (int j = 0; j < BwdTile::kBlocks; ++j) {
+    const float2 d = tlx::ld_shared_f32x2(dpsum + 32 * j);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      // P^T from its packed form (to_a's order: column block j, row half h), which the dV MMA
+      // holds anyway; the float32 copy would need 32 more registers.
+      const float2 pj = to_float2<T>(ops.p.reg[j / 2][2 * (j % 2) + h]);
+      dp.at(j, h, 0) = pj.x * (dp.at(j, h, 0) - d.x);
+      dp.at(j, h, 1) = pj.y * (dp.at(j, h, 1) - d.y);
+    }
+  }
+  dp.to_a(ops.ds);
+  gemm_accumulate<Cfg>(dk, ops.ds, s.q[st.stage]);
+
+  // dS^T into shared memory for dQ, from its packed form (register ds.reg[kk][i] holds the pair
+  // of column block 2 kk + i / 2, row half i % 2); the other group's dQ of two steps ago has read
+  // this buffer (it waited for its MMAs before the last barrier).
+  typename Cfg::DsTile& ds = s.ds[ds_buf];
+  const uint32_t ds_addr = tlx::smem_addr(&ds);
+#pragma unroll
+  for (int kk = 0; kk < kBwdBlockM / 16; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      tlx::st_shared_u32(ds_addr + Cfg::DsTile::offset_bytes(group * 64 + BwdTile::row(i % 2),
+                                                             BwdTile::col(2 * kk + i / 2, 0)),
+                         ops.ds.reg[kk][i]);
+  tlx::fence_proxy_async_smem();
+  if constexpr (Cfg::kDqSplitKeys)
+    tlx::NamedBarrier::sync(Cfg::kDsBarrier0 + group, 128);
+  else
+    tlx::NamedBarrier::sync(Cfg::kDsBarrier0, 256);
+  gemm_dq<Cfg>(dq, ds, s.k, group);
+}
+
+// Walks an item's steps (the q tiles of each query head of its group) for one consumer group. A
+// step's dQ is added to the accumulator at the start of the next step, under its S^T MMA. No MMA
+// is in flight across the loop's back edge: an accumulator carried in flight from one iteration to
+// the next makes the compiler serialize every MMA of the kernel.
+template <typename Cfg>
+__device__ __forceinline__ void walk_item(typename Cfg::Shared& s, tlx::AccumFragment<Cfg::kD>& dk,
+                                          tlx::AccumFragment<Cfg::kD>& dv, const BwdArgs& a,
+                                          const BwdItem& w, int group,
+                                          tlx::PipelineState<Cfg::kStages>& st, int& ds_buf) {
+  const int32_t steps = a.group * w.q_tiles();
+  int32_t head = w.kv_head * a.group, m = w.m_first;
+  int32_t done_head = head, done_m = m;  // the step whose dQ is waiting to be added
+  BwdTile dq;
+  for (int32_t i = 0; i < steps; ++i) {
+    BwdTile sc, dp;
+    if (i > 0) add_dq<Cfg>(dq, a, w, done_head, done_m, group);
+    issue_scores<Cfg>(s, sc, st, group);
+    StepOperands<typename Cfg::Element> ops;
+    step_gradients<Cfg>(s, sc, dp, dk, dv, dq, ops, a, w, m, group, st, ds_buf);
+    tlx::wgmma_wait<0>();
+    tlx::fence_operand(dk.reg);
+    tlx::fence_operand(dv.reg);
+    tlx::fence_operand(dq.reg);
+    tlx::fence_operand(ops.p.reg);
+    tlx::fence_operand(ops.ds.reg);
+    // The stage has been read (by the MMAs, and by every lane for LSE and D): back to the producer,
+    // whose next copies into it are async-proxy writes after these generic reads.
+    tlx::fence_proxy_async_smem();
+    __syncwarp();
+    if (tlx::lane_is_leader()) s.empty[st.stage].arrive();
+    st.advance();
+    ds_buf ^= 1;
+    done_head = head;
+    done_m = m;
+    if (++m == w.m_end) {
+      m = w.m_first;
+      ++head;
+    }
+  }
+  add_dq<Cfg>(dq, a, w, done_head, done_m, group);
+}
+
+// dK (times softmax_scale) or dV rows of this group's keys, those inside the sequence.
+template <typename Cfg>
+__device__ __forceinline__ void store_key_rows(const tlx::AccumFragment<Cfg::kD>& acc, float scale,
+                                               void* out, int64_t token_stride, int64_t head_stride,
+                                               const BwdItem& w, int group) {
+  using T = typename Cfg::Element;
+  using Frag = tlx::AccumFragment<Cfg::kD>;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int32_t key = w.n_block * kBwdBlockN + group * 64 + Frag::row(h);
+    if (key >= w.seq.len_k) continue;
+    T* row = static_cast<T*>(out) + (static_cast<int64_t>(w.seq.k_start) + key) * token_stride +
+             static_cast<int64_t>(w.kv_head) * head_stride;
+#pragma unroll
+    for (int j = 0; j < Frag::kBlocks; ++j)
+      *reinterpret_cast<uint32_t*>(row + Frag::col(j, 0)) =
+          tlx::pack2<T>(acc.at(j, h, 0) * scale, acc.at(j, h, 1) * scale);
+  }
+}
+
+template <typename Cfg>
+__device__ __forceinline__ void bwd_consumer(typename Cfg::Shared& s, const BwdArgs& a,
+                                             int64_t n_items, int group) {
+  tlx::AccumFragment<Cfg::kD> dk, dv;
+  tlx::PipelineState<Cfg::kStages> st;
+  uint32_t kv_phase = 0;
+  int ds_buf = 0;
+  BwdItemScheduler<Cfg, false> items;
+  BwdItem w;
+  while (items.next(s, a, n_items, w)) {
+    dk.fill(0.f);
+    dv.fill(0.f);
+    if (w.q_tiles() > 0) {
+      s.kv_full.wait(kv_phase);
+      kv_phase ^= 1u;
+      walk_item<Cfg>(s, dk, dv, a, w, group, st, ds_buf);
+      if (tlx::lane_is_leader()) s.kv_empty.arrive();
+    }
+    store_key_rows<Cfg>(dk, a.softmax_scale, a.dk, a.dk_token_stride, a.dk_head_stride, w, group);
+    store_key_rows<Cfg>(dv, 1.f, a.dv, a.dv_token_stride, a.dv_head_stride, w, group);
+  }
+}
+
+template <typename Cfg>
+__device__ __forceinline__ void init_bwd_barriers(typename Cfg::Shared& s) {
+  s.kv_full.init(1);
+  s.kv_empty.init(Cfg::kConsumerWarps);
+#pragma unroll
+  for (int i = 0; i < Cfg::kStages; ++i) {
+    s.full[i].init(1);
+    s.empty[i].init(Cfg::kConsumerWarps);
+  }
+#pragma unroll
+  for (int i = 0; i < kItemSlots; ++i) {
+    s.item_full[i].init(1);
+    s.item_empty[i].init(Cfg::kConsumerWarps * 32);
+  }
+  tlx::fence_barrier_init();
+}
+
+template <typename Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+               const BwdArgs args) {
+  extern __shared__ unsigned char smem_raw[];
+  const uintptr_t aligned = (reinterpret_cast<uintptr_t>(smem_raw) + kSmemAlignBytes - 1) &
+                            ~static_cast<uintptr_t>(kSmemAlignBytes - 1);
+  auto& s = *reinterpret_cast<typename Cfg::Shared*>(aligned);
+  const int group = tlx::warp_group_index();
+  if (threadIdx.x == 0) {
+    init_bwd_barriers<Cfg>(s);
+    tlx::tma_prefetch_descriptor(&tm_q);
+    tlx::tma_prefetch_descriptor(&tm_k);
+    tlx::tma_prefetch_descriptor(&tm_v);
+    tlx::tma_prefetch_descriptor(&tm_do);
+  }
+  __syncthreads();
+  const int64_t n_items =
+      static_cast<int64_t>(min(*args.work_count, args.work_capacity)) * args.heads_kv;
+  if (group == 0) {
+    tlx::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
+    if (threadIdx.x == 0) bwd_producer<Cfg>(s, &tm_q, &tm_k, &tm_v, &tm_do, args, n_items);
+  } else {
+    tlx::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
+    bwd_consumer<Cfg>(s, args, n_items, group - 1);
+  }
+}
+
+}  // namespace jfa::sm90

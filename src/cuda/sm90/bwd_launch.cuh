@@ -1,0 +1,165 @@
+// Host side of one sm90 backward configuration: tensor maps, then in stream order the clearing of
+// the dQ accumulator and semaphores, the work-list kernel, the preprocess, the persistent backward
+// kernel and the conversion of dQ.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "common/params.hpp"
+#include "common/status.hpp"
+#include "cuda/sm90/bwd_kernel.cuh"
+#include "cuda/sm90/bwd_preprocess.cuh"
+#include "cuda/sm90/bwd_sm90.hpp"
+#include "cuda/sm90/call_workspace.hpp"
+#include "cuda/sm90/device_facts.hpp"
+#include "cuda/sm90/fwd_tensor_maps.hpp"
+
+namespace jfa::sm90 {
+
+template <typename Cfg>
+jfa_status opt_in_bwd_shared_memory(int device) {
+  static std::atomic<bool> done[64];
+  if (device >= 0 && device < 64 && done[device].load(std::memory_order_acquire))
+    return JFA_SUCCESS;
+  const cudaError_t e = cudaFuncSetAttribute(
+      bwd_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return jfa::detail::fail(JFA_ERROR_CUDA,
+                             "cudaFuncSetAttribute (%d bytes of shared memory) failed: %s",
+                             Cfg::kSmemBytes, cudaGetErrorString(e));
+  }
+  if (device >= 0 && device < 64) done[device].store(true, std::memory_order_release);
+  return JFA_SUCCESS;
+}
+
+inline jfa_status launch_error(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return JFA_SUCCESS;
+  return jfa::detail::fail(JFA_ERROR_CUDA, "%s launch failed: %s", what, cudaGetErrorString(e));
+}
+
+template <typename Cfg>
+jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts& device) {
+  using jfa::detail::fail;
+  using T = typename Cfg::Element;
+  const jfa::detail::Params& p = b.fwd;
+  if (p.batch == 0 || (p.total_q == 0 && p.total_k == 0)) return JFA_SUCCESS;
+  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  const BwdWorkspaceLayout lay =
+      backward_workspace_layout(p.total_q, p.total_k, p.batch, p.heads_q, Cfg::kD);
+  if (lay.row_len + kBwdBlockN > INT32_MAX || p.total_k + kBwdBlockN > INT32_MAX ||
+      lay.list_capacity * p.heads_kv > (int64_t{1} << 40))
+    return fail(JFA_ERROR_UNSUPPORTED,
+                "%lld query and %lld key tokens in %lld sequences: too many for the CUDA backward",
+                static_cast<long long>(p.total_q), static_cast<long long>(p.total_k),
+                static_cast<long long>(p.batch));
+
+  CallWorkspace workspace;
+  if (const jfa_status s = workspace.acquire(p, lay.bytes, stream); s != JFA_SUCCESS) return s;
+  char* base = workspace.base();
+  auto* count = reinterpret_cast<int32_t*>(base);
+  auto* next_item = reinterpret_cast<unsigned long long*>(base + 8);
+  auto* work = reinterpret_cast<BwdListEntry*>(base + lay.list);
+  auto* lse2 = reinterpret_cast<float*>(base + lay.lse2);
+  auto* dpsum = reinterpret_cast<float*>(base + lay.dpsum);
+  auto* sems = reinterpret_cast<int32_t*>(base + lay.sems);
+  auto* dq_acc = reinterpret_cast<float*>(base + lay.dq_acc);
+
+  cudaError_t e = cudaMemsetAsync(base + lay.sems, 0, lay.zeroed_bytes(), stream);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return fail(JFA_ERROR_CUDA, "clearing the dQ accumulator failed: %s", cudaGetErrorString(e));
+  }
+
+  if (p.total_k > 0) {
+    // With no query rows anywhere, Q and dO are never loaded: point their maps at K.
+    const bool no_rows = p.total_q == 0;
+    CUtensorMap tm_q, tm_k, tm_v, tm_do;
+    std::string err;
+    if (!encode_qkv_map<T>(no_rows ? p.k : p.q, no_rows ? p.total_k : p.total_q,
+                           no_rows ? p.heads_kv : p.heads_q, Cfg::kD,
+                           no_rows ? p.k_layout : p.q_layout, kBwdBlockM, &tm_q, &err) ||
+        !encode_qkv_map<T>(no_rows ? p.k : b.dout, no_rows ? p.total_k : p.total_q,
+                           no_rows ? p.heads_kv : p.heads_q, Cfg::kD,
+                           no_rows ? p.k_layout : b.dout_layout, kBwdBlockM, &tm_do, &err) ||
+        !encode_qkv_map<T>(p.k, p.total_k, p.heads_kv, Cfg::kD, p.k_layout, kBwdBlockN, &tm_k,
+                           &err) ||
+        !encode_qkv_map<T>(p.v, p.total_k, p.heads_kv, Cfg::kD, p.v_layout, kBwdBlockN, &tm_v,
+                           &err))
+      return fail(JFA_ERROR_CUDA, "tensor map encoding failed: %s", err.c_str());
+    if (const jfa_status s = opt_in_bwd_shared_memory<Cfg>(device.ordinal); s != JFA_SUCCESS)
+      return s;
+
+    build_bwd_work_list<kBwdBlockN>
+        <<<1, kListThreads, 0, stream>>>(p.cu_seqlens_q, p.cu_seqlens_k, p.batch, p.total_q,
+                                         p.total_k, work, count, next_item, lay.list_capacity);
+    if (const jfa_status s = launch_error("work-list kernel"); s != JFA_SUCCESS) return s;
+
+    if (p.total_q > 0) {
+      const dim3 grid(static_cast<unsigned>(lay.row_len / kBwdBlockM),
+                      static_cast<unsigned>(p.heads_q));
+      bwd_preprocess<T, Cfg::kD><<<grid, kPreprocessThreads, 0, stream>>>(
+          static_cast<const T*>(p.out), p.out_layout.token_stride, p.out_layout.head_stride,
+          static_cast<const T*>(b.dout), b.dout_layout.token_stride, b.dout_layout.head_stride,
+          p.lse, b.dlse, p.cu_seqlens_q, p.batch, p.total_q, lay.row_len, lse2, dpsum);
+      if (const jfa_status s = launch_error("backward preprocess"); s != JFA_SUCCESS) return s;
+    }
+
+    BwdArgs a{};
+    a.cu_q = p.cu_seqlens_q;
+    a.cu_k = p.cu_seqlens_k;
+    a.work = work;
+    a.work_count = count;
+    a.next_item = next_item;
+    a.lse2 = lse2;
+    a.dpsum = dpsum;
+    a.sems = sems;
+    a.dq_acc = dq_acc;
+    a.dk = b.dk;
+    a.dv = b.dv;
+    a.dk_token_stride = b.dk_layout.token_stride;
+    a.dk_head_stride = b.dk_layout.head_stride;
+    a.dv_token_stride = b.dv_layout.token_stride;
+    a.dv_head_stride = b.dv_layout.head_stride;
+    a.batch = p.batch;
+    a.total_q = p.total_q;
+    a.total_k = p.total_k;
+    a.row_len = lay.row_len;
+    a.heads_q = p.heads_q;
+    a.heads_kv = p.heads_kv;
+    a.group = p.group_size();
+    a.work_capacity = static_cast<int32_t>(lay.list_capacity);
+    a.softmax_scale = p.softmax_scale;
+    a.scale_log2 = static_cast<float>(static_cast<double>(p.softmax_scale) * 1.4426950408889634);
+    a.causal = p.causal ? 1 : 0;
+    a.deterministic = b.deterministic ? 1 : 0;
+    const int64_t max_items = lay.list_capacity * p.heads_kv;
+    const int grid = static_cast<int>(std::min<int64_t>(device.sm_count, max_items));
+    bwd_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, tm_do, a);
+    if (const jfa_status s = launch_error("backward kernel"); s != JFA_SUCCESS) return s;
+  }
+
+  if (p.total_q > 0) {
+    const int64_t quads = p.total_q * p.heads_q * (Cfg::kD / 4);
+    const int64_t blocks = std::min<int64_t>((quads + kConvertThreads - 1) / kConvertThreads,
+                                             int64_t{device.sm_count} * 16);
+    bwd_convert_dq<T, Cfg::kD><<<static_cast<unsigned>(blocks), kConvertThreads, 0, stream>>>(
+        dq_acc, static_cast<T*>(b.dq), b.dq_layout.token_stride, b.dq_layout.head_stride, p.total_q,
+        p.heads_q, p.softmax_scale);
+    if (const jfa_status s = launch_error("dQ conversion"); s != JFA_SUCCESS) return s;
+  }
+  return JFA_SUCCESS;
+}
+
+template <typename T, int kHeadDim>
+jfa_status backward_shape(const jfa::detail::BackwardParams& b, const DeviceFacts& device) {
+  return run_backward<BwdConfig<T, kHeadDim>>(b, device);
+}
+
+}  // namespace jfa::sm90

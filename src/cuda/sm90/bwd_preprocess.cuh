@@ -1,0 +1,123 @@
+// The kernels around the sm90 backward's main kernel: the preprocess, which writes the per-row
+// terms the main kernel reads for each q tile (LSE in base 2, and D = rowsum(dO * O) - dLSE) into
+// arrays padded per sequence to whole q tiles, and the conversion of the float32 dQ accumulator
+// into dq.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "cuda/sm90/bwd_workspace.hpp"
+#include "cuda/sm90/work_list.cuh"
+
+namespace jfa::sm90 {
+
+inline constexpr int kPreprocessThreads = 256;  // 8 warps, 8 rows each: one padded q tile
+
+template <typename T>
+__device__ __forceinline__ float2 to_float2(uint32_t packed) {
+  if constexpr (std::is_same_v<T, __half>)
+    return __half22float2(*reinterpret_cast<const __half2*>(&packed));
+  else
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed));
+}
+
+// Sums x[i] * y[i] over one row of kD elements (lanes take pairs of elements), across the warp.
+template <typename T, int kD>
+__device__ __forceinline__ float row_dot(const T* x, const T* y) {
+  const int lane = threadIdx.x & 31;
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 2 * lane; i < kD; i += 64) {
+    const float2 a = to_float2<T>(*reinterpret_cast<const uint32_t*>(x + i));
+    const float2 b = to_float2<T>(*reinterpret_cast<const uint32_t*>(y + i));
+    sum = fmaf(a.x, b.x, fmaf(a.y, b.y, sum));
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+  return sum;
+}
+
+// Block (t, h) fills padded rows [64 t, 64 t + 64) of head h: the rows of the sequence whose padded
+// range holds them, or (a gap between sequences, rows past a sequence's end) a row that adds
+// nothing: LSE +inf (P = 0) and D = 0. A row without keys (forward LSE -inf) adds nothing either.
+template <typename T, int kD>
+__global__ void __launch_bounds__(kPreprocessThreads)
+    bwd_preprocess(const T* out, int64_t out_token_stride, int64_t out_head_stride, const T* dout,
+                   int64_t dout_token_stride, int64_t dout_head_stride, const float* lse,
+                   const float* dlse, const int32_t* cu_q, int64_t batch, int64_t total_q,
+                   int64_t row_len, float* lse2, float* dpsum) {
+  __shared__ int64_t seq_of_tile;
+  const int64_t p0 = static_cast<int64_t>(blockIdx.x) * kBwdBlockM;
+  const int64_t h = blockIdx.y;
+  if (threadIdx.x == 0) {
+    // The last sequence whose padded start is at or before p0.
+    int64_t lo = 0, hi = batch - 1;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      if (padded_row(clamp_offset(__ldg(cu_q + mid), 0, total_q), mid) <= p0)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    seq_of_tile = lo;
+  }
+  __syncthreads();
+  const int64_t b = seq_of_tile;
+  const int32_t q_start = clamp_offset(__ldg(cu_q + b), 0, total_q);
+  const int32_t q_end = clamp_offset(__ldg(cu_q + b + 1), q_start, total_q);
+  const int64_t first = p0 - padded_row(q_start, b);  // row of the sequence at p0
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  constexpr float kLog2e = 1.4426950408889634f;
+  for (int i = warp; i < kBwdBlockM; i += kPreprocessThreads / 32) {
+    const int64_t row = first + i;
+    float l2 = INFINITY, dp = 0.f;
+    if (row >= 0 && row < q_end - q_start) {
+      const int64_t token = q_start + row;
+      const float d = row_dot<T, kD>(out + token * out_token_stride + h * out_head_stride,
+                                     dout + token * dout_token_stride + h * dout_head_stride);
+      const float l = __ldg(lse + h * total_q + token);
+      l2 = l == -INFINITY ? INFINITY : l * kLog2e;
+      dp = d - (dlse != nullptr ? __ldg(dlse + h * total_q + token) : 0.f);
+    }
+    if (lane == 0) {
+      lse2[h * row_len + p0 + i] = l2;
+      dpsum[h * row_len + p0 + i] = dp;
+    }
+  }
+}
+
+inline constexpr int kConvertThreads = 256;
+
+// dq = softmax_scale * dq_acc, rounded to T, four elements per thread and step.
+template <typename T, int kD>
+__global__ void __launch_bounds__(kConvertThreads)
+    bwd_convert_dq(const float* dq_acc, T* dq, int64_t dq_token_stride, int64_t dq_head_stride,
+                   int64_t total_q, int32_t heads_q, float scale) {
+  constexpr int kQuads = kD / 4;
+  const int64_t n = total_q * heads_q * kQuads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / kQuads;  // token * heads_q + head
+    const int c = static_cast<int>(i - row * kQuads) * 4;
+    const int64_t token = row / heads_q, head = row - token * heads_q;
+    const float4 x = *reinterpret_cast<const float4*>(dq_acc + row * kD + c);
+    uint2 packed;
+    if constexpr (std::is_same_v<T, __half>) {
+      const __half2 lo = __floats2half2_rn(x.x * scale, x.y * scale);
+      const __half2 hi = __floats2half2_rn(x.z * scale, x.w * scale);
+      packed = make_uint2(*reinterpret_cast<const uint32_t*>(&lo),
+                          *reinterpret_cast<const uint32_t*>(&hi));
+    } else {
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x * scale, x.y * scale);
+      const __nv_bfloat162 hi = __floats2bfloat162_rn(x.z * scale, x.w * scale);
+      packed = make_uint2(*reinterpret_cast<const uint32_t*>(&lo),
+                          *reinterpret_cast<const uint32_t*>(&hi));
+    }
+    *reinterpret_cast<uint2*>(dq + token * dq_token_stride + head * dq_head_stride + c) = packed;
+  }
+}
+
+}  // namespace jfa::sm90

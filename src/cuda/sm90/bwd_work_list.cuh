@@ -1,0 +1,108 @@
+// Work of the sm90 backward, built on the device from cu_seqlens (graph-capturable): the list of K
+// tiles (one kernel of kListThreads threads, sequences in order, each sequence's K tiles
+// ascending), and the decode of a work item, one (K tile, kv head) pair, into the q tiles it walks.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/sm90/bwd_args.hpp"
+#include "cuda/sm90/work_list.cuh"
+
+namespace jfa::sm90 {
+
+// Lists the K tiles (kBlockN keys) of every sequence; *count gets their number (at most
+// `capacity`, which only invalid offsets reach) and *next_item is reset for the backward kernel.
+template <int kBlockN>
+__global__ void __launch_bounds__(kListThreads)
+    build_bwd_work_list(const int32_t* cu_q, const int32_t* cu_k, int64_t batch, int64_t total_q,
+                        int64_t total_k, BwdListEntry* work, int32_t* count,
+                        unsigned long long* next_item, int64_t capacity) {
+  __shared__ int32_t scratch[32];
+  int64_t running = 0;
+  for (int64_t base = 0; base < batch; base += kListThreads) {
+    const int64_t b = base + threadIdx.x;
+    int32_t tiles = 0;
+    if (b < batch) {
+      const SeqBounds sb = seq_bounds(cu_q, cu_k, total_q, total_k, b, 1);
+      tiles = (sb.len_k + kBlockN - 1) / kBlockN;
+    }
+    int64_t round_total = 0;
+    const int64_t first = running + block_exclusive_scan(tiles, scratch, &round_total);
+    for (int32_t t = 0; t < tiles && first + t < capacity; ++t)
+      work[first + t] = BwdListEntry{static_cast<int32_t>(b), t, tiles};
+    running += round_total;
+  }
+  if (threadIdx.x == 0) {
+    *count = static_cast<int32_t>(running < capacity ? running : capacity);
+    *next_item = 0;
+  }
+}
+
+// One work item: the K tile n_block (kBwdBlockN keys) of one kv head of one sequence, with the q
+// tiles [m_first, m_end) of each of the group's query heads that see any of its keys.
+struct BwdItem {
+  SeqBounds seq;
+  int32_t kv_head;
+  int32_t n_block;
+  int32_t m_first, m_end;
+  int32_t lse_row;  // padded_row of the sequence
+  int32_t valid;    // 0 ends the walk
+
+  __device__ __forceinline__ int32_t q_tiles() const { return m_end - m_first; }
+};
+
+// Item `item` of the list: the items of one sequence's run of entries go head by head (all K tiles
+// of one kv head, then the next), so the CTAs at work on a sequence stream the same Q and dO
+// through L2, and the K tiles of one head are claimed in ascending order (deterministic mode
+// relies on it).
+__device__ __forceinline__ BwdItem decode_bwd_item(const BwdArgs& a, int64_t item) {
+  BwdItem w{};
+  const int64_t slot = item / a.heads_kv;
+  const BwdListEntry e = a.work[slot];
+  const int32_t b = e.seq < 0 ? 0 : (e.seq >= a.batch ? static_cast<int32_t>(a.batch - 1) : e.seq);
+  w.seq = seq_bounds(a.cu_q, a.cu_k, a.total_q, a.total_k, b, 1);
+  const int32_t tiles = (w.seq.len_k + kBwdBlockN - 1) / kBwdBlockN;
+  w.kv_head = static_cast<int32_t>(item - slot * a.heads_kv);
+  w.n_block = e.n_block;
+  if (e.n_block >= 0 && e.n_block < tiles && e.n_tiles == tiles) {
+    // The run holds n_block = 0 .. tiles - 1 at entries run_first .. run_first + tiles - 1.
+    const int64_t run_first = slot - e.n_block;
+    const int64_t local = item - run_first * a.heads_kv;  // in [0, tiles * heads_kv)
+    w.kv_head = static_cast<int32_t>(local / tiles);
+    w.n_block = static_cast<int32_t>(local - static_cast<int64_t>(w.kv_head) * tiles);
+  }
+  w.valid = 1;
+  w.m_end = (w.seq.len_q + kBwdBlockM - 1) / kBwdBlockM;
+  w.m_first = 0;
+  if (w.n_block < 0 || w.n_block >= tiles) {
+    w.m_first = w.m_end;  // only invalid offsets get here: nothing to walk
+  } else if (a.causal) {
+    // Query row r sees keys up to r + len_k - len_q: the first row that sees the tile's first key.
+    const int64_t first_row = static_cast<int64_t>(w.n_block) * kBwdBlockN -
+                              (static_cast<int64_t>(w.seq.len_k) - w.seq.len_q);
+    if (first_row >= w.seq.len_q)
+      w.m_first = w.m_end;
+    else if (first_row > 0)
+      w.m_first = static_cast<int32_t>(first_row / kBwdBlockM);
+  }
+  w.lse_row = static_cast<int32_t>(padded_row(w.seq.q_start, b));
+  return w;
+}
+
+__device__ __forceinline__ BwdItem warp_uniform(const BwdItem& w) {
+  auto lane0 = [](auto x) { return __shfl_sync(0xffffffffu, x, 0); };
+  BwdItem u;
+  u.seq.q_start = lane0(w.seq.q_start);
+  u.seq.len_q = lane0(w.seq.len_q);
+  u.seq.k_start = lane0(w.seq.k_start);
+  u.seq.len_k = lane0(w.seq.len_k);
+  u.kv_head = lane0(w.kv_head);
+  u.n_block = lane0(w.n_block);
+  u.m_first = lane0(w.m_first);
+  u.m_end = lane0(w.m_end);
+  u.lse_row = lane0(w.lse_row);
+  u.valid = lane0(w.valid);
+  return u;
+}
+
+}  // namespace jfa::sm90

@@ -1,0 +1,58 @@
+// Layout of the backward's device workspace (see jfa_attention_backward_workspace_size): a header
+// (the work list's entry count and the item counter), the work list (one entry per K tile), the
+// per-row softmax terms of the preprocess (LSE in base 2 and D = rowsum(dO * O) - dLSE) in a layout
+// padded per sequence to whole q tiles, one semaphore per q tile and head (deterministic mode),
+// and the float32 accumulator of dQ.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace jfa::sm90 {
+
+inline constexpr int kBwdBlockM = 64;   // query rows per step of a backward work item
+inline constexpr int kBwdBlockN = 128;  // keys per backward work item (two consumer groups of 64)
+
+// One entry of the backward's work list: K tile n_block of sequence `seq`, which has n_tiles K
+// tiles; the tiles of one sequence are consecutive entries, n_block ascending.
+struct BwdListEntry {
+  int32_t seq;
+  int32_t n_block;
+  int32_t n_tiles;
+};
+
+// First row of sequence b in the padded per-row arrays: a multiple of kBwdBlockM, with room for
+// the whole q tiles of every sequence before it (from its first token q_start).
+__host__ __device__ constexpr int64_t padded_row(int64_t q_start, int64_t b) {
+  return (q_start + b * kBwdBlockM) / kBwdBlockM * kBwdBlockM;
+}
+
+struct BwdWorkspaceLayout {
+  int64_t list_capacity;  // entries: sum over sequences of ceil(len_k / kBwdBlockN)
+  int64_t row_len;        // padded rows per head of the per-row arrays
+  size_t list, lse2, dpsum, sems, dq_acc, bytes;        // byte offsets, and the total
+  size_t zeroed_bytes() const { return bytes - sems; }  // semaphores and dQ, cleared per call
+};
+
+constexpr size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+constexpr BwdWorkspaceLayout backward_workspace_layout(int64_t total_q, int64_t total_k,
+                                                       int64_t batch, int64_t heads_q,
+                                                       int64_t head_dim) {
+  BwdWorkspaceLayout w{};
+  w.list_capacity = (total_k + kBwdBlockN - 1) / kBwdBlockN + batch;
+  w.row_len =
+      static_cast<int64_t>(align_up(static_cast<size_t>(total_q + kBwdBlockM * batch), kBwdBlockM));
+  constexpr size_t kAlign = 256;
+  w.list = 16;
+  w.lse2 = align_up(w.list + sizeof(BwdListEntry) * static_cast<size_t>(w.list_capacity), kAlign);
+  const size_t row_bytes = sizeof(float) * static_cast<size_t>(heads_q * w.row_len);
+  w.dpsum = align_up(w.lse2 + row_bytes, kAlign);
+  w.sems = align_up(w.dpsum + row_bytes, kAlign);
+  w.dq_acc = align_up(
+      w.sems + sizeof(int32_t) * static_cast<size_t>(heads_q * (w.row_len / kBwdBlockM)), kAlign);
+  w.bytes = w.dq_acc + sizeof(float) * static_cast<size_t>(total_q * heads_q * head_dim);
+  return w;
+}
+
+}  // namespace jfa::sm90

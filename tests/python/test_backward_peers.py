@@ -1,0 +1,231 @@
+"""bench/backward_peers.py without a GPU: the backward's FLOP count (causal, cross lengths), the
+workload variants and their lengths, the options, the calls built from the ops' schemas, the
+rounds and the tables (the measurements run on a GPU machine only)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import backward_peers as bp  # noqa: E402
+import call_overhead as co  # noqa: E402
+
+
+def brute_pairs(lq, lk, causal):
+    """Visible (query, key) pairs, one by one: query row i sees keys j <= i + lk - lq."""
+    return sum(1 for i in range(lq) for j in range(lk) if not causal or j <= i + lk - lq)
+
+
+def test_backward_flops_are_two_and_a_half_forwards():
+    lengths = [5, 17, 64]
+    full = 4.0 * (5 * 5 + 17 * 17 + 64 * 64) * 16 * 128
+    assert bp.backward_flops(lengths, lengths, 16, 128, False) == 2.5 * full
+    # Equal lengths under the causal mask count half of each square (the usual convention).
+    assert bp.backward_flops(lengths, lengths, 16, 128, True) == 2.5 * full / 2
+
+
+@pytest.mark.parametrize("lq,lk", [(2, 5), (5, 2), (1, 9), (9, 1), (7, 7), (0, 4), (4, 0)])
+def test_cross_causal_pairs_are_counted_exactly_bottom_right(lq, lk):
+    heads, d = 3, 64
+    want_cross = 4.0 * brute_pairs(lq, lk, True) * heads * d
+    if lq == lk:
+        want_cross = 4.0 * lq * lk / 2 * heads * d  # the equal-length convention
+    assert bp.backward_flops([lq], [lk], heads, d, True) == 2.5 * want_cross
+    assert bp.backward_flops([lq], [lk], heads, d, False) == 2.5 * 4.0 * lq * lk * heads * d
+
+
+def test_batch_of_cross_lengths_sums_per_sequence():
+    lq, lk = [2, 5, 3, 8], [5, 2, 3, 1]
+    pairs = brute_pairs(2, 5, True) + brute_pairs(5, 2, True) + 3 * 3 / 2 + brute_pairs(8, 1, True)
+    assert pairs == 9 + 3 + 4.5 + 1
+    assert bp.backward_flops(lq, lk, 16, 128, True) == 2.5 * 4.0 * pairs * 16 * 128
+
+
+def test_workload_spec_variants_are_named_for_what_changes():
+    s = bp.workload_spec("W1")
+    assert (s.id, s.base, s.head_dim, s.heads, s.heads_kv) == ("W1", "W1", 128, 16, 16)
+    s = bp.workload_spec("W3", head_dim=64, heads_kv=4)
+    assert (s.id, s.base, s.head_dim, s.heads, s.heads_kv) == ("W3-d64-kv4", "W3", 64, 16, 4)
+    assert bp.workload_spec("X2").cross == "chunk"
+
+
+def test_workloads_take_their_lengths_from_the_cli(tmp_path):
+    cli = tmp_path / "jfa"
+    cli.write_text("#!/bin/sh\necho 4,10,1\n")
+    cli.chmod(0o755)
+    (wid, w, err), (xid, x, _) = bp.load_workloads(["W2", "X2"], str(cli), 64, 8)
+    assert (wid, err, xid) == ("W2-d64-kv8", None, "X2-d64-kv8")
+    assert w.lengths_q == w.lengths_k == [4, 10, 1]
+    assert (w.spec.head_dim, w.spec.heads_kv) == (64, 8)
+    assert x.lengths_q == [1, 2, 1] and x.lengths_k == [4, 10, 1]  # the last quarter of each
+    (mid, missing, why), = bp.load_workloads(["W1"], None)
+    assert (mid, missing) == ("W1", None) and "CLI" in why
+
+
+def test_options_defaults_quick_and_refusals(monkeypatch):
+    monkeypatch.delenv("FA3_LIB", raising=False)
+    args = bp.parse_args([])
+    assert args.workload_ids == ["W1", "W2", "W3", "W4"]
+    assert args.dtype_names == ["fp16"] and args.masks == (False, True)
+    assert args.method_names == ["jfa", "fa3", "fa2_varlen"]
+    assert (args.head_dim, args.heads_kv, args.rounds, args.runs, args.warmup) == (
+        128, 16, 3, 30, 5)
+    assert args.fa3_lib is None and args.json is None
+    quick = bp.parse_args(["--quick", "--json", "out.json"])
+    assert quick.workload_ids == ["W1", "W4"] and quick.dtype_names == ["fp16"]
+    assert quick.masks == (False, True) and (quick.rounds, quick.runs) == (3, 10)
+    assert quick.json == "out.json"
+    assert bp.parse_args(["--quick", "--workloads", "W3"]).workload_ids == ["W3"]
+    assert bp.parse_args(["--causal", "on"]).masks == (True,)
+    assert bp.parse_args(["--causal", "off"]).masks == (False,)
+    both = bp.parse_args(["--dtypes", "fp16,bf16", "--head-dim", "64", "--heads-kv", "4"])
+    assert both.dtype_names == ["fp16", "bf16"] and (both.head_dim, both.heads_kv) == (64, 4)
+    assert bp.parse_args(["--deterministic"]).method_names == ["jfa", "jfa_det", "fa3",
+                                                               "fa2_varlen"]
+    assert bp.parse_args(["--methods", "fa2_varlen,jfa", "--deterministic"]).method_names == [
+        "fa2_varlen", "jfa", "jfa_det"]
+    monkeypatch.setenv("FA3_LIB", "/x/flash_attn_3.so")
+    assert bp.parse_args([]).fa3_lib == "/x/flash_attn_3.so"
+    for bad in (["--heads-kv", "3"], ["--heads-kv", "0"], ["--head-dim", "96"],
+                ["--rounds", "0"], ["--runs", "0"], ["--warmup", "-1"], ["--causal", "yes"],
+                ["--workloads", "W9"], ["--workloads", "W1-d64"], ["--dtypes", "fp8"],
+                ["--methods", "flex"], ["--tolerance-scale", "0"]):
+        with pytest.raises(SystemExit):
+            bp.parse_args(bad)
+
+
+# aten's schemas as torch 2.11 prints them (the names of two arguments changed in its history).
+FA2_BWD = [("grad_out", co.REQUIRED), ("query", co.REQUIRED), ("key", co.REQUIRED),
+           ("value", co.REQUIRED), ("out", co.REQUIRED), ("logsumexp", co.REQUIRED),
+           ("cum_seq_q", co.REQUIRED), ("cum_seq_k", co.REQUIRED), ("max_q", co.REQUIRED),
+           ("max_k", co.REQUIRED), ("dropout_p", co.REQUIRED), ("is_causal", co.REQUIRED),
+           ("rng_state", co.REQUIRED), ("unused", co.REQUIRED), ("scale", None),
+           ("window_size_left", None), ("window_size_right", None)]
+FA2_VALUES = {"grad_out": "G", "query": "Q", "key": "K", "value": "V", "out": "O",
+              "logsumexp": "L", "cum_seq_q": "CQ", "cum_seq_k": "CK", "max_q": 7, "max_k": 9,
+              "dropout_p": 0.0, "is_causal": True, "philox_seed": "S", "philox_offset": "U",
+              "scale": 0.125}
+
+
+def test_fa2_backward_call_from_either_schema():
+    want = (["G", "Q", "K", "V", "O", "L", "CQ", "CK", 7, 9, 0.0, True, "S", "U"],
+            {"scale": 0.125})
+    assert bp.schema_call(FA2_BWD, FA2_VALUES, bp.FA2_ALIASES, bp.FA2_KEYWORDS) == want
+    older = [("philox_seed", a[1]) if a[0] == "rng_state" else
+             ("philox_offset", a[1]) if a[0] == "unused" else a for a in FA2_BWD]
+    assert bp.schema_call(older, FA2_VALUES, bp.FA2_ALIASES, bp.FA2_KEYWORDS) == want
+
+
+def test_a_schema_mismatch_is_an_error_not_a_wrong_call():
+    with pytest.raises(ValueError, match="no philox_seed or rng_state"):
+        bp.schema_call([a for a in FA2_BWD if a[0] != "rng_state"], FA2_VALUES, bp.FA2_ALIASES,
+                       bp.FA2_KEYWORDS)
+    # A new required argument before the last one this script sets.
+    extra = FA2_BWD[:3] + [("bias", co.REQUIRED)] + FA2_BWD[3:]
+    with pytest.raises(ValueError, match="'bias' has no default"):
+        bp.schema_call(extra, FA2_VALUES, bp.FA2_ALIASES, bp.FA2_KEYWORDS)
+    with pytest.raises(ValueError, match="none of scale"):
+        bp.schema_call([a for a in FA2_BWD if a[0] != "scale"], FA2_VALUES, bp.FA2_ALIASES,
+                       bp.FA2_KEYWORDS)
+
+
+def test_fa3_backward_call_passes_the_gradients_to_write():
+    names = ["dout", "q", "k", "v", "out", "softmax_lse", "dq", "dk", "dv", "cu_seqlens_q",
+             "cu_seqlens_k", "seqused_q", "seqused_k", "max_seqlen_q", "max_seqlen_k",
+             "softmax_scale", "is_causal", "window_size_left", "window_size_right", "softcap",
+             "deterministic", "sm_margin"]
+    values = {"dout": "G", "q": "Q", "k": "K", "v": "V", "out": "O", "softmax_lse": "L",
+              "dq": "DQ", "dk": "DK", "dv": "DV", "cu_seqlens_q": "CQ", "cu_seqlens_k": "CK",
+              "max_seqlen_q": 7, "max_seqlen_k": 9, "softmax_scale": 0.125, "is_causal": False}
+    args, kwargs = bp.schema_call(names, values, keywords=bp.FA3_BWD_KEYWORDS)
+    assert args == ["G", "Q", "K", "V", "O", "L", "DQ", "DK", "DV", "CQ", "CK", None, None, 7, 9]
+    assert kwargs == {"softmax_scale": 0.125, "is_causal": False}
+
+
+def rec(method, eager, graph=None, status="ok", **more):
+    r = {"method": method, "workload": "W1", "dtype": "fp16", "causal": False, "status": status,
+         "eager_ms": eager, "graph_ms": graph, "rel_error": 1e-3, "bwd_gflop": 100.0,
+         "heads": 16, "heads_kv": 16, "head_dim": 128, "graph_reason": ""}
+    r.update(more)
+    return r
+
+
+def test_rounds_keep_the_median_eager_round_and_the_median_replay():
+    kept = bp.combine_rounds([rec("jfa", 1.2, 1.0, tag="r0"), rec("jfa", 1.0, 0.7, tag="r1"),
+                              rec("jfa", 1.1, 0.9, tag="r2")])
+    assert kept["tag"] == "r2" and kept["eager_ms"] == 1.1 and kept["graph_ms"] == 0.9
+    assert [r["eager_ms"] for r in kept["rounds"]] == [1.2, 1.0, 1.1]
+    assert set(kept["rounds"][0]) == set(bp.ROUND_FIELDS)
+    # Two rounds: the slower of the middle ones, for both figures.
+    kept = bp.combine_rounds([rec("jfa", 1.0, 0.5), rec("jfa", 2.0, 0.4)])
+    assert (kept["eager_ms"], kept["graph_ms"]) == (2.0, 0.5)
+    # A round without a replay: no graph figure, with that round's reason.
+    kept = bp.combine_rounds([rec("jfa", 1.0, 0.5), rec("jfa", 1.1, None, graph_reason="boom")])
+    assert kept["graph_ms"] is None and kept["graph_reason"] == "boom"
+    # A failed round is the result.
+    kept = bp.combine_rounds([rec("jfa", 1.0, 0.5), rec("jfa", None, status="wrong", tag="bad")])
+    assert kept["status"] == "wrong" and kept["tag"] == "bad"
+
+
+def test_rates_and_ratios_to_varlen_fa2():
+    records = [bp.add_rates(rec("jfa", 0.5, 0.4)), bp.add_rates(rec("fa2_varlen", 1.0, 0.6)),
+               bp.add_rates(rec("fa3", None, status="unavailable")),
+               bp.add_rates(rec("jfa", 0.5, 0.4, causal=True))]
+    bp.add_ratios(records)
+    jfa, fa2, fa3, alone = records
+    assert jfa["eager_tflops"] == pytest.approx(200.0)
+    assert jfa["graph_tflops"] == pytest.approx(250.0)
+    assert jfa["vs_fa2_eager"] == pytest.approx(2.0) and jfa["vs_fa2_graph"] == pytest.approx(1.5)
+    assert fa2["vs_fa2_eager"] == pytest.approx(1.0)
+    assert fa3["eager_tflops"] is None and fa3["vs_fa2_eager"] is None
+    assert alone["vs_fa2_eager"] is None  # no FA2 in that cell
+    summary = bp.summarize(records)
+    assert [(s["workload"], s["causal"]) for s in summary] == [("W1", False), ("W1", True)]
+    assert summary[0]["jfa"]["vs_fa2_graph"] == pytest.approx(1.5)
+
+
+def test_a_table_per_cell_with_rows_per_method_and_notes():
+    records = [rec("fa2_varlen", 1.0, 0.6), rec("jfa", 0.5, 0.4),
+               rec("fa3", None, status="unavailable", reason="no backward in this build",
+                   rel_error=None),
+               rec("jfa", 0.25, None, causal=True, graph_reason="capture failed: boom"),
+               rec("jfa", 0.7, 0.6, dtype="bf16")]
+    for r in records:
+        bp.add_rates(r)
+    bp.add_ratios(records)
+    text = bp.format_tables(records, ["W1"])
+    lines = text.splitlines()
+    heads = [line for line in lines if line.startswith("### ")]
+    assert heads == [
+        "### W1, fp16, non-causal (heads 16, K/V heads 16, head_dim 128; backward 100.0 useful "
+        "GFLOP)",
+        "### W1, fp16, causal (heads 16, K/V heads 16, head_dim 128; backward 100.0 useful GFLOP)",
+        "### W1, bf16, non-causal (heads 16, K/V heads 16, head_dim 128; backward 100.0 useful "
+        "GFLOP)"]
+    first = lines.index(heads[0])
+    assert lines[first + 2] == ("| method | eager ms | graph ms | TFLOP/s eager | TFLOP/s graph | "
+                                "÷ FA2 eager | ÷ FA2 graph | max rel. error |")
+    assert lines[first + 4:first + 7] == [
+        "| jfa | 0.5000 | 0.4000 | 200.0 | 250.0 | 2.00x | 1.50x | 1.0e-03 |",
+        "| FA3 varlen | n/a | n/a | n/a | n/a | n/a | n/a | - |",
+        "| varlen FA2 (aten) | 1.0000 | 0.6000 | 100.0 | 166.7 | 1.00x | 1.00x | 1.0e-03 |"]
+    assert "| jfa | 0.2500 | no graph | 400.0 | - | - | - | 1.0e-03 |" in lines
+    assert any("FA3 varlen [unavailable]" in line and "no backward" in line for line in lines)
+    assert any("jfa [no graph]" in line and "boom" in line for line in lines)
+    assert bp.format_tables([]) == "no results"
+
+
+def test_help_and_import_need_no_torch():
+    code = ("import sys; sys.path.insert(0, %r); import backward_peers; "
+            "print('torch' in sys.modules)" % str(BENCH))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
+    r = subprocess.run([sys.executable, str(BENCH / "backward_peers.py"), "--help"],
+                       capture_output=True, text=True, env=dict(os.environ, FA3_LIB=""))
+    assert r.returncode == 0, r.stderr
+    assert "--heads-kv" in r.stdout and "float64" in r.stdout
