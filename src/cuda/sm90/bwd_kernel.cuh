@@ -5,8 +5,8 @@
 // they need no atomics and are summed over the group's query heads in a fixed order.
 //
 // Roles (128 threads per warp group, one CTA per SM):
-//   warp group 0   producer: one thread loads K and V per item and, per step, Q and dO (TMA) with
-//                  their rows of LSE and D (bulk copies) into a ring guarded by mbarriers.
+//   warp group 0   producer: one thread loads K and V per item and, per step, Q and dO with their
+//                  rows of LSE and D (TMA) into a ring guarded by mbarriers.
 //   warp groups 1, 2  consumers, keys 64 g .. 64 g + 63 of the tile each, per step:
 //                  S^T = K Q^T and dP^T = V dO^T (SS wgmma), P^T = exp2(S^T scale log2e - LSE2),
 //                  dS^T = P^T (dP^T - D); dV += P^T dO and dK += dS^T Q (RS wgmma, dO and Q read
@@ -62,8 +62,8 @@ struct BwdItemScheduler {
 template <typename Cfg>
 __device__ __forceinline__ void bwd_producer(typename Cfg::Shared& s, const CUtensorMap* tm_q,
                                              const CUtensorMap* tm_k, const CUtensorMap* tm_v,
-                                             const CUtensorMap* tm_do, const BwdArgs& a,
-                                             int64_t n_items) {
+                                             const CUtensorMap* tm_do, const CUtensorMap* tm_rows,
+                                             const BwdArgs& a, int64_t n_items) {
   constexpr int kBoxes = Cfg::kD / 64;
   constexpr uint32_t kRowBytes = kBwdBlockM * sizeof(float);
   tlx::PipelineState<Cfg::kStages> st;
@@ -83,7 +83,6 @@ __device__ __forceinline__ void bwd_producer(typename Cfg::Shared& s, const CUte
     kv_phase ^= 1u;
     for (int32_t g = 0; g < a.group; ++g) {
       const int32_t head = w.kv_head * a.group + g;
-      const int64_t rows = static_cast<int64_t>(head) * a.row_len + w.lse_row;
       for (int32_t m = w.m_first; m < w.m_end; ++m) {
         s.empty[st.stage].wait_suspended(st.phase ^ 1u);
         tlx::MBarrier* full = &s.full[st.stage];
@@ -94,8 +93,9 @@ __device__ __forceinline__ void bwd_producer(typename Cfg::Shared& s, const CUte
           tlx::tma_load_3d(tm_q, full, s.q[st.stage].box(bx), bx * 64, head, q_row);
           tlx::tma_load_3d(tm_do, full, s.dout[st.stage].box(bx), bx * 64, head, q_row);
         }
-        tlx::bulk_load(s.lse2[st.stage], a.lse2 + rows + m * kBwdBlockM, kRowBytes, full);
-        tlx::bulk_load(s.dpsum[st.stage], a.dpsum + rows + m * kBwdBlockM, kRowBytes, full);
+        const int32_t col = w.lse_row + m * kBwdBlockM;
+        tlx::tma_load_2d(tm_rows, full, s.lse2[st.stage], col, head);
+        tlx::tma_load_2d(tm_rows, full, s.dpsum[st.stage], col, a.heads_q + head);
         st.advance();
       }
     }
@@ -430,7 +430,7 @@ template <typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-               const BwdArgs args) {
+               const __grid_constant__ CUtensorMap tm_rows, const BwdArgs args) {
   extern __shared__ unsigned char smem_raw[];
   const uintptr_t aligned = (reinterpret_cast<uintptr_t>(smem_raw) + kSmemAlignBytes - 1) &
                             ~static_cast<uintptr_t>(kSmemAlignBytes - 1);
@@ -442,13 +442,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     tlx::tma_prefetch_descriptor(&tm_k);
     tlx::tma_prefetch_descriptor(&tm_v);
     tlx::tma_prefetch_descriptor(&tm_do);
+    tlx::tma_prefetch_descriptor(&tm_rows);
   }
   __syncthreads();
   const int64_t n_items =
       static_cast<int64_t>(min(*args.work_count, args.work_capacity)) * args.heads_kv;
   if (group == 0) {
     tlx::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
-    if (threadIdx.x == 0) bwd_producer<Cfg>(s, &tm_q, &tm_k, &tm_v, &tm_do, args, n_items);
+    if (threadIdx.x == 0)
+      bwd_producer<Cfg>(s, &tm_q, &tm_k, &tm_v, &tm_do, &tm_rows, args, n_items);
   } else {
     tlx::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
     bwd_consumer<Cfg>(s, args, n_items, group - 1);

@@ -93,6 +93,11 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
         !encode_qkv_map<T>(p.v, p.total_k, p.heads_kv, Cfg::kD, p.v_layout, kBwdBlockN, &tm_v,
                            &err))
       return fail(JFA_ERROR_CUDA, "tensor map encoding failed: %s", err.c_str());
+    // The LSE rows of every head and then the D rows: one array (bwd_workspace.hpp).
+    CUtensorMap tm_rows;
+    if (!encode_row_terms_map(lse2, lay.row_len, 2 * int64_t{p.heads_q}, kBwdBlockM, &tm_rows,
+                              &err))
+      return fail(JFA_ERROR_CUDA, "tensor map encoding failed: %s", err.c_str());
     if (const jfa_status s = opt_in_bwd_shared_memory<Cfg>(device.ordinal); s != JFA_SUCCESS)
       return s;
 
@@ -141,7 +146,8 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
     a.deterministic = b.deterministic ? 1 : 0;
     const int64_t max_items = lay.list_capacity * p.heads_kv;
     const int grid = static_cast<int>(std::min<int64_t>(device.sm_count, max_items));
-    bwd_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, tm_do, a);
+    bwd_kernel<Cfg>
+        <<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_rows, a);
     if (const jfa_status s = launch_error("backward kernel"); s != JFA_SUCCESS) return s;
   }
 

@@ -1,8 +1,9 @@
 // Layout of the backward's device workspace (see jfa_attention_backward_workspace_size): a header
 // (the work list's entry count and the item counter), the work list (one entry per K tile), the
-// per-row softmax terms of the preprocess (LSE in base 2 and D = rowsum(dO * O) - dLSE) in a layout
-// padded per sequence to whole q tiles, one semaphore per q tile and head (deterministic mode),
-// and the float32 accumulator of dQ.
+// per-row softmax terms of the preprocess (LSE in base 2 and D = rowsum(dO * O) - dLSE, each
+// [heads_q, row_len], the D rows right after the LSE rows) in a layout padded per sequence to
+// whole q tiles, one semaphore per q tile and head (deterministic mode), and the float32
+// accumulator of dQ.
 #pragma once
 
 #include <cstddef>
@@ -47,7 +48,7 @@ constexpr BwdWorkspaceLayout backward_workspace_layout(int64_t total_q, int64_t 
   w.list = 16;
   w.lse2 = align_up(w.list + sizeof(BwdListEntry) * static_cast<size_t>(w.list_capacity), kAlign);
   const size_t row_bytes = sizeof(float) * static_cast<size_t>(heads_q * w.row_len);
-  w.dpsum = align_up(w.lse2 + row_bytes, kAlign);
+  w.dpsum = w.lse2 + row_bytes;  // right after the LSE rows: one tensor map covers both
   w.sems = align_up(w.dpsum + row_bytes, kAlign);
   w.dq_acc = align_up(
       w.sems + sizeof(int32_t) * static_cast<size_t>(heads_q * (w.row_len / kBwdBlockM)), kAlign);

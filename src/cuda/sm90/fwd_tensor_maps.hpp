@@ -73,4 +73,21 @@ bool encode_out_map(void* out, int64_t total, int64_t rows, int32_t heads, int32
   return jfa::cuda::encode_tiled_map(spec, map, error);
 }
 
+// Map over the backward's per-row float32 arrays, `rows` rows of row_len floats each (the LSE rows
+// of every head, then the D rows): dims (row_len, rows), box (64, 1), no swizzle.
+inline bool encode_row_terms_map(const float* base, int64_t row_len, int64_t rows, uint32_t box,
+                                 CUtensorMap* map, std::string* error) {
+  jfa::cuda::TiledMapSpec spec;
+  spec.dtype = CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+  spec.rank = 2;
+  spec.base = base;
+  spec.dims[0] = static_cast<uint64_t>(row_len);
+  spec.dims[1] = static_cast<uint64_t>(rows);
+  spec.strides[0] = static_cast<uint64_t>(row_len) * sizeof(float);
+  spec.box[0] = box;
+  spec.box[1] = 1;
+  spec.swizzle = CU_TENSOR_MAP_SWIZZLE_NONE;
+  return jfa::cuda::encode_tiled_map(spec, map, error);
+}
+
 }  // namespace jfa::sm90

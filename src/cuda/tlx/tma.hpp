@@ -39,16 +39,6 @@ JFA_DEVICE void tma_load_3d(const CUtensorMap* map, MBarrier* bar, void* smem_ds
       : "memory");
 }
 
-// A contiguous copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to
-// shared memory, completing on `bar` like a tile load.
-JFA_DEVICE void bulk_load(void* smem_dst, const void* gmem_src, uint32_t bytes, MBarrier* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-          "r"(smem_addr(smem_dst)),
-      "l"(gmem_src), "r"(bytes), "r"(smem_addr(bar))
-      : "memory");
-}
-
 // Stores: the shared memory must have been written before with a fence_proxy_async_smem() in each
 // writing thread and a barrier; one thread issues, commits, and waits before the buffer is reused.
 JFA_DEVICE void tma_store_2d(const CUtensorMap* map, const void* smem_src, int32_t c0, int32_t c1) {
