@@ -36,23 +36,19 @@ usage: python3 bench/backward_peers.py --lib build/gpu/src/libjfa.so [--cli buil
            [--causal both|on|off] [--head-dim 64|128] [--heads-kv N] [--deterministic]
            [--rounds N] [--quick] [--json PATH]
 """
-import argparse
 import dataclasses
 import importlib
-import datetime
 import os
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import call_overhead as co  # noqa: E402
 import rounds  # noqa: E402
 import workloads as W  # noqa: E402
-from peers import parse_list, table_order, torch_with_cuda, write_json  # noqa: E402
-from rounds import in_turn  # noqa: E402
+from peers import parse_list, write_json  # noqa: E402
 from workloads import mask_name  # noqa: E402
 
 METHOD_ORDER = ["jfa", "jfa_det", "fa3", "fa2_varlen"]
@@ -229,9 +225,7 @@ def format_tables(records, workload_order=None):
     """Markdown: one table per (workload, dtype, mask), one row per method; notes follow."""
     if not records:
         return "no results"
-    methods, wids = table_order(records, METHOD_ORDER, workload_order)
-    dtypes = [d for d in W.DTYPES if any(r["dtype"] == d for r in records)]
-    dtypes += sorted({r["dtype"] for r in records} - set(dtypes))
+    methods, wids, dtypes = co.table_axes(records, METHOD_ORDER, workload_order)
     by = {(r["workload"], r["dtype"], bool(r["causal"]), r["method"]): r for r in records}
     head = ["method", "eager ms", "graph ms", "TFLOP/s eager", "TFLOP/s graph", "÷ FA2 eager",
             "÷ FA2 graph", "max rel. error"]
@@ -254,35 +248,13 @@ def format_tables(records, workload_order=None):
               "÷ FA2: varlen FA2's time / the method's (> 1: faster). max rel. error: the largest "
               "of dQ, dK, dV against float64 autograd on the sampled sequences. n/a: unavailable. "
               "err: failed. wrong: failed the check, not timed."]
-    notes, seen = [], set()
-    for r in records:
-        where = f"{r['workload']} {r['dtype']} {mask_name(r['causal'])}"
-        for kind, text in ((r.get("status"), r.get("reason") or r.get("note") or ""),
-                           ("no graph", r.get("graph_reason") or "")):
-            if not text or kind == "ok":
-                continue
-            key = (r["method"], kind, text)
-            if key not in seen:
-                seen.add(key)
-                notes.append(f"- {LABELS.get(r['method'], r['method'])} [{kind}] (first: "
-                             f"{where}): {text}")
-    if notes:
-        lines += ["", "notes:"] + notes[:60]
-        if len(notes) > 60:
-            lines.append(f"- ... {len(notes) - 60} more in the JSON")
+    lines += co.note_lines(records, LABELS, (("no graph", "graph_reason"),))
     return "\n".join(lines)
 
 
 def parse_args(argv=None):
     """The options, with --quick's defaults filled in and the lists parsed."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
-    ap.add_argument("--lib", default=None,
-                    help="libjfa.so for jfa (sets JFA_LIBRARY; default: jfa's own search)")
-    ap.add_argument("--cli", default=None,
-                    help="the jfa CLI, source of the workload lengths (default: tools/jfa of the "
-                         "--lib build tree, else the newest build/**/tools/jfa)")
+    ap = co.bench_parser(__doc__)
     ap.add_argument("--fa3-lib", default=os.environ.get("FA3_LIB") or None,
                     help="FlashAttention-3's op library, loaded with torch.ops.load_library "
                          "(default: $FA3_LIB; without it, FA3 runs if torch.ops.flash_attn_3.bwd "
@@ -320,14 +292,8 @@ def parse_args(argv=None):
     ap.add_argument("--json", default=None, help="write every number to this JSON file")
     args = ap.parse_args(argv)
     quick = args.quick
-    for name, full, short in (("runs", 30, 10), ("warmup", 5, 3), ("warm_seconds", 3.0, 1.0)):
-        if getattr(args, name) is None:
-            setattr(args, name, short if quick else full)
-    for name in ("runs", "rounds"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name} must be at least 1")
-    if args.warmup < 0:
-        ap.error("--warmup must be at least 0")
+    co.settle_counts(ap, args, (("runs", 30, 10), ("warmup", 5, 3), ("warm_seconds", 3.0, 1.0)),
+                     ("runs", "rounds"))
     if args.heads_kv < 1 or W.HEADS % args.heads_kv:
         ap.error(f"--heads-kv must divide the {W.HEADS} query heads, got {args.heads_kv}")
     if not args.tolerance_scale > 0:
@@ -614,56 +580,49 @@ def _op(namespace, name):
         return None
 
 
+def _load_op_pair(ctx, method, namespace, names, missing, no_schema):
+    """A method's forward and backward ops, torch.ops.<namespace>.<names>, into ctx as
+    <method>_fwd / _bwd with their schemas' arguments (<method>_fwd_arguments / ...) and the
+    schemas' text in ctx["schemas"]; else <method>_error, the `missing` or `no_schema` message.
+    True when both ops are there."""
+    ops = [_op(namespace, name) for name in names]
+    if None in ops:
+        ctx[f"{method}_error"] = missing
+        return False
+    try:
+        schemas = [op.default._schema for op in ops]
+    except Exception as e:
+        ctx[f"{method}_error"] = f"{no_schema}: {type(e).__name__}: {e}"
+        return False
+    for direction, name, op, schema in zip(("fwd", "bwd"), names, ops, schemas):
+        ctx["schemas"][f"{namespace}.{name}"] = str(schema)
+        ctx[f"{method}_{direction}"] = op
+        ctx[f"{method}_{direction}_arguments"] = co.schema_arguments(schema)
+    return True
+
+
 def load_fa2(ctx):
     """aten's varlen FlashAttention-2 forward and backward, and their schemas."""
-    fwd, bwd = _op("aten", "_flash_attention_forward"), _op("aten", "_flash_attention_backward")
-    if fwd is None or bwd is None:
-        ctx["fa2_error"] = "torch.ops.aten._flash_attention_forward / _backward is missing"
-        return
-    try:
-        fwd_schema, bwd_schema = fwd.default._schema, bwd.default._schema
-    except Exception as e:
-        ctx["fa2_error"] = f"aten._flash_attention_* has no schema: {type(e).__name__}: {e}"
-        return
-    ctx["schemas"]["aten._flash_attention_forward"] = str(fwd_schema)
-    ctx["schemas"]["aten._flash_attention_backward"] = str(bwd_schema)
-    ctx["fa2_fwd"], ctx["fa2_bwd"] = fwd, bwd
-    ctx["fa2_fwd_arguments"] = co.schema_arguments(fwd_schema)
-    ctx["fa2_bwd_arguments"] = co.schema_arguments(bwd_schema)
+    _load_op_pair(ctx, "fa2", "aten", ("_flash_attention_forward", "_flash_attention_backward"),
+                  "torch.ops.aten._flash_attention_forward / _backward is missing",
+                  "aten._flash_attention_* has no schema")
 
 
 def load_fa3(ctx, lib_path):
     """FA3's fwd and bwd ops: from lib_path, else those already registered or registered by
     importing flash_attn_interface; their schemas."""
-    import torch
     if lib_path:
-        try:
-            torch.ops.load_library(lib_path)
-        except Exception as e:
-            ctx["fa3_error"] = f"torch.ops.load_library({lib_path}): {type(e).__name__}: {e}"
+        if not co.load_fa3_library(ctx, lib_path):
             return
     elif _op("flash_attn_3", "bwd") is None:
         try:
             importlib.import_module("flash_attn_interface")  # an installed FA3 registers its ops
         except Exception:
             pass
-    fwd, bwd = _op("flash_attn_3", "fwd"), _op("flash_attn_3", "bwd")
-    if fwd is None or bwd is None:
-        ctx["fa3_error"] = ("torch.ops.flash_attn_3.fwd / .bwd is missing (pass --fa3-lib or set "
-                            "FA3_LIB)")
-        return
-    try:
-        fwd_schema, bwd_schema = fwd.default._schema, bwd.default._schema
-    except Exception as e:
-        ctx["fa3_error"] = f"torch.ops.flash_attn_3 has no schema: {type(e).__name__}: {e}"
-        return
-    ctx["schemas"]["flash_attn_3.fwd"] = str(fwd_schema)
-    ctx["schemas"]["flash_attn_3.bwd"] = str(bwd_schema)
-    ctx["fa3_fwd"], ctx["fa3_bwd"] = fwd, bwd
-    ctx["fa3_fwd_arguments"] = co.schema_arguments(fwd_schema)
-    ctx["fa3_bwd_arguments"] = co.schema_arguments(bwd_schema)
-    ctx["fa3_provider"] = ("torch.ops.flash_attn_3.bwd from "
-                           + (os.path.basename(lib_path) if lib_path else "the installed FA3"))
+    if _load_op_pair(ctx, "fa3", "flash_attn_3", ("fwd", "bwd"),
+                     "torch.ops.flash_attn_3.fwd / .bwd is missing (pass --fa3-lib or set "
+                     "FA3_LIB)", "torch.ops.flash_attn_3 has no schema"):
+        ctx["fa3_provider"] = co.fa3_provider("bwd", lib_path)
 
 
 # ---- one measurement ---------------------------------------------------------------------------
@@ -731,10 +690,7 @@ def _measure(G, bc, causal, prep, rec, opts, deterministic):
         grads = prep.run()
         torch.cuda.synchronize()
     except Exception as e:
-        try:
-            torch.cuda.synchronize()
-        except Exception:
-            pass
+        co.synchronize_quietly()
         status, reason = prep.explain(e) if prep.explain else ("error", G.short(e))
         rec.update(status=status, reason=reason)
         return
@@ -753,27 +709,12 @@ def _measure(G, bc, causal, prep, rec, opts, deterministic):
     if rec["status"] not in TIMED:
         return
     rec.update(co.eager_time(prep.run, opts["runs"], opts["warmup"]))
-    graph = out = None
-    try:
-        graph, out = co.capture(prep.run, opts["warmup"])
-        for t in out:
-            t.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        g_status, g_errors, g_worst, g_reason = check(bc, causal, out, rec["tolerance"])
-        rec["graph_rel_error"] = g_worst
-        if g_status != "ok":
-            rec["graph_reason"] = f"the replay's gradients are wrong: {g_reason}"
-            return
-        rec.update(co.graph_time(graph, opts["runs"], opts["warmup"]))
-    except Exception as e:
-        rec["graph_reason"] = "capture or replay failed: " + G.short(e)
-        try:
-            torch.cuda.synchronize()
-        except Exception:
-            pass
-    finally:
-        graph = out = None
+
+    def check_replay(out):
+        g_status, _, rec["graph_rel_error"], g_reason = check(bc, causal, out, rec["tolerance"])
+        return "" if g_status == "ok" else f"the replay's gradients are wrong: {g_reason}"
+
+    co.time_replays(G, prep.run, rec, opts, check_replay, nan_outputs=True)
 
 
 def progress_line(rec, tag):
@@ -796,27 +737,17 @@ def progress_line(rec, tag):
 def main(argv=None):
     args = parse_args(argv)
     t_start = time.perf_counter()
-    torch = torch_with_cuda("backward_peers.py")
+    torch, G = co.import_gpu_modules("backward_peers.py", args.lib)
     if torch is None:
         return 2
-    if args.lib:  # before anything imports jfa (libjfa.py does): it loads the library then
-        os.environ["JFA_LIBRARY"] = os.path.abspath(args.lib)
-    import peers_gpu as G
-    from libjfa import cli_next_to
 
     ctx = {"schemas": {}}
     co.load_jfa(ctx, args.lib)
     load_fa3(ctx, args.fa3_lib)
     load_fa2(ctx)
-    env = G.environment()
-    env.update({"jfa_library": ctx.get("jfa_path"), "jfa_version": ctx.get("jfa_version"),
-                "jfa_torch_ops_kind": ctx.get("jfa_ops_kind"),
-                "jfa_torch_ops_detail": ctx.get("jfa_ops_detail"),
-                "fa3": ctx.get("fa3_provider") or ctx.get("fa3_error"),
-                "fa3_version": G._dist_version("flash_attn_3"),
-                "schemas": ctx["schemas"]})
-    cli = args.cli or cli_next_to(args.lib or ctx.get("jfa_path")) or W.find_cli(None, REPO)
-    env["jfa_cli"] = cli
+    env = co.run_environment(G, ctx, args.lib, args.cli,
+                             fa3_version=G._dist_version("flash_attn_3"), schemas=ctx["schemas"])
+    cli = env["jfa_cli"]
     print(f"GPU {env.get('gpu')}, torch {env.get('torch')}, CUDA {env.get('cuda_runtime')}, "
           f"jfa {env.get('jfa_version')} (torch ops: {env.get('jfa_torch_ops_kind')})",
           flush=True)
@@ -837,21 +768,16 @@ def main(argv=None):
                     heads=W.HEADS, tolerance={d: t * args.tolerance_scale
                                               for d, t in TOLERANCE.items()},
                     data_seed=G.DATA_SEED, grad_seed=G.DATA_SEED + GRAD_SEED_OFFSET)
-    doc = {"title": "jfa backward against its peers: eager and CUDA-graph time per call",
-           "date": datetime.date.today().isoformat(),
-           "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(
-               timespec="seconds"),
-           "environment": env, "settings": settings,
-           "counting": "useful TFLOP/s = 2.5 * 4 * head_dim * heads * sum(visible pairs) / time "
-                       "(causal: visible pairs counted exactly, bottom-right aligned; equal "
-                       "lengths: half the square)",
-           "figures": {"eager_ms": "CUDA events around one backward call, synchronized after "
-                                   "each; median of the median round by eager time",
-                       "graph_ms": "CUDA events around one replay of the captured backward; "
-                                   "median over the rounds"},
-           "workloads": {w.id: w.summary() for _, w, _ in loaded if w is not None},
-           "workload_errors": {wid: err for wid, w, err in loaded if w is None},
-           "results": records, "summary": []}
+    doc = co.result_document(
+        "jfa backward against its peers: eager and CUDA-graph time per call", env, settings,
+        loaded, records,
+        counting="useful TFLOP/s = 2.5 * 4 * head_dim * heads * sum(visible pairs) / time "
+                 "(causal: visible pairs counted exactly, bottom-right aligned; equal "
+                 "lengths: half the square)",
+        figures={"eager_ms": "CUDA events around one backward call, synchronized after "
+                             "each; median of the median round by eager time",
+                 "graph_ms": "CUDA events around one replay of the captured backward; "
+                             "median over the rounds"})
 
     def save():
         if not args.json:
@@ -866,10 +792,7 @@ def main(argv=None):
 
     for wid, err in doc["workload_errors"].items():
         print(f"{wid}: unavailable: {err}", flush=True)
-    try:
-        G.warm_gpu(args.warm_seconds)
-    except Exception as e:
-        print(f"GPU warm-up failed (continuing): {G.short(e)}", flush=True)
+    co.warm_up_gpu(G, args.warm_seconds)
 
     for wid, w, _ in loaded:
         if w is None:
@@ -898,16 +821,14 @@ def main(argv=None):
                         records.append(add_rates(rec))
                     torch.cuda.empty_cache()
                     continue
-                per_method = {m: [] for m in args.method_names}
-                for r in range(args.rounds):
-                    for m in in_turn(args.method_names, r):
-                        if r > 0 and per_method[m][0]["status"] not in TIMED:
-                            continue  # unavailable, skipped or failed: once is the result
-                        rec = measure(G, ctx, m, bc, causal, opts)
-                        rec["round"] = r
-                        per_method[m].append(rec)
-                        print(progress_line(rec, f" r{r}" if args.rounds > 1 else ""),
-                              flush=True)
+
+                def report(rec):
+                    tag = f" r{rec['round']}" if args.rounds > 1 else ""
+                    print(progress_line(rec, tag), flush=True)
+
+                per_method = rounds.measure_rounds(
+                    args.method_names, args.rounds,
+                    lambda m: measure(G, ctx, m, bc, causal, opts), report)
                 records.extend(add_rates(combine_rounds(per_method[m]))
                                for m in args.method_names)
             bc.release()

@@ -46,7 +46,6 @@ sys.path.insert(0, HERE)
 import workloads as W  # noqa: E402
 import rounds  # noqa: E402
 from peers import parse_list, table_order, torch_with_cuda  # noqa: E402
-from rounds import in_turn  # noqa: E402
 from workloads import mask_name  # noqa: E402
 
 METHOD_ORDER = ["jfa", "jfa_c", "fa3", "fa2_varlen", "triton_jfa", "cudnn_padded"]
@@ -179,16 +178,43 @@ def _ratio(v):
     return "-" if v is None else f"{v:.2f}x"
 
 
-def _order(records, workload_order):
-    methods, wids = table_order(records, METHOD_ORDER, workload_order)
+def table_axes(records, method_order, workload_order=None):
+    """The methods, workloads and dtypes the records hold, in table order (peers.table_order;
+    the dtypes of workloads.DTYPES first, then the others sorted)."""
+    methods, wids = table_order(records, method_order, workload_order)
     dtypes = [d for d in W.DTYPES if any(r["dtype"] == d for r in records)]
     dtypes += sorted({r["dtype"] for r in records} - set(dtypes))
     return methods, wids, dtypes
 
 
+def note_lines(records, labels, reason_fields):
+    """The "notes:" lines under a table: each reason behind a cell that is not a plain number,
+    once per (method, kind, text), with the first cell it appears in. A record's status gives
+    the kind of its reason (or note); reason_fields adds (kind, field) pairs of other reasons."""
+    notes, seen = [], set()
+    for r in records:
+        where = f"{r['workload']} {r['dtype']} {mask_name(r['causal'])}"
+        reasons = [(r.get("status"), r.get("reason") or r.get("note") or "")]
+        reasons += [(kind, r.get(field) or "") for kind, field in reason_fields]
+        for kind, text in reasons:
+            if not text or kind == "ok":
+                continue
+            key = (r["method"], kind, text)
+            if key not in seen:
+                seen.add(key)
+                notes.append(f"- {labels.get(r['method'], r['method'])} [{kind}] (first: "
+                             f"{where}): {text}")
+    if not notes:
+        return []
+    lines = ["", "notes:"] + notes[:60]
+    if len(notes) > 60:
+        lines.append(f"- ... {len(notes) - 60} more in the JSON")
+    return lines
+
+
 def summarize(records, workload_order=None):
     """The ratios of every cell, in table order."""
-    methods, wids, dtypes = _order(records, workload_order)
+    methods, wids, dtypes = table_axes(records, METHOD_ORDER, workload_order)
     by = {(r["workload"], r["dtype"], bool(r["causal"]), r["method"]): r for r in records}
     out = []
     for dtype in dtypes:
@@ -206,7 +232,7 @@ def format_tables(records, workload_order=None):
     ms; then FA3 time / jfa time (eager, graph) and jfa's graph_ms / eager_ms. Notes follow."""
     if not records:
         return "no results"
-    methods, wids, dtypes = _order(records, workload_order)
+    methods, wids, dtypes = table_axes(records, METHOD_ORDER, workload_order)
     by = {(r["workload"], r["dtype"], bool(r["causal"]), r["method"]): r for r in records}
     head = ["workload", "mask"]
     for m in methods:
@@ -234,23 +260,7 @@ def format_tables(records, workload_order=None):
               "call between CUDA events, synchronized. graph ms: one CUDA-graph replay. "
               "* timed, not checked. jfa/FA3: FA3 time / jfa time (> 1: jfa is faster). "
               "jfa graph/eager: the part of jfa's eager time left without the host path."]
-    notes, seen = [], set()
-    for r in records:
-        where = f"{r['workload']} {r['dtype']} {mask_name(r['causal'])}"
-        for kind, text in ((r.get("status"), r.get("reason") or r.get("note") or ""),
-                           ("no graph", r.get("graph_reason") or ""),
-                           ("host", r.get("host_reason") or "")):
-            if not text or kind == "ok":
-                continue
-            key = (r["method"], kind, text)
-            if key not in seen:
-                seen.add(key)
-                notes.append(f"- {LABELS.get(r['method'], r['method'])} [{kind}] (first: {where}): "
-                             f"{text}")
-    if notes:
-        lines += ["", "notes:"] + notes[:60]
-        if len(notes) > 60:
-            lines.append(f"- ... {len(notes) - 60} more in the JSON")
+    lines += note_lines(records, LABELS, (("no graph", "graph_reason"), ("host", "host_reason")))
     return "\n".join(lines)
 
 
@@ -281,16 +291,36 @@ def workload_summary(w):
     return s
 
 
-def parse_args(argv=None):
-    """The options, with --quick's defaults filled in and the lists parsed."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+def bench_parser(doc, lengths="the workload lengths"):
+    """An argument parser with doc's first paragraph as description and the rest as epilog, and
+    the options every torch benchmark here takes: --lib, and --cli, the source of `lengths`."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+                                 epilog="\n\n".join(doc.split("\n\n")[1:]))
     ap.add_argument("--lib", default=None,
                     help="libjfa.so for jfa (sets JFA_LIBRARY; default: jfa's own search)")
     ap.add_argument("--cli", default=None,
-                    help="the jfa CLI, source of the W1..W4 lengths (default: tools/jfa of the "
+                    help=f"the jfa CLI, source of {lengths} (default: tools/jfa of the "
                          "--lib build tree, else the newest build/**/tools/jfa)")
+    return ap
+
+
+def settle_counts(ap, args, defaults, at_least_one):
+    """Fills in the counts left unset, from (name, default, --quick's default) triples, and
+    refuses those of at_least_one below 1 and --warmup below 0 (ap.error)."""
+    for name, full, short in defaults:
+        if getattr(args, name) is None:
+            setattr(args, name, short if args.quick else full)
+    for name in at_least_one:
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.warmup < 0:
+        ap.error("--warmup must be at least 0")
+
+
+def parse_args(argv=None):
+    """The options, with --quick's defaults filled in and the lists parsed."""
+    ap = bench_parser(__doc__, "the W1..W4 lengths")
     ap.add_argument("--fa3-lib", default=None,
                     help="FlashAttention-3's op library, loaded with torch.ops.load_library "
                          "(default: fa3 runs only if torch.ops.flash_attn_3.fwd already exists)")
@@ -315,16 +345,9 @@ def parse_args(argv=None):
     ap.add_argument("--out", default=os.path.join(HERE, "results"), help="output directory")
     ap.add_argument("--name", default="call-overhead", help="file stem of the JSON")
     args = ap.parse_args(argv)
-    quick = args.quick
-    for name, full, short in (("host_calls", 200, 50), ("runs", 30, 10), ("rounds", 3, 1),
-                              ("warm_seconds", 5.0, 1.0)):
-        if getattr(args, name) is None:
-            setattr(args, name, short if quick else full)
-    for name in ("host_calls", "host_batches", "runs", "rounds"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.warmup < 0:
-        ap.error("--warmup must be at least 0")
+    settle_counts(ap, args, (("host_calls", 200, 50), ("runs", 30, 10), ("rounds", 3, 1),
+                             ("warm_seconds", 5.0, 1.0)),
+                  ("host_calls", "host_batches", "runs", "rounds"))
     known = [s.id for s in W.SPECS] + [SMALL.id]
     args.workload_ids = parse_list(args.workloads, known, "workload")
     args.dtype_names = parse_list(args.dtypes, list(W.DTYPES), "dtype")
@@ -438,6 +461,39 @@ def graph_time(graph, runs, warmup):
     return {"graph_ms": statistics.median(times), "graph_min_ms": min(times), "graph_runs": runs}
 
 
+def synchronize_quietly():
+    """torch.cuda.synchronize() after a call that failed: an error it raises too is the same
+    failure, already reported."""
+    import torch
+    try:
+        torch.cuda.synchronize()
+    except Exception:
+        pass
+
+
+def time_replays(G, run, rec, opts, check_replay, nan_outputs=False):
+    """Captures run in a CUDA graph, replays it once for check_replay(its outputs), which returns
+    why they are wrong ("" if right), then puts graph_time's figures in rec; where that fails,
+    rec's graph_reason says why. nan_outputs: NaN into the captured outputs before the replay,
+    so that the check sees only what the replay wrote."""
+    import torch
+    try:
+        graph, out = capture(run, opts["warmup"])
+        if nan_outputs:
+            for t in out:
+                t.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        wrong = check_replay(out)
+        if wrong:
+            rec["graph_reason"] = wrong
+            return
+        rec.update(graph_time(graph, opts["runs"], opts["warmup"]))
+    except Exception as e:
+        rec["graph_reason"] = "capture or replay failed: " + G.short(e)
+        synchronize_quietly()
+
+
 # ---- methods -----------------------------------------------------------------------------------
 
 def _packed(case):
@@ -507,14 +563,28 @@ def schema_arguments(schema):
     return out
 
 
+def load_fa3_library(ctx, lib_path):
+    """torch.ops.load_library(lib_path), FA3's op library; False, with ctx's fa3_error, if it
+    fails."""
+    import torch
+    try:
+        torch.ops.load_library(lib_path)
+    except Exception as e:
+        ctx["fa3_error"] = f"torch.ops.load_library({lib_path}): {type(e).__name__}: {e}"
+        return False
+    return True
+
+
+def fa3_provider(op_name, lib_path):
+    """Where the timed FA3 op comes from, for the records."""
+    return (f"torch.ops.flash_attn_3.{op_name} from "
+            + (os.path.basename(lib_path) if lib_path else "the installed FA3"))
+
+
 def load_fa3(ctx, lib_path):
     import torch
-    if lib_path:
-        try:
-            torch.ops.load_library(lib_path)
-        except Exception as e:
-            ctx["fa3_error"] = f"torch.ops.load_library({lib_path}): {type(e).__name__}: {e}"
-            return
+    if lib_path and not load_fa3_library(ctx, lib_path):
+        return
     try:
         op = torch.ops.flash_attn_3.fwd
         schema = op.default._schema
@@ -524,8 +594,57 @@ def load_fa3(ctx, lib_path):
         return
     ctx["fa3_op"] = op
     ctx["fa3_arguments"] = schema_arguments(schema)
-    ctx["fa3_provider"] = ("torch.ops.flash_attn_3.fwd from "
-                           + (os.path.basename(lib_path) if lib_path else "the installed FA3"))
+    ctx["fa3_provider"] = fa3_provider("fwd", lib_path)
+
+
+def import_gpu_modules(tool, lib_path):
+    """(torch, bench/peers_gpu.py) for a run on the GPU, or (None, None) without one (said on
+    stderr). JFA_LIBRARY is set from lib_path before anything imports jfa (libjfa.py does): the
+    library is loaded then."""
+    torch = torch_with_cuda(tool)
+    if torch is None:
+        return None, None
+    if lib_path:
+        os.environ["JFA_LIBRARY"] = os.path.abspath(lib_path)
+    import peers_gpu
+    return torch, peers_gpu
+
+
+def run_environment(G, ctx, lib_path, cli, **more):
+    """The run's environment (peers_gpu's) with what jfa and FA3 were loaded as (load_jfa,
+    load_fa3), then `more`, and jfa_cli: the CLI the lengths come from (cli, else the one next to
+    the library, else the newest build's)."""
+    from libjfa import cli_next_to
+    env = G.environment()
+    env.update({"jfa_library": ctx.get("jfa_path"), "jfa_version": ctx.get("jfa_version"),
+                "jfa_torch_ops_kind": ctx.get("jfa_ops_kind"),
+                "jfa_torch_ops_detail": ctx.get("jfa_ops_detail"),
+                "fa3": ctx.get("fa3_provider") or ctx.get("fa3_error")}, **more)
+    env["jfa_cli"] = (cli or cli_next_to(lib_path or ctx.get("jfa_path"))
+                      or W.find_cli(None, REPO))
+    return env
+
+
+def result_document(title, env, settings, loaded, records, describe=None, **about):
+    """The JSON document of a run, filled in as it goes: title, start date and time, environment
+    and settings, `about` (how the figures are taken), the workloads loaded (describe(w), else
+    w.summary()) and why the others are not, and `records` as the results."""
+    describe = describe or (lambda w: w.summary())
+    return {"title": title, "date": datetime.date.today().isoformat(),
+            "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                timespec="seconds"),
+            "environment": env, "settings": settings, **about,
+            "workloads": {w.id: describe(w) for _, w, _ in loaded if w is not None},
+            "workload_errors": {wid: err for wid, w, err in loaded if w is None},
+            "results": records, "summary": []}
+
+
+def warm_up_gpu(G, seconds):
+    """G.warm_gpu; a failure is said and the run goes on without the warm-up."""
+    try:
+        G.warm_gpu(seconds)
+    except Exception as e:
+        print(f"GPU warm-up failed (continuing): {G.short(e)}", flush=True)
 
 
 def load_jfa(ctx, lib_path):
@@ -635,26 +754,15 @@ def _measure(G, case, causal, prep, rec, opts):
     if getattr(prep, "no_graph", ""):
         rec["graph_reason"] = prep.no_graph
         return
-    graph = out = None
-    try:
-        graph, out = capture(prep.run, opts["warmup"])
-        graph.replay()
-        torch.cuda.synchronize()
-        if status == "ok":
-            g_status, g_err, g_reason = check(G, case, causal, prep, out, rec["tolerance"])
-            rec["graph_rel_error"] = g_err
-            if g_status != "ok":
-                rec["graph_reason"] = f"the replay's output is wrong: {g_reason}"
-                return
-        rec.update(graph_time(graph, opts["runs"], opts["warmup"]))
-    except Exception as e:
-        rec["graph_reason"] = "capture or replay failed: " + G.short(e)
-        try:
-            torch.cuda.synchronize()
-        except Exception:
-            pass
-    finally:
-        graph = out = None
+
+    def check_replay(out):
+        if status != "ok":
+            return ""  # an unchecked method's replay goes unchecked too
+        g_status, rec["graph_rel_error"], g_reason = check(G, case, causal, prep, out,
+                                                           rec["tolerance"])
+        return "" if g_status == "ok" else f"the replay's output is wrong: {g_reason}"
+
+    time_replays(G, prep.run, rec, opts, check_replay)
 
 
 def progress_line(rec, tag, memory_bound):
@@ -683,25 +791,16 @@ def main(argv=None):
     args = parse_args(argv)
     t_start = time.perf_counter()
     masks = W.MASKS[args.masks]
-    torch = torch_with_cuda("call_overhead.py")
+    torch, G = import_gpu_modules("call_overhead.py", args.lib)
     if torch is None:
         return 2
-    if args.lib:  # before anything imports jfa (libjfa.py does): it loads the library then
-        os.environ["JFA_LIBRARY"] = os.path.abspath(args.lib)
-    import peers_gpu as G
-    from libjfa import cli_next_to
     from peers import write_json
 
     ctx = {"flex_dynamic": None}
     load_jfa(ctx, args.lib)
     load_fa3(ctx, args.fa3_lib)
-    env = G.environment()
-    env.update({"jfa_library": ctx.get("jfa_path"), "jfa_version": ctx.get("jfa_version"),
-                "jfa_torch_ops_kind": ctx.get("jfa_ops_kind"),
-                "jfa_torch_ops_detail": ctx.get("jfa_ops_detail"),
-                "fa3": ctx.get("fa3_provider") or ctx.get("fa3_error")})
-    cli = args.cli or cli_next_to(args.lib or ctx.get("jfa_path")) or W.find_cli(None, REPO)
-    env["jfa_cli"] = cli
+    env = run_environment(G, ctx, args.lib, args.cli)
+    cli = env["jfa_cli"]
     for what in ("jfa", "fa3"):
         if ctx.get(f"{what}_error"):
             print(f"{what}: unavailable: {ctx[f'{what}_error']}", flush=True)
@@ -717,25 +816,17 @@ def main(argv=None):
     settings.update(workloads=args.workload_ids, dtypes=args.dtype_names,
                     methods=args.method_names, masks=[mask_name(c) for c in masks],
                     clock_hz_for_spin=CLOCK_HZ, tolerance=G.TOLERANCE, data_seed=G.DATA_SEED)
-    doc = {"title": "jfa call overhead: host, eager and CUDA-graph time per call",
-           "date": datetime.date.today().isoformat(),
-           "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(
-               timespec="seconds"),
-           "environment": env, "settings": settings,
-           "figures": {"host_us": "host time per call, calls back to back behind a spin kernel",
-                       "eager_ms": "CUDA events around one call, synchronized after each",
-                       "graph_ms": "CUDA events around one replay of the captured call"},
-           "workloads": {w.id: workload_summary(w) for _, w, _ in loaded if w is not None},
-           "workload_errors": {wid: err for wid, w, err in loaded if w is None},
-           "results": records, "summary": []}
+    doc = result_document(
+        "jfa call overhead: host, eager and CUDA-graph time per call", env, settings, loaded,
+        records, workload_summary,
+        figures={"host_us": "host time per call, calls back to back behind a spin kernel",
+                 "eager_ms": "CUDA events around one call, synchronized after each",
+                 "graph_ms": "CUDA events around one replay of the captured call"})
     for wid, err in doc["workload_errors"].items():
         print(f"{wid}: unavailable: {err}", flush=True)
     print(f"GPU {env.get('gpu')}, torch {env.get('torch')}, jfa {env.get('jfa_version')} "
           f"(torch ops: {env.get('jfa_torch_ops_kind')}: {env.get('jfa_torch_ops_detail')}), fa3: {env.get('fa3')}", flush=True)
-    try:
-        G.warm_gpu(args.warm_seconds)
-    except Exception as e:
-        print(f"GPU warm-up failed (continuing): {G.short(e)}", flush=True)
+    warm_up_gpu(G, args.warm_seconds)
 
     for wid, w, _ in loaded:
         if w is None:
@@ -755,17 +846,15 @@ def main(argv=None):
                     print(f"[{wid} {dtype} {mask_name(causal)}] reference failed: {G.short(e)}",
                           flush=True)
                     continue
-                rounds = {m: [] for m in args.method_names}
-                for r in range(args.rounds):
-                    for m in in_turn(args.method_names, r):
-                        if r > 0 and rounds[m][0]["status"] not in TIMED:
-                            continue  # unavailable, skipped or failed: once is the result
-                        rec = measure(G, ctx, m, case, causal, opts)
-                        rec["round"] = r
-                        rounds[m].append(rec)
-                        tag = f" r{r}" if args.rounds > 1 else ""
-                        print(progress_line(rec, tag, memory_bound), flush=True)
-                records.extend(median_round(rounds[m]) for m in args.method_names)
+
+                def report(rec):
+                    tag = f" r{rec['round']}" if args.rounds > 1 else ""
+                    print(progress_line(rec, tag, memory_bound), flush=True)
+
+                per_method = rounds.measure_rounds(
+                    args.method_names, args.rounds,
+                    lambda m: measure(G, ctx, m, case, causal, opts), report)
+                records.extend(median_round(per_method[m]) for m in args.method_names)
             case.release()
             case = None
             torch.cuda.empty_cache()

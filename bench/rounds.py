@@ -30,3 +30,21 @@ def median_round(records, key="useful_tflops", higher_is_better=True, fields=Non
     chosen["rounds"] = values if fields is None else [{f: r.get(f) for f in fields}
                                                       for r in records]
     return chosen
+
+
+def measure_rounds(variants, count, measure, report=None):
+    """{variant: its records, one a round}: `count` rounds of measure(variant), the variants
+    in_turn, each record marked with its "round" and passed to report(record) when it is taken.
+    A variant whose first round was not timed is not measured again: unavailable, skipped or
+    failed, once is the result."""
+    taken = {v: [] for v in variants}
+    for round_index in range(count):
+        for v in in_turn(variants, round_index):
+            if round_index > 0 and taken[v][0]["status"] not in TIMED:
+                continue
+            rec = measure(v)
+            rec["round"] = round_index
+            taken[v].append(rec)
+            if report is not None:
+                report(rec)
+    return taken

@@ -203,6 +203,12 @@ JFA_API jfa_status jfa_attention_backward(const jfa_attention_backward_params* p
 JFA_API jfa_status
 jfa_attention_backward_workspace_size(const jfa_attention_backward_params* params, size_t* bytes);
 
+/* As jfa_workspace_prepare, for a call of jfa_attention_backward with these params: sets
+ * params->forward.workspace and workspace_bytes (one jfa_workspace may serve the forward and the
+ * backward calls of a training step; it grows to the larger of the two). */
+JFA_API jfa_status jfa_workspace_prepare_backward(jfa_workspace* workspace,
+                                                  jfa_attention_backward_params* params);
+
 /* The float64 reference backward (the oracle of the tests): host memory only, any dtype. Computes
  * the gradients from q, k, v, dout and dlse alone (the softmax recomputed in float64; forward.out
  * and forward.lse are ignored, and dq, dk, dv of params too). dq: [total_q, heads_q, head_dim], dk

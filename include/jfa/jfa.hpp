@@ -90,6 +90,11 @@ class Workspace {
     if (handle_ == nullptr) throw Error(Status::kInvalidArgument, "moved-from jfa::Workspace");
     check(jfa_workspace_prepare(handle_, &p));
   }
+  // The same for a backward call (p.forward.workspace).
+  void prepare(jfa_attention_backward_params& p) {
+    if (handle_ == nullptr) throw Error(Status::kInvalidArgument, "moved-from jfa::Workspace");
+    check(jfa_workspace_prepare_backward(handle_, &p));
+  }
 
  private:
   jfa_workspace* handle_ = nullptr;
@@ -206,8 +211,9 @@ inline void attention_backward(const JaggedTensor& q, const JaggedTensor& k, con
                                const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
                                int64_t batch, const AttentionOptions& options = {},
                                bool deterministic = false) {
-  const jfa_attention_backward_params p = make_backward_params(
+  jfa_attention_backward_params p = make_backward_params(
       q, k, v, out, grads, cu_seqlens_q, cu_seqlens_k, batch, options, deterministic);
+  if (options.workspace != nullptr) options.workspace->prepare(p);
   check(jfa_attention_backward(&p));
 }
 

@@ -10,6 +10,12 @@ BufferView tensor_view(const char* name, const void* base, int64_t total, int32_
   return {name, base, total, heads, p.head_dim, layout, jfa_dtype_size(p.dtype), written};
 }
 
+// The caller's workspace (if any): the CUDA path writes all of it.
+BufferView workspace_view(const Params& p) {
+  return array_view("workspace", p.workspace,
+                    p.workspace != nullptr ? static_cast<int64_t>(p.workspace_bytes) : 0, 1, true);
+}
+
 }  // namespace
 
 BufferView array_view(const char* name, const void* base, int64_t n, size_t element_bytes,
@@ -24,7 +30,8 @@ std::vector<BufferView> forward_buffers(const Params& p) {
           tensor_view("k", p.k, p.total_k, p.heads_kv, p, p.k_layout, false),
           tensor_view("v", p.v, p.total_k, p.heads_kv, p, p.v_layout, false),
           array_view("cu_seqlens_q", p.cu_seqlens_q, p.batch + 1, sizeof(int32_t), false),
-          array_view("cu_seqlens_k", p.cu_seqlens_k, p.batch + 1, sizeof(int32_t), false)};
+          array_view("cu_seqlens_k", p.cu_seqlens_k, p.batch + 1, sizeof(int32_t), false),
+          workspace_view(p)};
 }
 
 std::vector<BufferView> backward_buffers(const BackwardParams& b) {
@@ -36,7 +43,7 @@ std::vector<BufferView> backward_buffers(const BackwardParams& b) {
       tensor_view("dout", b.dout, p.total_q, p.heads_q, p, b.dout_layout, false),
       array_view("dlse", b.dlse, p.total_q * p.heads_q, sizeof(float), false)};
   for (BufferView f : forward_buffers(p)) {
-    f.written = false;  // the forward's outputs are the backward's inputs
+    f.written = f.base == p.workspace && f.base != nullptr;  // the forward's outputs are inputs now
     v.push_back(f);
   }
   return v;

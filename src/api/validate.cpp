@@ -108,6 +108,13 @@ jfa_status build_params(const jfa_attention_params* in, Params* out, bool needs_
   if (p.total_k < 0 || p.total_k > kMaxTotal)
     return fail(JFA_ERROR_INVALID_ARGUMENT, "total_k must be in [0, 2^31 - 1], got %lld",
                 static_cast<long long>(p.total_k));
+  // cu_seqlens[batch] is the end of the last sequence and must equal the totals: with no
+  // sequence, no token (known without reading the offsets, which the CUDA path never does).
+  if (p.batch == 0 && (p.total_q > 0 || p.total_k > 0))
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "batch is 0, so total_q and total_k must be 0 (cu_seqlens[batch] ends the last "
+                "sequence), got total_q=%lld total_k=%lld",
+                static_cast<long long>(p.total_q), static_cast<long long>(p.total_k));
   if (p.heads_q <= 0)
     return fail(JFA_ERROR_INVALID_ARGUMENT, "heads_q must be > 0, got %d", p.heads_q);
   if (p.heads_kv <= 0)

@@ -19,6 +19,61 @@ struct jfa_workspace {
   int device = -1;
 };
 
+namespace {
+
+// Points *memory / *bytes at the workspace's memory for a call that needs `needed` bytes, growing
+// it on the current device first; a host-memory call (probe in host memory, or the CPU backend)
+// gets none.
+jfa_status point_at_workspace(jfa_workspace* workspace, size_t needed, const void* probe,
+                              const jfa_backend& backend, void** memory, size_t* bytes) {
+  *memory = nullptr;
+  *bytes = 0;
+  if (jfa::detail::enum_bits(backend) == JFA_BACKEND_CPU ||
+      jfa::detail::memory_kind(probe) == jfa::detail::MemoryKind::kHost)
+    return JFA_SUCCESS;
+#ifdef JFA_WITH_CUDA
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return fail(JFA_ERROR_CUDA, "cudaGetDevice failed: %s", cudaGetErrorString(e));
+  }
+  if (workspace->memory != nullptr && workspace->device != device)
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "workspace holds memory of device %d but the current device is %d; keep one "
+                "workspace per device",
+                workspace->device, device);
+  if (needed > workspace->bytes) {
+    if (workspace->memory != nullptr) {
+      e = cudaFree(workspace->memory);  // waits for the calls that still use it
+      workspace->memory = nullptr;
+      workspace->bytes = 0;
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        return fail(JFA_ERROR_CUDA, "cudaFree of the workspace failed: %s", cudaGetErrorString(e));
+      }
+    }
+    e = cudaMalloc(&workspace->memory, needed);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      workspace->memory = nullptr;
+      return fail(e == cudaErrorMemoryAllocation ? JFA_ERROR_OUT_OF_MEMORY : JFA_ERROR_CUDA,
+                  "cudaMalloc of a %zu-byte workspace failed: %s", needed, cudaGetErrorString(e));
+    }
+    workspace->bytes = needed;
+    workspace->device = device;
+  }
+  *memory = workspace->memory;
+  *bytes = workspace->bytes;
+#else
+  (void)workspace;
+  (void)needed;
+#endif
+  return JFA_SUCCESS;
+}
+
+}  // namespace
+
 extern "C" {
 
 jfa_status jfa_workspace_create(jfa_workspace** workspace) {
@@ -52,51 +107,23 @@ jfa_status jfa_workspace_prepare(jfa_workspace* workspace, jfa_attention_params*
     size_t needed = 0;  // also checks struct_size
     if (const jfa_status s = jfa_attention_workspace_size(params, &needed); s != JFA_SUCCESS)
       return s;
-    params->workspace = nullptr;
-    params->workspace_bytes = 0;
-    const void* probe = params->q != nullptr ? params->q : params->out;
-    if (jfa::detail::enum_bits(params->backend) == JFA_BACKEND_CPU ||
-        jfa::detail::memory_kind(probe) == jfa::detail::MemoryKind::kHost)
-      return JFA_SUCCESS;
-#ifdef JFA_WITH_CUDA
-    int device = 0;
-    cudaError_t e = cudaGetDevice(&device);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      return fail(JFA_ERROR_CUDA, "cudaGetDevice failed: %s", cudaGetErrorString(e));
-    }
-    if (workspace->memory != nullptr && workspace->device != device)
-      return fail(JFA_ERROR_INVALID_ARGUMENT,
-                  "workspace holds memory of device %d but the current device is %d; keep one "
-                  "workspace per device",
-                  workspace->device, device);
-    if (needed > workspace->bytes) {
-      if (workspace->memory != nullptr) {
-        e = cudaFree(workspace->memory);  // waits for the calls that still use it
-        workspace->memory = nullptr;
-        workspace->bytes = 0;
-        if (e != cudaSuccess) {
-          cudaGetLastError();
-          return fail(JFA_ERROR_CUDA, "cudaFree of the workspace failed: %s",
-                      cudaGetErrorString(e));
-        }
-      }
-      e = cudaMalloc(&workspace->memory, needed);
-      if (e != cudaSuccess) {
-        cudaGetLastError();
-        workspace->memory = nullptr;
-        return fail(e == cudaErrorMemoryAllocation ? JFA_ERROR_OUT_OF_MEMORY : JFA_ERROR_CUDA,
-                    "cudaMalloc of a %zu-byte workspace failed: %s", needed, cudaGetErrorString(e));
-      }
-      workspace->bytes = needed;
-      workspace->device = device;
-    }
-    params->workspace = workspace->memory;
-    params->workspace_bytes = workspace->bytes;
-#else
-    (void)needed;
-#endif
-    return JFA_SUCCESS;
+    return point_at_workspace(workspace, needed, params->q != nullptr ? params->q : params->out,
+                              params->backend, &params->workspace, &params->workspace_bytes);
+  });
+}
+
+jfa_status jfa_workspace_prepare_backward(jfa_workspace* workspace,
+                                          jfa_attention_backward_params* params) {
+  return guarded([&] {
+    if (workspace == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "workspace must not be NULL");
+    if (params == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "params must not be NULL");
+    size_t needed = 0;  // also checks both struct sizes
+    if (const jfa_status s = jfa_attention_backward_workspace_size(params, &needed);
+        s != JFA_SUCCESS)
+      return s;
+    jfa_attention_params& f = params->forward;
+    return point_at_workspace(workspace, needed, f.q != nullptr ? f.q : params->dq, f.backend,
+                              &f.workspace, &f.workspace_bytes);
   });
 }
 

@@ -77,6 +77,8 @@ INSTANTIATE_TEST_SUITE_P(
         Rule{"last_offset", [](Fixture& f) { f.p.total_k = 4; }, kInvalid,
              "cu_seqlens_k[batch]=cu_seqlens_k[2]=5 must equal the total 4"},
         Rule{"negative_batch", [](Fixture& f) { f.p.batch = -1; }, kInvalid, "batch must be in"},
+        Rule{"no_sequence_but_tokens", [](Fixture& f) { f.p.batch = 0; }, kInvalid,
+             "batch is 0, so total_q and total_k must be 0"},
         Rule{"negative_total", [](Fixture& f) { f.p.total_q = -5; }, kInvalid,
              "total_q must be in"},
         Rule{"overflowing_total", [](Fixture& f) { f.p.total_k = int64_t{1} << 32; }, kInvalid,

@@ -275,6 +275,43 @@ const Breakage kBreakages[] = {
      JFA_ERROR_INVALID_ARGUMENT, "non-decreasing"},
 };
 
+// A kept workspace serves the backward too: host-memory calls get none (stale values are
+// overwritten), bad arguments are rejected, and the C++ call with one runs.
+TEST(Backward, KeptWorkspaceGivesHostCallsNone) {
+  BackwardCall call;
+  jfa_workspace* ws = nullptr;
+  ASSERT_EQ(jfa_workspace_create(&ws), JFA_SUCCESS);
+  call.p.forward.workspace = &call;
+  call.p.forward.workspace_bytes = 7;
+  ASSERT_EQ(jfa_workspace_prepare_backward(ws, &call.p), JFA_SUCCESS) << jfa_last_error_message();
+  EXPECT_EQ(call.p.forward.workspace, nullptr);
+  EXPECT_EQ(call.p.forward.workspace_bytes, 0u);
+  EXPECT_EQ(jfa_attention_backward(&call.p), JFA_SUCCESS) << jfa_last_error_message();
+  EXPECT_FALSE(call.untouched());
+  EXPECT_EQ(jfa_workspace_prepare_backward(nullptr, &call.p), JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(jfa_workspace_prepare_backward(ws, nullptr), JFA_ERROR_INVALID_ARGUMENT);
+  jfa_attention_backward_params unset = call.p;
+  unset.struct_size = 0;
+  EXPECT_EQ(jfa_workspace_prepare_backward(ws, &unset), JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(jfa_workspace_destroy(ws), JFA_SUCCESS);
+
+  BackwardCall cxx;
+  jfa::Workspace workspace;
+  jfa::AttentionOptions options;
+  options.lse = cxx.lse.data();
+  options.backend = jfa::Backend::kCpu;
+  options.workspace = &workspace;
+  // The forward's LSE of this call (BackwardCall ran it with its own options).
+  jfa::attention(cxx.b.q_view(), cxx.b.k_view(), cxx.b.v_view(), view(cxx.out, cxx.b, false),
+                 cxx.b.cu_q.data(), cxx.b.cu_k.data(), cxx.b.batch(), options);
+  jfa::attention_backward(cxx.b.q_view(), cxx.b.k_view(), cxx.b.v_view(),
+                          view(cxx.out, cxx.b, false),
+                          {view(cxx.dout, cxx.b, false), view(cxx.dq, cxx.b, false),
+                           view(cxx.dk, cxx.b, true), view(cxx.dv, cxx.b, true)},
+                          cxx.b.cu_q.data(), cxx.b.cu_k.data(), cxx.b.batch(), options);
+  EXPECT_FALSE(cxx.untouched());
+}
+
 TEST(Backward, RulesOfTheCEntry) {
   EXPECT_EQ(jfa_attention_backward(nullptr), JFA_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(jfa_attention_backward_params_init(nullptr), JFA_ERROR_INVALID_ARGUMENT);

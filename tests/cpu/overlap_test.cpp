@@ -30,6 +30,18 @@ jfa_attention_params params(const void* q, const void* k, const void* v, void* o
   return jfa::testing::float32_call({&kOffsets, kHeads, kDim}, q, k, v, out, lse);
 }
 
+jfa_attention_backward_params backward_params(const jfa_attention_params& forward,
+                                              const float* dout, float* dq, float* dk, float* dv) {
+  jfa_attention_backward_params b;
+  jfa_attention_backward_params_init(&b);
+  b.forward = forward;
+  b.dout = dout;
+  b.dq = dq;
+  b.dk = dk;
+  b.dv = dv;
+  return b;
+}
+
 void expect_overlap_rejected(const jfa_attention_params& p, const char* written,
                              const char* other) {
   EXPECT_EQ(jfa_attention_forward(&p), JFA_ERROR_INVALID_ARGUMENT);
@@ -95,13 +107,8 @@ TEST(Overlap, GradientsSharingMemoryAreRejected) {
   jfa_attention_params f = params(q.data(), k.data(), v.data(), out.data(), lse.data());
   ASSERT_EQ(jfa_attention_forward(&f), JFA_SUCCESS) << jfa_last_error_message();
   std::vector<float> dq(n), dk(n), dv(n);
-  jfa_attention_backward_params b;
-  jfa_attention_backward_params_init(&b);
-  b.forward = f;
-  b.dout = dout.data();
-  b.dq = dq.data();
-  b.dk = dk.data();
-  b.dv = dv.data();
+  jfa_attention_backward_params b =
+      backward_params(f, dout.data(), dq.data(), dk.data(), dv.data());
   ASSERT_EQ(jfa_attention_backward(&b), JFA_SUCCESS) << jfa_last_error_message();
   struct Case {
     void* dq;
@@ -118,6 +125,47 @@ TEST(Overlap, GradientsSharingMemoryAreRejected) {
     EXPECT_EQ(jfa_attention_backward(&broken), JFA_ERROR_INVALID_ARGUMENT);
     EXPECT_NE(std::string(jfa_last_error_message()).find(c.words), std::string::npos)
         << jfa_last_error_message();
+  }
+}
+
+// A caller's workspace is written by the CUDA path: it must not share memory with the call's
+// buffers either (the CPU path ignores a disjoint one).
+TEST(Overlap, WorkspaceSharingMemoryIsRejected) {
+  const size_t n = kTotal * kHeads * kDim;
+  std::vector<float> q = random_floats(n, 1), k = random_floats(n, 2), v = random_floats(n, 3);
+  std::vector<float> out(n), lse(kTotal * kHeads), dout = random_floats(n, 4), scratch(64);
+  jfa_attention_params f = params(q.data(), k.data(), v.data(), out.data(), lse.data());
+  auto expect_named = [](const char* other) {
+    const std::string message = jfa_last_error_message();
+    EXPECT_NE(message.find("share memory"), std::string::npos) << message;
+    EXPECT_NE(message.find("workspace"), std::string::npos) << message;
+    EXPECT_NE(message.find(other), std::string::npos) << message;
+  };
+  for (auto [base, name] : {std::pair<void*, const char*>{out.data() + 5, "out"},
+                            {q.data(), "q"},
+                            {lse.data() + 1, "lse"}}) {
+    jfa_attention_params broken = f;
+    broken.workspace = base;
+    broken.workspace_bytes = 64;
+    EXPECT_EQ(jfa_attention_forward(&broken), JFA_ERROR_INVALID_ARGUMENT);
+    expect_named(name);
+  }
+  jfa_attention_params with_scratch = f;
+  with_scratch.workspace = scratch.data();
+  with_scratch.workspace_bytes = scratch.size() * sizeof(float);
+  ASSERT_EQ(jfa_attention_forward(&with_scratch), JFA_SUCCESS) << jfa_last_error_message();
+
+  std::vector<float> dq(n), dk(n), dv(n);
+  jfa_attention_backward_params b =
+      backward_params(with_scratch, dout.data(), dq.data(), dk.data(), dv.data());
+  ASSERT_EQ(jfa_attention_backward(&b), JFA_SUCCESS) << jfa_last_error_message();
+  for (auto [base, name] : {std::pair<void*, const char*>{dq.data() + 7, "dq"},
+                            {dout.data(), "dout"},
+                            {out.data(), "out"}}) {
+    jfa_attention_backward_params broken = b;
+    broken.forward.workspace = base;
+    EXPECT_EQ(jfa_attention_backward(&broken), JFA_ERROR_INVALID_ARGUMENT);
+    expect_named(name);
   }
 }
 

@@ -675,6 +675,35 @@ TEST(BackwardGpuApi, CallerWorkspaceGivesTheSameGradients) {
 
 // A workspace one byte short of the size asked for, or not 16-byte aligned, is rejected before
 // anything is written.
+// A kept jfa_workspace prepared for the forward is grown for the backward (which needs more) and
+// then serves both; a too-small caller workspace is rejected naming the backward's size query.
+TEST(BackwardGpuApi, KeptWorkspaceServesForwardAndBackward) {
+  const Case c = workspace_case();
+  BackwardRunner runner(c, fresh_seed("kept backward workspace"));
+  ASSERT_NO_FATAL_FAILURE(runner.upload_and_forward());
+  Gradients own;
+  ASSERT_EQ(runner.run(&own), JFA_SUCCESS) << jfa_last_error_message();
+  jfa_attention_backward_params p = runner.params();
+  jfa_workspace* ws = nullptr;
+  ASSERT_EQ(jfa_workspace_create(&ws), JFA_SUCCESS);
+  ASSERT_EQ(jfa_workspace_prepare(ws, &p.forward), JFA_SUCCESS) << jfa_last_error_message();
+  const size_t forward_bytes = p.forward.workspace_bytes;
+  EXPECT_EQ(jfa_attention_backward(&p), JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("jfa_attention_backward_workspace_size"),
+            std::string::npos)
+      << jfa_last_error_message();
+  ASSERT_EQ(jfa_workspace_prepare_backward(ws, &p), JFA_SUCCESS) << jfa_last_error_message();
+  size_t needed = 0;
+  ASSERT_EQ(jfa_attention_backward_workspace_size(&p, &needed), JFA_SUCCESS);
+  EXPECT_GE(p.forward.workspace_bytes, needed);
+  EXPECT_GT(p.forward.workspace_bytes, forward_bytes);
+  runner.poison_gradients();
+  ASSERT_EQ(jfa_attention_backward(&p), JFA_SUCCESS) << jfa_last_error_message();
+  JFA_CUDA_OK(cudaDeviceSynchronize());
+  runner.check(runner.download_gradients());
+  EXPECT_EQ(jfa_workspace_destroy(ws), JFA_SUCCESS);
+}
+
 TEST(BackwardGpuApi, TooSmallOrMisalignedWorkspaceIsRejected) {
   const Case c = workspace_case();
   BackwardRunner runner(c, fresh_seed("backward workspace rejected"));

@@ -49,3 +49,19 @@ def test_median_round_does_not_change_its_input():
     assert "rounds" not in records[0]
     with pytest.raises(ValueError):
         rounds.median_round([])
+
+
+def test_measure_rounds_in_turn_and_once_for_a_method_not_timed():
+    order, reported = [], []
+
+    def measure(variant):
+        order.append(variant)
+        return {"status": "unavailable" if variant == "b" else "ok", "variant": variant}
+
+    taken = rounds.measure_rounds(["a", "b", "c"], 3, measure, reported.append)
+    assert order == ["a", "b", "c", "c", "a", "a", "c"]
+    assert [r["round"] for r in taken["a"]] == [0, 1, 2]
+    assert [r["round"] for r in taken["b"]] == [0]
+    assert [(r["variant"], r["round"]) for r in reported] == [
+        ("a", 0), ("b", 0), ("c", 0), ("c", 1), ("a", 1), ("a", 2), ("c", 2)]
+    assert rounds.measure_rounds(["a"], 1, measure)["a"][0]["round"] == 0

@@ -27,6 +27,10 @@ jfa_status backward(const jfa::detail::BackwardParams& b) {
                                {b.dk, &b.dk_layout, "dk"},
                                {b.dv, &b.dv_layout, "dv"}};
   if (const jfa_status s = check_tensors_supported(tensors, 4); s != JFA_SUCCESS) return s;
+  // The preprocess runs one block row per query head (a grid dimension of at most 65535).
+  if (p.heads_q > 65535)
+    return fail(JFA_ERROR_UNSUPPORTED, "heads_q %d: the CUDA backward takes at most 65535 heads",
+                p.heads_q);
   if (b.dlse != nullptr && (reinterpret_cast<uintptr_t>(b.dlse) & 3u) != 0)
     return fail(JFA_ERROR_INVALID_ARGUMENT, "dlse must be 4-byte aligned");
   const bool half = p.dtype == JFA_DTYPE_FLOAT16;

@@ -83,7 +83,7 @@ __device__ __forceinline__ void bwd_producer(typename Cfg::Shared& s, const CUte
     kv_phase ^= 1u;
     for (int32_t g = 0; g < a.group; ++g) {
       const int32_t head = w.kv_head * a.group + g;
-      for (int32_t m = w.m_first; m < w.m_end; ++m) {
+      for (int32_t m = w.m_end - 1; m >= w.m_first; --m) {
         s.empty[st.stage].wait_suspended(st.phase ^ 1u);
         tlx::MBarrier* full = &s.full[st.stage];
         full->arrive_expect_tx(2 * Cfg::QTile::kBytes + 2 * kRowBytes);
@@ -324,17 +324,20 @@ __device__ __forceinline__ void step_gradients(
   gemm_dq<Cfg>(dq, ds, s.k, group);
 }
 
-// Walks an item's steps (the q tiles of each query head of its group) for one consumer group. A
-// step's dQ is added to the accumulator at the start of the next step, under its S^T MMA. No MMA
-// is in flight across the loop's back edge: an accumulator carried in flight from one iteration to
-// the next makes the compiler serialize every MMA of the kernel.
+// Walks an item's steps (the q tiles of each query head of its group, the last tile first) for one
+// consumer group. A step's dQ is added to the accumulator at the start of the next step. The last
+// q tile is the one every K tile of a sequence sees: walked first, it lets the K tiles of one head
+// follow each other one step apart in deterministic mode, where each waits for the one before it
+// on every q tile (walked from the first, a K tile n waits for the n tiles before it to reach
+// its diagonal). No MMA is in flight across the loop's back edge: an accumulator carried in flight
+// from one iteration to the next makes the compiler serialize every MMA of the kernel.
 template <typename Cfg>
 __device__ __forceinline__ void walk_item(typename Cfg::Shared& s, tlx::AccumFragment<Cfg::kD>& dk,
                                           tlx::AccumFragment<Cfg::kD>& dv, const BwdArgs& a,
                                           const BwdItem& w, int group,
                                           tlx::PipelineState<Cfg::kStages>& st, int& ds_buf) {
   const int32_t steps = a.group * w.q_tiles();
-  int32_t head = w.kv_head * a.group, m = w.m_first;
+  int32_t head = w.kv_head * a.group, m = w.m_end - 1;
   int32_t done_head = head, done_m = m;  // the step whose dQ is waiting to be added
   BwdTile dq;
   for (int32_t i = 0; i < steps; ++i) {
@@ -358,8 +361,8 @@ __device__ __forceinline__ void walk_item(typename Cfg::Shared& s, tlx::AccumFra
     ds_buf ^= 1;
     done_head = head;
     done_m = m;
-    if (++m == w.m_end) {
-      m = w.m_first;
+    if (--m < w.m_first) {
+      m = w.m_end - 1;
       ++head;
     }
   }
@@ -432,9 +435,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                const __grid_constant__ CUtensorMap tm_rows, const BwdArgs args) {
   extern __shared__ unsigned char smem_raw[];
-  const uintptr_t aligned = (reinterpret_cast<uintptr_t>(smem_raw) + kSmemAlignBytes - 1) &
-                            ~static_cast<uintptr_t>(kSmemAlignBytes - 1);
-  auto& s = *reinterpret_cast<typename Cfg::Shared*>(aligned);
+  auto& s = shared_layout<typename Cfg::Shared>(smem_raw);
   const int group = tlx::warp_group_index();
   if (threadIdx.x == 0) {
     init_bwd_barriers<Cfg>(s);

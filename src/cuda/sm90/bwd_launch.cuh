@@ -18,25 +18,9 @@
 #include "cuda/sm90/call_workspace.hpp"
 #include "cuda/sm90/device_facts.hpp"
 #include "cuda/sm90/fwd_tensor_maps.hpp"
+#include "cuda/sm90/shared_memory_opt_in.hpp"
 
 namespace jfa::sm90 {
-
-template <typename Cfg>
-jfa_status opt_in_bwd_shared_memory(int device) {
-  static std::atomic<bool> done[64];
-  if (device >= 0 && device < 64 && done[device].load(std::memory_order_acquire))
-    return JFA_SUCCESS;
-  const cudaError_t e = cudaFuncSetAttribute(
-      bwd_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return jfa::detail::fail(JFA_ERROR_CUDA,
-                             "cudaFuncSetAttribute (%d bytes of shared memory) failed: %s",
-                             Cfg::kSmemBytes, cudaGetErrorString(e));
-  }
-  if (device >= 0 && device < 64) done[device].store(true, std::memory_order_release);
-  return JFA_SUCCESS;
-}
 
 inline jfa_status launch_error(const char* what) {
   const cudaError_t e = cudaGetLastError();
@@ -61,7 +45,10 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
                 static_cast<long long>(p.batch));
 
   CallWorkspace workspace;
-  if (const jfa_status s = workspace.acquire(p, lay.bytes, stream); s != JFA_SUCCESS) return s;
+  if (const jfa_status s =
+          workspace.acquire(p, lay.bytes, stream, "jfa_attention_backward_workspace_size");
+      s != JFA_SUCCESS)
+    return s;
   char* base = workspace.base();
   auto* count = reinterpret_cast<int32_t*>(base);
   auto* next_item = reinterpret_cast<unsigned long long*>(base + 8);
@@ -98,7 +85,8 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
     if (!encode_row_terms_map(lse2, lay.row_len, 2 * int64_t{p.heads_q}, kBwdBlockM, &tm_rows,
                               &err))
       return fail(JFA_ERROR_CUDA, "tensor map encoding failed: %s", err.c_str());
-    if (const jfa_status s = opt_in_bwd_shared_memory<Cfg>(device.ordinal); s != JFA_SUCCESS)
+    if (const jfa_status s = opt_in_shared_memory<bwd_kernel<Cfg>>(Cfg::kSmemBytes, device.ordinal);
+        s != JFA_SUCCESS)
       return s;
 
     build_bwd_work_list<kBwdBlockN>

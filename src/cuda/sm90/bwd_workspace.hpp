@@ -9,6 +9,13 @@
 #include <cstddef>
 #include <cstdint>
 
+// The layout is plain C++ too (the host's size query and its tests include it without CUDA).
+#ifdef __CUDACC__
+#define JFA_HOST_DEVICE __host__ __device__
+#else
+#define JFA_HOST_DEVICE
+#endif
+
 namespace jfa::sm90 {
 
 inline constexpr int kBwdBlockM = 64;   // query rows per step of a backward work item
@@ -24,7 +31,7 @@ struct BwdListEntry {
 
 // First row of sequence b in the padded per-row arrays: a multiple of kBwdBlockM, with room for
 // the whole q tiles of every sequence before it (from its first token q_start).
-__host__ __device__ constexpr int64_t padded_row(int64_t q_start, int64_t b) {
+JFA_HOST_DEVICE constexpr int64_t padded_row(int64_t q_start, int64_t b) {
   return (q_start + b * kBwdBlockM) / kBwdBlockM * kBwdBlockM;
 }
 

@@ -22,14 +22,15 @@ class CallWorkspace {
     if (owned_ != nullptr) cudaFreeAsync(owned_, stream_);
   }
 
-  jfa_status acquire(const jfa::detail::Params& p, size_t bytes, cudaStream_t stream) {
+  // `size_query`: the entry point that tells the caller the size, named when theirs is too small.
+  jfa_status acquire(const jfa::detail::Params& p, size_t bytes, cudaStream_t stream,
+                     const char* size_query = "jfa_attention_workspace_size") {
     using jfa::detail::fail;
     if (p.workspace != nullptr) {
       if (p.workspace_bytes < bytes)
         return fail(JFA_ERROR_INVALID_ARGUMENT,
-                    "workspace_bytes is %zu but this call needs %zu "
-                    "(jfa_attention_workspace_size)",
-                    p.workspace_bytes, bytes);
+                    "workspace_bytes is %zu but this call needs %zu (%s)", p.workspace_bytes, bytes,
+                    size_query);
       if (reinterpret_cast<uintptr_t>(p.workspace) % kWorkspaceAlignment != 0)
         return fail(JFA_ERROR_INVALID_ARGUMENT, "workspace must be %zu-byte aligned",
                     kWorkspaceAlignment);

@@ -16,6 +16,15 @@ namespace jfa::sm90 {
 inline constexpr int kMaxDynamicSmemBytes = 232448;
 inline constexpr int kSmemAlignBytes = 1024;
 
+// The CTA's shared-memory layout at the first kSmemAlignBytes boundary of its dynamic shared memory
+// (the kernels ask for kSmemAlignBytes more than the layout takes).
+template <typename Shared>
+__device__ __forceinline__ Shared& shared_layout(unsigned char* smem_raw) {
+  const uintptr_t aligned = (reinterpret_cast<uintptr_t>(smem_raw) + kSmemAlignBytes - 1) &
+                            ~static_cast<uintptr_t>(kSmemAlignBytes - 1);
+  return *reinterpret_cast<Shared*>(aligned);
+}
+
 inline constexpr int kItemSlots = 4;  // work items the producer has claimed ahead (dynamic items)
 
 // Shared memory of a CTA: Q tiles (kQStages), K and V rings (kStages), one staging tile of O per

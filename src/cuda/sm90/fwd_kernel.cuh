@@ -76,9 +76,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
                const FwdArgs args) {
   extern __shared__ unsigned char smem_raw[];
-  const uintptr_t aligned = (reinterpret_cast<uintptr_t>(smem_raw) + kSmemAlignBytes - 1) &
-                            ~static_cast<uintptr_t>(kSmemAlignBytes - 1);
-  auto& s = *reinterpret_cast<typename Cfg::Shared*>(aligned);
+  auto& s = shared_layout<typename Cfg::Shared>(smem_raw);
   const int group = tlx::warp_group_index();
 
   if (threadIdx.x == 0) {

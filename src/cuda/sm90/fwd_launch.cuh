@@ -16,29 +16,11 @@
 #include "cuda/sm90/device_facts.hpp"
 #include "cuda/sm90/fwd_kernel.cuh"
 #include "cuda/sm90/fwd_tensor_maps.hpp"
+#include "cuda/sm90/shared_memory_opt_in.hpp"
 #include "cuda/sm90/work_list.cuh"
 #include "cuda/sm90/workspace.hpp"
 
 namespace jfa::sm90 {
-
-// The kernel needs more than the default 48 KB of dynamic shared memory; the opt-in is per device,
-// done once.
-template <typename Cfg>
-jfa_status opt_in_shared_memory(int device) {
-  static std::atomic<bool> done[64];
-  if (device >= 0 && device < 64 && done[device].load(std::memory_order_acquire))
-    return JFA_SUCCESS;
-  const cudaError_t e = cudaFuncSetAttribute(
-      fwd_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return jfa::detail::fail(JFA_ERROR_CUDA,
-                             "cudaFuncSetAttribute (%d bytes of shared memory) failed: %s",
-                             Cfg::kSmemBytes, cudaGetErrorString(e));
-  }
-  if (device >= 0 && device < 64) done[device].store(true, std::memory_order_release);
-  return JFA_SUCCESS;
-}
 
 template <typename Cfg>
 jfa_status run_forward(const jfa::detail::Params& p, const DeviceFacts& device,
@@ -78,7 +60,9 @@ jfa_status run_forward(const jfa::detail::Params& p, const DeviceFacts& device,
     return fail(JFA_ERROR_UNSUPPORTED, "batch too large for the CUDA backend (%lld tiles)",
                 static_cast<long long>(capacity64));
   const int32_t capacity = static_cast<int32_t>(capacity64);
-  if (const jfa_status s = opt_in_shared_memory<Cfg>(device.ordinal); s != JFA_SUCCESS) return s;
+  if (const jfa_status s = opt_in_shared_memory<fwd_kernel<Cfg>>(Cfg::kSmemBytes, device.ordinal);
+      s != JFA_SUCCESS)
+    return s;
 
   CallWorkspace workspace;
   const int lists = work_lists(launch.sort_work_list);

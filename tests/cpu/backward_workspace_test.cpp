@@ -1,0 +1,103 @@
+// The CUDA backward's workspace layout (host arithmetic only): the per-row arrays padded per
+// sequence hold every q tile of every sequence without overlap and without leaving the array, also
+// for offsets the kernels clamp from invalid input, and the regions of the workspace do not
+// overlap.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "cuda/sm90/bwd_workspace.hpp"
+#include "test_seed.hpp"
+
+namespace {
+
+using jfa::sm90::backward_workspace_layout;
+using jfa::sm90::BwdWorkspaceLayout;
+using jfa::sm90::kBwdBlockM;
+using jfa::sm90::kBwdBlockN;
+using jfa::sm90::padded_row;
+
+int64_t tiles(int64_t len, int64_t block) { return (len + block - 1) / block; }
+
+// Every sequence's q tiles lie in [padded_row(b), padded_row(b + 1)) and inside the row length.
+void expect_padded_rows_fit(const std::vector<int64_t>& lengths) {
+  const int64_t batch = static_cast<int64_t>(lengths.size());
+  int64_t total = 0;
+  for (int64_t len : lengths) total += len;
+  const BwdWorkspaceLayout lay = backward_workspace_layout(total, total, batch, 4, 128);
+  int64_t start = 0, prev_end = 0, k_tiles = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    k_tiles += tiles(lengths[b], kBwdBlockN);
+    const int64_t first = padded_row(start, b);
+    EXPECT_EQ(first % kBwdBlockM, 0);
+    EXPECT_GE(first, prev_end) << "sequence " << b << " overlaps the one before";
+    prev_end = first + tiles(lengths[b], kBwdBlockM) * kBwdBlockM;
+    EXPECT_LE(prev_end, lay.row_len) << "sequence " << b << " runs past the row length";
+    start += lengths[b];
+  }
+  EXPECT_LE(k_tiles, lay.list_capacity) << "the work list has no room for every K tile";
+}
+
+TEST(BackwardWorkspace, PaddedRowsHoldEveryTileOnce) {
+  expect_padded_rows_fit({});
+  expect_padded_rows_fit({0});
+  expect_padded_rows_fit({1});
+  expect_padded_rows_fit({0, 0, 0, 1, 0});
+  expect_padded_rows_fit({63, 64, 65, 127, 128, 129, 4096});
+  std::mt19937_64 rng(jfa::testing::logged_seed());
+  for (int round = 0; round < 200; ++round) {
+    std::vector<int64_t> lengths(1 + rng() % 300);
+    const int64_t cap = round % 2 ? 70 : 3000;
+    for (int64_t& len : lengths) len = static_cast<int64_t>(rng() % cap);
+    expect_padded_rows_fit(lengths);
+  }
+}
+
+// The kernels clamp a sequence's start into [0, total] and its end into [start, total]: whatever
+// the offsets, a tile they walk stays inside the per-row arrays.
+TEST(BackwardWorkspace, ClampedOffsetsStayInside) {
+  std::mt19937_64 rng(jfa::testing::logged_seed());
+  for (int round = 0; round < 2000; ++round) {
+    const int64_t total = static_cast<int64_t>(rng() % 5000);
+    const int64_t batch = 1 + static_cast<int64_t>(rng() % 64);
+    const BwdWorkspaceLayout lay = backward_workspace_layout(total, total, batch, 2, 64);
+    const int64_t b = static_cast<int64_t>(rng() % batch);
+    const int64_t start = static_cast<int64_t>(rng() % (total + 1));
+    const int64_t len = static_cast<int64_t>(rng() % (total - start + 1));
+    EXPECT_LE(padded_row(start, b) + tiles(len, kBwdBlockM) * kBwdBlockM, lay.row_len)
+        << "total " << total << " batch " << batch << " b " << b << " start " << start << " len "
+        << len;
+  }
+}
+
+TEST(BackwardWorkspace, RegionsAreAlignedAndDisjoint) {
+  for (int64_t total_q : {int64_t{0}, int64_t{1}, int64_t{777}, int64_t{65536}})
+    for (int64_t total_k : {int64_t{0}, int64_t{129}, int64_t{65536}})
+      for (int64_t batch : {int64_t{1}, int64_t{32}, int64_t{4096}})
+        for (int64_t heads : {int64_t{1}, int64_t{16}})
+          for (int64_t d : {int64_t{64}, int64_t{128}}) {
+            const BwdWorkspaceLayout lay =
+                backward_workspace_layout(total_q, total_k, batch, heads, d);
+            const size_t row_bytes = sizeof(float) * static_cast<size_t>(heads * lay.row_len);
+            EXPECT_EQ(lay.row_len % kBwdBlockM, 0);
+            EXPECT_GE(lay.list, size_t{16});
+            EXPECT_LE(
+                lay.list + sizeof(jfa::sm90::BwdListEntry) * static_cast<size_t>(lay.list_capacity),
+                lay.lse2);
+            EXPECT_EQ(lay.lse2 % 256, 0u);
+            // One tensor map covers the LSE rows and the D rows after them.
+            EXPECT_EQ(lay.dpsum, lay.lse2 + row_bytes);
+            EXPECT_LE(lay.dpsum + row_bytes, lay.sems);
+            EXPECT_LE(
+                lay.sems + sizeof(int32_t) * static_cast<size_t>(heads * lay.row_len / kBwdBlockM),
+                lay.dq_acc);
+            EXPECT_EQ(lay.dq_acc % 256, 0u);
+            EXPECT_EQ(lay.bytes,
+                      lay.dq_acc + sizeof(float) * static_cast<size_t>(total_q * heads * d));
+            EXPECT_EQ(lay.zeroed_bytes(), lay.bytes - lay.sems);
+          }
+}
+
+}  // namespace
