@@ -17,7 +17,7 @@ __global__ void __launch_bounds__(kListThreads)
     build_bwd_work_list(const int32_t* cu_q, const int32_t* cu_k, int64_t batch, int64_t total_q,
                         int64_t total_k, BwdListEntry* work, int32_t* count,
                         unsigned long long* next_item, int64_t capacity) {
-  __shared__ int32_t scratch[32];
+  __shared__ int64_t scratch[32];
   int64_t running = 0;
   for (int64_t base = 0; base < batch; base += kListThreads) {
     const int64_t b = base + threadIdx.x;

@@ -60,25 +60,26 @@ __device__ __forceinline__ int32_t tile_k_blocks(const SeqBounds& s, int32_t m_b
 
 inline constexpr int kListThreads = 1024;
 
-// Exclusive prefix sum of one value per thread over the block; *total gets the sum. Uses
-// `scratch` (32 ints) and synchronises the block.
-__device__ __forceinline__ int64_t block_exclusive_scan(int32_t value, int32_t* scratch,
+// Exclusive prefix sum of one value per thread over the block; *total gets the sum. 64-bit
+// throughout: with invalid offsets (clamped, each sequence up to the whole total) 1024 counts can
+// exceed int32. Uses `scratch` (32 values) and synchronises the block.
+__device__ __forceinline__ int64_t block_exclusive_scan(int64_t value, int64_t* scratch,
                                                         int64_t* total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-  int32_t incl = value;
+  int64_t incl = value;
 #pragma unroll
   for (int d = 1; d < 32; d <<= 1) {
-    const int32_t x = __shfl_up_sync(0xffffffffu, incl, d);
+    const int64_t x = __shfl_up_sync(0xffffffffu, incl, d);
     if (lane >= d) incl += x;
   }
   __syncthreads();  // scratch may still be read by an earlier call
   if (lane == 31) scratch[warp] = incl;
   __syncthreads();
   if (warp == 0) {
-    int32_t ws = scratch[lane];
+    int64_t ws = scratch[lane];
 #pragma unroll
     for (int d = 1; d < 32; d <<= 1) {
-      const int32_t x = __shfl_up_sync(0xffffffffu, ws, d);
+      const int64_t x = __shfl_up_sync(0xffffffffu, ws, d);
       if (lane >= d) ws += x;
     }
     scratch[lane] = ws;  // inclusive over warps
@@ -104,7 +105,7 @@ __global__ void __launch_bounds__(kListThreads)
                     int32_t capacity) {
   // The forward kernel may start now: it sets up its CTAs while the list is built.
   tlx::allow_dependent_launch();
-  __shared__ int32_t scratch[32];
+  __shared__ int64_t scratch[32];
   __shared__ int32_t bucket_next[kListThreads];
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   WorkListEntry* const step1_out = sort ? list : work;
