@@ -64,6 +64,7 @@ class AttentionParams(ctypes.Structure):
         ("stream", ctypes.c_void_p),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
+        ("offsets_check", ctypes.POINTER(ctypes.c_int32)),
     ]
 
 

@@ -16,6 +16,7 @@
 #include "cuda/sm90/device_facts.hpp"
 #include "cuda/sm90/fwd_kernel.cuh"
 #include "cuda/sm90/fwd_tensor_maps.hpp"
+#include "cuda/sm90/offsets_check.hpp"
 #include "cuda/sm90/shared_memory_opt_in.hpp"
 #include "cuda/sm90/work_list.cuh"
 #include "cuda/sm90/workspace.hpp"
@@ -28,8 +29,8 @@ jfa_status run_forward(const jfa::detail::Params& p, const DeviceFacts& device,
   using jfa::detail::fail;
   using T = typename Cfg::Element;
   static_assert(Cfg::kBlockM >= kMinBlockM, "the workspace is sized for kMinBlockM-row tiles");
-  if (p.total_q == 0 || p.batch == 0) return JFA_SUCCESS;
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  if (p.total_q == 0 || p.batch == 0) return check_offsets_alone(p, stream);
 
   // With no keys anywhere, K/V may be NULL: point their (never used) maps at q.
   const bool no_keys = p.total_k == 0;
@@ -77,7 +78,8 @@ jfa_status run_forward(const jfa::detail::Params& p, const DeviceFacts& device,
 
   build_work_list<Cfg::kBlockM, Cfg::kBlockN><<<1, kListThreads, 0, stream>>>(
       p.cu_seqlens_q, p.cu_seqlens_k, p.batch, p.total_q, p.total_k, p.causal ? 1 : 0,
-      launch.sort_work_list ? 1 : 0, unsorted, work, count, next_item, capacity);
+      launch.sort_work_list ? 1 : 0, unsorted, work, count, next_item, capacity, p.max_seqlen_q,
+      p.max_seqlen_k, p.offsets_check);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
     return fail(JFA_ERROR_CUDA, "work-list kernel launch failed: %s", cudaGetErrorString(e));
