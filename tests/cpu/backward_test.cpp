@@ -208,6 +208,32 @@ TEST(Backward, Deterministic) {
   EXPECT_EQ(first.dv.bytes, second.dv.bytes);
 }
 
+// Fewer (sequence, kv head) pairs than workers: the keys of a sequence are split into blocks whose
+// parts of dq are summed afterwards (with two or more CPU threads). Still the oracle's gradients,
+// and still bit-identical from run to run.
+TEST(Backward, FewLongSequencesSplitTheirKeys) {
+  const uint64_t seed = jfa::testing::logged_seed();
+  std::mt19937_64 rng(seed);
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16})
+    for (bool causal : {false, true}) {
+      JaggedBatch one = make({700}, {700}, 4, 1, 64, dtype, rng());
+      expect_backward_matches_reference(one, causal, rng(), "one sequence, MQA");
+      JaggedBatch cross = make({300, 0}, {900, 100}, 4, 1, 32, dtype, rng());
+      expect_backward_matches_reference(cross, causal, rng(), "cross lengths, a q-less sequence");
+      JaggedBatch short_keys = make({200}, {100}, 2, 1, 64, dtype, rng());
+      expect_backward_matches_reference(short_keys, causal, rng(), "fewer key tiles than blocks",
+                                        true);
+    }
+  JaggedBatch b = make({900}, {900}, 4, 1, 64, DType::kFloat32, rng());
+  HostBuffer dout(b.dtype, b.total_q() * b.heads_q * b.head_dim);
+  jfa::tools::fill_normal(dout, rng);
+  const Gradients first = run_backward(b, dout, true);
+  const Gradients second = run_backward(b, dout, true);
+  EXPECT_EQ(first.dq.bytes, second.dq.bytes);
+  EXPECT_EQ(first.dk.bytes, second.dk.bytes);
+  EXPECT_EQ(first.dv.bytes, second.dv.bytes);
+}
+
 // A valid backward call on host buffers, to be broken one rule at a time.
 struct BackwardCall {
   JaggedBatch b = make({3, 5}, {4, 2}, 2, 1, 16, DType::kFloat32, 7);
