@@ -5,7 +5,10 @@
 // from the forward's out (less the gradient of the LSE, where given), dS = P (dP - D), then
 // dV += P^T dO, dK += scale dS^T Q, dQ += scale dS K with the forward's register-blocked kernels.
 // Units own disjoint rows of dq, dk and dv, so no two threads write the same element and the sums
-// run in a fixed order.
+// run in a fixed order. When there are fewer units than workers (one long sequence with few kv
+// heads, as under MQA), each unit's keys are split into blocks that run in parallel: a block owns
+// its rows of dk and dv and writes its part of dq to scratch, which a second pass sums in block
+// order, so the result is still the same from run to run.
 #include "cpu/backward_cpu.hpp"
 
 #include <algorithm>
@@ -61,11 +64,20 @@ struct UnitScratch {
   std::vector<float> row;
 };
 
-// Sizes and zeroes the key buffers of `w` for `unit` (sequence, kv head). Outside run_unit, whose
-// calls GCC treats as not throwing (see there): an allocation that fails throws from here.
-void prepare_unit(const Params& p, int64_t unit, UnitScratch& w) {
-  const int64_t b = unit / p.heads_kv;
-  const int64_t len_k = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+// One unit of work: the keys [key_lo, key_hi) of sequence b and kv head g. `partial`: where its
+// part of dq goes in the partials scratch, [group][len_q][head_dim] floats, when the sequence's
+// keys are split into blocks; -1: straight into dq.
+struct Unit {
+  int64_t b;
+  int32_t g;
+  int64_t key_lo, key_hi;
+  int64_t partial;
+};
+
+// Sizes and zeroes the key buffers of `w` for `unit`. Outside run_unit, whose calls GCC treats as
+// not throwing (see there): an allocation that fails throws from here.
+void prepare_unit(const Params& p, const Unit& unit, UnitScratch& w) {
+  const int64_t len_k = unit.key_hi - unit.key_lo;
   const size_t key_tiles = static_cast<size_t>((len_k + kCols - 1) / kCols);
   const size_t key_rows = key_tiles * kCols;
   for (std::vector<float>* buffer : {&w.k, &w.v, &w.dk, &w.dv})
@@ -78,15 +90,20 @@ void prepare_unit(const Params& p, int64_t unit, UnitScratch& w) {
 // when a score is +inf or NaN in float32 (the caller throws: GCC treats calls through the clones'
 // dispatcher as not throwing, so nothing in here may throw).
 __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_unit(const BackwardParams& bp,
-                                                                          int64_t unit,
+                                                                          const Unit& unit,
+                                                                          float* partials,
                                                                           UnitScratch& w) {
   const Params& p = bp.fwd;
   const int d = p.head_dim, width = w.width;
   const int32_t group = p.group_size();
-  const int64_t b = unit / p.heads_kv;
-  const int32_t g = static_cast<int32_t>(unit % p.heads_kv);
-  const int64_t q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
-  const int64_t len_q = p.cu_seqlens_q[b + 1] - q0, len_k = p.cu_seqlens_k[b + 1] - k0;
+  const int64_t b = unit.b;
+  const int32_t g = unit.g;
+  const int64_t q0 = p.cu_seqlens_q[b];
+  const int64_t len_q = p.cu_seqlens_q[b + 1] - q0;
+  const int64_t seq_len_k = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+  // The unit's keys: positions [key_lo, key_hi) of the sequence, rows 0 .. len_k - 1 of w.k.
+  const int64_t key_lo = unit.key_lo;
+  const int64_t k0 = p.cu_seqlens_k[b] + key_lo, len_k = unit.key_hi - key_lo;
   const float scale = p.softmax_scale, scale_log2 = scale * kLog2e;
   for (int64_t j = 0; j < len_k; ++j) {
     float* kj = &w.k[j * width];
@@ -115,7 +132,9 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_unit(const 
         if (i >= rows) continue;
         const int64_t token = q0 + row0 + i;
         const float lse = p.lse[h * p.total_q + token];
-        const int64_t visible = key_limit(p.causal, row0 + i, len_q, len_k);
+        // The row's visible keys of the sequence, then of this unit's block.
+        const int64_t visible =
+            std::clamp<int64_t>(key_limit(p.causal, row0 + i, len_q, seq_len_k) - key_lo, 0, len_k);
         if (visible == 0 || !std::isfinite(lse)) continue;  // a row with no keys adds nothing
         w.limit[i] = static_cast<int>(std::min<int64_t>(visible, INT32_MAX));
         k_end = std::max(k_end, visible);
@@ -162,10 +181,16 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_unit(const 
         accumulate_pv(w.t.data(), w.q.data(), dk, width);                    // dK += scale dS^T Q
         accumulate_pv(w.dp.data(), &w.k[key0 * width], w.dq.data(), width);  // dQ += scale dS K
       }
-      for (int i = 0; i < rows; ++i) {
-        const int64_t token = q0 + row0 + i;
-        const int64_t at = token * bp.dq_layout.token_stride + h * bp.dq_layout.head_stride;
-        for (int c = 0; c < d; ++c) store_from_float(bp.dq, at + c, p.dtype, w.dq[i * width + c]);
+      if (unit.partial >= 0) {
+        float* part = partials + unit.partial + ((h - g * group) * len_q + row0) * d;
+        for (int i = 0; i < rows; ++i)
+          std::copy_n(&w.dq[i * width], d, part + static_cast<int64_t>(i) * d);
+      } else {
+        for (int i = 0; i < rows; ++i) {
+          const int64_t token = q0 + row0 + i;
+          const int64_t at = token * bp.dq_layout.token_stride + h * bp.dq_layout.head_stride;
+          for (int c = 0; c < d; ++c) store_from_float(bp.dq, at + c, p.dtype, w.dq[i * width + c]);
+        }
       }
     }
   }
@@ -180,6 +205,68 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_unit(const 
   return true;
 }
 
+// The units of a call: one per (sequence, kv head), or with fewer of those than workers, each
+// sequence's keys in up to `splits` blocks of whole key tiles. *partial_floats gets the scratch the
+// blocks' parts of dq need.
+std::vector<Unit> plan_units(const Params& p, int workers, size_t* partial_floats) {
+  const int64_t pairs = p.batch * p.heads_kv;
+  const int64_t splits = pairs == 0 || pairs >= workers ? 1 : (2 * workers + pairs - 1) / pairs;
+  std::vector<Unit> units;
+  *partial_floats = 0;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t len_q = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
+    const int64_t len_k = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+    const int64_t tiles = (len_k + kCols - 1) / kCols;
+    const int64_t blocks =
+        len_q == 0 ? 1 : std::clamp<int64_t>(splits, 1, std::max<int64_t>(tiles, 1));
+    const int64_t tiles_per_block = (tiles + blocks - 1) / std::max<int64_t>(blocks, 1);
+    for (int32_t g = 0; g < p.heads_kv; ++g)
+      for (int64_t k = 0; k < blocks; ++k) {
+        Unit u{b, g, std::min(len_k, k * tiles_per_block * kCols),
+               std::min(len_k, (k + 1) * tiles_per_block * kCols), -1};
+        if (blocks > 1) {
+          u.partial = static_cast<int64_t>(*partial_floats);
+          *partial_floats += static_cast<size_t>(p.group_size() * len_q * p.head_dim);
+        }
+        units.push_back(u);
+      }
+  }
+  return units;
+}
+
+// dq of the split sequences: the blocks' parts summed in block order (units of one sequence and kv
+// head are consecutive), one (sequence, kv head) per task.
+void sum_partial_dq(const BackwardParams& bp, const std::vector<Unit>& units, const float* partials,
+                    int workers) {
+  const Params& p = bp.fwd;
+  std::vector<size_t> firsts;  // the first unit of each split (sequence, kv head)
+  for (size_t i = 0; i < units.size(); ++i)
+    if (units[i].partial >= 0 &&
+        (i == 0 || units[i - 1].b != units[i].b || units[i - 1].g != units[i].g))
+      firsts.push_back(i);
+  const int d = p.head_dim;
+  const int32_t group = p.group_size();
+  parallel_for(static_cast<int64_t>(firsts.size()), workers, [&](int64_t task, int) {
+    const Unit& first = units[firsts[task]];
+    size_t end = firsts[task];
+    while (end < units.size() && units[end].b == first.b && units[end].g == first.g) ++end;
+    const int64_t q0 = p.cu_seqlens_q[first.b];
+    const int64_t len_q = p.cu_seqlens_q[first.b + 1] - q0;
+    std::vector<float> sum(static_cast<size_t>(d));
+    for (int32_t hl = 0; hl < group; ++hl)
+      for (int64_t r = 0; r < len_q; ++r) {
+        std::fill(sum.begin(), sum.end(), 0.0f);
+        for (size_t u = firsts[task]; u < end; ++u) {
+          const float* part = partials + units[u].partial + (hl * len_q + r) * d;
+          for (int c = 0; c < d; ++c) sum[c] += part[c];
+        }
+        const int64_t h = first.g * group + hl;
+        const int64_t at = (q0 + r) * bp.dq_layout.token_stride + h * bp.dq_layout.head_stride;
+        for (int c = 0; c < d; ++c) store_from_float(bp.dq, at + c, p.dtype, sum[c]);
+      }
+  });
+}
+
 }  // namespace
 
 jfa_status attention_backward_cpu(const BackwardParams& bp) {
@@ -191,17 +278,21 @@ jfa_status attention_backward_cpu(const BackwardParams& bp) {
              static_cast<double>(p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b]) *
              static_cast<double>(p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b]);
   const int workers = workers_for_flops(flops);
+  size_t partial_floats = 0;
+  const std::vector<Unit> units = plan_units(p, workers, &partial_floats);
+  std::vector<float> partials(partial_floats);
   std::vector<UnitScratch> scratch;
   scratch.reserve(static_cast<size_t>(workers));
   for (int w = 0; w < workers; ++w) scratch.emplace_back(p.head_dim);
   try {
-    parallel_for(p.batch * p.heads_kv, workers, [&](int64_t unit, int worker) {
-      prepare_unit(p, unit, scratch[worker]);
-      if (!run_unit(bp, unit, scratch[worker])) throw ScoreOverflow();
+    parallel_for(static_cast<int64_t>(units.size()), workers, [&](int64_t i, int worker) {
+      prepare_unit(p, units[i], scratch[worker]);
+      if (!run_unit(bp, units[i], partials.data(), scratch[worker])) throw ScoreOverflow();
     });
   } catch (const ScoreOverflow&) {
     return score_overflow_status();
   }
+  if (partial_floats > 0) sum_partial_dq(bp, units, partials.data(), workers);
   return JFA_SUCCESS;
 }
 
