@@ -11,18 +11,11 @@
 
 #include "cuda/sm90/bwd_workspace.hpp"
 #include "cuda/sm90/work_list.cuh"
+#include "cuda/tlx/wgmma.hpp"
 
 namespace jfa::sm90 {
 
 inline constexpr int kPreprocessThreads = 256;  // 8 warps, 8 rows each: one padded q tile
-
-template <typename T>
-__device__ __forceinline__ float2 to_float2(uint32_t packed) {
-  if constexpr (std::is_same_v<T, __half>)
-    return __half22float2(*reinterpret_cast<const __half2*>(&packed));
-  else
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed));
-}
 
 // Sums x[i] * y[i] over one row of kD elements (lanes take pairs of elements), across the warp.
 template <typename T, int kD>
@@ -31,8 +24,8 @@ __device__ __forceinline__ float row_dot(const T* x, const T* y) {
   float sum = 0.f;
 #pragma unroll
   for (int i = 2 * lane; i < kD; i += 64) {
-    const float2 a = to_float2<T>(*reinterpret_cast<const uint32_t*>(x + i));
-    const float2 b = to_float2<T>(*reinterpret_cast<const uint32_t*>(y + i));
+    const float2 a = tlx::unpack2<T>(*reinterpret_cast<const uint32_t*>(x + i));
+    const float2 b = tlx::unpack2<T>(*reinterpret_cast<const uint32_t*>(y + i));
     sum = fmaf(a.x, b.x, fmaf(a.y, b.y, sum));
   }
 #pragma unroll
@@ -108,18 +101,8 @@ __global__ void __launch_bounds__(kConvertThreads)
     const int c = static_cast<int>(i - row * kQuads) * 4;
     const int64_t token = row / heads_q, head = row - token * heads_q;
     const float4 x = *reinterpret_cast<const float4*>(dq_acc + row * kD + c);
-    uint2 packed;
-    if constexpr (std::is_same_v<T, __half>) {
-      const __half2 lo = __floats2half2_rn(x.x * scale, x.y * scale);
-      const __half2 hi = __floats2half2_rn(x.z * scale, x.w * scale);
-      packed = make_uint2(*reinterpret_cast<const uint32_t*>(&lo),
-                          *reinterpret_cast<const uint32_t*>(&hi));
-    } else {
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x * scale, x.y * scale);
-      const __nv_bfloat162 hi = __floats2bfloat162_rn(x.z * scale, x.w * scale);
-      packed = make_uint2(*reinterpret_cast<const uint32_t*>(&lo),
-                          *reinterpret_cast<const uint32_t*>(&hi));
-    }
+    const uint2 packed = make_uint2(tlx::pack2<T>(x.x * scale, x.y * scale),
+                                    tlx::pack2<T>(x.z * scale, x.w * scale));
     *reinterpret_cast<uint2*>(dq + token * dq_token_stride + head * dq_head_stride + c) = packed;
   }
 }

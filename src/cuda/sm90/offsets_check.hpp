@@ -5,7 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include "common/params.hpp"
-#include "common/status.hpp"
+#include "cuda/sm90/launch_error.hpp"
 #include "cuda/sm90/work_list.cuh"
 
 namespace jfa::sm90 {
@@ -16,10 +16,7 @@ inline jfa_status check_offsets_alone(const jfa::detail::Params& p, cudaStream_t
   offsets_check_kernel<kListThreads>
       <<<1, kListThreads, 0, stream>>>(p.cu_seqlens_q, p.cu_seqlens_k, p.batch, p.total_q,
                                        p.total_k, p.max_seqlen_q, p.max_seqlen_k, p.offsets_check);
-  const cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess) return JFA_SUCCESS;
-  return jfa::detail::fail(JFA_ERROR_CUDA, "offsets check launch failed: %s",
-                           cudaGetErrorString(e));
+  return launch_error("offsets check");
 }
 
 }  // namespace jfa::sm90
