@@ -185,6 +185,9 @@ __device__ __forceinline__ void add_dq(const BwdTile& dq, const BwdArgs& a, cons
     const int32_t target = 2 * w.n_block + (Cfg::kDqSplitKeys ? group : 0);
     while (__shfl_sync(0xffffffffu, tlx::lane_is_leader() ? load_acquire(sem) : 0, 0) < target)
       __nanosleep(64);
+    // Lane 0's acquire does not order the other lanes' adds: each lane acquires for itself (the
+    // count only grows, so every lane sees the target reached).
+    (void)load_acquire(sem);
   }
   // The thread's first element of row half 0; the others lie 8 rows and 8 j columns on (the
   // column offsets fold into the instructions' immediates).
@@ -378,7 +381,7 @@ __device__ __forceinline__ void store_key_rows(const tlx::AccumFragment<Cfg::kD>
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int32_t key = w.n_block * kBwdBlockN + group * 64 + Frag::row(h);
-    if (key >= w.seq.len_k) continue;
+    if (key < 0 || key >= w.seq.len_k) continue;  // an item decoded from an invalid entry
     T* row = static_cast<T*>(out) + (static_cast<int64_t>(w.seq.k_start) + key) * token_stride +
              static_cast<int64_t>(w.kv_head) * head_stride;
 #pragma unroll
