@@ -94,10 +94,30 @@ TEST(BackwardWorkspace, RegionsAreAlignedAndDisjoint) {
                 lay.sems + sizeof(int32_t) * static_cast<size_t>(heads * lay.row_len / kBwdBlockM),
                 lay.dq_acc);
             EXPECT_EQ(lay.dq_acc % 256, 0u);
+            // One 64 x d tile per (head, padded q tile); the semaphores are what is cleared.
             EXPECT_EQ(lay.bytes,
-                      lay.dq_acc + sizeof(float) * static_cast<size_t>(total_q * heads * d));
-            EXPECT_EQ(lay.zeroed_bytes(), lay.bytes - lay.sems);
+                      lay.dq_acc + sizeof(float) * static_cast<size_t>(heads * lay.row_len * d));
+            EXPECT_EQ(lay.zeroed_bytes(), lay.dq_acc - lay.sems);
           }
+}
+
+// The accumulator's in-tile layout: every (row, column) of a 64 x d tile has its own float, rows
+// stay inside their 64-column part, and a row's columns are a permutation of 16-byte chunks.
+TEST(BackwardWorkspace, DqTileLayoutIsAPermutation) {
+  for (int d : {64, 128}) {
+    std::vector<int> seen(static_cast<size_t>(jfa::sm90::dq_tile_floats(d)), 0);
+    for (int r = 0; r < kBwdBlockM; ++r)
+      for (int c = 0; c < d; ++c) {
+        const int at = jfa::sm90::dq_part_offset(r, c);
+        ASSERT_GE(at, 0);
+        ASSERT_LT(at, static_cast<int>(seen.size()));
+        ++seen[static_cast<size_t>(at)];
+        const int part = c / jfa::sm90::kDqPartCols;
+        EXPECT_EQ((at - part * kBwdBlockM * jfa::sm90::kDqPartCols) / jfa::sm90::kDqPartCols, r);
+        EXPECT_EQ(at % 4, c % 4);  // pairs (c, c + 1), c even, stay adjacent
+      }
+    for (int n : seen) EXPECT_EQ(n, 1);
+  }
 }
 
 }  // namespace

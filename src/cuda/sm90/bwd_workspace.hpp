@@ -21,6 +21,18 @@ namespace jfa::sm90 {
 inline constexpr int kBwdBlockM = 64;   // query rows per step of a backward work item
 inline constexpr int kBwdBlockN = 128;  // keys per backward work item (two consumer groups of 64)
 
+// The dQ accumulator holds one tile of kBwdBlockM rows x head_dim floats per (head, padded q tile):
+// tile head * (row_len / kBwdBlockM) + padded_row / kBwdBlockM, as head_dim / 64 parts of 64
+// columns, each part 64 rows of 64 floats, the 16-byte chunks of row r permuted by r % 8 (so that
+// the rows a warp stores from its MMA fragment fall on different banks). A part is the 16 KB one
+// bulk reduction adds.
+inline constexpr int kDqPartCols = 64;
+JFA_HOST_DEVICE constexpr int64_t dq_tile_floats(int64_t head_dim) { return kBwdBlockM * head_dim; }
+JFA_HOST_DEVICE constexpr int dq_part_offset(int row, int col) {  // col in [0, head_dim)
+  return (col / kDqPartCols) * kBwdBlockM * kDqPartCols + row * kDqPartCols +
+         ((((col % kDqPartCols) >> 2) ^ (row & 7)) << 2) + (col & 3);
+}
+
 // One entry of the backward's work list: K tile n_block of sequence `seq`, which has n_tiles K
 // tiles; the tiles of one sequence are consecutive entries, n_block ascending.
 struct BwdListEntry {
@@ -38,8 +50,8 @@ JFA_HOST_DEVICE constexpr int64_t padded_row(int64_t q_start, int64_t b) {
 struct BwdWorkspaceLayout {
   int64_t list_capacity;  // entries: sum over sequences of ceil(len_k / kBwdBlockN)
   int64_t row_len;        // padded rows per head of the per-row arrays
-  size_t list, lse2, dpsum, sems, dq_acc, bytes;        // byte offsets, and the total
-  size_t zeroed_bytes() const { return bytes - sems; }  // semaphores and dQ, cleared per call
+  size_t list, lse2, dpsum, sems, dq_acc, bytes;         // byte offsets, and the total
+  size_t zeroed_bytes() const { return dq_acc - sems; }  // the semaphores, cleared per call
 };
 
 constexpr size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -59,7 +71,8 @@ constexpr BwdWorkspaceLayout backward_workspace_layout(int64_t total_q, int64_t 
   w.sems = align_up(w.dpsum + row_bytes, kAlign);
   w.dq_acc = align_up(
       w.sems + sizeof(int32_t) * static_cast<size_t>(heads_q * (w.row_len / kBwdBlockM)), kAlign);
-  w.bytes = w.dq_acc + sizeof(float) * static_cast<size_t>(total_q * heads_q * head_dim);
+  // One 64 x head_dim tile per (head, padded q tile), see dq_tile_offset.
+  w.bytes = w.dq_acc + sizeof(float) * static_cast<size_t>(heads_q * w.row_len * head_dim);
   return w;
 }
 
