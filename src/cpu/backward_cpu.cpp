@@ -210,7 +210,7 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_unit(const 
 // blocks' parts of dq need.
 std::vector<Unit> plan_units(const Params& p, int workers, size_t* partial_floats) {
   const int64_t pairs = p.batch * p.heads_kv;
-  const int64_t splits = pairs >= workers ? 1 : (2 * workers + pairs - 1) / pairs;
+  const int64_t splits = pairs == 0 || pairs >= workers ? 1 : (2 * workers + pairs - 1) / pairs;
   std::vector<Unit> units;
   *partial_floats = 0;
   for (int64_t b = 0; b < p.batch; ++b) {

@@ -169,6 +169,17 @@ std::vector<int32_t> random_lengths(std::mt19937_64& rng, int n, int lo, int hi)
   return v;
 }
 
+// Two runs on the same inputs give the same bytes.
+void expect_bit_identical_runs(JaggedBatch& b, bool causal, std::mt19937_64& rng) {
+  HostBuffer dout(b.dtype, b.total_q() * b.heads_q * b.head_dim);
+  jfa::tools::fill_normal(dout, rng);
+  const Gradients first = run_backward(b, dout, causal);
+  const Gradients second = run_backward(b, dout, causal);
+  EXPECT_EQ(first.dq.bytes, second.dq.bytes);
+  EXPECT_EQ(first.dk.bytes, second.dk.bytes);
+  EXPECT_EQ(first.dv.bytes, second.dv.bytes);
+}
+
 TEST(Backward, CpuMatchesReference) {
   const uint64_t seed = jfa::testing::logged_seed();
   std::mt19937_64 rng(seed);
@@ -199,13 +210,7 @@ TEST(Backward, Deterministic) {
   std::mt19937_64 rng(seed);
   JaggedBatch b = make(random_lengths(rng, 5, 50, 300), random_lengths(rng, 5, 50, 300), 8, 2, 64,
                        DType::kBFloat16, rng());
-  HostBuffer dout(b.dtype, b.total_q() * b.heads_q * b.head_dim);
-  jfa::tools::fill_normal(dout, rng);
-  const Gradients first = run_backward(b, dout, false);
-  const Gradients second = run_backward(b, dout, false);
-  EXPECT_EQ(first.dq.bytes, second.dq.bytes);
-  EXPECT_EQ(first.dk.bytes, second.dk.bytes);
-  EXPECT_EQ(first.dv.bytes, second.dv.bytes);
+  expect_bit_identical_runs(b, false, rng);
 }
 
 // Fewer (sequence, kv head) pairs than workers: the keys of a sequence are split into blocks whose
@@ -225,13 +230,15 @@ TEST(Backward, FewLongSequencesSplitTheirKeys) {
                                         true);
     }
   JaggedBatch b = make({900}, {900}, 4, 1, 64, DType::kFloat32, rng());
-  HostBuffer dout(b.dtype, b.total_q() * b.heads_q * b.head_dim);
-  jfa::tools::fill_normal(dout, rng);
-  const Gradients first = run_backward(b, dout, true);
-  const Gradients second = run_backward(b, dout, true);
-  EXPECT_EQ(first.dq.bytes, second.dq.bytes);
-  EXPECT_EQ(first.dk.bytes, second.dk.bytes);
-  EXPECT_EQ(first.dv.bytes, second.dv.bytes);
+  expect_bit_identical_runs(b, true, rng);
+}
+
+// No sequence at all (batch 0): nothing to compute, success.
+TEST(Backward, EmptyBatch) {
+  JaggedBatch b = make({}, {}, 2, 1, 16, DType::kFloat32, 3);
+  HostBuffer dout(b.dtype, 0);
+  const Gradients got = run_backward(b, dout, false);
+  EXPECT_TRUE(got.dq.bytes.empty());
 }
 
 // A valid backward call on host buffers, to be broken one rule at a time.
