@@ -25,7 +25,6 @@
 #include <cstdint>
 
 #include "cuda/sm90/bwd_config.cuh"
-#include "cuda/sm90/bwd_preprocess.cuh"
 #include "cuda/sm90/softmax.cuh"
 #include "cuda/tlx/fence.hpp"
 #include "cuda/tlx/fragment.hpp"
@@ -329,7 +328,7 @@ __device__ __forceinline__ void step_gradients(
     for (int h = 0; h < 2; ++h) {
       // P^T from its packed form (to_a's order: column block j, row half h), which the dV MMA
       // holds anyway; the float32 copy would need 32 more registers.
-      const float2 pj = to_float2<T>(ops.p.reg[j / 2][2 * (j % 2) + h]);
+      const float2 pj = tlx::unpack2<T>(ops.p.reg[j / 2][2 * (j % 2) + h]);
       dp.at(j, h, 0) = pj.x * (dp.at(j, h, 0) - d.x);
       dp.at(j, h, 1) = pj.y * (dp.at(j, h, 1) - d.y);
     }

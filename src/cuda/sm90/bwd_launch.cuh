@@ -18,15 +18,10 @@
 #include "cuda/sm90/call_workspace.hpp"
 #include "cuda/sm90/device_facts.hpp"
 #include "cuda/sm90/fwd_tensor_maps.hpp"
+#include "cuda/sm90/launch_error.hpp"
 #include "cuda/sm90/shared_memory_opt_in.hpp"
 
 namespace jfa::sm90 {
-
-inline jfa_status launch_error(const char* what) {
-  const cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess) return JFA_SUCCESS;
-  return jfa::detail::fail(JFA_ERROR_CUDA, "%s launch failed: %s", what, cudaGetErrorString(e));
-}
 
 template <typename Cfg>
 jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts& device) {

@@ -17,14 +17,6 @@ namespace jfa::sm90 {
 
 inline constexpr int kPreprocessThreads = 256;  // 8 warps, 8 rows each: one padded q tile
 
-template <typename T>
-__device__ __forceinline__ float2 to_float2(uint32_t packed) {
-  if constexpr (std::is_same_v<T, __half>)
-    return __half22float2(*reinterpret_cast<const __half2*>(&packed));
-  else
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed));
-}
-
 // Sums x[i] * y[i] over one row of kD elements (lanes take pairs of elements), across the warp.
 template <typename T, int kD>
 __device__ __forceinline__ float row_dot(const T* x, const T* y) {
@@ -32,8 +24,8 @@ __device__ __forceinline__ float row_dot(const T* x, const T* y) {
   float sum = 0.f;
 #pragma unroll
   for (int i = 2 * lane; i < kD; i += 64) {
-    const float2 a = to_float2<T>(*reinterpret_cast<const uint32_t*>(x + i));
-    const float2 b = to_float2<T>(*reinterpret_cast<const uint32_t*>(y + i));
+    const float2 a = tlx::unpack2<T>(*reinterpret_cast<const uint32_t*>(x + i));
+    const float2 b = tlx::unpack2<T>(*reinterpret_cast<const uint32_t*>(y + i));
     sum = fmaf(a.x, b.x, fmaf(a.y, b.y, sum));
   }
 #pragma unroll

@@ -16,6 +16,7 @@
 #include "cuda/sm90/device_facts.hpp"
 #include "cuda/sm90/fwd_kernel.cuh"
 #include "cuda/sm90/fwd_tensor_maps.hpp"
+#include "cuda/sm90/launch_error.hpp"
 #include "cuda/sm90/shared_memory_opt_in.hpp"
 #include "cuda/sm90/work_list.cuh"
 #include "cuda/sm90/workspace.hpp"
@@ -78,9 +79,7 @@ jfa_status run_forward(const jfa::detail::Params& p, const DeviceFacts& device,
   build_work_list<Cfg::kBlockM, Cfg::kBlockN><<<1, kListThreads, 0, stream>>>(
       p.cu_seqlens_q, p.cu_seqlens_k, p.batch, p.total_q, p.total_k, p.causal ? 1 : 0,
       launch.sort_work_list ? 1 : 0, unsorted, work, count, next_item, capacity);
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
-    return fail(JFA_ERROR_CUDA, "work-list kernel launch failed: %s", cudaGetErrorString(e));
+  if (const jfa_status s = launch_error("work-list kernel"); s != JFA_SUCCESS) return s;
 
   FwdArgs a{};
   a.lse = p.lse;
@@ -113,7 +112,7 @@ jfa_status run_forward(const jfa::detail::Params& p, const DeviceFacts& device,
   config.stream = stream;
   config.attrs = &dependent;
   config.numAttrs = launch.dependent_launch ? 1 : 0;
-  e = cudaLaunchKernelEx(&config, fwd_kernel<Cfg>, tm_q, tm_k, tm_v, tm_o, a);
+  cudaError_t e = cudaLaunchKernelEx(&config, fwd_kernel<Cfg>, tm_q, tm_k, tm_v, tm_o, a);
   if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess)
     return fail(JFA_ERROR_CUDA, "attention kernel launch failed: %s", cudaGetErrorString(e));

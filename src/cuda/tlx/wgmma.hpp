@@ -147,4 +147,13 @@ JFA_DEVICE uint32_t pack2(float lo, float hi) {
   }
 }
 
+// The two floats of a b32 of 16-bit values (pack2's inverse, exact).
+template <typename T>
+JFA_DEVICE float2 unpack2(uint32_t packed) {
+  if constexpr (std::is_same_v<T, __half>)
+    return __half22float2(*reinterpret_cast<const __half2*>(&packed));
+  else
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed));
+}
+
 }  // namespace jfa::tlx
