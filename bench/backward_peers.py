@@ -1,8 +1,14 @@
 #!/usr/bin/env python3
-"""The attention backward on the GPU: jfa against varlen FlashAttention-2 and FlashAttention-3.
+"""The attention backward and training step on the GPU: jfa against varlen FlashAttention-2,
+FlashAttention-3, FlexAttention and padded cuDNN.
 
-Every method runs its own forward once (outside the timing) and then only its backward is
-measured, on the same packed Q, K, V and the same upstream gradient dO:
+Two passes (--pass backward|step|both, default backward), on the same packed Q, K, V and the same
+upstream gradient dO for every method:
+- backward: every method runs its own forward once (outside the timing, saving what its backward
+  needs) and then only its backward is measured.
+- step: what a training step spends in attention: the forward (with what the backward needs
+  saved) and the backward from the fixed dO, both in every timed call.
+The methods:
 - jfa: torch.ops.jfa.jagged_attention_bwd after torch.ops.jfa.jagged_attention_fwd with
   return_lse=True; with --deterministic also jfa_det, the same with deterministic=True (two runs
   must give identical gradients as well).
@@ -12,30 +18,52 @@ measured, on the same packed Q, K, V and the same upstream gradient dO:
 - fa2_varlen: torch.ops.aten._flash_attention_backward after aten._flash_attention_forward
   (varlen FlashAttention-2 inside torch); the call is built from the schema found at run time, so a
   schema this script does not know is reported as the method failing.
+- flex: torch.compile(flex_attention) on the packed sequence as one [1, H, tokens, D] batch with a
+  document mask (bottom-right causal per sequence where causal), the block mask built once per
+  workload and mask (bench/peers_gpu.py's, not timed); K/V heads fewer than Q heads go in with
+  enable_gqa=True. Differentiated by torch autograd (torch.autograd.grad).
+- cudnn_padded: F.scaled_dot_product_attention under sdpa_kernel(SDPBackend.CUDNN_ATTENTION) on
+  [B, H, Lmax, D] inputs padded with zeros (padding, unpadding and the layout of dO outside the
+  timed call), differentiated by torch autograd; it computes on the padding too. GQA: K/V go in
+  with their own head count and enable_gqa=True (cuDNN takes grouped heads as they are: no copy of
+  K/V per query head). Causal cells with q and k lengths that differ are skipped: is_causal aligns
+  the mask top-left on the padded square.
+jfa, FA2 and FA3 call their forward and backward ops directly (what their autograd functions
+call); FlexAttention and cuDNN go through autograd, whose host work is in their eager time. Those
+two run on a CUDA stream of their own: autograd runs a backward on its forward's stream, and a
+CUDA graph of the backward alone is captured there.
 
 Before it is timed, every method's dQ, dK and dV are checked against float64 gradients: attention
 of each sequence recomputed from the upcast inputs and differentiated with torch autograd, on a
 sample of sequences (all of a small batch; else the longest, the shortest, the first and the last;
 up to 64 of a batch of tiny ones). Relative error ||g - ref|| / ||ref|| of each gradient over the
 sample must be <= 5e-3 (fp16) or 2e-2 (bf16), times --tolerance-scale, and every gradient must be
-finite. A method that fails is reported and not timed.
+finite. A method that fails is reported and not timed. Gradient buffers a method takes (FA3's)
+are filled with NaN before the call; for the others, blocks of the gradients' sizes are filled
+with NaN and freed just before it, so rows a kernel never writes fail the check. Padded cuDNN is
+checked on the real rows of its gradients; without the causal mask its padding keys are not
+masked, so only the sampled sequences without padding keys are compared (the others get a
+different softmax) and the cell is marked "*" (timed, partly checked).
 
-Two times per method, workload, dtype and mask, medians over --runs after warm-up:
-- eager_ms: CUDA events around one backward call, torch.cuda.synchronize() after each: what a user
-  timing one call sees.
-- graph_ms: the backward captured once in a CUDA graph and replayed (events around each replay);
+Two times per method, workload, dtype, mask and pass, medians over --runs after warm-up:
+- eager_ms: CUDA events around one call (the backward, or forward + backward for a step),
+  torch.cuda.synchronize() after each: what a user timing one call sees.
+- graph_ms: the call captured once in a CUDA graph and replayed (events around each replay);
   the replay's gradients are checked too.
 With --rounds R every cell is measured R times, the methods in alternating order (bench/rounds.py);
 each method keeps its median round by eager time, and graph_ms is the median of the rounds'.
-Useful TFLOP/s = 2.5 x the forward's useful FLOPs (4 * head_dim * heads * visible pairs, counted
-exactly per sequence as bench/workloads.py does) / time. "÷ FA2" is varlen FA2's time over the
-method's (> 1: faster than varlen FA2).
+Useful TFLOP/s = the pass's factor x the forward's useful FLOPs (4 * head_dim * heads * visible
+pairs, counted exactly per sequence as bench/workloads.py does) / time; the factor is 2.5 for the
+backward and 3.5 for a step (forward 1 + backward 2.5). "÷ FA2" is varlen FA2's time over the
+method's (> 1: faster than varlen FA2). --chart draws the replays' TFLOP/s (bench/peers.py's chart).
 
 usage: python3 bench/backward_peers.py --lib build/gpu/src/libjfa.so [--cli build/gpu/tools/jfa]
            [--fa3-lib flash_attn_3.so] [--workloads W1,W2,W3,W4] [--dtypes fp16,bf16]
            [--causal both|on|off] [--head-dim 64|128] [--heads-kv N] [--deterministic]
-           [--rounds N] [--quick] [--json PATH]
+           [--pass backward|step|both] [--methods jfa,fa2_varlen,...] [--rounds N] [--quick]
+           [--json PATH] [--chart PATH.png]
 """
+import contextlib
 import dataclasses
 import importlib
 import os
@@ -46,14 +74,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import call_overhead as co  # noqa: E402
+import peers  # noqa: E402
 import rounds  # noqa: E402
 import workloads as W  # noqa: E402
 from peers import parse_list, write_json  # noqa: E402
 from workloads import mask_name  # noqa: E402
 
-METHOD_ORDER = ["jfa", "jfa_det", "fa3", "fa2_varlen"]
+METHOD_ORDER = ["jfa", "jfa_det", "fa3", "fa2_varlen", "flex", "cudnn_padded"]
 LABELS = {"jfa": "jfa", "jfa_det": "jfa deterministic", "fa3": "FA3 varlen",
-          "fa2_varlen": "varlen FA2 (aten)"}
+          "fa2_varlen": "varlen FA2 (aten)", "flex": "FlexAttention",
+          "cudnn_padded": "padded cuDNN"}
+PADDED = ("cudnn_padded",)        # computes on [B, H, Lmax, D] padded inputs
+AUTOGRAD = ("flex", "cudnn_padded")  # differentiated by torch autograd
 BASELINE = "fa2_varlen"
 TIMED = rounds.TIMED
 CELL = {"wrong": "wrong", "unavailable": "n/a", "error": "err", "skipped": "skip"}
@@ -63,9 +95,12 @@ DEFAULT_WORKLOADS = ["W1", "W2", "W3", "W4"]
 QUICK_WORKLOADS = ["W1", "W4"]
 CAUSAL = {"both": (False, True), "on": (True,), "off": (False,)}
 HEAD_DIMS = (64, 128)
+PASSES = ("backward", "step")
+PASS_CHOICES = {"backward": ("backward",), "step": ("step",), "both": PASSES}
 
-# The backward does five matmuls of the forward's size where the forward does two.
-BACKWARD_FLOP_FACTOR = 2.5
+# Useful FLOPs of a pass, in forwards: the backward does five matmuls of the forward's size where
+# the forward does two; a step does both.
+FLOP_FACTOR = {"backward": 2.5, "step": 3.5}
 # Looser than the forward's check (bench/peers_gpu.py): dP, dS and the gradients pass through
 # 16-bit operands once more, while a wrong tile or mask still shows as errors of order 1e-1.
 TOLERANCE = {"fp16": 5e-3, "bf16": 2e-2}
@@ -83,9 +118,72 @@ FA3_BWD_KEYWORDS = {"softmax_scale": ("softmax_scale", "scale"),
 
 # ---- pure parts (no torch) ---------------------------------------------------------------------
 
+def pass_flops(lengths_q, lengths_k, heads, head_dim, causal, pass_name="backward"):
+    """Useful FLOPs of a pass: FLOP_FACTOR[pass_name] x the forward's (workloads.useful_flops)."""
+    return FLOP_FACTOR[pass_name] * W.useful_flops(lengths_q, lengths_k, heads, head_dim, causal)
+
+
 def backward_flops(lengths_q, lengths_k, heads, head_dim, causal):
-    """Useful FLOPs of the backward: 2.5 x the forward's (workloads.useful_flops)."""
-    return BACKWARD_FLOP_FACTOR * W.useful_flops(lengths_q, lengths_k, heads, head_dim, causal)
+    """Useful FLOPs of the backward: 2.5 x the forward's."""
+    return pass_flops(lengths_q, lengths_k, heads, head_dim, causal, "backward")
+
+
+def pass_of(rec):
+    """The pass of a record; records written before there were passes are backward ones."""
+    return rec.get("pass") or "backward"
+
+
+def skip_reason(method, cross, causal):
+    """Why a method leaves a cell out ("" if it does not): the padded peers' causal mask is not
+    the same attention when q and k lengths differ (bench/peers.py's rule)."""
+    return peers.padded_skip_reason(cross, causal) if method in PADDED else ""
+
+
+def padded_check_sequences(sample, lengths_k, causal):
+    """The sampled sequences whose gradients a padded peer computes exactly. Padded at the end,
+    a real query row sees only real keys under the causal mask (equal lengths), and padding rows
+    get a zero dO, so they pass nothing back: all of them. Without the mask every real row also
+    attends to its sequence's padding keys: only the sequences without any (the longest k)."""
+    if causal:
+        return list(sample)
+    longest = max(lengths_k, default=0)
+    return [i for i in sample if lengths_k[i] == longest]
+
+
+def partly_checked_reason(checked, sampled):
+    """Why a padded peer's cell is marked "*" (timed, partly checked)."""
+    if not checked:
+        return ("padding keys are not masked: no sampled sequence is free of them, so only the "
+                "gradients' shapes and finiteness are checked")
+    return (f"padding keys are not masked: gradients checked on {checked} of the {sampled} "
+            "sampled sequences (those without padding keys)")
+
+
+class Slot:
+    """A value of an op call that is known only at call time (a step's forward outputs)."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return f"Slot({self.name!r})"
+
+
+def late_call(args, kwargs):
+    """fill(values) -> (args, kwargs): the call with every Slot replaced by values[slot.name];
+    the slots are found once, so a call costs two copies."""
+    arg_slots = [(i, a.name) for i, a in enumerate(args) if isinstance(a, Slot)]
+    kw_slots = [(k, v.name) for k, v in kwargs.items() if isinstance(v, Slot)]
+
+    def fill(values):
+        a, kw = list(args), dict(kwargs)
+        for i, name in arg_slots:
+            a[i] = values[name]
+        for key, name in kw_slots:
+            kw[key] = values[name]
+        return a, kw
+
+    return fill
 
 
 def workload_spec(wid, head_dim=128, heads_kv=W.HEADS):
@@ -156,8 +254,9 @@ def combine_rounds(records):
 
 
 def add_rates(rec):
-    """TFLOP/s of the record's eager and graph times (None where not timed)."""
-    flops = rec.get("bwd_gflop", 0.0) * 1e9
+    """TFLOP/s of the record's eager and graph times (None where not timed), from the useful
+    GFLOP of its pass."""
+    flops = rec.get("useful_gflop", rec.get("bwd_gflop", 0.0)) * 1e9
     timed = rec.get("status") in TIMED
     for mode in ("eager", "graph"):
         t = rec.get(f"{mode}_ms")
@@ -172,13 +271,17 @@ def _time(rec, mode):
     return t if t else None
 
 
+def cell_of(rec):
+    """(workload, dtype, causal, pass): the cell a record belongs to."""
+    return rec["workload"], rec["dtype"], bool(rec["causal"]), pass_of(rec)
+
+
 def add_ratios(records):
     """Sets vs_fa2_eager / vs_fa2_graph of every record: varlen FA2's time over the method's in the
     same cell (> 1: faster than varlen FA2), None where either was not timed."""
-    base = {(r["workload"], r["dtype"], bool(r["causal"])): r for r in records
-            if r["method"] == BASELINE}
+    base = {cell_of(r): r for r in records if r["method"] == BASELINE}
     for r in records:
-        b = base.get((r["workload"], r["dtype"], bool(r["causal"])))
+        b = base.get(cell_of(r))
         for mode in ("eager", "graph"):
             mine, theirs = _time(r, mode), _time(b, mode)
             r[f"vs_fa2_{mode}"] = theirs / mine if mine and theirs else None
@@ -190,9 +293,9 @@ def summarize(records):
     out = []
     cells = {}
     for r in records:
-        cells.setdefault((r["workload"], r["dtype"], bool(r["causal"])), []).append(r)
-    for (wid, dtype, causal), rs in cells.items():
-        s = {"workload": wid, "dtype": dtype, "causal": causal}
+        cells.setdefault(cell_of(r), []).append(r)
+    for (wid, dtype, causal, pass_name), rs in cells.items():
+        s = {"workload": wid, "dtype": dtype, "causal": causal, "pass": pass_name}
         for r in rs:
             s[r["method"]] = {k: r.get(k) for k in ("status", "eager_ms", "graph_ms",
                                                     "eager_tflops", "graph_tflops",
@@ -221,35 +324,91 @@ def _row(rec):
             ratio(rec.get("vs_fa2_graph")), err]
 
 
+PASS_TITLES = {"backward": "backward", "step": "step: forward + backward"}
+
+
+def _useful_gflop(rec):
+    if rec.get("useful_gflop") is not None:
+        return rec["useful_gflop"]
+    return rec.get("bwd_gflop")
+
+
 def format_tables(records, workload_order=None):
-    """Markdown: one table per (workload, dtype, mask), one row per method; notes follow."""
+    """Markdown: one table per (workload, dtype, mask, pass), one row per method; notes follow."""
     if not records:
         return "no results"
     methods, wids, dtypes = co.table_axes(records, METHOD_ORDER, workload_order)
-    by = {(r["workload"], r["dtype"], bool(r["causal"]), r["method"]): r for r in records}
+    by = {cell_of(r) + (r["method"],): r for r in records}
+    passes = [p for p in PASSES if any(pass_of(r) == p for r in records)]
     head = ["method", "eager ms", "graph ms", "TFLOP/s eager", "TFLOP/s graph", "÷ FA2 eager",
             "÷ FA2 graph", "max rel. error"]
     lines = []
     for wid in wids:
         for dtype in dtypes:
             for causal in (False, True):
-                rows = [by[(wid, dtype, causal, m)] for m in methods
-                        if (wid, dtype, causal, m) in by]
-                if not rows:
-                    continue
-                r0 = rows[0]
-                lines += ["", f"### {wid}, {dtype}, {mask_name(causal)} (heads {r0.get('heads')}, "
-                              f"K/V heads {r0.get('heads_kv')}, head_dim {r0.get('head_dim')}; "
-                              f"backward {_fmt(r0.get('bwd_gflop'), 1)} useful GFLOP)", "",
-                          "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-                lines += ["| " + " | ".join(_row(r)) + " |" for r in rows]
-    lines += ["", "eager: CUDA events around one backward call, synchronized after each. graph: "
-              "one replay of the captured call. TFLOP/s: 2.5 x the forward's useful FLOPs / time. "
+                for pass_name in passes:
+                    cell = (wid, dtype, causal, pass_name)
+                    rows = [by[cell + (m,)] for m in methods if cell + (m,) in by]
+                    if not rows:
+                        continue
+                    r0 = rows[0]
+                    lines += ["", f"### {wid}, {dtype}, {mask_name(causal)}, "
+                                  f"{PASS_TITLES[pass_name]} (heads {r0.get('heads')}, K/V heads "
+                                  f"{r0.get('heads_kv')}, head_dim {r0.get('head_dim')}; "
+                                  f"{_fmt(_useful_gflop(r0), 1)} useful GFLOP = "
+                                  f"{FLOP_FACTOR[pass_name]} x the forward's)", "",
+                              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+                    lines += ["| " + " | ".join(_row(r)) + " |" for r in rows]
+    lines += ["", "eager: CUDA events around one call (backward: the backward alone; step: the "
+              "forward, saving what the backward needs, and the backward), synchronized after "
+              "each. graph: one replay of the captured call. TFLOP/s: useful FLOPs / time, "
+              "counted as 2.5 x the forward's for the backward and 3.5 x for a step. "
               "÷ FA2: varlen FA2's time / the method's (> 1: faster). max rel. error: the largest "
               "of dQ, dK, dV against float64 autograd on the sampled sequences. n/a: unavailable. "
-              "err: failed. wrong: failed the check, not timed."]
+              "err: failed. wrong: failed the check, not timed. skip: left out (see the notes)."]
+    present = {r["method"] for r in records}
+    if any(r.get("status") == "unchecked" for r in records):
+        lines += ["* timed, its gradients checked on part of the sample only (see the notes)."]
+    if present & set(PADDED):
+        names = ", ".join(LABELS[m] for m in PADDED if m in present)
+        lines += [f"{names}: computes on [B, H, Lmax, D] inputs padded with zeros, padding rows "
+                  "and keys included (padding and unpadding are not timed); its TFLOP/s count "
+                  "the useful FLOPs only."]
+    if present & set(AUTOGRAD):
+        names = ", ".join(LABELS[m] for m in AUTOGRAD if m in present)
+        lines += [f"{names}: differentiated by torch autograd (its host work is in the eager "
+                  "time); jfa, FA2 and FA3 call their forward and backward ops directly."]
     lines += co.note_lines(records, LABELS, (("no graph", "graph_reason"),))
     return "\n".join(lines)
+
+
+def save_chart(records, path, workload_order=None):
+    """write_chart into path, its folder made first; what write_chart returns."""
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    except OSError as e:
+        return f"chart not written: {e}"
+    return write_chart(records, path, workload_order)
+
+
+def pass_panel(rec):
+    """The chart panel of a record: (sort key, title), one per pass, dtype and mask."""
+    (rank, dtype, causal), title = peers.dtype_mask_panel(rec)
+    pass_name = pass_of(rec)
+    order = PASSES.index(pass_name) if pass_name in PASSES else len(PASSES)
+    return (order, rank, dtype, causal), f"{PASS_TITLES.get(pass_name, pass_name)}, {title}"
+
+
+def write_chart(records, path, workload_order=None):
+    """bench/peers.py's bar chart of the CUDA-graph replays' useful TFLOP/s: a panel per pass,
+    dtype and mask, a group per workload, a bar per method. Returns the path, or a string
+    starting with 'chart not written' (no matplotlib, nothing timed, a failure)."""
+    return peers.write_chart(
+        records, path, workload_order, value="graph_tflops", method_order=METHOD_ORDER,
+        labels=LABELS, panel=pass_panel,
+        title="jagged attention backward and training step, useful TFLOP/s of the CUDA-graph "
+              "replay (medians; numbers on jfa's bars)",
+        unchecked_label="timed, partly checked")
 
 
 def parse_args(argv=None):
@@ -272,6 +431,10 @@ def parse_args(argv=None):
     ap.add_argument("--methods", default=None,
                     help=f"comma-separated subset of {','.join(METHOD_ORDER)} (default: all but "
                          "jfa_det)")
+    ap.add_argument("--pass", dest="pass_option", default="backward", choices=list(PASS_CHOICES),
+                    help="what is timed: the backward alone, a whole training step of attention "
+                         "(forward saving what the backward needs + backward), or both "
+                         "(default backward)")
     ap.add_argument("--deterministic", action="store_true",
                     help="also time jfa's deterministic backward, as method jfa_det")
     ap.add_argument("--rounds", type=int, default=3,
@@ -290,6 +453,9 @@ def parse_args(argv=None):
                     help=f"smoke test: {','.join(QUICK_WORKLOADS)} unless --workloads, fewer "
                          "runs")
     ap.add_argument("--json", default=None, help="write every number to this JSON file")
+    ap.add_argument("--chart", default=None, metavar="PATH.png",
+                    help="draw the CUDA-graph replays' useful TFLOP/s per method and workload "
+                         "(needs matplotlib; without it the run says so and goes on)")
     args = ap.parse_args(argv)
     quick = args.quick
     co.settle_counts(ap, args, (("runs", 30, 10), ("warmup", 5, 3), ("warm_seconds", 3.0, 1.0)),
@@ -308,6 +474,7 @@ def parse_args(argv=None):
         methods.insert(methods.index("jfa") + 1 if "jfa" in methods else 0, "jfa_det")
     args.method_names = methods
     args.masks = CAUSAL[args.causal]
+    args.passes = PASS_CHOICES[args.pass_option]
     if not (args.workload_ids and args.dtype_names and args.method_names):
         ap.error("nothing to run: --workloads, --dtypes and --methods must not be empty")
     return args
@@ -317,7 +484,8 @@ def parse_args(argv=None):
 
 class BwdCase:
     """One workload in one dtype: bench/peers_gpu.py's Case (packed Q, K, V, offsets) plus the
-    upstream gradient dO and the float64 reference gradients of the sampled sequences."""
+    upstream gradient dO, the float64 reference gradients of the sampled sequences and
+    FlexAttention's block masks (each built once)."""
 
     def __init__(self, G, workload, dtype_name):
         import torch
@@ -328,6 +496,22 @@ class BwdCase:
         self.dout = torch.randn(c.total_q, c.H, c.D, device=c.device, dtype=c.dtype,
                                 generator=gen)
         self._refs = {}
+        self._flex_masks = {}
+
+    def flex_mask(self, G, ctx, causal):
+        """(block mask, how it was built, seconds) of the mask, built on first use and kept for
+        every pass and round; a failure is kept too."""
+        if causal not in self._flex_masks:
+            _, cbm_compiled, cbm_eager = G.flex_functions(ctx)
+            try:
+                self._flex_masks[causal] = G.flex_block_mask(self.case, causal, cbm_compiled,
+                                                             cbm_eager)
+            except Exception as e:
+                self._flex_masks[causal] = e
+        got = self._flex_masks[causal]
+        if isinstance(got, Exception):
+            raise got
+        return got
 
     def reference(self, causal):
         """{sequence index: (dq, dk, dv) float64} on the sample."""
@@ -338,6 +522,7 @@ class BwdCase:
 
     def release(self):
         self._refs = {}
+        self._flex_masks = {}
         self.dout = None
         self.case.release()
 
@@ -397,12 +582,15 @@ def reference_grads(case, dout, i, causal):
     return dq, dk, dv
 
 
-def grad_errors(bc, causal, grads):
-    """{dq, dk, dv: relative error over the sample} against the float64 reference."""
+def grad_errors(bc, causal, grads, sequences=None):
+    """{dq, dk, dv: relative error over the sample (or its `sequences`)} against the float64
+    reference."""
     import math
     import torch
     c = bc.case
     ref = bc.reference(causal)
+    if sequences is not None:
+        ref = {i: ref[i] for i in sequences}
     out = {}
     for j, name in enumerate(GRADIENTS):
         cu = c.cu_q_host if j == 0 else c.cu_k_host
@@ -420,18 +608,22 @@ def grad_errors(bc, causal, grads):
     return out
 
 
-def check(bc, causal, grads, tolerance):
-    """(status, {gradient: error}, largest error, reason) of one method's gradients."""
+def check(bc, causal, grads, tolerance, sequences=None):
+    """(status, {gradient: error}, largest error, reason) of one method's packed gradients,
+    compared on the sample (or its `sequences`: none leaves the shapes and finiteness)."""
     import torch
     c = bc.case
     if not isinstance(grads, (tuple, list)) or len(grads) < 3:
         return "wrong", {}, None, f"expected (dq, dk, dv), got {type(grads).__name__}"
     for name, g, like in zip(GRADIENTS, grads, (c.q, c.k, c.v)):
+        if g is None:
+            return "wrong", {}, None, f"no {name}"
         if tuple(g.shape) != tuple(like.shape) or g.dtype != like.dtype:
             return "wrong", {}, None, (f"{name} is {tuple(g.shape)} {g.dtype}, expected "
                                        f"{tuple(like.shape)} {like.dtype}")
-    errors = grad_errors(bc, causal, grads)
-    worst = max(errors.values(), key=lambda e: (e != e, e))  # NaN counts as the worst
+    errors = grad_errors(bc, causal, grads, sequences) if sequences != [] else {}
+    # NaN counts as the worst.
+    worst = max(errors.values(), key=lambda e: (e != e, e)) if errors else None
     bad = [n for n, g in zip(GRADIENTS, grads) if not bool(torch.isfinite(g).all().item())]
     if bad:
         return "wrong", errors, worst, f"non-finite values in {', '.join(bad)}"
@@ -444,19 +636,33 @@ def check(bc, causal, grads, tolerance):
 # ---- methods (torch, GPU) ----------------------------------------------------------------------
 
 class Prepared:
-    """run(): one backward call, returns (dq, dk, dv). explain(e): (status, reason) of a failed
-    first call. outputs: preallocated gradients the call writes (filled with NaN before checks)."""
+    """run(): one timed call (the backward, or a step: forward + backward), returns the gradients
+    in the method's layout; unpack(them) gives (dq, dk, dv) packed as the case's Q, K, V.
+    explain(e): (status, reason) of a failed first call. outputs: preallocated gradients the call
+    writes (filled with NaN before checks). poison_like: tensors of the gradients' sizes (default
+    the case's Q, K, V). check_sequences: the sampled sequences the check compares (None: all);
+    partly_checked: why a check on part of the sample marks the cell "*". stream: the CUDA stream
+    everything of the method runs on (None: the current one). context(): entered around every
+    call of the method."""
 
-    def __init__(self, run, provider="", note="", explain=None, outputs=(), keep=None):
+    def __init__(self, run, provider="", note="", explain=None, outputs=(), keep=None,
+                 unpack=None, poison_like=None, check_sequences=None, partly_checked="",
+                 stream=None, context=None):
         self.run = run
         self.provider = provider
         self.note = note
         self.explain = explain
         self.outputs = outputs
         self.keep = keep  # tensors the call reads (the forward's out and LSE)
+        self.unpack = unpack or (lambda grads: grads)
+        self.poison_like = poison_like
+        self.check_sequences = check_sequences
+        self.partly_checked = partly_checked
+        self.stream = stream
+        self.context = context or contextlib.nullcontext
 
 
-def prepare_jfa(G, ctx, bc, causal, deterministic=False):
+def prepare_jfa(G, ctx, bc, causal, step=False, deterministic=False):
     import torch
     jfa = ctx.get("jfa")
     if jfa is None:
@@ -466,33 +672,48 @@ def prepare_jfa(G, ctx, bc, causal, deterministic=False):
     bwd = torch.ops.jfa.jagged_attention_bwd
     q, k, v, cu_q, cu_k, mq, mk, scale = c.q, c.k, c.v, c.cu_q, c.cu_k, c.max_q, c.max_k, c.scale
     from jfa import _torch_native  # the native ops' messages as the package's errors
+
+    def forward():  # the output and the LSE the backward needs
+        return fwd(q, k, v, cu_q, cu_k, mq, mk, causal, scale, True, deterministic)
+
     try:
-        out, lse = fwd(q, k, v, cu_q, cu_k, mq, mk, causal, scale, True, deterministic)
+        out, lse = forward()
     except RuntimeError as e:
         e = _torch_native.translate(e, "jfa_attention_forward")
         raise RuntimeError(f"forward: {G.short(e)}") from None
     dout = bc.dout
 
-    def run():
+    def backward(out, lse):
         return bwd(dout, q, k, v, out, lse, cu_q, cu_k, mq, mk, causal, scale, None, deterministic)
+
+    if step:
+        out = lse = None
+
+        def run():
+            return backward(*forward())
+    else:
+        def run():
+            return backward(out, lse)
 
     def explain(e):
         if isinstance(e, RuntimeError):
-            e = _torch_native.translate(e, "jfa_attention_backward")
+            e = _torch_native.translate(e, "jfa_attention_forward" if step
+                                        else "jfa_attention_backward")
         unavailable = isinstance(e, (jfa.JfaUnsupportedError, jfa.JfaBackendUnavailableError))
         return ("unavailable" if unavailable else "error"), G.short(e)
 
-    return Prepared(run, provider=f"torch.ops.jfa.jagged_attention_bwd (torch ops: "
-                                  f"{ctx.get('jfa_ops_kind')}, libjfa {ctx.get('jfa_version')})",
+    ops = "jagged_attention_fwd + _bwd" if step else "jagged_attention_bwd"
+    return Prepared(run, provider=f"torch.ops.jfa.{ops} (torch ops: {ctx.get('jfa_ops_kind')}, "
+                                  f"libjfa {ctx.get('jfa_version')})",
                     note="deterministic=True" if deterministic else "",
                     explain=explain, keep=(out, lse))
 
 
-def prepare_jfa_det(G, ctx, bc, causal):
-    return prepare_jfa(G, ctx, bc, causal, deterministic=True)
+def prepare_jfa_det(G, ctx, bc, causal, step=False):
+    return prepare_jfa(G, ctx, bc, causal, step, deterministic=True)
 
 
-def prepare_fa2(G, ctx, bc, causal):
+def prepare_fa2(G, ctx, bc, causal, step=False):
     fwd_op, bwd_op = ctx.get("fa2_fwd"), ctx.get("fa2_bwd")
     if fwd_op is None or bwd_op is None:
         raise G.Unavailable(ctx.get("fa2_error") or "aten._flash_attention_* is missing")
@@ -510,26 +731,38 @@ def prepare_fa2(G, ctx, bc, causal):
         raise ValueError(f"aten._flash_attention_forward returned {type(res).__name__} of "
                          f"{len(res) if isinstance(res, (tuple, list)) else 1} values, expected "
                          "(output, logsumexp, philox seed, philox offset, ...)")
-    out, lse, seed, offset = res[0], res[1], res[2], res[3]
     # As torch's own autograd formula passes them: the forward's outputs 2 and 3 are the
     # backward's philox_seed / rng_state and philox_offset / unused.
-    values = {"grad_out": bc.dout, "query": q, "key": k, "value": v, "out": out, "logsumexp": lse,
-              "cum_seq_q": cu_q, "cum_seq_k": cu_k, "max_q": mq, "max_k": mk, "dropout_p": 0.0,
-              "is_causal": bool(causal), "philox_seed": seed, "philox_offset": offset,
-              "scale": c.scale}
+    values = {"grad_out": bc.dout, "query": q, "key": k, "value": v, "out": Slot("out"),
+              "logsumexp": Slot("lse"), "cum_seq_q": cu_q, "cum_seq_k": cu_k, "max_q": mq,
+              "max_k": mk, "dropout_p": 0.0, "is_causal": bool(causal),
+              "philox_seed": Slot("seed"), "philox_offset": Slot("offset"), "scale": c.scale}
     try:
-        args, kwargs = schema_call(ctx["fa2_bwd_arguments"], values, FA2_ALIASES, FA2_KEYWORDS)
+        fill = late_call(*schema_call(ctx["fa2_bwd_arguments"], values, FA2_ALIASES,
+                                      FA2_KEYWORDS))
     except ValueError as e:
         raise ValueError(f"aten._flash_attention_backward schema mismatch: {e}") from None
 
-    def run():
-        return bwd_op(*args, **kwargs)
+    def saved(res):  # what the backward takes of the forward's outputs
+        return {"out": res[0], "lse": res[1], "seed": res[2], "offset": res[3]}
 
-    return Prepared(run, provider="torch.ops.aten._flash_attention_backward",
-                    keep=(out, lse, seed, offset))
+    if step:
+        res = None
+
+        def run():
+            args, kwargs = fill(saved(fwd_op(*fargs, **fkwargs)))
+            return bwd_op(*args, **kwargs)
+    else:
+        args, kwargs = fill(saved(res))
+
+        def run():
+            return bwd_op(*args, **kwargs)
+
+    ops = "_flash_attention_forward + _backward" if step else "_flash_attention_backward"
+    return Prepared(run, provider=f"torch.ops.aten.{ops}", keep=res)
 
 
-def prepare_fa3(G, ctx, bc, causal):
+def prepare_fa3(G, ctx, bc, causal, step=False):
     import torch
     fwd_op, bwd_op = ctx.get("fa3_fwd"), ctx.get("fa3_bwd")
     if fwd_op is None or bwd_op is None:
@@ -543,18 +776,30 @@ def prepare_fa3(G, ctx, bc, causal):
     except ValueError as e:
         raise G.Unavailable(f"torch.ops.flash_attn_3.fwd: {e}")
     res = fwd_op(*fargs, **fkwargs)
-    out, lse = res[0], res[1]
     # FA3's backward writes into the gradients it is given (it returns its scratch buffers).
     dq, dk, dv = torch.empty_like(c.q), torch.empty_like(c.k), torch.empty_like(c.v)
-    values = dict(common, dout=bc.dout, out=out, softmax_lse=lse, dq=dq, dk=dk, dv=dv)
+    values = dict(common, dout=bc.dout, out=Slot("out"), softmax_lse=Slot("lse"), dq=dq, dk=dk,
+                  dv=dv)
     try:
-        args, kwargs = schema_call(ctx["fa3_bwd_arguments"], values, keywords=FA3_BWD_KEYWORDS)
+        fill = late_call(*schema_call(ctx["fa3_bwd_arguments"], values,
+                                      keywords=FA3_BWD_KEYWORDS))
     except ValueError as e:
         raise G.Unavailable(f"torch.ops.flash_attn_3.bwd: {e}")
 
-    def run():
-        bwd_op(*args, **kwargs)
-        return dq, dk, dv
+    if step:
+        res = None
+
+        def run():
+            out = fwd_op(*fargs, **fkwargs)
+            args, kwargs = fill({"out": out[0], "lse": out[1]})
+            bwd_op(*args, **kwargs)
+            return dq, dk, dv
+    else:
+        args, kwargs = fill({"out": res[0], "lse": res[1]})
+
+        def run():
+            bwd_op(*args, **kwargs)
+            return dq, dk, dv
 
     def explain(e):
         text = G.short(e)
@@ -564,12 +809,109 @@ def prepare_fa3(G, ctx, bc, causal):
             return "unavailable", text
         return "error", text
 
-    return Prepared(run, provider=ctx.get("fa3_provider", ""), explain=explain,
-                    outputs=(dq, dk, dv), keep=(out, lse))
+    provider = ctx.get("fa3_provider", "")
+    if step:
+        provider = provider.replace("flash_attn_3.bwd", "flash_attn_3.fwd + bwd")
+    return Prepared(run, provider=provider, explain=explain, outputs=(dq, dk, dv), keep=res)
+
+
+def _autograd_peer(step, attend, inputs, dout, unpack, context=None, **about):
+    """A peer that torch autograd differentiates: attend(q, k, v) on leaf copies of `inputs`
+    (which require grad), then torch.autograd.grad of its output with `dout`, laid out as the
+    output is. backward: one forward here, its graph kept (retain_graph) for every timed
+    backward; step: every call runs the forward as well. All of it runs on a stream of its own:
+    autograd runs the backward on its forward's stream, so the backward alone is captured in a
+    CUDA graph there (call_overhead.capture)."""
+    import torch
+    context = context or contextlib.nullcontext
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    leaves = tuple(x.detach().requires_grad_(True) for x in inputs)
+    with torch.cuda.stream(stream), context():
+        first = attend(*leaves)
+        grad_out = torch.empty_like(first).copy_(dout)  # the output's strides
+    saved = None if step else first
+    first = None
+    if step:
+        def run():
+            return torch.autograd.grad(attend(*leaves), leaves, grad_outputs=grad_out)
+    else:
+        def run():
+            return torch.autograd.grad(saved, leaves, grad_outputs=grad_out, retain_graph=True)
+
+    return Prepared(run, unpack=unpack, poison_like=leaves, stream=stream, context=context,
+                    keep=(saved, grad_out, leaves), **about)
+
+
+def prepare_flex(G, ctx, bc, causal, step=False):
+    import torch
+    flex = G.flex_functions(ctx)[0]
+    c = bc.case
+    block_mask, how, seconds = bc.flex_mask(G, ctx, causal)
+    kwargs = G.flex_kwargs(c, block_mask)
+
+    def attend(q, k, v):
+        return flex(q, k, v, **kwargs)
+
+    def unpack(grads):
+        return tuple(G.flex_packed(g) for g in grads)
+
+    gqa = ", enable_gqa=True" if kwargs.get("enable_gqa") else ""
+    return _autograd_peer(
+        step, attend, (G.flex_layout(c.q), G.flex_layout(c.k), G.flex_layout(c.v)),
+        G.flex_layout(bc.dout), unpack,
+        provider=f"torch.compile(flex_attention){gqa}, torch {torch.__version__}, autograd",
+        note=f"document mask over the packed sequence: {how}, {seconds:.1f} s, once per workload "
+             "and mask (not timed); [1, H, tokens, D] layout made outside the timed call")
+
+
+def prepare_cudnn_padded(G, ctx, bc, causal, step=False):
+    import warnings
+    import torch
+    import torch.nn.functional as F
+    c = bc.case
+    context = G.sdpa_pinned("CUDNN_ATTENTION")
+    skip = skip_reason("cudnn_padded", c.cross, causal)
+    if skip:
+        raise G.Skipped(skip)
+    kwargs = {"is_causal": bool(causal), "scale": c.scale}
+    if c.H != c.Hkv:
+        kwargs["enable_gqa"] = True  # cuDNN takes K/V with their own head count, no copies
+
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+    def unpack(grads):
+        dq, dk, dv = grads
+        return c.unpad(dq, "q"), c.unpad(dk, "k"), c.unpad(dv, "k")
+
+    sequences = padded_check_sequences(c.sample, c.lk, causal)
+    partly = ("" if len(sequences) == len(c.sample)
+              else partly_checked_reason(len(sequences), len(c.sample)))
+    gqa = ", enable_gqa=True" if c.H != c.Hkv else ""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            return _autograd_peer(
+                step, attend, c.padded(), c.pad(bc.dout, "q"), unpack, context,
+                check_sequences=sequences, partly_checked=partly,
+                provider=f"F.scaled_dot_product_attention{gqa} under "
+                         f"sdpa_kernel(SDPBackend.CUDNN_ATTENTION), torch {torch.__version__}, "
+                         f"cuDNN {torch.backends.cudnn.version()}, autograd",
+                note="[B, H, Lmax, D] inputs padded with zeros (padding and unpadding not "
+                     "timed); computes on the padding")
+        except RuntimeError as e:
+            low = str(e).lower()
+            if "no available kernel" not in low and "no viable backend" not in low:
+                raise
+            # SDPA says why cuDNN refused in warnings.
+            why = "; ".join(dict.fromkeys(str(w.message).replace("\n", " ") for w in caught))
+            raise G.Unavailable(f"SDPA has no cuDNN kernel for this call: {G.short(e, 100)}"
+                                + (f" ({why[:400]})" if why else "")) from None
 
 
 PREPARE = {"jfa": prepare_jfa, "jfa_det": prepare_jfa_det, "fa3": prepare_fa3,
-           "fa2_varlen": prepare_fa2}
+           "fa2_varlen": prepare_fa2, "flex": prepare_flex, "cudnn_padded": prepare_cudnn_padded}
 
 
 def _op(namespace, name):
@@ -627,41 +969,52 @@ def load_fa3(ctx, lib_path):
 
 # ---- one measurement ---------------------------------------------------------------------------
 
-def _poison(bc, prep):
+def _poison(bc, prep, step):
     """NaN where the gradients will land: the preallocated ones, and blocks of the gradients'
     sizes freed just before the call (the caching allocator likely hands them out again), so rows
-    a kernel never writes fail the check."""
+    a kernel never writes fail the check. A step's forward output takes one block of Q's size
+    first: one more of those."""
     import torch
     for t in prep.outputs:
         t.fill_(float("nan"))
-    c = bc.case
-    blocks = [torch.full_like(x, float("nan")) for x in (c.q, c.k, c.v)]
+    like = list(prep.poison_like or (bc.case.q, bc.case.k, bc.case.v))
+    if step:
+        like.insert(0, like[0])
+    blocks = [torch.full_like(x, float("nan")) for x in like]
     del blocks
 
 
-def _record(G, name, bc, causal, tolerance):
+def _record(G, name, bc, causal, tolerance, pass_name="backward"):
     c, w = bc.case, bc.case.w
     return {"method": name, "label": LABELS.get(name, name), "workload": w.id,
-            "dtype": c.dtype_name, "causal": bool(causal), "heads": c.H, "heads_kv": c.Hkv,
-            "head_dim": c.D, "batch": c.B, "total_q": c.total_q, "total_k": c.total_k,
-            "status": None, "reason": "", "note": "", "provider": "", "rel_error": None,
-            "rel_errors": {}, "tolerance": tolerance, "checked_sequences": len(c.sample),
-            "fwd_gflop": w.flops(causal) / 1e9,
+            "dtype": c.dtype_name, "causal": bool(causal), "pass": pass_name, "heads": c.H,
+            "heads_kv": c.Hkv, "head_dim": c.D, "batch": c.B, "total_q": c.total_q,
+            "total_k": c.total_k, "status": None, "reason": "", "note": "", "provider": "",
+            "rel_error": None, "rel_errors": {}, "tolerance": tolerance,
+            "checked_sequences": len(c.sample), "fwd_gflop": w.flops(causal) / 1e9,
             "bwd_gflop": backward_flops(c.lq, c.lk, c.H, c.D, causal) / 1e9,
+            "useful_gflop": pass_flops(c.lq, c.lk, c.H, c.D, causal, pass_name) / 1e9,
             "eager_ms": None, "graph_ms": None, "graph_reason": ""}
 
 
-def measure(G, ctx, name, bc, causal, opts):
-    """A record of one method on one case and mask: checked, then timed eager and replayed."""
+def _on_stream(stream):
+    import torch
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+def measure(G, ctx, name, bc, causal, opts, pass_name="backward"):
+    """A record of one method on one case, mask and pass: checked, then timed eager and
+    replayed."""
     import warnings
     import torch
     tolerance = TOLERANCE[bc.case.dtype_name] * opts["tolerance_scale"]
-    rec = _record(G, name, bc, causal, tolerance)
+    rec = _record(G, name, bc, causal, tolerance, pass_name)
+    step = pass_name == "step"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         prep = None
         try:
-            prep = PREPARE[name](G, ctx, bc, causal)
+            prep = PREPARE[name](G, ctx, bc, causal, step)
         except G.Unavailable as e:
             rec.update(status="unavailable", reason=str(e))
         except G.Skipped as e:
@@ -673,32 +1026,40 @@ def measure(G, ctx, name, bc, causal, opts):
         if prep is not None:
             rec["provider"], rec["note"] = prep.provider, prep.note
             try:
-                _measure(G, bc, causal, prep, rec, opts, deterministic=(name == "jfa_det"))
+                with _on_stream(prep.stream), prep.context():
+                    _measure(G, bc, causal, prep, rec, opts, deterministic=(name == "jfa_det"),
+                             step=step)
             except torch.cuda.OutOfMemoryError as e:
                 rec.update(status="error", reason="out of memory: " + G.short(e, 150))
             except Exception as e:
                 rec.update(status="error", reason=G.short(e))
+            co.synchronize_quietly()  # before the method's stream and tensors go
         prep = None
         torch.cuda.empty_cache()
     return add_rates(rec)
 
 
-def _measure(G, bc, causal, prep, rec, opts, deterministic):
+def _measure(G, bc, causal, prep, rec, opts, deterministic, step=False):
     import torch
-    _poison(bc, prep)
+    _poison(bc, prep, step)
     try:
-        grads = prep.run()
+        grads = prep.unpack(prep.run())
         torch.cuda.synchronize()
     except Exception as e:
         co.synchronize_quietly()
         status, reason = prep.explain(e) if prep.explain else ("error", G.short(e))
         rec.update(status=status, reason=reason)
         return
-    status, errors, worst, reason = check(bc, causal, grads, rec["tolerance"])
+    sequences = prep.check_sequences
+    if sequences is not None:
+        rec["checked_sequences"] = len(sequences)
+    status, errors, worst, reason = check(bc, causal, grads, rec["tolerance"], sequences)
+    if status == "ok" and prep.partly_checked:
+        status, reason = "unchecked", prep.partly_checked
     rec.update(status=status, rel_errors=errors, rel_error=worst, reason=reason)
     if status == "ok" and deterministic:
         first = [g.clone() for g in grads]
-        again = prep.run()
+        again = prep.unpack(prep.run())
         same = all(torch.equal(a, b) for a, b in zip(first, again))
         rec["repeat_identical"] = same
         if not same:
@@ -711,15 +1072,16 @@ def _measure(G, bc, causal, prep, rec, opts, deterministic):
     rec.update(co.eager_time(prep.run, opts["runs"], opts["warmup"]))
 
     def check_replay(out):
-        g_status, _, rec["graph_rel_error"], g_reason = check(bc, causal, out, rec["tolerance"])
+        g_status, _, rec["graph_rel_error"], g_reason = check(
+            bc, causal, prep.unpack(out), rec["tolerance"], sequences)
         return "" if g_status == "ok" else f"the replay's gradients are wrong: {g_reason}"
 
-    co.time_replays(G, prep.run, rec, opts, check_replay, nan_outputs=True)
+    co.time_replays(G, prep.run, rec, opts, check_replay, nan_outputs=True, stream=prep.stream)
 
 
 def progress_line(rec, tag):
-    text = (f"[{rec['workload']} {rec['dtype']} {mask_name(rec['causal'])}{tag}] "
-            f"{rec['method']:<10} {rec['status']:<11}")
+    text = (f"[{rec['workload']} {rec['dtype']} {mask_name(rec['causal'])} {pass_of(rec)}{tag}] "
+            f"{rec['method']:<12} {rec['status']:<11}")
     for mode in ("eager", "graph"):
         t = rec.get(f"{mode}_ms")
         if t is not None:
@@ -762,22 +1124,28 @@ def main(argv=None):
     order = [wid for wid, _, _ in loaded]
     records = []
     settings = {k: v for k, v in vars(args).items()
-                if k not in ("workload_ids", "dtype_names", "method_names", "masks")}
+                if k not in ("workload_ids", "dtype_names", "method_names", "masks", "passes",
+                             "pass_option")}
     settings.update(workloads=args.workload_ids, dtypes=args.dtype_names,
                     methods=args.method_names, masks=[mask_name(c) for c in args.masks],
-                    heads=W.HEADS, tolerance={d: t * args.tolerance_scale
-                                              for d, t in TOLERANCE.items()},
+                    passes=list(args.passes), heads=W.HEADS,
+                    tolerance={d: t * args.tolerance_scale for d, t in TOLERANCE.items()},
                     data_seed=G.DATA_SEED, grad_seed=G.DATA_SEED + GRAD_SEED_OFFSET)
     doc = co.result_document(
-        "jfa backward against its peers: eager and CUDA-graph time per call", env, settings,
-        loaded, records,
-        counting="useful TFLOP/s = 2.5 * 4 * head_dim * heads * sum(visible pairs) / time "
+        "jfa backward and training step against their peers: eager and CUDA-graph time per "
+        "call", env, settings, loaded, records,
+        counting="useful TFLOP/s = factor * 4 * head_dim * heads * sum(visible pairs) / time, "
+                 "factor 2.5 for the backward and 3.5 for a step (forward 1 + backward 2.5) "
                  "(causal: visible pairs counted exactly, bottom-right aligned; equal "
-                 "lengths: half the square)",
-        figures={"eager_ms": "CUDA events around one backward call, synchronized after "
-                             "each; median of the median round by eager time",
-                 "graph_ms": "CUDA events around one replay of the captured backward; "
-                             "median over the rounds"})
+                 "lengths: half the square); padded peers' padding counts for nothing",
+        passes={"backward": "the backward alone, after one untimed forward that saved what it "
+                            "needs",
+                "step": "forward (saving what the backward needs) + backward from a fixed dO, "
+                        "both in every timed call"},
+        figures={"eager_ms": "CUDA events around one call of the record's pass, synchronized "
+                             "after each; median of the median round by eager time",
+                 "graph_ms": "CUDA events around one replay of the captured call; median over "
+                             "the rounds"})
 
     def save():
         if not args.json:
@@ -815,10 +1183,12 @@ def main(argv=None):
                 except Exception as e:
                     reason = f"reference failed: {G.short(e)}"
                     print(f"[{wid} {dtype} {mask_name(causal)}] {reason}", flush=True)
-                    for m in args.method_names:
-                        rec = _record(G, m, bc, causal, TOLERANCE[dtype] * args.tolerance_scale)
-                        rec.update(status="error", reason=reason)
-                        records.append(add_rates(rec))
+                    for pass_name in args.passes:
+                        for m in args.method_names:
+                            rec = _record(G, m, bc, causal,
+                                          TOLERANCE[dtype] * args.tolerance_scale, pass_name)
+                            rec.update(status="error", reason=reason)
+                            records.append(add_rates(rec))
                     torch.cuda.empty_cache()
                     continue
 
@@ -826,11 +1196,12 @@ def main(argv=None):
                     tag = f" r{rec['round']}" if args.rounds > 1 else ""
                     print(progress_line(rec, tag), flush=True)
 
-                per_method = rounds.measure_rounds(
-                    args.method_names, args.rounds,
-                    lambda m: measure(G, ctx, m, bc, causal, opts), report)
-                records.extend(add_rates(combine_rounds(per_method[m]))
-                               for m in args.method_names)
+                for pass_name in args.passes:
+                    per_method = rounds.measure_rounds(
+                        args.method_names, args.rounds,
+                        lambda m: measure(G, ctx, m, bc, causal, opts, pass_name), report)
+                    records.extend(add_rates(combine_rounds(per_method[m]))
+                                   for m in args.method_names)
             bc.release()
             bc = None
             torch.cuda.empty_cache()
@@ -839,8 +1210,13 @@ def main(argv=None):
 
     add_ratios(records)
     doc["table"] = format_tables(records, order)
+    if args.chart:
+        doc["chart"] = save_chart(records, args.chart, order)
     save()
     print(doc["table"])
+    if args.chart:
+        print(doc["chart"] if doc["chart"].startswith("chart not written")
+              else f"wrote {doc['chart']}")
     elapsed = time.perf_counter() - t_start
     print(f"\n{'wrote ' + args.json + ' ' if args.json else ''}({elapsed:.0f} s)")
     return 0 if any(w is not None for _, w, _ in loaded) else 1

@@ -436,10 +436,12 @@ def eager_time(run, runs, warmup):
     return {"eager_ms": statistics.median(times), "eager_min_ms": min(times), "eager_runs": runs}
 
 
-def capture(run, warmup):
-    """(graph, its output): warm-up on a side stream, then one capture (the torch docs' way)."""
+def capture(run, warmup, stream=None):
+    """(graph, its output): warm-up on a side stream, then one capture (the torch docs' way).
+    With `stream`, both on that stream: autograd runs a backward on its forward's stream, so a
+    backward alone is captured on the stream its forward ran on."""
     import torch
-    side = torch.cuda.Stream()
+    side = stream or torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(max(1, warmup)):
@@ -447,7 +449,7 @@ def capture(run, warmup):
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         out = run()
     return graph, out
 
@@ -471,14 +473,15 @@ def synchronize_quietly():
         pass
 
 
-def time_replays(G, run, rec, opts, check_replay, nan_outputs=False):
-    """Captures run in a CUDA graph, replays it once for check_replay(its outputs), which returns
-    why they are wrong ("" if right), then puts graph_time's figures in rec; where that fails,
-    rec's graph_reason says why. nan_outputs: NaN into the captured outputs before the replay,
-    so that the check sees only what the replay wrote."""
+def time_replays(G, run, rec, opts, check_replay, nan_outputs=False, stream=None):
+    """Captures run in a CUDA graph (on `stream`, see capture), replays it once for
+    check_replay(its outputs), which returns why they are wrong ("" if right), then puts
+    graph_time's figures in rec; where that fails, rec's graph_reason says why. nan_outputs: NaN
+    into the captured outputs before the replay, so that the check sees only what the replay
+    wrote."""
     import torch
     try:
-        graph, out = capture(run, opts["warmup"])
+        graph, out = capture(run, opts["warmup"], stream)
         if nan_outputs:
             for t in out:
                 t.fill_(float("nan"))

@@ -55,6 +55,18 @@ RANKED = ("ok", "unchecked")
 CELL = {"wrong": "wrong", "unavailable": "n/a", "error": "err", "skipped": "skip"}
 
 
+# ---- rules of the methods (no torch needed) ----------------------------------------------------
+
+def padded_skip_reason(cross, causal):
+    """Why a padded SDPA peer leaves a cell out ("" if it does not): with q and k lengths that
+    differ, is_causal aligns the mask top-left on the padded square, not bottom-right per
+    sequence."""
+    if cross and causal:
+        return ("q/k lengths differ: SDPA's is_causal is top-left aligned on the padded "
+                "[Lmax_q, Lmax_k] square, not the same attention")
+    return ""
+
+
 # ---- report (no torch needed) ------------------------------------------------------------------
 
 def _key(r):
@@ -164,9 +176,22 @@ def format_table(records, workload_order=None, memory_bound=()):
     return "\n".join(lines)
 
 
-def write_chart(records, path, workload_order=None, ceiling=W.MATMUL_CEILING_TFLOPS):
-    """Grouped bars of useful TFLOP/s: one panel per (dtype, mask), one group per workload, one
-    bar per method; hatched = timed, not checked; wrong/unavailable methods have no bar.
+def dtype_mask_panel(r):
+    """The chart panel of a record: (sort key, title), one per dtype and mask."""
+    dtype = r["dtype"]
+    rank = W.DTYPES.index(dtype) if dtype in W.DTYPES else len(W.DTYPES)
+    return (rank, dtype, bool(r["causal"])), f"{dtype}, {mask_name(r['causal'])}"
+
+
+FORWARD_CHART_TITLE = "jagged attention forward, useful TFLOP/s (medians; numbers on jfa's bars)"
+
+
+def write_chart(records, path, workload_order=None, ceiling=W.MATMUL_CEILING_TFLOPS,
+                value="useful_tflops", method_order=None, labels=None, panel=dtype_mask_panel,
+                title=FORWARD_CHART_TITLE, unchecked_label="timed, not checked"):
+    """Grouped bars of r[value] (useful TFLOP/s): one panel per panel(r) (default: dtype and
+    mask), one group per workload, one bar per method (method_order first, names from labels:
+    default this script's); hatched = timed, not checked; wrong/unavailable methods have no bar.
     Returns the path, or a string starting with 'chart not written' on failure."""
     try:
         import matplotlib
@@ -174,40 +199,44 @@ def write_chart(records, path, workload_order=None, ceiling=W.MATMUL_CEILING_TFL
         import matplotlib.pyplot as plt
     except Exception as e:
         return f"chart not written: matplotlib: {type(e).__name__}: {e}"
-    ranked = [r for r in records if r["status"] in RANKED and r.get("useful_tflops")]
+    method_order = METHOD_ORDER if method_order is None else method_order
+    labels = LABELS if labels is None else labels
+    ranked = [r for r in records if r["status"] in RANKED and r.get(value)]
     if not ranked:
         return "chart not written: no timed results"
-    methods = [m for m in METHOD_ORDER if any(r["method"] == m for r in ranked)]
+    methods = [m for m in method_order if any(r["method"] == m for r in ranked)]
     methods += sorted({r["method"] for r in ranked} - set(methods))
     wids = [w for w in (workload_order or []) if any(r["workload"] == w for r in ranked)]
     for r in ranked:
         if r["workload"] not in wids:
             wids.append(r["workload"])
-    dtypes = [d for d in ("fp16", "bf16") if any(r["dtype"] == d for r in ranked)]
-    dtypes += sorted({r["dtype"] for r in ranked} - set(dtypes))
-    masks = [c for c in (False, True) if any(bool(r["causal"]) == c for r in ranked)]
-    by = {(r["workload"], r["dtype"], bool(r["causal"]), r["method"]): r for r in ranked}
+    titles = {}
+    by = {}
+    for r in ranked:
+        key, name = panel(r)
+        titles[key] = name
+        by[(r["workload"], key, r["method"])] = r
     cmap = plt.get_cmap("tab10")
-    colors = {m: cmap(i % 10) for i, m in enumerate(METHOD_ORDER)}
+    colors = {m: cmap(i % 10) for i, m in enumerate(method_order)}
     for i, m in enumerate(methods):
-        colors.setdefault(m, cmap((len(METHOD_ORDER) + i) % 10))
-    panels = [(d, c) for d in dtypes for c in masks]
+        colors.setdefault(m, cmap((len(method_order) + i) % 10))
+    panels = sorted(titles)
     width = max(10.0, 0.13 * len(methods) * len(wids) + 2.0)
     height = 3.3 * len(panels) + 1.0
     fig, axes = plt.subplots(len(panels), 1, figsize=(width, height), squeeze=False)
     bar_w = 0.8 / max(1, len(methods))
     try:
         from matplotlib.patches import Patch
-        for ax, (dtype, causal) in zip(axes[:, 0], panels):
+        for ax, key in zip(axes[:, 0], panels):
             top = 0.0
             for mi, m in enumerate(methods):
                 xs, ys, hatches = [], [], []
                 for wi, wid in enumerate(wids):
-                    r = by.get((wid, dtype, causal, m))
+                    r = by.get((wid, key, m))
                     if r is None:
                         continue
                     xs.append(wi - 0.4 + bar_w * (mi + 0.5))
-                    ys.append(r["useful_tflops"])
+                    ys.append(r[value])
                     hatches.append("//" if r["status"] == "unchecked" else "")
                 if not xs:
                     continue
@@ -230,14 +259,13 @@ def write_chart(records, path, workload_order=None, ceiling=W.MATMUL_CEILING_TFL
             ax.set_xticklabels(wids, fontsize=9)
             ax.set_xlim(-0.5, len(wids) - 0.5)
             ax.set_ylabel("useful TFLOP/s")
-            ax.set_title(f"{dtype}, {mask_name(causal)}", fontsize=10)
+            ax.set_title(titles[key], fontsize=10)
             ax.grid(axis="y", linewidth=0.3, alpha=0.6)
         handles = [Patch(facecolor=colors[m], edgecolor="black", linewidth=0.4,
-                         label=LABELS.get(m, m)) for m in methods]
+                         label=labels.get(m, m)) for m in methods]
         handles.append(Patch(facecolor="white", edgecolor="black", hatch="//",
-                             label="timed, not checked"))
-        fig.suptitle("jagged attention forward, useful TFLOP/s (medians; numbers on jfa's bars)",
-                     fontsize=11, y=1 - 0.12 / height)
+                             label=unchecked_label))
+        fig.suptitle(title, fontsize=11, y=1 - 0.12 / height)
         fig.legend(handles=handles, loc="upper center", ncol=min(9, len(handles)), fontsize=8,
                    frameon=False, bbox_to_anchor=(0.5, 1 - 0.4 / height))
         fig.tight_layout(rect=(0, 0, 1, 1 - 0.75 / height))

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import workloads as W  # noqa: E402
+from peers import padded_skip_reason  # noqa: E402
 
 TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 TOLERANCE = {"fp16": 2e-3, "bf16": 1e-2}
@@ -107,6 +108,7 @@ class Case:
         self.v = torch.randn(self.total_k, self.Hkv, self.D, device=self.device, dtype=self.dtype)
         self.sample = W.check_sample(self.lq, self.lk)
         self._padded = None
+        self._rows = {}
         self._refs = {}
 
     def q_rows(self, t, i):
@@ -115,19 +117,36 @@ class Case:
     # Padded [B, H, Lmax, D] copies, zeros past each sequence's end (built once, shared).
     def padded(self):
         if self._padded is None:
-            self._padded = (self._pad(self.q, self.lq, self.cu_q), self._pad(self.k, self.lk, self.cu_k),
-                            self._pad(self.v, self.lk, self.cu_k))
+            self._padded = (self.pad(self.q, "q"), self.pad(self.k, "k"), self.pad(self.v, "k"))
         return self._padded
 
-    def _pad(self, x, lengths, cu):
-        B, Lmax = len(lengths), max(lengths)
-        total = x.shape[0]
-        lens = torch.tensor(lengths, dtype=torch.int64, device=self.device)
-        seq = torch.repeat_interleave(torch.arange(B, device=self.device), lens, output_size=total)
-        pos = torch.arange(total, device=self.device) - cu.to(torch.int64)[seq]
-        out = torch.zeros(B, Lmax, x.shape[1], x.shape[2], device=self.device, dtype=x.dtype)
+    def _padded_rows(self, side):
+        """(sequence, position) of every packed row of side "q" or "k" (built once)."""
+        if side not in self._rows:
+            lengths, cu = (self.lq, self.cu_q) if side == "q" else (self.lk, self.cu_k)
+            total = sum(lengths)
+            lens = torch.tensor(lengths, dtype=torch.int64, device=self.device)
+            seq = torch.repeat_interleave(torch.arange(len(lengths), device=self.device), lens,
+                                          output_size=total)
+            pos = torch.arange(total, device=self.device) - cu.to(torch.int64)[seq]
+            self._rows[side] = (seq, pos)
+        return self._rows[side]
+
+    def pad(self, x, side="q"):
+        """Packed [total, heads, D] rows of side "q" or "k" as [B, heads, Lmax, D], zeros past
+        each sequence's end."""
+        lengths = self.lq if side == "q" else self.lk
+        seq, pos = self._padded_rows(side)
+        out = torch.zeros(len(lengths), max(lengths), x.shape[1], x.shape[2], device=self.device,
+                          dtype=x.dtype)
         out[seq, pos] = x
         return out.transpose(1, 2).contiguous()
+
+    def unpad(self, x, side="q"):
+        """The real rows of a padded [B, heads, Lmax, D] tensor of side "q" or "k", packed as
+        [total, heads, D] (pad's inverse)."""
+        seq, pos = self._padded_rows(side)
+        return x.transpose(1, 2)[seq, pos]
 
     def reference(self, causal):
         """{sequence index: float32 [Lq, H, D]} on the checked sample, exact float32 math."""
@@ -137,6 +156,7 @@ class Case:
 
     def release(self):
         self._padded = None
+        self._rows = {}
         self._refs = {}
         self.q = self.k = self.v = None
 
@@ -365,27 +385,33 @@ class Fa2Varlen(Method):
                         provider="torch.ops.aten._flash_attention_forward")
 
 
+def sdpa_pinned(backend_name):
+    """A context factory that pins F.scaled_dot_product_attention to SDPBackend.<backend_name>;
+    Unavailable where this torch lacks sdpa_kernel or that backend."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except Exception as e:
+        raise Unavailable(f"torch.nn.attention.sdpa_kernel: {short(e)}")
+    backend = getattr(SDPBackend, backend_name, None)
+    if backend is None:
+        raise Unavailable(f"SDPBackend.{backend_name} does not exist in this torch")
+    return lambda: sdpa_kernel(backend)
+
+
 class _Padded(Method):
     backend_name = ""
 
     def prepare(self, case, causal):
-        try:
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-        except Exception as e:
-            raise Unavailable(f"torch.nn.attention.sdpa_kernel: {short(e)}")
-        backend = getattr(SDPBackend, self.backend_name, None)
-        if backend is None:
-            raise Unavailable(f"SDPBackend.{self.backend_name} does not exist in this torch")
+        context = sdpa_pinned(self.backend_name)
+        skip = padded_skip_reason(case.cross, causal)
+        if skip:
+            raise Skipped(skip)
         pq, pk, pv = case.padded()
 
         def run():
             return F.scaled_dot_product_attention(pq, pk, pv, is_causal=causal, scale=case.scale)
 
-        context = lambda: sdpa_kernel(backend)  # noqa: E731
         note = "kernel time only (padding and unpadding not timed)"
-        if case.cross and causal:
-            raise Skipped("q/k lengths differ: SDPA's is_causal is top-left aligned on the padded "
-                          "[Lmax_q, Lmax_k] square, not the same attention")
         if case.cross:
             return Prepared(run, None, note="timed, not checked: padding keys are not masked "
                             "(q/k lengths differ); " + note, context=context)
@@ -460,67 +486,91 @@ def _raise_dynamo_limits():
         pass
 
 
+def flex_functions(ctx):
+    """(torch.compile(flex_attention), torch.compile(create_block_mask), create_block_mask),
+    made once per process (ctx["flex_dynamic"]: the compile's dynamic=); Unavailable where this
+    torch has no FlexAttention."""
+    if "fns" not in _FLEX:
+        try:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        except Exception as e:
+            _FLEX["fns"] = e
+        else:
+            _raise_dynamo_limits()
+            dynamic = ctx.get("flex_dynamic", None)
+            _FLEX["fns"] = (torch.compile(flex_attention, dynamic=dynamic),
+                            torch.compile(create_block_mask), create_block_mask)
+    if isinstance(_FLEX["fns"], Exception):
+        raise Unavailable(f"torch.nn.attention.flex_attention: {short(_FLEX['fns'])}")
+    return _FLEX["fns"]
+
+
+def flex_layout(x):
+    """Packed [total, heads, D] as FlexAttention's [1, heads, total, D] (a copy)."""
+    return x.transpose(0, 1).unsqueeze(0).contiguous()
+
+
+def flex_packed(x):
+    """FlexAttention's [1, heads, total, D] as packed [total, heads, D] (a view)."""
+    return x[0].transpose(0, 1)
+
+
+def flex_kwargs(case, block_mask):
+    """flex_attention's keyword arguments for a case: its block mask and scale, and
+    enable_gqa=True where K/V have fewer heads."""
+    kwargs = {"block_mask": block_mask, "scale": case.scale}
+    if case.H != case.Hkv:
+        kwargs["enable_gqa"] = True
+    return kwargs
+
+
+def flex_block_mask(case, causal, cbm_compiled, cbm_eager):
+    """(block mask, how it was built, seconds): the document mask over the packed sequence, with
+    the bottom-right causal mask of each sequence where causal."""
+    dev = case.device
+    lq = torch.tensor(case.lq, dtype=torch.int64, device=dev)
+    lk = torch.tensor(case.lk, dtype=torch.int64, device=dev)
+    ids = torch.arange(case.B, dtype=torch.int32, device=dev)
+    doc_q = torch.repeat_interleave(ids, lq, output_size=case.total_q)
+    doc_k = torch.repeat_interleave(ids, lk, output_size=case.total_k) if case.cross else doc_q
+    # Bottom-right causal in packed coordinates: key kv of sequence b is visible to query q
+    # iff kv - k_end[b] <= q - q_end[b], i.e. kv <= q + (k_end[b] - q_end[b]).
+    shift = (case.cu_k[1:].to(torch.int32) - case.cu_q[1:].to(torch.int32)).contiguous()
+
+    if not causal:
+        def mask_mod(b, h, q_idx, kv_idx):
+            return doc_q[q_idx] == doc_k[kv_idx]
+    elif not case.cross:
+        def mask_mod(b, h, q_idx, kv_idx):
+            return (doc_q[q_idx] == doc_k[kv_idx]) & (q_idx >= kv_idx)
+    else:
+        def mask_mod(b, h, q_idx, kv_idx):
+            d = doc_q[q_idx]
+            return (d == doc_k[kv_idx]) & (kv_idx <= q_idx + shift[d])
+
+    t0 = time.perf_counter()
+    try:
+        bm = cbm_compiled(mask_mod, None, None, case.total_q, case.total_k, device=str(dev))
+        how = "torch.compile(create_block_mask)"
+    except Exception as e:
+        if case.total_q * case.total_k > (1 << 31):
+            raise Skipped("compiled create_block_mask failed (%s) and the eager one would "
+                          "materialize a %d x %d mask" % (short(e, 150), case.total_q,
+                                                          case.total_k))
+        bm = cbm_eager(mask_mod, None, None, case.total_q, case.total_k, device=str(dev))
+        how = "eager create_block_mask (compiled one failed: %s)" % short(e, 120)
+    torch.cuda.synchronize()
+    return bm, how, time.perf_counter() - t0
+
+
 class Flex(Method):
     name, label = "flex", "FlexAttention"
 
-    def _compiled(self):
-        if "fns" not in _FLEX:
-            try:
-                from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-            except Exception as e:
-                _FLEX["fns"] = e
-            else:
-                _raise_dynamo_limits()
-                dynamic = self.ctx.get("flex_dynamic", None)
-                _FLEX["fns"] = (torch.compile(flex_attention, dynamic=dynamic),
-                                torch.compile(create_block_mask), create_block_mask)
-        if isinstance(_FLEX["fns"], Exception):
-            raise Unavailable(f"torch.nn.attention.flex_attention: {short(_FLEX['fns'])}")
-        return _FLEX["fns"]
-
     def prepare(self, case, causal):
-        flex, cbm_compiled, cbm_eager = self._compiled()
-        dev = case.device
-        lq = torch.tensor(case.lq, dtype=torch.int64, device=dev)
-        lk = torch.tensor(case.lk, dtype=torch.int64, device=dev)
-        ids = torch.arange(case.B, dtype=torch.int32, device=dev)
-        doc_q = torch.repeat_interleave(ids, lq, output_size=case.total_q)
-        doc_k = torch.repeat_interleave(ids, lk, output_size=case.total_k) if case.cross else doc_q
-        # Bottom-right causal in packed coordinates: key kv of sequence b is visible to query q
-        # iff kv - k_end[b] <= q - q_end[b], i.e. kv <= q + (k_end[b] - q_end[b]).
-        shift = (case.cu_k[1:].to(torch.int32) - case.cu_q[1:].to(torch.int32)).contiguous()
-
-        if not causal:
-            def mask_mod(b, h, q_idx, kv_idx):
-                return doc_q[q_idx] == doc_k[kv_idx]
-        elif not case.cross:
-            def mask_mod(b, h, q_idx, kv_idx):
-                return (doc_q[q_idx] == doc_k[kv_idx]) & (q_idx >= kv_idx)
-        else:
-            def mask_mod(b, h, q_idx, kv_idx):
-                d = doc_q[q_idx]
-                return (d == doc_k[kv_idx]) & (kv_idx <= q_idx + shift[d])
-
-        t0 = time.perf_counter()
-        try:
-            bm = cbm_compiled(mask_mod, None, None, case.total_q, case.total_k, device=str(dev))
-            how = "torch.compile(create_block_mask)"
-        except Exception as e:
-            if case.total_q * case.total_k > (1 << 31):
-                raise Skipped("compiled create_block_mask failed (%s) and the eager one would "
-                              "materialize a %d x %d mask" % (short(e, 150), case.total_q,
-                                                              case.total_k))
-            bm = cbm_eager(mask_mod, None, None, case.total_q, case.total_k, device=str(dev))
-            how = "eager create_block_mask (compiled one failed: %s)" % short(e, 120)
-        torch.cuda.synchronize()
-        mask_s = time.perf_counter() - t0
-
-        q4 = case.q.transpose(0, 1).unsqueeze(0).contiguous()  # [1, H, total_q, D]
-        k4 = case.k.transpose(0, 1).unsqueeze(0).contiguous()
-        v4 = case.v.transpose(0, 1).unsqueeze(0).contiguous()
-        kwargs = {"block_mask": bm, "scale": case.scale}
-        if case.H != case.Hkv:
-            kwargs["enable_gqa"] = True
+        flex, cbm_compiled, cbm_eager = flex_functions(self.ctx)
+        bm, how, mask_s = flex_block_mask(case, causal, cbm_compiled, cbm_eager)
+        q4, k4, v4 = flex_layout(case.q), flex_layout(case.k), flex_layout(case.v)
+        kwargs = flex_kwargs(case, bm)
 
         def run():
             return flex(q4, k4, v4, **kwargs)

@@ -4,8 +4,9 @@
 # racecheck over a reduced GPU case set, the CLI benchmark, the peers benchmark (bench/peers.py
 # --quick: jfa, varlen FA2, the plain Triton JFA and the others, every output checked before
 # timing), the call-overhead benchmark (bench/call_overhead.py) and the backward benchmark
-# (bench/backward_peers.py: jfa's backward against varlen FA2 and FA3, gradients checked against
-# float64 before timing). Logs go to OUTDIR; a summary table is printed last.
+# (bench/backward_peers.py: jfa's backward and training step against varlen FA2, FA3,
+# FlexAttention and padded cuDNN, gradients checked against float64 before timing). Logs go to
+# OUTDIR; a summary table is printed last.
 #
 # usage: scripts/gpu-check.sh OUTDIR
 # env:   BUILD_DIR (default build/gpu-check), PREBUILT=1 (use BUILD_DIR as built elsewhere, e.g.
@@ -14,7 +15,8 @@
 #        PEERS_FULL=1 (the full peers run instead of --quick: both dtypes, all workloads, and the
 #        results JSON and chart <date>-h200.json/.png in OUTDIR), SKIP_PEERS=1,
 #        CALL_OVERHEAD=quick|full|off (default quick), BWD_BENCH=quick|full|off (default quick:
-#        W1 and W4, fp16, both masks, 3 rounds; full: W1-W4), FA3_LIB (FlashAttention-3's op
+#        W1 and W4, fp16, both masks, 3 rounds, the backward; full: W1-W4, the backward and the
+#        training step, chart backward_peers.png in OUTDIR), FA3_LIB (FlashAttention-3's op
 #        library for the call-overhead and backward benchmarks)
 set -u -o pipefail
 OUT=${1:?usage: scripts/gpu-check.sh OUTDIR}
@@ -68,7 +70,7 @@ if [ -n "$LIB" ] && python3 -c 'import torch, pytest' 2>/dev/null; then
 fi
 
 if [ -z "${SKIP_SANITIZERS:-}" ] && [ -n "$GPU_TESTS" ] && command -v compute-sanitizer >/dev/null; then
-  FILTER='TlxTma.*:TlxMBarrier.*:TlxWgmma.Fp16D128N128:AttentionGpu.OtherLaunchChoicesMatchReference:AttentionGpu.EdgeLengths*:AttentionGpu.DifferentQueryAndKeyLengthsGqa:AttentionGpu.GarbageDeviceOffsetsStayInBounds:AttentionGpu.NoKeysAnywhere:AttentionGpu.ManyTinySequences:AttentionGpu.AlternativeSchedulesMatchReference:AttentionGpu.ShortSequencesShareTiles:AttentionGpuApi.CallerWorkspace:AttentionGpuApi.KeptWorkspaceGrows:BackwardGpu.EdgeLengths*:BackwardGpu.CrossLengthsGqa:BackwardGpu.EmptySequences:BackwardGpu.StridedGradientLayouts:BackwardGpu.DeterministicRunsAreBitIdentical:BackwardGpuApi.CallerWorkspaceGivesTheSameGradients'
+  FILTER='TlxTma.*:TlxMBarrier.*:TlxWgmma.Fp16D128N128:AttentionGpu.OtherLaunchChoicesMatchReference:AttentionGpu.EdgeLengths*:AttentionGpu.DifferentQueryAndKeyLengthsGqa:AttentionGpu.GarbageDeviceOffsetsStayInBounds:AttentionGpu.CheckedModeReportsInvalidDeviceOffsets:AttentionGpu.NoKeysAnywhere:AttentionGpu.ManyTinySequences:AttentionGpu.AlternativeSchedulesMatchReference:AttentionGpu.ShortSequencesShareTiles:AttentionGpuApi.CallerWorkspace:AttentionGpuApi.KeptWorkspaceGrows:BackwardGpu.EdgeLengths*:BackwardGpu.CrossLengthsGqa:BackwardGpu.EmptySequences:BackwardGpu.StridedGradientLayouts:BackwardGpu.DeterministicRunsAreBitIdentical:BackwardGpuApi.CallerWorkspaceGivesTheSameGradients:BackwardGpuApi.CheckedModeReportsInvalidDeviceOffsets'
   for tool in memcheck racecheck; do
     JFA_GPU_TESTS_QUICK=1 timeout "${SANITIZER_TIMEOUT:-600}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
       "$GPU_TESTS" --gtest_filter="$FILTER" >"$OUT/$tool.log" 2>&1
@@ -113,10 +115,16 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     note "peers ($kind)" "rc=$? (table in peers.log)"
   fi
   if [ -n "$LIB" ] && [ "${BWD_BENCH:-quick}" != off ] && python3 -c 'import torch' 2>/dev/null; then
-    # The backward against varlen FA2 (and FA3 with FA3_LIB), gradients checked before timing
-    # (quick: W1 and W4, fp16, both masks, 3 rounds; BWD_BENCH=full: W1-W4).
+    # The backward against varlen FA2, FlexAttention, padded cuDNN (and FA3 with FA3_LIB),
+    # gradients checked before timing (quick: W1 and W4, fp16, both masks, 3 rounds, the
+    # backward; BWD_BENCH=full: W1-W4, the backward and the training step, and the chart).
+    # FlexAttention compiles once per workload and mask, which the limits allow for.
     BWD=(--lib "$LIB" --json "$OUT/backward_peers.json")
-    if [ "${BWD_BENCH:-quick}" = full ]; then kind=full; limit=900; else kind=quick; limit=300; BWD+=(--quick); fi
+    if [ "${BWD_BENCH:-quick}" = full ]; then
+      kind=full; limit=2400; BWD+=(--pass both --chart "$OUT/backward_peers.png")
+    else
+      kind=quick; limit=600; BWD+=(--quick)
+    fi
     [ -n "${CLI:-}" ] && BWD+=(--cli "$CLI")
     if [ -n "${FA3_LIB:-}" ]; then
       BWD+=(--fa3-lib "$FA3_LIB")

@@ -109,7 +109,34 @@ typedef struct jfa_attention_params {
    * backend. */
   void* workspace;
   size_t workspace_bytes;
+
+  /* Optional checked mode for offsets the host cannot read (CUDA backend): one int32 in device
+   * memory. Non-NULL asks the call to check cu_seqlens_q and cu_seqlens_k on the device, in the
+   * same stream before its kernels use them, and to store there 0 when they are valid or the OR
+   * of the jfa_offsets_check bits of every rule they break. The call does not wait for the check
+   * (no host synchronization): read the word once the stream has got there (e.g. after
+   * cudaStreamSynchronize), and jfa_offsets_check_message() says what it means. With invalid
+   * offsets the kernels still stay inside every buffer; their results are unspecified. The CPU
+   * backend checks host offsets before every call (an invalid call fails with
+   * JFA_ERROR_INVALID_ARGUMENT) and stores 0 here (host memory) when it runs. */
+  int32_t* offsets_check;
 } jfa_attention_params;
+
+/* Bits of the word of jfa_attention_params::offsets_check: the rules offsets must follow. */
+typedef enum jfa_offsets_check_bits {
+  JFA_OFFSETS_Q_FIRST_NOT_ZERO = 1, /* cu_seqlens_q[0] != 0 */
+  JFA_OFFSETS_Q_DECREASING = 2,     /* cu_seqlens_q[b + 1] < cu_seqlens_q[b] for some b */
+  JFA_OFFSETS_Q_LAST_NOT_TOTAL = 4, /* cu_seqlens_q[batch] != total_q */
+  JFA_OFFSETS_Q_ABOVE_MAX = 8,      /* a q length above max_seqlen_q (a hint that was given) */
+  JFA_OFFSETS_K_FIRST_NOT_ZERO = 16,
+  JFA_OFFSETS_K_DECREASING = 32,
+  JFA_OFFSETS_K_LAST_NOT_TOTAL = 64,
+  JFA_OFFSETS_K_ABOVE_MAX = 128
+} jfa_offsets_check_bits;
+
+/* The rules a word of offsets_check says were broken, as text ("valid" for 0); valid until the
+ * next call on this thread. */
+JFA_API const char* jfa_offsets_check_message(int32_t word);
 
 /* Buffers a call writes (out and lse; dq, dk and dv for the backward) must not share an element
  * with any other buffer of the call, inputs and offsets included, not even in place (out == q):

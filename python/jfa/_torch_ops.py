@@ -8,26 +8,32 @@ tensors; where that library is missing, the same ops are defined in Python over 
 which calls the backward op. On CUDA tensors both ops launch on the current CUDA stream, take their
 workspace from torch's caching allocator and never read the offsets on the host, so a forward and
 its backward can be captured in a CUDA graph and replayed after new lengths are written into the
-same offsets buffer.
+same offsets buffer. Both ops take ``offsets_check``, the word of libjfa's checked mode for device
+offsets, which they write (in stream order, without waiting for it).
 """
 
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch._library import autograd as _library_autograd
 
 from . import _checks, _torch_native
-from ._torch_checks import check_backward_inputs, check_inputs
+from ._torch_checks import check_backward_inputs, check_inputs, check_offsets_check
 
 KIND, KIND_DETAIL = _torch_native.load(torch)
 if KIND == "ctypes":
-    from . import _torch_ctypes_op  # noqa: F401  (defines jfa::jagged_attention_fwd and _bwd)
+    from . import _torch_ctypes_op
+
+    _torch_ctypes_op.register()
 
 
 @torch.library.register_fake("jfa::jagged_attention_fwd")
 def _jagged_attention_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                               causal, softmax_scale, return_lse, deterministic=False):
+                               causal, softmax_scale, return_lse, deterministic=False,
+                               offsets_check=None):
     check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    check_offsets_check(offsets_check, q.device)
     total_q, heads_q, d = q.shape
     out = q.new_empty((total_q, heads_q, d))
     lse = q.new_empty((heads_q, total_q) if return_lse else (0,), dtype=torch.float32)
@@ -37,8 +43,9 @@ def _jagged_attention_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
 @torch.library.register_fake("jfa::jagged_attention_bwd")
 def _jagged_attention_bwd_fake(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                max_seqlen_q, max_seqlen_k, causal, softmax_scale, grad_lse,
-                               deterministic):
+                               deterministic, offsets_check=None):
     check_backward_inputs(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, grad_lse)
+    check_offsets_check(offsets_check, q.device)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -54,6 +61,9 @@ def _setup_context(ctx, inputs, output):
     ctx.args = (max_q, max_k, causal, scale)
     ctx.return_lse = return_lse
     ctx.deterministic = inputs[10] if len(inputs) > 10 else False
+    # Kept as an attribute, not saved: a saved tensor that a later call writes (the same word for
+    # every layer of a model) would fail autograd's version check.
+    ctx.offsets_check = inputs[11] if len(inputs) > 11 else None
 
 
 def _backward(ctx, grad_out, grad_lse):
@@ -65,17 +75,41 @@ def _backward(ctx, grad_out, grad_lse):
     try:
         dq, dk, dv = torch.ops.jfa.jagged_attention_bwd(
             grad_out.contiguous(), q, k, v, out, lse, cu_q, cu_k, *ctx.args,
-            None if grad_lse is None else grad_lse.contiguous(), ctx.deterministic)
+            None if grad_lse is None else grad_lse.contiguous(), ctx.deterministic,
+            ctx.offsets_check)
     except RuntimeError as e:
         translated = _torch_native.translate(e, "jfa_attention_backward")
         if translated is e:
             raise
         raise translated from None
-    return dq, dk, dv, None, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
-torch.library.register_autograd("jfa::jagged_attention_fwd", _backward,
-                                setup_context=_setup_context)
+def _register_autograd(name: str, backward, setup_context) -> None:
+    """torch.library.register_autograd for an op whose only written argument is offsets_check,
+    with the version bump of the word that custom_op registers for a written argument.
+
+    register_autograd refuses ops that write an argument, as a formula cannot know how a written
+    tensor that needs a gradient changed; the word is int32 and never needs one, so the formula of
+    the functional op holds. The bump skips a word left out (the dispatcher drops arguments equal
+    to their default) or None."""
+    op = getattr(torch.ops.jfa, name).default
+    word = next(i for i, a in enumerate(op._schema.arguments) if a.name == "offsets_check")
+    after_view = torch._C._after_ADInplaceOrView_keyset
+    bump = torch.autograd.graph.increment_version
+
+    def ad_inplace_or_view(keyset, *args, **kwargs):
+        if len(args) > word and args[word] is not None:
+            bump(args[word])
+        return op.redispatch(keyset & after_view, *args, **kwargs)
+
+    info = _library_autograd.Info(backward, setup_context)
+    _LIB.impl(name, _library_autograd.make_autograd_impl(op, info), "Autograd", with_keyset=True)
+    _LIB.impl(name, ad_inplace_or_view, "ADInplaceOrView", with_keyset=True)
+
+
+_LIB = torch.library.Library("jfa", "FRAGMENT")  # noqa: TOR901  (kept for the process)
+_register_autograd("jagged_attention_fwd", _backward, _setup_context)
 
 DOUBLE_BACKWARD_MESSAGE = (
     "jfa.jagged_attention: gradients of its gradients (a double backward, create_graph=True) are "
@@ -88,11 +122,12 @@ def _backward_of_backward(ctx, *grads):
 
 # Without a formula, autograd would treat the gradients as constants and give a wrong second
 # derivative; with this one a double backward stops with a clear error.
-torch.library.register_autograd("jfa::jagged_attention_bwd", _backward_of_backward,
-                                setup_context=lambda ctx, inputs, output: None)
+_register_autograd("jagged_attention_bwd", _backward_of_backward,
+                   lambda ctx, inputs, output: None)
 
 _FWD = torch.ops.jfa.jagged_attention_fwd.default
-_below_autograd = torch._C._AutoDispatchBelowAutograd
+_below_inplace_or_view = torch._C._AutoDispatchBelowADInplaceOrView
+_bump_version = torch.autograd.graph.increment_version
 _is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
 
@@ -110,26 +145,30 @@ def _hint(name: str, value) -> int:
 
 
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-              softmax_scale, return_lse, deterministic=False):
+              softmax_scale, return_lse, deterministic=False, offsets_check=None):
     """The torch face of jfa.jagged_attention (traceable by torch.compile).
 
-    When no input needs a gradient the op is called below the autograd layer, which skips the
-    Python autograd kernel (the costliest part of a call's host time otherwise)."""
+    When no input needs a gradient the op is called below the autograd and ADInplaceOrView
+    layers, which skips their Python kernels (the costliest part of a call's host time otherwise);
+    the word's version is then bumped here."""
     cu_q = _offsets_tensor("cu_seqlens_q", cu_seqlens_q, q.device)
     cu_k = cu_q if cu_seqlens_k is None else _offsets_tensor("cu_seqlens_k", cu_seqlens_k, q.device)
     scale = None if softmax_scale is None else _checks.scale_value(softmax_scale)
     return_lse = _checks.flag("return_lse", return_lse)
     deterministic = _checks.flag("deterministic", deterministic)
+    check_offsets_check(offsets_check, q.device)
     args = (q, k, v, cu_q, cu_k, _hint("max_seqlen_q", max_seqlen_q),
             _hint("max_seqlen_k", max_seqlen_k), _checks.flag("causal", causal), scale)
     try:
         if _is_compiling() or (_grad_enabled() and (q.requires_grad or k.requires_grad
                                                     or v.requires_grad)):
             # The backward needs the LSE.
-            out, lse = _FWD(*args, True, deterministic)
+            out, lse = _FWD(*args, True, deterministic, offsets_check)
         else:
-            with _below_autograd():
-                out, lse = _FWD(*args, return_lse)
+            with _below_inplace_or_view():
+                out, lse = _FWD(*args, return_lse, False, offsets_check)
+            if offsets_check is not None:
+                _bump_version(offsets_check)  # what the skipped ADInplaceOrView kernel does
     except RuntimeError as e:
         translated = _torch_native.translate(e, "jfa_attention_forward")
         if translated is e:

@@ -31,7 +31,8 @@ std::vector<BufferView> forward_buffers(const Params& p) {
           tensor_view("v", p.v, p.total_k, p.heads_kv, p, p.v_layout, false),
           array_view("cu_seqlens_q", p.cu_seqlens_q, p.batch + 1, sizeof(int32_t), false),
           array_view("cu_seqlens_k", p.cu_seqlens_k, p.batch + 1, sizeof(int32_t), false),
-          workspace_view(p)};
+          workspace_view(p),
+          array_view("offsets_check", p.offsets_check, 1, sizeof(int32_t), true)};
 }
 
 std::vector<BufferView> backward_buffers(const BackwardParams& b) {
@@ -43,7 +44,8 @@ std::vector<BufferView> backward_buffers(const BackwardParams& b) {
       tensor_view("dout", b.dout, p.total_q, p.heads_q, p, b.dout_layout, false),
       array_view("dlse", b.dlse, p.total_q * p.heads_q, sizeof(float), false)};
   for (BufferView f : forward_buffers(p)) {
-    f.written = f.base == p.workspace && f.base != nullptr;  // the forward's outputs are inputs now
+    // The forward's outputs are inputs now; the workspace and the offsets check are written.
+    f.written = f.base != nullptr && (f.base == p.workspace || f.base == p.offsets_check);
     v.push_back(f);
   }
   return v;

@@ -732,6 +732,77 @@ TEST(AttentionGpuApi, KeptWorkspaceGrows) {
   }
 }
 
+// The checked mode: the call checks the device offsets on the device and reports each rule broken
+// in a device word, without a host synchronization; valid offsets give 0. q and k offsets are
+// checked separately (k's rules are q's four bits up). Run under compute-sanitizer too.
+TEST(AttentionGpu, CheckedModeReportsInvalidDeviceOffsets) {
+  Case c;
+  c.lq = c.lk = {100, 200, 50};  // total 350
+  c.head_dim = 64;
+  AttentionRunner runner(c, fresh_seed("checked offsets"));
+  runner.upload();
+  const jfa_attention_params valid = runner.device_params();
+  DeviceBuffer word(sizeof(int32_t)), cu_q(16), cu_k(16);
+  struct Probe {
+    std::vector<int32_t> q, k;
+    int32_t max_q, max_k;
+    int32_t expected;
+  };
+  const Probe probes[] = {
+      {{0, 100, 300, 350}, {0, 100, 300, 350}, 0, 0, 0},
+      {{0, 100, 300, 350}, {0, 100, 300, 350}, 200, 200, 0},
+      {{5, 100, 300, 350}, {0, 100, 300, 350}, 0, 0, JFA_OFFSETS_Q_FIRST_NOT_ZERO},
+      {{0, 300, 100, 350}, {0, 100, 300, 350}, 0, 0, JFA_OFFSETS_Q_DECREASING},
+      {{0, 100, 300, 349}, {0, 100, 300, 350}, 0, 0, JFA_OFFSETS_Q_LAST_NOT_TOTAL},
+      {{0, 100, 300, 350}, {0, 100, 300, 350}, 199, 0, JFA_OFFSETS_Q_ABOVE_MAX},
+      {{0, 100, 300, 350},
+       {-1, 400, 300, 351},
+       0,
+       150,
+       JFA_OFFSETS_K_FIRST_NOT_ZERO | JFA_OFFSETS_K_DECREASING | JFA_OFFSETS_K_LAST_NOT_TOTAL |
+           JFA_OFFSETS_K_ABOVE_MAX},
+      {{7, 3, 500, -1},
+       {0, 100, 300, 350},
+       0,
+       0,
+       JFA_OFFSETS_Q_FIRST_NOT_ZERO | JFA_OFFSETS_Q_DECREASING | JFA_OFFSETS_Q_LAST_NOT_TOTAL},
+  };
+  for (const Probe& probe : probes) {
+    SCOPED_TRACE(jfa_offsets_check_message(probe.expected));
+    JFA_CUDA_OK(cudaMemcpy(cu_q.ptr, probe.q.data(), 16, cudaMemcpyHostToDevice));
+    JFA_CUDA_OK(cudaMemcpy(cu_k.ptr, probe.k.data(), 16, cudaMemcpyHostToDevice));
+    JFA_CUDA_OK(cudaMemset(word.ptr, 0x7F, sizeof(int32_t)));
+    jfa_attention_params p = valid;
+    p.cu_seqlens_q = cu_q.as<int32_t>();
+    p.cu_seqlens_k = cu_k.as<int32_t>();
+    p.max_seqlen_q = probe.max_q;
+    p.max_seqlen_k = probe.max_k;
+    p.offsets_check = word.as<int32_t>();
+    runner.poison();
+    ASSERT_EQ(jfa_attention_forward(&p), JFA_SUCCESS) << jfa_last_error_message();
+    int32_t got = -1;
+    JFA_CUDA_OK(cudaMemcpy(&got, word.ptr, sizeof got, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(got, probe.expected) << jfa_offsets_check_message(got);
+  }
+  // No q rows: no list kernel runs, the check runs alone.
+  Case empty;
+  empty.lq = {0, 0};
+  empty.lk = {3, 4};
+  empty.head_dim = 64;
+  AttentionRunner none(empty, fresh_seed("checked offsets, no rows"));
+  none.upload();
+  jfa_attention_params p = none.device_params();
+  const std::vector<int32_t> bad_k = {1, 3, 7};
+  JFA_CUDA_OK(cudaMemcpy(cu_k.ptr, bad_k.data(), 12, cudaMemcpyHostToDevice));
+  p.cu_seqlens_k = cu_k.as<int32_t>();
+  JFA_CUDA_OK(cudaMemset(word.ptr, 0x7F, sizeof(int32_t)));
+  p.offsets_check = word.as<int32_t>();
+  ASSERT_EQ(jfa_attention_forward(&p), JFA_SUCCESS) << jfa_last_error_message();
+  int32_t got = -1;
+  JFA_CUDA_OK(cudaMemcpy(&got, word.ptr, sizeof got, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(got, JFA_OFFSETS_K_FIRST_NOT_ZERO) << jfa_offsets_check_message(got);
+}
+
 TEST(AttentionGpu, GarbageDeviceOffsetsStayInBounds) {
   // Offsets are not validated on the device; the kernel clamps them. Results are unspecified but no
   // access may leave the buffers (run this under compute-sanitizer memcheck) and guards stay

@@ -704,6 +704,35 @@ TEST(BackwardGpuApi, KeptWorkspaceServesForwardAndBackward) {
   EXPECT_EQ(jfa_workspace_destroy(ws), JFA_SUCCESS);
 }
 
+// The checked mode on the backward: valid offsets give 0, broken ones their bits, also when no
+// list kernel runs (no keys anywhere).
+TEST(BackwardGpuApi, CheckedModeReportsInvalidDeviceOffsets) {
+  Case c = workspace_case();
+  BackwardRunner runner(c, fresh_seed("backward checked offsets"));
+  ASSERT_NO_FATAL_FAILURE(runner.upload_and_forward());
+  DeviceBuffer word(sizeof(int32_t));
+  auto checked = [&](jfa_attention_backward_params p) -> int32_t {
+    EXPECT_EQ(cudaMemset(word.ptr, 0x7F, sizeof(int32_t)), cudaSuccess);
+    p.forward.offsets_check = word.as<int32_t>();
+    Gradients g;
+    EXPECT_EQ(runner.run(&g, p), JFA_SUCCESS) << jfa_last_error_message();
+    int32_t got = -1;
+    EXPECT_EQ(cudaMemcpy(&got, word.ptr, sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
+    return got;
+  };
+  const jfa_attention_backward_params valid = runner.params();
+  EXPECT_EQ(checked(valid), 0);
+  // q offsets that decrease and end past total_q.
+  std::vector<int32_t> bad(static_cast<size_t>(valid.forward.batch) + 1, 0);
+  for (size_t i = 1; i < bad.size(); ++i) bad[i] = static_cast<int32_t>(bad.size() - i) * 3;
+  DeviceBuffer bad_q = upload(bad.data(), bad.size() * sizeof(int32_t));
+  jfa_attention_backward_params broken = valid;
+  broken.forward.cu_seqlens_q = bad_q.as<int32_t>();
+  const int32_t got = checked(broken);
+  EXPECT_NE(got & JFA_OFFSETS_Q_DECREASING, 0) << jfa_offsets_check_message(got);
+  EXPECT_EQ(got & 0xF0, 0) << "the k offsets are valid: " << jfa_offsets_check_message(got);
+}
+
 TEST(BackwardGpuApi, TooSmallOrMisalignedWorkspaceIsRejected) {
   const Case c = workspace_case();
   BackwardRunner runner(c, fresh_seed("backward workspace rejected"));

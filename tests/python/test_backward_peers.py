@@ -1,6 +1,8 @@
-"""bench/backward_peers.py without a GPU: the backward's FLOP count (causal, cross lengths), the
-workload variants and their lengths, the options, the calls built from the ops' schemas, the
-rounds and the tables (the measurements run on a GPU machine only)."""
+"""bench/backward_peers.py without a GPU: the FLOP count of the backward and of a step (causal,
+cross lengths), the workload variants and their lengths, the options, the calls built from the
+ops' schemas (with a step's forward outputs filled in per call), which cells the padded peer
+skips or checks in part, the rounds, the tables, the JSON summary and the chart (the measurements
+run on a GPU machine only)."""
 
 import os
 import subprocess
@@ -46,6 +48,17 @@ def test_batch_of_cross_lengths_sums_per_sequence():
     assert bp.backward_flops(lq, lk, 16, 128, True) == 2.5 * 4.0 * pairs * 16 * 128
 
 
+def test_a_step_counts_the_forward_and_the_backward():
+    lq, lk = [2, 5, 3, 8], [5, 2, 3, 1]
+    for causal in (False, True):
+        forward = 4.0 * sum(bp.W.visible_pairs(a, b, causal) for a, b in zip(lq, lk)) * 16 * 64
+        assert bp.pass_flops(lq, lk, 16, 64, causal, "backward") == 2.5 * forward
+        assert bp.pass_flops(lq, lk, 16, 64, causal, "step") == 3.5 * forward
+        assert bp.pass_flops(lq, lk, 16, 64, causal) == bp.backward_flops(lq, lk, 16, 64, causal)
+    assert bp.FLOP_FACTOR == {"backward": 2.5, "step": 3.5}
+    assert bp.FLOP_FACTOR["step"] == 1 + bp.FLOP_FACTOR["backward"]
+
+
 def test_workload_spec_variants_are_named_for_what_changes():
     s = bp.workload_spec("W1")
     assert (s.id, s.base, s.head_dim, s.heads, s.heads_kv) == ("W1", "W1", 128, 16, 16)
@@ -72,10 +85,11 @@ def test_options_defaults_quick_and_refusals(monkeypatch):
     args = bp.parse_args([])
     assert args.workload_ids == ["W1", "W2", "W3", "W4"]
     assert args.dtype_names == ["fp16"] and args.masks == (False, True)
-    assert args.method_names == ["jfa", "fa3", "fa2_varlen"]
+    assert args.method_names == ["jfa", "fa3", "fa2_varlen", "flex", "cudnn_padded"]
     assert (args.head_dim, args.heads_kv, args.rounds, args.runs, args.warmup) == (
         128, 16, 3, 30, 5)
-    assert args.fa3_lib is None and args.json is None
+    assert args.fa3_lib is None and args.json is None and args.chart is None
+    assert args.passes == ("backward",)
     quick = bp.parse_args(["--quick", "--json", "out.json"])
     assert quick.workload_ids == ["W1", "W4"] and quick.dtype_names == ["fp16"]
     assert quick.masks == (False, True) and (quick.rounds, quick.runs) == (3, 10)
@@ -85,16 +99,24 @@ def test_options_defaults_quick_and_refusals(monkeypatch):
     assert bp.parse_args(["--causal", "off"]).masks == (False,)
     both = bp.parse_args(["--dtypes", "fp16,bf16", "--head-dim", "64", "--heads-kv", "4"])
     assert both.dtype_names == ["fp16", "bf16"] and (both.head_dim, both.heads_kv) == (64, 4)
-    assert bp.parse_args(["--deterministic"]).method_names == ["jfa", "jfa_det", "fa3",
-                                                               "fa2_varlen"]
+    assert bp.parse_args(["--deterministic"]).method_names == [
+        "jfa", "jfa_det", "fa3", "fa2_varlen", "flex", "cudnn_padded"]
     assert bp.parse_args(["--methods", "fa2_varlen,jfa", "--deterministic"]).method_names == [
         "fa2_varlen", "jfa", "jfa_det"]
+    assert bp.parse_args(["--methods", "cudnn_padded,flex"]).method_names == [
+        "cudnn_padded", "flex"]
+    assert bp.parse_args(["--pass", "step"]).passes == ("step",)
+    assert bp.parse_args(["--pass", "both"]).passes == ("backward", "step")
+    assert bp.parse_args(["--pass", "backward"]).passes == ("backward",)
+    full = bp.parse_args(["--pass", "both", "--chart", "out/bwd.png"])
+    assert full.chart == "out/bwd.png" and full.passes == ("backward", "step")
     monkeypatch.setenv("FA3_LIB", "/x/flash_attn_3.so")
     assert bp.parse_args([]).fa3_lib == "/x/flash_attn_3.so"
     for bad in (["--heads-kv", "3"], ["--heads-kv", "0"], ["--head-dim", "96"],
                 ["--rounds", "0"], ["--runs", "0"], ["--warmup", "-1"], ["--causal", "yes"],
                 ["--workloads", "W9"], ["--workloads", "W1-d64"], ["--dtypes", "fp8"],
-                ["--methods", "flex"], ["--tolerance-scale", "0"]):
+                ["--methods", "flash"], ["--tolerance-scale", "0"], ["--pass", "forward"],
+                ["--pass"], ["--chart"]):
         with pytest.raises(SystemExit):
             bp.parse_args(bad)
 
@@ -147,12 +169,62 @@ def test_fa3_backward_call_passes_the_gradients_to_write():
     assert kwargs == {"softmax_scale": 0.125, "is_causal": False}
 
 
+def test_a_steps_backward_call_takes_each_forwards_outputs():
+    """A step's backward call is built once from the schema with slots for the forward's
+    outputs, and every call fills them in (two copies, no schema work)."""
+    values = dict(FA2_VALUES, out=bp.Slot("out"), logsumexp=bp.Slot("lse"),
+                  philox_seed=bp.Slot("seed"), philox_offset=bp.Slot("offset"))
+    fill = bp.late_call(*bp.schema_call(FA2_BWD, values, bp.FA2_ALIASES, bp.FA2_KEYWORDS))
+    args, kwargs = fill({"out": "O", "lse": "L", "seed": "S", "offset": "U"})
+    assert (args, kwargs) == bp.schema_call(FA2_BWD, FA2_VALUES, bp.FA2_ALIASES, bp.FA2_KEYWORDS)
+    again, _ = fill({"out": "O2", "lse": "L2", "seed": "S2", "offset": "U2"})
+    assert again[4:6] == ["O2", "L2"] and again[12:14] == ["S2", "U2"]
+    assert args[4] == "O"  # each call gets its own list
+    # Slots among the keyword arguments too.
+    fill = bp.late_call(["a", bp.Slot("x")], {"scale": 0.5, "out": bp.Slot("y")})
+    assert fill({"x": 1, "y": 2}) == (["a", 1], {"scale": 0.5, "out": 2})
+    assert fill({"x": 3, "y": 4}) == (["a", 3], {"scale": 0.5, "out": 4})
+    with pytest.raises(KeyError):
+        fill({"x": 1})
+    assert repr(bp.Slot("out")) == "Slot('out')"
+
+
+def test_padded_peers_skip_causal_cells_whose_q_and_k_lengths_differ():
+    why = bp.skip_reason("cudnn_padded", cross=True, causal=True)
+    assert "q/k lengths differ" in why and "top-left" in why
+    assert why == bp.peers.padded_skip_reason(True, True)  # the forward benchmark's rule
+    assert bp.skip_reason("cudnn_padded", cross=True, causal=False) == ""
+    assert bp.skip_reason("cudnn_padded", cross=False, causal=True) == ""
+    for method in ("jfa", "jfa_det", "fa3", "fa2_varlen", "flex"):
+        assert bp.skip_reason(method, cross=True, causal=True) == ""
+    assert bp.PADDED == ("cudnn_padded",) and set(bp.AUTOGRAD) == {"flex", "cudnn_padded"}
+
+
+def test_padded_peers_are_checked_where_they_compute_the_same_attention():
+    sample, lengths_k = [0, 1, 3, 5], [64, 17, 64, 5, 40, 64]
+    # Causal, padded at the end: real rows see real keys only, whatever the padding.
+    assert bp.padded_check_sequences(sample, lengths_k, True) == [0, 1, 3, 5]
+    # Without the mask only sequences without padding keys (the longest k) are exact.
+    assert bp.padded_check_sequences(sample, lengths_k, False) == [0, 5]
+    assert bp.padded_check_sequences([1, 3], lengths_k, False) == []
+    assert bp.padded_check_sequences([], [], False) == []
+    why = bp.partly_checked_reason(2, 4)
+    assert "padding keys are not masked" in why and "2 of the 4 sampled" in why
+    assert "only the gradients' shapes and finiteness" in bp.partly_checked_reason(0, 4)
+
+
 def rec(method, eager, graph=None, status="ok", **more):
     r = {"method": method, "workload": "W1", "dtype": "fp16", "causal": False, "status": status,
          "eager_ms": eager, "graph_ms": graph, "rel_error": 1e-3, "bwd_gflop": 100.0,
-         "heads": 16, "heads_kv": 16, "head_dim": 128, "graph_reason": ""}
+         "useful_gflop": 100.0, "heads": 16, "heads_kv": 16, "head_dim": 128,
+         "graph_reason": ""}
     r.update(more)
     return r
+
+
+def step(method, eager, graph=None, status="ok", **more):
+    """A step record of the same cell: 3.5 / 2.5 of the backward's FLOPs."""
+    return rec(method, eager, graph, status, **{"pass": "step", "useful_gflop": 140.0, **more})
 
 
 def test_rounds_keep_the_median_eager_round_and_the_median_replay():
@@ -202,11 +274,12 @@ def test_a_table_per_cell_with_rows_per_method_and_notes():
     lines = text.splitlines()
     heads = [line for line in lines if line.startswith("### ")]
     assert heads == [
-        "### W1, fp16, non-causal (heads 16, K/V heads 16, head_dim 128; backward 100.0 useful "
-        "GFLOP)",
-        "### W1, fp16, causal (heads 16, K/V heads 16, head_dim 128; backward 100.0 useful GFLOP)",
-        "### W1, bf16, non-causal (heads 16, K/V heads 16, head_dim 128; backward 100.0 useful "
-        "GFLOP)"]
+        "### W1, fp16, non-causal, backward (heads 16, K/V heads 16, head_dim 128; 100.0 useful "
+        "GFLOP = 2.5 x the forward's)",
+        "### W1, fp16, causal, backward (heads 16, K/V heads 16, head_dim 128; 100.0 useful "
+        "GFLOP = 2.5 x the forward's)",
+        "### W1, bf16, non-causal, backward (heads 16, K/V heads 16, head_dim 128; 100.0 useful "
+        "GFLOP = 2.5 x the forward's)"]
     first = lines.index(heads[0])
     assert lines[first + 2] == ("| method | eager ms | graph ms | TFLOP/s eager | TFLOP/s graph | "
                                 "÷ FA2 eager | ÷ FA2 graph | max rel. error |")
@@ -217,7 +290,107 @@ def test_a_table_per_cell_with_rows_per_method_and_notes():
     assert "| jfa | 0.2500 | no graph | 400.0 | - | - | - | 1.0e-03 |" in lines
     assert any("FA3 varlen [unavailable]" in line and "no backward" in line for line in lines)
     assert any("jfa [no graph]" in line and "boom" in line for line in lines)
+    # No partly checked, padded or autograd records: no notes about them.
+    assert not any(line.startswith("* ") or "padded" in line or "by torch autograd" in line
+                   for line in lines)
     assert bp.format_tables([]) == "no results"
+
+
+def step_records():
+    records = [rec("fa2_varlen", 1.0, 0.6), rec("jfa", 0.5, 0.4),
+               step("fa2_varlen", 2.0, 1.4), step("jfa", 1.0, 0.7),
+               step("flex", 4.0, 2.8, provider="torch.compile(flex_attention)"),
+               step("cudnn_padded", 1.6, 1.4, status="unchecked", reason="padding keys are not "
+                    "masked: gradients checked on 1 of the 4 sampled sequences"),
+               step("cudnn_padded", None, status="skipped", causal=True, rel_error=None,
+                    reason=bp.skip_reason("cudnn_padded", True, True)),
+               step("jfa", 0.5, 0.35, causal=True)]
+    for r in records:
+        bp.add_rates(r)
+    return bp.add_ratios(records)
+
+
+def test_step_records_have_tables_of_their_own_next_to_the_backward():
+    records = step_records()
+    by = {(r["method"], r["pass"] if "pass" in r else "-", r["causal"]): r for r in records}
+    # TFLOP/s of a step from its own FLOPs; ratios against FA2's step, not its backward.
+    assert by[("jfa", "step", False)]["eager_tflops"] == pytest.approx(140.0)
+    assert by[("jfa", "step", False)]["graph_tflops"] == pytest.approx(200.0)
+    assert by[("jfa", "step", False)]["vs_fa2_eager"] == pytest.approx(2.0)
+    assert by[("jfa", "-", False)]["vs_fa2_eager"] == pytest.approx(2.0)
+    assert by[("flex", "step", False)]["vs_fa2_graph"] == pytest.approx(0.5)
+    assert by[("jfa", "step", True)]["vs_fa2_eager"] is None  # no FA2 step in that cell
+    lines = bp.format_tables(records, ["W1"]).splitlines()
+    heads = [line for line in lines if line.startswith("### ")]
+    assert heads == [
+        "### W1, fp16, non-causal, backward (heads 16, K/V heads 16, head_dim 128; 100.0 useful "
+        "GFLOP = 2.5 x the forward's)",
+        "### W1, fp16, non-causal, step: forward + backward (heads 16, K/V heads 16, head_dim "
+        "128; 140.0 useful GFLOP = 3.5 x the forward's)",
+        "### W1, fp16, causal, step: forward + backward (heads 16, K/V heads 16, head_dim 128; "
+        "140.0 useful GFLOP = 3.5 x the forward's)"]
+    first = lines.index(heads[1])
+    assert lines[first + 4:first + 8] == [
+        "| jfa | 1.0000 | 0.7000 | 140.0 | 200.0 | 2.00x | 2.00x | 1.0e-03 |",
+        "| varlen FA2 (aten) | 2.0000 | 1.4000 | 70.0 | 100.0 | 1.00x | 1.00x | 1.0e-03 |",
+        "| FlexAttention | 4.0000 | 2.8000 | 35.0 | 50.0 | 0.50x | 0.50x | 1.0e-03 |",
+        "| padded cuDNN | 1.6000* | 1.4000* | 87.5 | 100.0 | 1.25x | 1.00x | 1.0e-03 |"]
+    causal = lines.index(heads[2])
+    assert lines[causal + 4:causal + 6] == [
+        "| jfa | 0.5000 | 0.3500 | 280.0 | 400.0 | - | - | 1.0e-03 |",
+        "| padded cuDNN | skip | skip | skip | skip | skip | skip | - |"]
+    text = "\n".join(lines)
+    assert "3.5 x for a step" in text
+    assert "* timed, its gradients checked on part of the sample only" in text
+    assert "padded cuDNN: computes on [B, H, Lmax, D] inputs padded with zeros" in text
+    assert "FlexAttention, padded cuDNN: differentiated by torch autograd" in text
+    assert any(line.startswith("- padded cuDNN [unchecked]") and "1 of the 4" in line
+               for line in lines)
+    assert any(line.startswith("- padded cuDNN [skipped] (first: W1 fp16 causal)")
+               and "q/k lengths differ" in line for line in lines)
+
+
+def test_the_json_summary_says_which_pass_each_cell_is():
+    summary = bp.summarize(step_records())
+    assert [(s["causal"], s["pass"]) for s in summary] == [
+        (False, "backward"), (False, "step"), (True, "step")]
+    assert set(summary[1]) == {"workload", "dtype", "causal", "pass", "fa2_varlen", "jfa", "flex",
+                               "cudnn_padded"}
+    assert summary[1]["jfa"]["graph_tflops"] == pytest.approx(200.0)
+    assert summary[1]["cudnn_padded"]["status"] == "unchecked"
+    # Records of a run from before there were passes read as backward ones.
+    old = rec("jfa", 0.5, 0.4)
+    del old["useful_gflop"]
+    assert bp.pass_of(old) == "backward"
+    assert bp.add_rates(old)["eager_tflops"] == pytest.approx(200.0)  # from bwd_gflop
+    assert bp.summarize([old])[0]["pass"] == "backward"
+
+
+def test_chart_panels_go_by_pass_then_dtype_then_mask():
+    keys = [bp.pass_panel(rec("jfa", 1.0, **kw)) for kw in (
+        {"pass": "step", "dtype": "fp16", "causal": False},
+        {"dtype": "bf16", "causal": True},
+        {"dtype": "fp16", "causal": True},
+        {"pass": "step", "dtype": "bf16", "causal": False})]
+    assert [title for _, title in sorted(keys)] == [
+        "backward, fp16, causal", "backward, bf16, causal",
+        "step: forward + backward, fp16, non-causal", "step: forward + backward, bf16, non-causal"]
+
+
+def test_the_chart_is_skipped_with_a_note_without_matplotlib(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises
+    out = bp.save_chart(step_records(), str(tmp_path / "charts" / "bwd.png"), ["W1"])
+    assert out.startswith("chart not written: matplotlib")
+    assert not (tmp_path / "charts" / "bwd.png").exists()
+
+
+def test_the_chart_draws_the_replays_rates(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "charts" / "bwd.png"
+    assert bp.save_chart(step_records(), str(path), ["W1"]) == str(path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    untimed = [step("jfa", None, status="wrong"), step("jfa", 1.0, None)]  # no replay: no bar
+    assert bp.write_chart(untimed, str(tmp_path / "x.png")) == "chart not written: no timed results"
 
 
 def test_help_and_import_need_no_torch():
@@ -229,3 +402,4 @@ def test_help_and_import_need_no_torch():
                        capture_output=True, text=True, env=dict(os.environ, FA3_LIB=""))
     assert r.returncode == 0, r.stderr
     assert "--heads-kv" in r.stdout and "float64" in r.stdout
+    assert "--pass" in r.stdout and "--chart" in r.stdout and "3.5" in r.stdout

@@ -1,9 +1,11 @@
 """The torch backward on CUDA (Hopper): gradients of jfa.jagged_attention against float64 autograd,
 deterministic mode, a CUDA graph of a forward and backward replayed with new lengths,
-torch.compile of a training step, and opcheck of both ops. Skipped, with the reason, without
-torch, a compute-capability-9.0 GPU or a CUDA build of libjfa."""
+torch.compile of a training step, the checked mode for device offsets, and opcheck of both ops.
+Skipped, with the reason, without torch, a compute-capability-9.0 GPU or a CUDA build of
+libjfa."""
 
 import copy
+import itertools
 import math
 
 import numpy as np
@@ -265,6 +267,97 @@ def test_cuda_graph_of_forward_and_backward_replays_new_lengths(seed, hints):
         _check_grads(grads, want, torch.float16, _unseen(cu, cu, True), what=f"lengths {lengths}: ")
 
 
+# ---- checked mode for device offsets -------------------------------------------------------------
+
+# Bits of jfa_offsets_check_bits (include/jfa/jfa.h).
+Q_DECREASING, Q_ABOVE_MAX = 2, 8
+
+
+def _word():
+    """A checked-mode word holding a value no check stores, so that a stale word cannot pass."""
+    return torch.full((1,), -1, dtype=torch.int32, device="cuda")
+
+
+def _read(word):
+    torch.cuda.synchronize()  # the call does not wait for its check
+    return word.item()
+
+
+def test_cuda_offsets_check_valid_offsets_give_zero(seed):
+    """Valid offsets: the forward stores 0 without synchronizing with the host, and so does the
+    backward that autograd runs (into the same word)."""
+    q, k, v, cu_q, cu_k = _inputs(seed, [63, 0, 130, 5], [65, 7, 0, 200], 8, 2, 128, torch.float16)
+    word = _word()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out, lse = jfa.jagged_attention(q, k, v, cu_q, cu_k, 130, 200, causal=True,
+                                        return_lse=True, offsets_check=word)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert _read(word) == 0
+    grad_out, grad_lse = _upstream(seed, out, lse, "out+lse")
+    word.fill_(-1)
+    got = torch.autograd.grad(_loss(out, lse, grad_out, grad_lse), (q, k, v))
+    assert _read(word) == 0, jfa.offsets_check_message(word.item())
+    want = _reference_grads(q, k, v, cu_q, cu_k, True, grad_out, grad_lse)
+    _check_grads(got, want, torch.float16, _unseen(cu_q, cu_k, True))
+
+
+@pytest.mark.parametrize("hints", [False, True], ids=["no-hints", "hints"])
+def test_cuda_offsets_check_reports_decreasing_offsets(seed, hints):
+    """Offsets that decrease, written into the q offsets tensor on the device: the forward and its
+    backward set the DECREASING bit (and, with a max_seqlen_q hint below a length they now give,
+    the ABOVE_MAX bit too); the k offsets are valid, so no k bit."""
+    q, k, v, cu_q, cu_k = _inputs(seed, [5, 9, 3], [4, 6, 8], 4, 2, 64, torch.bfloat16)
+    cu_q.copy_(torch.tensor([0, 9, 5, 17], dtype=torch.int32))  # lengths 9, -4, 12; same total
+    max_q = 9 if hints else None
+    expected = Q_DECREASING | (Q_ABOVE_MAX if hints else 0)
+    word = _word()
+    out, lse = jfa.jagged_attention(q, k, v, cu_q, cu_k, max_q, None, return_lse=True,
+                                    offsets_check=word)
+    got = _read(word)
+    assert got == expected, jfa.offsets_check_message(got)
+    assert jfa.offsets_check_message(got).startswith("cu_seqlens_q decreases")
+    word.fill_(-1)
+    torch.autograd.grad(out.float().sum(), (q, k, v))  # results unspecified, buffers respected
+    got = _read(word)
+    assert got == expected, f"backward: {jfa.offsets_check_message(got)}"
+
+
+def test_cuda_offsets_check_in_a_graph_replayed_with_new_lengths(seed):
+    """One capture of a forward and its backward with a word: replays with valid lengths store 0,
+    a replay after decreasing offsets are written into the same offsets tensor stores the bit."""
+    q, k, v, cu, _ = _inputs(seed, [100, 28, 0, 128, 1], None, 8, 2, 128, torch.float16)
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed + 1)).to(q)
+    word = _word()
+
+    def step():
+        out = jfa.jagged_attention(q, k, v, cu, causal=True, offsets_check=word)
+        return torch.autograd.grad(out, (q, k, v), grad_out)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grads = step()
+
+    for offsets, expected in (([0, 1, 201, 256, 256, 257], 0),
+                              ([0, 100, 128, 30, 256, 257], Q_DECREASING | (Q_DECREASING << 4)),
+                              ([0, 100, 128, 128, 256, 257], 0)):
+        cu.copy_(torch.tensor(offsets, dtype=torch.int32))
+        word.fill_(-1)
+        graph.replay()
+        got = _read(word)
+        assert got == expected, f"offsets {offsets}: {jfa.offsets_check_message(got)}"
+    want = _reference_grads(q, k, v, cu, cu, True, grad_out, None)
+    _check_grads(grads, want, torch.float16, _unseen(cu, cu, True))
+
+
 # ---- torch.compile -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [torch.float16], ids=["fp16"])
@@ -358,11 +451,14 @@ def test_cuda_opcheck_forward_op(seed, dtype):
     q, k, v, cu_q, cu_k = _inputs(seed, [3, 0, 70, 1], [5, 2, 64, 0], 4, 2, 64, dtype)
     fwd = torch.ops.jfa.jagged_attention_fwd.default
     plain = [t.detach() for t in (q, k, v)]
+    word = torch.full((1,), -1, dtype=torch.int32, device="cuda")
     for return_lse in (False, True):
         torch.library.opcheck(fwd, (*plain, cu_q, cu_k, 0, 0, True, None, return_lse))
+        torch.library.opcheck(fwd, (*plain, cu_q, cu_k, 0, 0, True, None, return_lse, False, word))
     # With inputs that need gradients (the backward needs the LSE): the autograd formula and its
     # backward through AOT dispatch; deterministic, so that eager and traced gradients are equal.
     torch.library.opcheck(fwd, (q, k, v, cu_q, cu_k, 70, 64, True, None, True, True))
+    torch.library.opcheck(fwd, (q, k, v, cu_q, cu_k, 70, 64, True, None, True, True, word))
 
 
 @DTYPES
@@ -374,14 +470,16 @@ def test_cuda_opcheck_backward_op(seed, dtype):
     grad_out = torch.randn(out.shape, generator=g).to("cuda", dtype)
     grad_lse = torch.randn(lse.shape, generator=g).to("cuda")
     bwd = torch.ops.jfa.jagged_attention_bwd.default
-    for dlse in (None, grad_lse):
-        for deterministic in (False, True):
-            args = (grad_out, q, k, v, out, lse, cu_q, cu_k, 0, 0, True, None, dlse, deterministic)
-            # test_aot_dispatch_dynamic compares an eager run with a traced one: deterministic only.
-            utils = (("test_schema", "test_autograd_registration", "test_faketensor",
-                      "test_aot_dispatch_dynamic") if deterministic else
-                     ("test_schema", "test_autograd_registration", "test_faketensor"))
-            torch.library.opcheck(bwd, args, test_utils=utils)
+    word = torch.full((1,), -1, dtype=torch.int32, device="cuda")
+    for dlse, deterministic, extra in itertools.product((None, grad_lse), (False, True),
+                                                        ((), (word,))):
+        args = (grad_out, q, k, v, out, lse, cu_q, cu_k, 0, 0, True, None, dlse, deterministic,
+                *extra)
+        # test_aot_dispatch_dynamic compares an eager run with a traced one: deterministic only.
+        utils = (("test_schema", "test_autograd_registration", "test_faketensor",
+                  "test_aot_dispatch_dynamic") if deterministic else
+                 ("test_schema", "test_autograd_registration", "test_faketensor"))
+        torch.library.opcheck(bwd, args, test_utils=utils)
 
 
 # ---- memory -------------------------------------------------------------------------------------

@@ -405,7 +405,7 @@ __device__ __forceinline__ void store_key_rows(const tlx::AccumFragment<Cfg::kD>
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int32_t key = w.n_block * kBwdBlockN + group * 64 + Frag::row(h);
-    if (key >= w.seq.len_k) continue;
+    if (key < 0 || key >= w.seq.len_k) continue;  // an item decoded from an invalid entry
     T* row = static_cast<T*>(out) + (static_cast<int64_t>(w.seq.k_start) + key) * token_stride +
              static_cast<int64_t>(w.kv_head) * head_stride;
 #pragma unroll

@@ -19,6 +19,7 @@
 #include "cuda/sm90/device_facts.hpp"
 #include "cuda/sm90/fwd_tensor_maps.hpp"
 #include "cuda/sm90/launch_error.hpp"
+#include "cuda/sm90/offsets_check.hpp"
 #include "cuda/sm90/shared_memory_opt_in.hpp"
 
 namespace jfa::sm90 {
@@ -28,8 +29,8 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
   using jfa::detail::fail;
   using T = typename Cfg::Element;
   const jfa::detail::Params& p = b.fwd;
-  if (p.batch == 0 || (p.total_q == 0 && p.total_k == 0)) return JFA_SUCCESS;
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  if (p.batch == 0 || (p.total_q == 0 && p.total_k == 0)) return check_offsets_alone(p, stream);
   const BwdWorkspaceLayout lay =
       backward_workspace_layout(p.total_q, p.total_k, p.batch, p.heads_q, Cfg::kD);
   if (lay.row_len + kBwdBlockN > INT32_MAX || p.total_k + kBwdBlockN > INT32_MAX ||
@@ -94,9 +95,9 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
         s != JFA_SUCCESS)
       return s;
 
-    build_bwd_work_list<kBwdBlockN>
-        <<<1, kListThreads, 0, stream>>>(p.cu_seqlens_q, p.cu_seqlens_k, p.batch, p.total_q,
-                                         p.total_k, work, count, next_item, lay.list_capacity);
+    build_bwd_work_list<kBwdBlockN><<<1, kListThreads, 0, stream>>>(
+        p.cu_seqlens_q, p.cu_seqlens_k, p.batch, p.total_q, p.total_k, work, count, next_item,
+        lay.list_capacity, p.max_seqlen_q, p.max_seqlen_k, p.offsets_check);
     if (const jfa_status s = launch_error("work-list kernel"); s != JFA_SUCCESS) return s;
 
     BwdArgs a{};
@@ -132,6 +133,8 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
     bwd_kernel<Cfg>
         <<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_rows, a);
     if (const jfa_status s = launch_error("backward kernel"); s != JFA_SUCCESS) return s;
+  } else if (const jfa_status s = check_offsets_alone(p, stream); s != JFA_SUCCESS) {
+    return s;  // no keys: no list kernel checked the offsets
   }
 
   if (p.total_q > 0) {

@@ -80,8 +80,12 @@ __global__ void __launch_bounds__(kPreprocessThreads)
       const float d = row_dot<T, kD>(out + token * out_token_stride + h * out_head_stride,
                                      dout + token * dout_token_stride + h * dout_head_stride);
       const float l = __ldg(lse + h * total_q + token);
-      l2 = l == -INFINITY ? INFINITY : l * kLog2e;
-      dp = d - (dlse != nullptr ? __ldg(dlse + h * total_q + token) : 0.f);
+      // A row without keys (LSE -inf; or any LSE the forward cannot have written) adds nothing,
+      // whatever its dO and dLSE hold: P = 0 and D = 0 keep 0 * inf out of dS.
+      if (isfinite(l)) {
+        l2 = l * kLog2e;
+        dp = d - (dlse != nullptr ? __ldg(dlse + h * total_q + token) : 0.f);
+      }
       // The row of the dQ accumulator's tile starts at 0 (rows past the end are never read).
       float* tile_row = dq_acc + (h * (row_len / kBwdBlockM) + blockIdx.x) * dq_tile_floats(kD) +
                         static_cast<int64_t>(i) * kDqPartCols;

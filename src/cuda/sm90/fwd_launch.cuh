@@ -17,6 +17,7 @@
 #include "cuda/sm90/fwd_kernel.cuh"
 #include "cuda/sm90/fwd_tensor_maps.hpp"
 #include "cuda/sm90/launch_error.hpp"
+#include "cuda/sm90/offsets_check.hpp"
 #include "cuda/sm90/shared_memory_opt_in.hpp"
 #include "cuda/sm90/work_list.cuh"
 #include "cuda/sm90/workspace.hpp"
@@ -29,8 +30,8 @@ jfa_status run_forward(const jfa::detail::Params& p, const DeviceFacts& device,
   using jfa::detail::fail;
   using T = typename Cfg::Element;
   static_assert(Cfg::kBlockM >= kMinBlockM, "the workspace is sized for kMinBlockM-row tiles");
-  if (p.total_q == 0 || p.batch == 0) return JFA_SUCCESS;
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  if (p.total_q == 0 || p.batch == 0) return check_offsets_alone(p, stream);
 
   // With no keys anywhere, K/V may be NULL: point their (never used) maps at q.
   const bool no_keys = p.total_k == 0;
@@ -78,7 +79,8 @@ jfa_status run_forward(const jfa::detail::Params& p, const DeviceFacts& device,
 
   build_work_list<Cfg::kBlockM, Cfg::kBlockN><<<1, kListThreads, 0, stream>>>(
       p.cu_seqlens_q, p.cu_seqlens_k, p.batch, p.total_q, p.total_k, p.causal ? 1 : 0,
-      launch.sort_work_list ? 1 : 0, unsorted, work, count, next_item, capacity);
+      launch.sort_work_list ? 1 : 0, unsorted, work, count, next_item, capacity, p.max_seqlen_q,
+      p.max_seqlen_k, p.offsets_check);
   if (const jfa_status s = launch_error("work-list kernel"); s != JFA_SUCCESS) return s;
 
   FwdArgs a{};

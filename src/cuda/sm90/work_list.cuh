@@ -8,6 +8,7 @@
 
 #include "cuda/sm90/workspace.hpp"
 #include "cuda/tlx/grid_dependency.hpp"
+#include "jfa/jfa.h"
 
 namespace jfa::sm90 {
 
@@ -60,25 +61,67 @@ __device__ __forceinline__ int32_t tile_k_blocks(const SeqBounds& s, int32_t m_b
 
 inline constexpr int kListThreads = 1024;
 
-// Exclusive prefix sum of one value per thread over the block; *total gets the sum. Uses
-// `scratch` (32 ints) and synchronises the block.
-__device__ __forceinline__ int64_t block_exclusive_scan(int32_t value, int32_t* scratch,
+// The checked mode (jfa_attention_params::offsets_check): the rules the raw offsets break, as
+// jfa_offsets_check bits ORed over the block and stored in *word (0 when they are valid). Called by
+// every thread of a block of kListThreads before the block reads the offsets for anything else.
+__device__ __forceinline__ void check_offsets(const int32_t* cu_q, const int32_t* cu_k,
+                                              int64_t batch, int64_t total_q, int64_t total_k,
+                                              int32_t max_q, int32_t max_k, int32_t* word) {
+  __shared__ int32_t broken;
+  if (threadIdx.x == 0) broken = 0;
+  __syncthreads();
+  auto rules = [&](const int32_t* cu, int64_t total, int32_t max_len) {
+    int32_t bits = 0;
+    if (threadIdx.x == 0) {
+      if (__ldg(cu) != 0) bits |= JFA_OFFSETS_Q_FIRST_NOT_ZERO;
+      if (batch == 0 && __ldg(cu) != total) bits |= JFA_OFFSETS_Q_LAST_NOT_TOTAL;
+    }
+    for (int64_t b = threadIdx.x; b < batch; b += kListThreads) {
+      const int64_t lo = __ldg(cu + b), hi = __ldg(cu + b + 1);
+      if (hi < lo)
+        bits |= JFA_OFFSETS_Q_DECREASING;
+      else if (max_len > 0 && hi - lo > max_len)
+        bits |= JFA_OFFSETS_Q_ABOVE_MAX;
+      if (b == batch - 1 && hi != total) bits |= JFA_OFFSETS_Q_LAST_NOT_TOTAL;
+    }
+    return bits;
+  };
+  // The k rules are the q rules four bits up (jfa.h).
+  const int32_t mine = rules(cu_q, total_q, max_q) | (rules(cu_k, total_k, max_k) << 4);
+  if (mine != 0) atomicOr(&broken, mine);
+  __syncthreads();
+  if (threadIdx.x == 0) *word = broken;
+}
+
+// The check alone, for calls that launch no list kernel (no keys, or no query rows).
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads)
+    offsets_check_kernel(const int32_t* cu_q, const int32_t* cu_k, int64_t batch, int64_t total_q,
+                         int64_t total_k, int32_t max_q, int32_t max_k, int32_t* word) {
+  static_assert(kThreads == kListThreads, "check_offsets strides by kListThreads");
+  check_offsets(cu_q, cu_k, batch, total_q, total_k, max_q, max_k, word);
+}
+
+// Exclusive prefix sum of one value per thread over the block; *total gets the sum. 64-bit
+// throughout: with invalid offsets (clamped, each sequence up to the whole total) 1024 counts can
+// exceed int32. Uses `scratch` (32 values) and synchronises the block.
+__device__ __forceinline__ int64_t block_exclusive_scan(int64_t value, int64_t* scratch,
                                                         int64_t* total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-  int32_t incl = value;
+  int64_t incl = value;
 #pragma unroll
   for (int d = 1; d < 32; d <<= 1) {
-    const int32_t x = __shfl_up_sync(0xffffffffu, incl, d);
+    const int64_t x = __shfl_up_sync(0xffffffffu, incl, d);
     if (lane >= d) incl += x;
   }
   __syncthreads();  // scratch may still be read by an earlier call
   if (lane == 31) scratch[warp] = incl;
   __syncthreads();
   if (warp == 0) {
-    int32_t ws = scratch[lane];
+    int64_t ws = scratch[lane];
 #pragma unroll
     for (int d = 1; d < 32; d <<= 1) {
-      const int32_t x = __shfl_up_sync(0xffffffffu, ws, d);
+      const int64_t x = __shfl_up_sync(0xffffffffu, ws, d);
       if (lane >= d) ws += x;
     }
     scratch[lane] = ws;  // inclusive over warps
@@ -101,10 +144,12 @@ __global__ void __launch_bounds__(kListThreads)
     build_work_list(const int32_t* cu_q, const int32_t* cu_k, int64_t batch, int64_t total_q,
                     int64_t total_k, int32_t causal, int32_t sort, WorkListEntry* list,
                     WorkListEntry* work, int32_t* count, unsigned long long* next_item,
-                    int32_t capacity) {
+                    int32_t capacity, int32_t max_q, int32_t max_k, int32_t* offsets_check) {
   // The forward kernel may start now: it sets up its CTAs while the list is built.
   tlx::allow_dependent_launch();
-  __shared__ int32_t scratch[32];
+  if (offsets_check != nullptr)
+    check_offsets(cu_q, cu_k, batch, total_q, total_k, max_q, max_k, offsets_check);
+  __shared__ int64_t scratch[32];
   __shared__ int32_t bucket_next[kListThreads];
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   WorkListEntry* const step1_out = sort ? list : work;
