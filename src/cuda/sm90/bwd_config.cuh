@@ -11,12 +11,15 @@
 
 namespace jfa::sm90 {
 
-// Where a group's staged dQ goes: its part of the accumulator tile (NULL: the group is done), and
-// in deterministic mode the q tile's semaphore and the count it must reach first.
+// Where a group's staged dQ goes: its part of the accumulator tile (NULL: the group is done), the
+// bytes of its rows that hold queries (rows past the sequence's end are not added: on batches of
+// tiny sequences they would be most of the traffic), and in deterministic mode the q tile's
+// semaphore and the count it must reach first.
 struct DqDestination {
   float* part;
   int32_t* sem;
   int32_t target;
+  uint32_t bytes;
 };
 
 // The item's K and V tiles, rings of Q and dO tiles with their LSE and D rows, two buffers of

@@ -175,14 +175,15 @@ __device__ __forceinline__ void stage_dq(typename Cfg::Shared& s, const BwdTile&
                                          const BwdArgs& a, const BwdItem& w, int32_t head,
                                          int32_t m, int group, uint32_t& dq_phase) {
   s.dq_empty[group].wait(dq_phase ^ 1u);
-  // Row r and the column pair (c, c + 1) of the fragment: chunk c / 4 of the row, permuted by r % 8
-  // (dq_part_offset); the thread's two rows are 8 apart, so they share the permutation.
+  // Row r and the column pair (c, c + 1) of the fragment: chunk c / 4 of the row, permuted by the
+  // token's index % 8 (dq_chunk_offset); the thread's two rows are 8 apart, so they share it.
   const int r0 = BwdTile::row(0);
+  const int perm = (w.seq.q_start + r0) & 7;  // = (q_start + 64 m + r0) % 8
   const uint32_t base = tlx::smem_addr(&s.dq[group][r0 * kDqPartCols]);
   const int pair = BwdTile::col(0, 0);  // 2 (t % 4): chunk (t % 4) / 2, offset 2 (t % 2)
 #pragma unroll
   for (int j = 0; j < BwdTile::kBlocks; ++j) {
-    const int chunk = ((2 * j + (pair >> 2)) ^ (r0 & 7));
+    const int chunk = ((2 * j + (pair >> 2)) ^ perm);
     const uint32_t at = base + ((chunk << 2) + (pair & 3)) * sizeof(float);
 #pragma unroll
     for (int h = 0; h < 2; ++h)
@@ -193,9 +194,13 @@ __device__ __forceinline__ void stage_dq(typename Cfg::Shared& s, const BwdTile&
     const int64_t tile =
         static_cast<int64_t>(head) * (a.row_len / kBwdBlockM) + w.lse_row / kBwdBlockM + m;
     const int part = Cfg::kDqSplitKeys ? 0 : group;
+    const int32_t first = w.seq.q_start + m * kBwdBlockM;
+    const int rows = min(kBwdBlockM, w.seq.len_q - m * kBwdBlockM);
     s.dq_dest[group] =
-        DqDestination{a.dq_acc + tile * dq_tile_floats(Cfg::kD) + part * kBwdBlockM * kDqPartCols,
-                      a.sems + tile, w.n_block};
+        DqDestination{a.dq_acc + dq_part_base(a.total_q, Cfg::kD, head, part) +
+                          static_cast<int64_t>(first) * kDqPartCols,
+                      a.sems + tile, w.n_block,
+                      static_cast<uint32_t>(rows * kDqPartCols * sizeof(float))};
   }
   tlx::fence_proxy_async_smem();  // the writer's bulk reduction reads it (async proxy)
   __syncwarp();
@@ -211,7 +216,6 @@ __device__ __forceinline__ void stage_dq(typename Cfg::Shared& s, const BwdTile&
 // completes first.
 template <typename Cfg>
 __device__ __forceinline__ void bwd_dq_writer(typename Cfg::Shared& s, const BwdArgs& a) {
-  constexpr uint32_t kPartBytes = kBwdBlockM * kDqPartCols * sizeof(float);
   const bool leader = tlx::lane_is_leader();
   uint32_t phase = 0;
   for (;;) {
@@ -223,12 +227,12 @@ __device__ __forceinline__ void bwd_dq_writer(typename Cfg::Shared& s, const Bwd
     if (leader) {
       if (a.deterministic)
         while (load_acquire(d0.sem) < d0.target) __nanosleep(64);
-      tlx::bulk_reduce_add_f32(d0.part, s.dq[0], kPartBytes);
+      tlx::bulk_reduce_add_f32(d0.part, s.dq[0], d0.bytes);
       if (Cfg::kDqSplitKeys && a.deterministic) {
         tlx::tma_store_commit();
         tlx::tma_store_wait<0>();
       }
-      tlx::bulk_reduce_add_f32(d1.part, s.dq[1], kPartBytes);
+      tlx::bulk_reduce_add_f32(d1.part, s.dq[1], d1.bytes);
       tlx::tma_store_commit();
       tlx::tma_store_wait_read<0>();
       s.dq_empty[0].arrive();
@@ -438,7 +442,7 @@ __device__ __forceinline__ void bwd_consumer(typename Cfg::Shared& s, const BwdA
   }
   // No more steps: the dQ writer stops.
   s.dq_empty[group].wait(dq_phase ^ 1u);
-  if (threadIdx.x % 128 == 0) s.dq_dest[group] = DqDestination{nullptr, nullptr, 0};
+  if (threadIdx.x % 128 == 0) s.dq_dest[group] = DqDestination{nullptr, nullptr, 0, 0};
   __syncwarp();
   if (tlx::lane_is_leader()) s.dq_full[group].arrive();
 }

@@ -138,9 +138,12 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
   }
 
   if (p.total_q > 0) {
-    bwd_convert_dq<T, Cfg::kD><<<tiles, kConvertThreads, 0, stream>>>(
-        dq_acc, static_cast<T*>(b.dq), b.dq_layout.token_stride, b.dq_layout.head_stride,
-        p.cu_seqlens_q, p.batch, p.total_q, lay.row_len, p.softmax_scale);
+    const int64_t quads = p.total_q * p.heads_q * (Cfg::kD / 4);
+    const int64_t blocks = std::min<int64_t>((quads + kConvertThreads - 1) / kConvertThreads,
+                                             int64_t{device.sm_count} * 16);
+    bwd_convert_dq<T, Cfg::kD><<<static_cast<unsigned>(blocks), kConvertThreads, 0, stream>>>(
+        dq_acc, static_cast<T*>(b.dq), b.dq_layout.token_stride, b.dq_layout.head_stride, p.total_q,
+        p.heads_q, p.softmax_scale);
     if (const jfa_status s = launch_error("dQ conversion"); s != JFA_SUCCESS) return s;
   }
   return JFA_SUCCESS;

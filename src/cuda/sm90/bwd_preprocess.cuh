@@ -86,12 +86,10 @@ __global__ void __launch_bounds__(kPreprocessThreads)
         l2 = l * kLog2e;
         dp = d - (dlse != nullptr ? __ldg(dlse + h * total_q + token) : 0.f);
       }
-      // The row of the dQ accumulator's tile starts at 0 (rows past the end are never read).
-      float* tile_row = dq_acc + (h * (row_len / kBwdBlockM) + blockIdx.x) * dq_tile_floats(kD) +
-                        static_cast<int64_t>(i) * kDqPartCols;
+      // The token's row of the dQ accumulator starts at 0 (chunks of 4 floats stay together).
       for (int c = 4 * lane; c < kD; c += 128)
-        *reinterpret_cast<float4*>(tile_row + (c / kDqPartCols) * kBwdBlockM * kDqPartCols +
-                                   c % kDqPartCols) = make_float4(0.f, 0.f, 0.f, 0.f);
+        *reinterpret_cast<float4*>(dq_acc + dq_acc_offset(total_q, kD, token, h, c)) =
+            make_float4(0.f, 0.f, 0.f, 0.f);
     }
     if (lane == 0) {
       lse2[h * row_len + p0 + i] = l2;
@@ -100,33 +98,26 @@ __global__ void __launch_bounds__(kPreprocessThreads)
   }
 }
 
-inline constexpr int kConvertThreads = 256;  // 8 warps, 8 rows each: one padded q tile
+inline constexpr int kConvertThreads = 256;
 
-// dq = softmax_scale * the accumulator, rounded to T: block (t, h) converts the rows of padded
-// tile t of head h that lie inside a sequence, a warp per row, two elements per lane and step.
+// dq = softmax_scale * the accumulator, rounded to T; grid-stride over every (token, head, 4
+// columns).
 template <typename T, int kD>
 __global__ void __launch_bounds__(kConvertThreads)
     bwd_convert_dq(const float* dq_acc, T* dq, int64_t dq_token_stride, int64_t dq_head_stride,
-                   const int32_t* cu_q, int64_t batch, int64_t total_q, int64_t row_len,
-                   float scale) {
-  __shared__ int64_t seq_of_tile;
-  const int64_t p0 = static_cast<int64_t>(blockIdx.x) * kBwdBlockM;
-  const int64_t h = blockIdx.y;
-  const int64_t b = sequence_of_padded_tile(cu_q, batch, total_q, p0, &seq_of_tile);
-  const int32_t q_start = clamp_offset(__ldg(cu_q + b), 0, total_q);
-  const int32_t q_end = clamp_offset(__ldg(cu_q + b + 1), q_start, total_q);
-  const int64_t first = p0 - padded_row(q_start, b);
-  const float* tile = dq_acc + (h * (row_len / kBwdBlockM) + blockIdx.x) * dq_tile_floats(kD);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  for (int r = warp; r < kBwdBlockM; r += kConvertThreads / 32) {
-    const int64_t row = first + r;
-    if (row < 0 || row >= q_end - q_start) continue;
-    T* out = dq + (q_start + row) * dq_token_stride + h * dq_head_stride;
-#pragma unroll
-    for (int c = 2 * lane; c < kD; c += 64) {
-      const float2 x = *reinterpret_cast<const float2*>(tile + dq_part_offset(r, c));
-      *reinterpret_cast<uint32_t*>(out + c) = tlx::pack2<T>(x.x * scale, x.y * scale);
-    }
+                   int64_t total_q, int32_t heads_q, float scale) {
+  constexpr int kQuads = kD / 4;
+  const int64_t n = total_q * heads_q * kQuads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / kQuads;  // token * heads_q + head
+    const int c = static_cast<int>(i - row * kQuads) * 4;
+    const int64_t token = row / heads_q, head = row - token * heads_q;
+    const float4 x =
+        *reinterpret_cast<const float4*>(dq_acc + dq_acc_offset(total_q, kD, token, head, c));
+    const uint2 packed = make_uint2(tlx::pack2<T>(x.x * scale, x.y * scale),
+                                    tlx::pack2<T>(x.z * scale, x.w * scale));
+    *reinterpret_cast<uint2*>(dq + token * dq_token_stride + head * dq_head_stride + c) = packed;
   }
 }
 

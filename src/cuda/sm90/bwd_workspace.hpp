@@ -21,16 +21,23 @@ namespace jfa::sm90 {
 inline constexpr int kBwdBlockM = 64;   // query rows per step of a backward work item
 inline constexpr int kBwdBlockN = 128;  // keys per backward work item (two consumer groups of 64)
 
-// The dQ accumulator holds one tile of kBwdBlockM rows x head_dim floats per (head, padded q tile):
-// tile head * (row_len / kBwdBlockM) + padded_row / kBwdBlockM, as head_dim / 64 parts of 64
-// columns, each part 64 rows of 64 floats, the 16-byte chunks of row r permuted by r % 8 (so that
-// the rows a warp stores from its MMA fragment fall on different banks). A part is the 16 KB one
-// bulk reduction adds.
+// The float32 dQ accumulator, total_q x heads_q x head_dim floats (no padding), laid out so that
+// the rows of one q tile and 64 columns of one head are contiguous: parts of 64 columns, part
+// (head, col / 64) holding every token's 64 floats in token order, the 16-byte chunks of token t's
+// row permuted by t % 8 (so that the rows a warp stages from its MMA fragment fall on different
+// banks). A q tile's rows of a part are what one bulk reduction adds.
 inline constexpr int kDqPartCols = 64;
-JFA_HOST_DEVICE constexpr int64_t dq_tile_floats(int64_t head_dim) { return kBwdBlockM * head_dim; }
-JFA_HOST_DEVICE constexpr int dq_part_offset(int row, int col) {  // col in [0, head_dim)
-  return (col / kDqPartCols) * kBwdBlockM * kDqPartCols + row * kDqPartCols +
-         ((((col % kDqPartCols) >> 2) ^ (row & 7)) << 2) + (col & 3);
+JFA_HOST_DEVICE constexpr int64_t dq_part_base(int64_t total_q, int64_t head_dim, int64_t head,
+                                               int64_t part) {
+  return (head * (head_dim / kDqPartCols) + part) * total_q * kDqPartCols;
+}
+JFA_HOST_DEVICE constexpr int dq_chunk_offset(int64_t token, int col) {  // col in [0, 64)
+  return (((col >> 2) ^ static_cast<int>(token & 7)) << 2) + (col & 3);
+}
+JFA_HOST_DEVICE constexpr int64_t dq_acc_offset(int64_t total_q, int64_t head_dim, int64_t token,
+                                                int64_t head, int col) {  // col in [0, head_dim)
+  return dq_part_base(total_q, head_dim, head, col / kDqPartCols) + token * kDqPartCols +
+         dq_chunk_offset(token, col % kDqPartCols);
 }
 
 // One entry of the backward's work list: K tile n_block of sequence `seq`, which has n_tiles K
@@ -71,8 +78,7 @@ constexpr BwdWorkspaceLayout backward_workspace_layout(int64_t total_q, int64_t 
   w.sems = align_up(w.dpsum + row_bytes, kAlign);
   w.dq_acc = align_up(
       w.sems + sizeof(int32_t) * static_cast<size_t>(heads_q * (w.row_len / kBwdBlockM)), kAlign);
-  // One 64 x head_dim tile per (head, padded q tile), see dq_tile_offset.
-  w.bytes = w.dq_acc + sizeof(float) * static_cast<size_t>(heads_q * w.row_len * head_dim);
+  w.bytes = w.dq_acc + sizeof(float) * static_cast<size_t>(total_q * heads_q * head_dim);
   return w;
 }
 
