@@ -94,10 +94,34 @@ TEST(BackwardWorkspace, RegionsAreAlignedAndDisjoint) {
                 lay.sems + sizeof(int32_t) * static_cast<size_t>(heads * lay.row_len / kBwdBlockM),
                 lay.dq_acc);
             EXPECT_EQ(lay.dq_acc % 256, 0u);
+            // The semaphores are what is cleared (the preprocess clears the accumulator's rows).
             EXPECT_EQ(lay.bytes,
                       lay.dq_acc + sizeof(float) * static_cast<size_t>(total_q * heads * d));
-            EXPECT_EQ(lay.zeroed_bytes(), lay.bytes - lay.sems);
+            EXPECT_EQ(lay.zeroed_bytes(), lay.dq_acc - lay.sems);
           }
+}
+
+// The accumulator's layout: every (token, head, column) has its own float inside total_q x heads x
+// d, a q tile's rows of one 64-column part are contiguous (what one bulk reduction adds), and the
+// pairs (c, c + 1), c even, that the kernel stages stay adjacent.
+TEST(BackwardWorkspace, DqAccumulatorLayoutIsAPermutation) {
+  for (int d : {64, 128})
+    for (int64_t total_q : {1, 7, 64, 131}) {
+      const int64_t heads = 3;
+      std::vector<int> seen(static_cast<size_t>(total_q * heads * d), 0);
+      for (int64_t t = 0; t < total_q; ++t)
+        for (int64_t h = 0; h < heads; ++h)
+          for (int c = 0; c < d; ++c) {
+            const int64_t at = jfa::sm90::dq_acc_offset(total_q, d, t, h, c);
+            ASSERT_GE(at, 0);
+            ASSERT_LT(at, static_cast<int64_t>(seen.size()));
+            ++seen[static_cast<size_t>(at)];
+            const int64_t part = jfa::sm90::dq_part_base(total_q, d, h, c / jfa::sm90::kDqPartCols);
+            EXPECT_EQ((at - part) / jfa::sm90::kDqPartCols, t);
+            EXPECT_EQ(at % 4, c % 4);
+          }
+      for (int n : seen) EXPECT_EQ(n, 1);
+    }
 }
 
 }  // namespace

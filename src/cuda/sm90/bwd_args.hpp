@@ -16,7 +16,7 @@ struct BwdArgs {
   const float* lse2;              // [heads_q, row_len] padded rows: LSE * log2(e), +inf for none
   const float* dpsum;             // [heads_q, row_len] padded rows: rowsum(dO * O) - dLSE
   int32_t* sems;                  // [heads_q, row_len / kBwdBlockM] dQ adds done per q tile
-  float* dq_acc;                  // [total_q, heads_q, head_dim]
+  float* dq_acc;                  // total_q x heads_q x head_dim, see dq_acc_offset
   void* dk;
   void* dv;
   int64_t dk_token_stride, dk_head_stride, dv_token_stride, dv_head_stride;  // elements

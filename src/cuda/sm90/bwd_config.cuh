@@ -11,8 +11,20 @@
 
 namespace jfa::sm90 {
 
+// Where a group's staged dQ goes: its part of the accumulator tile (NULL: the group is done), the
+// bytes of its rows that hold queries (rows past the sequence's end are not added: on batches of
+// tiny sequences they would be most of the traffic), and in deterministic mode the q tile's
+// semaphore and the count it must reach first.
+struct DqDestination {
+  float* part;
+  int32_t* sem;
+  int32_t target;
+  uint32_t bytes;
+};
+
 // The item's K and V tiles, rings of Q and dO tiles with their LSE and D rows, two buffers of
-// dS^T (keys x queries: the A operand of dQ += dS K, read M-major), and the barriers.
+// dS^T (keys x queries: the A operand of dQ += dS K, read M-major), each group's dQ of a step
+// staged for the dQ writer (one 64 x 64 part, in the accumulator's layout), and the barriers.
 template <typename T, int kD, int kStages>
 struct BwdShared {
   using KVTile = tlx::SwizzledTile<T, kBwdBlockN, kD>;
@@ -23,8 +35,11 @@ struct BwdShared {
   QTile q[kStages];
   QTile dout[kStages];
   DsTile ds[2];
+  alignas(128) float dq[2][kBwdBlockM * kDqPartCols];
   alignas(16) float lse2[kStages][kBwdBlockM];
   alignas(16) float dpsum[kStages][kBwdBlockM];
+  DqDestination dq_dest[2];
+  tlx::MBarrier dq_full[2], dq_empty[2];
   tlx::MBarrier kv_full, kv_empty;
   tlx::MBarrier full[kStages], empty[kStages];
   tlx::MBarrier item_full[kItemSlots], item_empty[kItemSlots];
@@ -44,7 +59,8 @@ struct BwdConfig {
   static constexpr int kSmemBytes = static_cast<int>(sizeof(Shared)) + kSmemAlignBytes;
   static_assert(kSmemBytes <= kMaxDynamicSmemBytes, "over the shared memory a CTA may opt in to");
 
-  // Warp group 0 produces; groups 1 and 2 consume, each the K tile's keys 64 g .. 64 g + 63.
+  // Warp group 0: one thread produces, warp 1 adds dQ; groups 1 and 2 consume, each the K tile's
+  // keys 64 g .. 64 g + 63.
   static constexpr int kConsumerGroups = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerGroups);
   static constexpr int kConsumerWarps = 4 * kConsumerGroups;
@@ -59,10 +75,8 @@ struct BwdConfig {
   static_assert((kProducerRegs + kConsumerGroups * kConsumerRegs) * 128 <=
                     65536 / kThreads / 8 * 8 * kThreads,
                 "register split exceeds the CTA's allocation");
-  // Named barriers: dS written (one for both groups, or one per group), dQ adds ordered (per
-  // group).
+  // Named barrier of the dS exchange (one for both groups, or one per group).
   static constexpr uint32_t kDsBarrier0 = 1;
-  static constexpr uint32_t kOrderBarrier0 = 3;
 };
 
 }  // namespace jfa::sm90

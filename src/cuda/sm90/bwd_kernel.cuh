@@ -11,8 +11,9 @@
 //                  S^T = K Q^T and dP^T = V dO^T (SS wgmma), P^T = exp2(S^T scale log2e - LSE2),
 //                  dS^T = P^T (dP^T - D); dV += P^T dO and dK += dS^T Q (RS wgmma, dO and Q read
 //                  as MN-major B); dS^T to shared memory, dQ = dS K (SS wgmma, both operands
-//                  MN-major), added to the float32 dQ accumulator with atomics (in deterministic
-//                  mode in the order of the K tiles, one semaphore per q tile and head).
+//                  MN-major), staged in shared memory for the dQ writer.
+//   warp 1 of group 0  dQ writer: adds each group's staged dQ with one bulk reduction per step (in
+//                  deterministic mode in the order of the K tiles, one semaphore per q tile).
 // Rows past a sequence's end in a q tile have LSE2 = +inf (the preprocess), so P = 0 there; keys
 // past its end and, under the causal mask, keys a query does not see are set to P = 0 on the steps
 // that hold any. Offsets are not validated on the device; they are clamped so that no access
@@ -167,52 +168,85 @@ __device__ __forceinline__ int32_t load_acquire(const int32_t* p) {
   return v;
 }
 
-// Adds this group's part of dQ for q tile m of `head` to the accumulator (rows past the sequence's
-// end are dropped). In deterministic mode the adds to one q tile go in the order of the K tiles
-// (and, when both groups add to the same columns, group 0 first): the semaphore counts the groups'
-// adds done, and K tile n waits for the 2 n adds of the tiles before it, all of which see this q
-// tile when n does.
+// Hands this group's dQ of a step (q tile m of `head`) to the dQ writer: waits until the writer
+// has read the group's previous one, stores it in the accumulator's layout and says where it goes.
 template <typename Cfg>
-__device__ __forceinline__ void add_dq(const BwdTile& dq, const BwdArgs& a, const BwdItem& w,
-                                       int32_t head, int32_t m, int group) {
-  const bool leader = threadIdx.x % 128 == 0;
-  const uint32_t order_barrier = Cfg::kOrderBarrier0 + group;
-  int32_t* sem =
-      a.sems + static_cast<int64_t>(head) * (a.row_len / kBwdBlockM) + w.lse_row / kBwdBlockM + m;
-  if (a.deterministic) {
-    // Every warp polls for itself (lane 0 loads, the warp follows), so that the loop stays
-    // warp-uniform: divergent code here would make the compiler serialize the MMAs in flight.
-    const int32_t target = 2 * w.n_block + (Cfg::kDqSplitKeys ? group : 0);
-    while (__shfl_sync(0xffffffffu, tlx::lane_is_leader() ? load_acquire(sem) : 0, 0) < target)
-      __nanosleep(64);
-    // Lane 0's acquire does not order the other lanes' adds: each lane acquires for itself (the
-    // count only grows, so every lane sees the target reached).
-    (void)load_acquire(sem);
-  }
-  // The thread's first element of row half 0; the others lie 8 rows and 8 j columns on (the
-  // column offsets fold into the instructions' immediates).
-  const int col0 = (Cfg::kDqSplitKeys ? 0 : group * Cfg::kDqCols) + BwdTile::col(0, 0);
-  const int64_t row_floats = static_cast<int64_t>(a.heads_q) * Cfg::kD;
-  const int32_t r0 = m * kBwdBlockM + BwdTile::row(0);
-  float* first = a.dq_acc + (static_cast<int64_t>(w.seq.q_start) + r0) * row_floats +
-                 static_cast<int64_t>(head) * Cfg::kD + col0;
-  // Predicated adds, no branch: a branch here, under the next step's MMA, would make the compiler
-  // serialize the MMAs.
+__device__ __forceinline__ void stage_dq(typename Cfg::Shared& s, const BwdTile& dq,
+                                         const BwdArgs& a, const BwdItem& w, int32_t head,
+                                         int32_t m, int group, uint32_t& dq_phase) {
+  s.dq_empty[group].wait(dq_phase ^ 1u);
+  // Row r and the column pair (c, c + 1) of the fragment: chunk c / 4 of the row, permuted by the
+  // token's index % 8 (dq_chunk_offset); the thread's two rows are 8 apart, so they share it.
+  const int r0 = BwdTile::row(0);
+  const int perm = (w.seq.q_start + r0) & 7;  // = (q_start + 64 m + r0) % 8
+  const uint32_t base = tlx::smem_addr(&s.dq[group][r0 * kDqPartCols]);
+  const int pair = BwdTile::col(0, 0);  // 2 (t % 4): chunk (t % 4) / 2, offset 2 (t % 2)
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const bool inside = r0 + 8 * h < w.seq.len_q;
-    float* row = first + 8 * h * row_floats;
+  for (int j = 0; j < BwdTile::kBlocks; ++j) {
+    const int chunk = ((2 * j + (pair >> 2)) ^ perm);
+    const uint32_t at = base + ((chunk << 2) + (pair & 3)) * sizeof(float);
 #pragma unroll
-    for (int j = 0; j < BwdTile::kBlocks; ++j)
-      if (inside)
-        atomicAdd(reinterpret_cast<float2*>(row + 8 * j),
-                  make_float2(dq.at(j, h, 0), dq.at(j, h, 1)));
+    for (int h = 0; h < 2; ++h)
+      tlx::st_shared_f32x2(at + 8 * h * kDqPartCols * sizeof(float), dq.at(j, h, 0),
+                           dq.at(j, h, 1));
   }
-  if (a.deterministic) {
-    __threadfence();
-    tlx::NamedBarrier::sync(order_barrier, 128);
-    if (leader) atomicAdd(sem, 1);
+  if (threadIdx.x % 128 == 0) {
+    const int64_t tile =
+        static_cast<int64_t>(head) * (a.row_len / kBwdBlockM) + w.lse_row / kBwdBlockM + m;
+    const int part = Cfg::kDqSplitKeys ? 0 : group;
+    const int32_t first = w.seq.q_start + m * kBwdBlockM;
+    const int rows = min(kBwdBlockM, w.seq.len_q - m * kBwdBlockM);
+    s.dq_dest[group] =
+        DqDestination{a.dq_acc + dq_part_base(a.total_q, Cfg::kD, head, part) +
+                          static_cast<int64_t>(first) * kDqPartCols,
+                      a.sems + tile, w.n_block,
+                      static_cast<uint32_t>(rows * kDqPartCols * sizeof(float))};
   }
+  tlx::fence_proxy_async_smem();  // the writer's bulk reduction reads it (async proxy)
+  __syncwarp();
+  if (tlx::lane_is_leader()) s.dq_full[group].arrive();
+  dq_phase ^= 1u;
+}
+
+// The dQ writer (warp 1 of the producer group): per step, one bulk reduction per group adds its
+// staged 64 x 64 part to the accumulator in L2; a group's staging area is free again once its
+// reduction has read it. In deterministic mode the adds to one q tile go in the order of the K
+// tiles: the semaphore counts the steps added, and K tile n waits for the n tiles before it (all
+// of which see this q tile when n does); where both groups add to the same part, group 0's add
+// completes first.
+template <typename Cfg>
+__device__ __forceinline__ void bwd_dq_writer(typename Cfg::Shared& s, const BwdArgs& a) {
+  const bool leader = tlx::lane_is_leader();
+  uint32_t phase = 0;
+  for (;;) {
+    s.dq_full[0].wait_suspended(phase);
+    s.dq_full[1].wait_suspended(phase);
+    phase ^= 1u;
+    const DqDestination d0 = s.dq_dest[0], d1 = s.dq_dest[1];
+    if (d0.part == nullptr) break;  // both groups stop together
+    if (leader) {
+      if (a.deterministic)
+        while (load_acquire(d0.sem) < d0.target) __nanosleep(64);
+      tlx::bulk_reduce_add_f32(d0.part, s.dq[0], d0.bytes);
+      if (Cfg::kDqSplitKeys && a.deterministic) {
+        tlx::tma_store_commit();
+        tlx::tma_store_wait<0>();
+      }
+      tlx::bulk_reduce_add_f32(d1.part, s.dq[1], d1.bytes);
+      tlx::tma_store_commit();
+      tlx::tma_store_wait_read<0>();
+      s.dq_empty[0].arrive();
+      s.dq_empty[1].arrive();
+      if (a.deterministic) {
+        tlx::tma_store_wait<0>();
+        tlx::fence_proxy_async();
+        __threadfence();
+        atomicAdd(d0.sem, 1);
+      }
+    }
+    __syncwarp();
+  }
+  if (leader) tlx::tma_store_wait<0>();
 }
 
 // The scores of a step, S^T = K Q^T for this group's keys, issued once the stage's Q, dO, LSE and
@@ -327,24 +361,20 @@ __device__ __forceinline__ void step_gradients(
 }
 
 // Walks an item's steps (the q tiles of each query head of its group, the last tile first) for one
-// consumer group. A step's dQ is added to the accumulator at the start of the next step. The last
-// q tile is the one every K tile of a sequence sees: walked first, it lets the K tiles of one head
-// follow each other one step apart in deterministic mode, where each waits for the one before it
-// on every q tile (walked from the first, a K tile n waits for the n tiles before it to reach
-// its diagonal). No MMA is in flight across the loop's back edge: an accumulator carried in flight
-// from one iteration to the next makes the compiler serialize every MMA of the kernel.
+// consumer group; each step's dQ goes to the dQ writer. The last q tile is the one every K tile of
+// a sequence sees: walked first, it lets the K tiles of one head follow each other one step apart
+// in deterministic mode. No MMA is in flight across the loop's back edge: an accumulator carried
+// in flight from one iteration to the next makes the compiler serialize every MMA of the kernel.
 template <typename Cfg>
 __device__ __forceinline__ void walk_item(typename Cfg::Shared& s, tlx::AccumFragment<Cfg::kD>& dk,
                                           tlx::AccumFragment<Cfg::kD>& dv, const BwdArgs& a,
                                           const BwdItem& w, int group,
-                                          tlx::PipelineState<Cfg::kStages>& st, int& ds_buf) {
+                                          tlx::PipelineState<Cfg::kStages>& st, int& ds_buf,
+                                          uint32_t& dq_phase) {
   const int32_t steps = a.group * w.q_tiles();
   int32_t head = w.kv_head * a.group, m = w.m_end - 1;
-  int32_t done_head = head, done_m = m;  // the step whose dQ is waiting to be added
-  BwdTile dq;
   for (int32_t i = 0; i < steps; ++i) {
-    BwdTile sc, dp;
-    if (i > 0) add_dq<Cfg>(dq, a, w, done_head, done_m, group);
+    BwdTile sc, dp, dq;
     issue_scores<Cfg>(s, sc, st, group);
     StepOperands<typename Cfg::Element> ops;
     step_gradients<Cfg>(s, sc, dp, dk, dv, dq, ops, a, w, m, group, st, ds_buf);
@@ -361,14 +391,12 @@ __device__ __forceinline__ void walk_item(typename Cfg::Shared& s, tlx::AccumFra
     if (tlx::lane_is_leader()) s.empty[st.stage].arrive();
     st.advance();
     ds_buf ^= 1;
-    done_head = head;
-    done_m = m;
+    stage_dq<Cfg>(s, dq, a, w, head, m, group, dq_phase);
     if (--m < w.m_first) {
       m = w.m_end - 1;
       ++head;
     }
   }
-  add_dq<Cfg>(dq, a, w, done_head, done_m, group);
 }
 
 // dK (times softmax_scale) or dV rows of this group's keys, those inside the sequence.
@@ -396,7 +424,7 @@ __device__ __forceinline__ void bwd_consumer(typename Cfg::Shared& s, const BwdA
                                              int64_t n_items, int group) {
   tlx::AccumFragment<Cfg::kD> dk, dv;
   tlx::PipelineState<Cfg::kStages> st;
-  uint32_t kv_phase = 0;
+  uint32_t kv_phase = 0, dq_phase = 0;
   int ds_buf = 0;
   BwdItemScheduler<Cfg, false> items;
   BwdItem w;
@@ -406,18 +434,28 @@ __device__ __forceinline__ void bwd_consumer(typename Cfg::Shared& s, const BwdA
     if (w.q_tiles() > 0) {
       s.kv_full.wait(kv_phase);
       kv_phase ^= 1u;
-      walk_item<Cfg>(s, dk, dv, a, w, group, st, ds_buf);
+      walk_item<Cfg>(s, dk, dv, a, w, group, st, ds_buf, dq_phase);
       if (tlx::lane_is_leader()) s.kv_empty.arrive();
     }
     store_key_rows<Cfg>(dk, a.softmax_scale, a.dk, a.dk_token_stride, a.dk_head_stride, w, group);
     store_key_rows<Cfg>(dv, 1.f, a.dv, a.dv_token_stride, a.dv_head_stride, w, group);
   }
+  // No more steps: the dQ writer stops.
+  s.dq_empty[group].wait(dq_phase ^ 1u);
+  if (threadIdx.x % 128 == 0) s.dq_dest[group] = DqDestination{nullptr, nullptr, 0, 0};
+  __syncwarp();
+  if (tlx::lane_is_leader()) s.dq_full[group].arrive();
 }
 
 template <typename Cfg>
 __device__ __forceinline__ void init_bwd_barriers(typename Cfg::Shared& s) {
   s.kv_full.init(1);
   s.kv_empty.init(Cfg::kConsumerWarps);
+#pragma unroll
+  for (int g = 0; g < 2; ++g) {
+    s.dq_full[g].init(Cfg::kConsumerWarps / 2);
+    s.dq_empty[g].init(1);
+  }
 #pragma unroll
   for (int i = 0; i < Cfg::kStages; ++i) {
     s.full[i].init(1);
@@ -454,6 +492,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     tlx::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
     if (threadIdx.x == 0)
       bwd_producer<Cfg>(s, &tm_q, &tm_k, &tm_v, &tm_do, &tm_rows, args, n_items);
+    else if (threadIdx.x / 32 == 1)
+      bwd_dq_writer<Cfg>(s, args);
   } else {
     tlx::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
     bwd_consumer<Cfg>(s, args, n_items, group - 1);

@@ -57,7 +57,17 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
   cudaError_t e = cudaMemsetAsync(base + lay.sems, 0, lay.zeroed_bytes(), stream);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    return fail(JFA_ERROR_CUDA, "clearing the dQ accumulator failed: %s", cudaGetErrorString(e));
+    return fail(JFA_ERROR_CUDA, "clearing the semaphores failed: %s", cudaGetErrorString(e));
+  }
+  // The per-row terms, and the rows of the dQ accumulator cleared (also with no keys: dq is 0).
+  const dim3 tiles(static_cast<unsigned>(lay.row_len / kBwdBlockM),
+                   static_cast<unsigned>(p.heads_q));
+  if (p.total_q > 0) {
+    bwd_preprocess<T, Cfg::kD><<<tiles, kPreprocessThreads, 0, stream>>>(
+        static_cast<const T*>(p.out), p.out_layout.token_stride, p.out_layout.head_stride,
+        static_cast<const T*>(b.dout), b.dout_layout.token_stride, b.dout_layout.head_stride, p.lse,
+        b.dlse, p.cu_seqlens_q, p.batch, p.total_q, lay.row_len, lse2, dpsum, dq_acc);
+    if (const jfa_status s = launch_error("backward preprocess"); s != JFA_SUCCESS) return s;
   }
 
   if (p.total_k > 0) {
@@ -89,16 +99,6 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
         p.cu_seqlens_q, p.cu_seqlens_k, p.batch, p.total_q, p.total_k, work, count, next_item,
         lay.list_capacity, p.max_seqlen_q, p.max_seqlen_k, p.offsets_check);
     if (const jfa_status s = launch_error("work-list kernel"); s != JFA_SUCCESS) return s;
-
-    if (p.total_q > 0) {
-      const dim3 grid(static_cast<unsigned>(lay.row_len / kBwdBlockM),
-                      static_cast<unsigned>(p.heads_q));
-      bwd_preprocess<T, Cfg::kD><<<grid, kPreprocessThreads, 0, stream>>>(
-          static_cast<const T*>(p.out), p.out_layout.token_stride, p.out_layout.head_stride,
-          static_cast<const T*>(b.dout), b.dout_layout.token_stride, b.dout_layout.head_stride,
-          p.lse, b.dlse, p.cu_seqlens_q, p.batch, p.total_q, lay.row_len, lse2, dpsum);
-      if (const jfa_status s = launch_error("backward preprocess"); s != JFA_SUCCESS) return s;
-    }
 
     BwdArgs a{};
     a.cu_q = p.cu_seqlens_q;

@@ -33,20 +33,12 @@ __device__ __forceinline__ float row_dot(const T* x, const T* y) {
   return sum;
 }
 
-// Block (t, h) fills padded rows [64 t, 64 t + 64) of head h: the rows of the sequence whose padded
-// range holds them, or (a gap between sequences, rows past a sequence's end) a row that adds
-// nothing: LSE +inf (P = 0) and D = 0. A row without keys (forward LSE -inf) adds nothing either.
-template <typename T, int kD>
-__global__ void __launch_bounds__(kPreprocessThreads)
-    bwd_preprocess(const T* out, int64_t out_token_stride, int64_t out_head_stride, const T* dout,
-                   int64_t dout_token_stride, int64_t dout_head_stride, const float* lse,
-                   const float* dlse, const int32_t* cu_q, int64_t batch, int64_t total_q,
-                   int64_t row_len, float* lse2, float* dpsum) {
-  __shared__ int64_t seq_of_tile;
-  const int64_t p0 = static_cast<int64_t>(blockIdx.x) * kBwdBlockM;
-  const int64_t h = blockIdx.y;
+// The sequence whose padded rows hold padded row p0 (a multiple of kBwdBlockM), or the last one
+// starting at or before it; computed by thread 0, shared through `seq`.
+__device__ __forceinline__ int64_t sequence_of_padded_tile(const int32_t* cu_q, int64_t batch,
+                                                           int64_t total_q, int64_t p0,
+                                                           int64_t* seq) {
   if (threadIdx.x == 0) {
-    // The last sequence whose padded start is at or before p0.
     int64_t lo = 0, hi = batch - 1;
     while (lo < hi) {
       const int64_t mid = (lo + hi + 1) / 2;
@@ -55,10 +47,26 @@ __global__ void __launch_bounds__(kPreprocessThreads)
       else
         hi = mid - 1;
     }
-    seq_of_tile = lo;
+    *seq = lo;
   }
   __syncthreads();
-  const int64_t b = seq_of_tile;
+  return *seq;
+}
+
+// Block (t, h) fills padded rows [64 t, 64 t + 64) of head h: the rows of the sequence whose padded
+// range holds them, or (a gap between sequences, rows past a sequence's end) a row that adds
+// nothing: LSE +inf (P = 0) and D = 0. A row without keys (forward LSE -inf) adds nothing either.
+// The rows inside a sequence also clear their row of the dQ accumulator's tile.
+template <typename T, int kD>
+__global__ void __launch_bounds__(kPreprocessThreads)
+    bwd_preprocess(const T* out, int64_t out_token_stride, int64_t out_head_stride, const T* dout,
+                   int64_t dout_token_stride, int64_t dout_head_stride, const float* lse,
+                   const float* dlse, const int32_t* cu_q, int64_t batch, int64_t total_q,
+                   int64_t row_len, float* lse2, float* dpsum, float* dq_acc) {
+  __shared__ int64_t seq_of_tile;
+  const int64_t p0 = static_cast<int64_t>(blockIdx.x) * kBwdBlockM;
+  const int64_t h = blockIdx.y;
+  const int64_t b = sequence_of_padded_tile(cu_q, batch, total_q, p0, &seq_of_tile);
   const int32_t q_start = clamp_offset(__ldg(cu_q + b), 0, total_q);
   const int32_t q_end = clamp_offset(__ldg(cu_q + b + 1), q_start, total_q);
   const int64_t first = p0 - padded_row(q_start, b);  // row of the sequence at p0
@@ -78,6 +86,10 @@ __global__ void __launch_bounds__(kPreprocessThreads)
         l2 = l * kLog2e;
         dp = d - (dlse != nullptr ? __ldg(dlse + h * total_q + token) : 0.f);
       }
+      // The token's row of the dQ accumulator starts at 0 (chunks of 4 floats stay together).
+      for (int c = 4 * lane; c < kD; c += 128)
+        *reinterpret_cast<float4*>(dq_acc + dq_acc_offset(total_q, kD, token, h, c)) =
+            make_float4(0.f, 0.f, 0.f, 0.f);
     }
     if (lane == 0) {
       lse2[h * row_len + p0 + i] = l2;
@@ -88,7 +100,8 @@ __global__ void __launch_bounds__(kPreprocessThreads)
 
 inline constexpr int kConvertThreads = 256;
 
-// dq = softmax_scale * dq_acc, rounded to T, four elements per thread and step.
+// dq = softmax_scale * the accumulator, rounded to T; grid-stride over every (token, head, 4
+// columns).
 template <typename T, int kD>
 __global__ void __launch_bounds__(kConvertThreads)
     bwd_convert_dq(const float* dq_acc, T* dq, int64_t dq_token_stride, int64_t dq_head_stride,
@@ -100,7 +113,8 @@ __global__ void __launch_bounds__(kConvertThreads)
     const int64_t row = i / kQuads;  // token * heads_q + head
     const int c = static_cast<int>(i - row * kQuads) * 4;
     const int64_t token = row / heads_q, head = row - token * heads_q;
-    const float4 x = *reinterpret_cast<const float4*>(dq_acc + row * kD + c);
+    const float4 x =
+        *reinterpret_cast<const float4*>(dq_acc + dq_acc_offset(total_q, kD, token, head, c));
     const uint2 packed = make_uint2(tlx::pack2<T>(x.x * scale, x.y * scale),
                                     tlx::pack2<T>(x.z * scale, x.w * scale));
     *reinterpret_cast<uint2*>(dq + token * dq_token_stride + head * dq_head_stride + c) = packed;

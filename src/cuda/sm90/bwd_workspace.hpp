@@ -21,6 +21,25 @@ namespace jfa::sm90 {
 inline constexpr int kBwdBlockM = 64;   // query rows per step of a backward work item
 inline constexpr int kBwdBlockN = 128;  // keys per backward work item (two consumer groups of 64)
 
+// The float32 dQ accumulator, total_q x heads_q x head_dim floats (no padding), laid out so that
+// the rows of one q tile and 64 columns of one head are contiguous: parts of 64 columns, part
+// (head, col / 64) holding every token's 64 floats in token order, the 16-byte chunks of token t's
+// row permuted by t % 8 (so that the rows a warp stages from its MMA fragment fall on different
+// banks). A q tile's rows of a part are what one bulk reduction adds.
+inline constexpr int kDqPartCols = 64;
+JFA_HOST_DEVICE constexpr int64_t dq_part_base(int64_t total_q, int64_t head_dim, int64_t head,
+                                               int64_t part) {
+  return (head * (head_dim / kDqPartCols) + part) * total_q * kDqPartCols;
+}
+JFA_HOST_DEVICE constexpr int dq_chunk_offset(int64_t token, int col) {  // col in [0, 64)
+  return (((col >> 2) ^ static_cast<int>(token & 7)) << 2) + (col & 3);
+}
+JFA_HOST_DEVICE constexpr int64_t dq_acc_offset(int64_t total_q, int64_t head_dim, int64_t token,
+                                                int64_t head, int col) {  // col in [0, head_dim)
+  return dq_part_base(total_q, head_dim, head, col / kDqPartCols) + token * kDqPartCols +
+         dq_chunk_offset(token, col % kDqPartCols);
+}
+
 // One entry of the backward's work list: K tile n_block of sequence `seq`, which has n_tiles K
 // tiles; the tiles of one sequence are consecutive entries, n_block ascending.
 struct BwdListEntry {
@@ -38,8 +57,8 @@ JFA_HOST_DEVICE constexpr int64_t padded_row(int64_t q_start, int64_t b) {
 struct BwdWorkspaceLayout {
   int64_t list_capacity;  // entries: sum over sequences of ceil(len_k / kBwdBlockN)
   int64_t row_len;        // padded rows per head of the per-row arrays
-  size_t list, lse2, dpsum, sems, dq_acc, bytes;        // byte offsets, and the total
-  size_t zeroed_bytes() const { return bytes - sems; }  // semaphores and dQ, cleared per call
+  size_t list, lse2, dpsum, sems, dq_acc, bytes;         // byte offsets, and the total
+  size_t zeroed_bytes() const { return dq_acc - sems; }  // the semaphores, cleared per call
 };
 
 constexpr size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }

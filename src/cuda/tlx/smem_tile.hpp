@@ -52,6 +52,11 @@ JFA_DEVICE void st_shared_u32(uint32_t addr, uint32_t value) {
   asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(value) : "memory");
 }
 
+// Two floats to an 8-byte-aligned shared-memory address.
+JFA_DEVICE void st_shared_f32x2(uint32_t addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
+
 // Two floats from an 8-byte-aligned shared-memory address.
 JFA_DEVICE float2 ld_shared_f32x2(uint32_t addr) {
   float2 v;

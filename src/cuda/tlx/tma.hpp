@@ -39,6 +39,16 @@ JFA_DEVICE void tma_load_3d(const CUtensorMap* map, MBarrier* bar, void* smem_ds
       : "memory");
 }
 
+// Adds `bytes` (a multiple of 16; both addresses 16-byte aligned) of float32 values from shared
+// memory to global memory element by element (a reduction in L2), in the issuing thread's bulk
+// group: commit and wait as for stores (wait_read before the shared memory is reused).
+JFA_DEVICE void bulk_reduce_add_f32(float* gmem_dst, const void* smem_src, uint32_t bytes) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(gmem_dst),
+      "r"(smem_addr(smem_src)), "r"(bytes)
+      : "memory");
+}
+
 // Stores: the shared memory must have been written before with a fence_proxy_async_smem() in each
 // writing thread and a barrier; one thread issues, commits, and waits before the buffer is reused.
 JFA_DEVICE void tma_store_2d(const CUtensorMap* map, const void* smem_src, int32_t c0, int32_t c1) {
