@@ -292,8 +292,8 @@ struct StepOperands {
 };
 
 // The rest of a step once its scores are issued: dP^T = V dO^T, P^T, dV += P^T dO,
-// dS^T = P^T (dP^T - D), dK += dS^T Q, dS^T to shared memory, and dQ = dS K issued. Leaves dV, dK
-// and dQ in flight (three commit groups, in that order).
+// dS^T = P^T (dP^T - D), dS^T to shared memory, dQ = dS K and dK += dS^T Q issued. Leaves dV, dQ
+// and dK in flight (three commit groups, in that order).
 template <typename Cfg>
 __device__ __forceinline__ void step_gradients(
     typename Cfg::Shared& s, BwdTile& sc, BwdTile& dp, tlx::AccumFragment<Cfg::kD>& dk,
@@ -338,7 +338,6 @@ __device__ __forceinline__ void step_gradients(
     }
   }
   dp.to_a(ops.ds);
-  gemm_accumulate<Cfg>(dk, ops.ds, s.q[st.stage]);
 
   // dS^T into shared memory for dQ, from its packed form (register ds.reg[kk][i] holds the pair
   // of column block 2 kk + i / 2, row half i % 2); the other group's dQ of two steps ago has read
@@ -357,7 +356,9 @@ __device__ __forceinline__ void step_gradients(
     tlx::NamedBarrier::sync(Cfg::kDsBarrier0 + group, 128);
   else
     tlx::NamedBarrier::sync(Cfg::kDsBarrier0, 256);
+  // dQ before dK, so that dQ is staged for the writer while dK's MMA runs.
   gemm_dq<Cfg>(dq, ds, s.k, group);
+  gemm_accumulate<Cfg>(dk, ops.ds, s.q[st.stage]);
 }
 
 // Walks an item's steps (the q tiles of each query head of its group, the last tile first) for one
@@ -378,11 +379,13 @@ __device__ __forceinline__ void walk_item(typename Cfg::Shared& s, tlx::AccumFra
     issue_scores<Cfg>(s, sc, st, group);
     StepOperands<typename Cfg::Element> ops;
     step_gradients<Cfg>(s, sc, dp, dk, dv, dq, ops, a, w, m, group, st, ds_buf);
-    tlx::wgmma_wait<0>();
-    tlx::fence_operand(dk.reg);
+    tlx::wgmma_wait<1>();  // dV and dQ done, dK still running
     tlx::fence_operand(dv.reg);
     tlx::fence_operand(dq.reg);
     tlx::fence_operand(ops.p.reg);
+    stage_dq<Cfg>(s, dq, a, w, head, m, group, dq_phase);
+    tlx::wgmma_wait<0>();
+    tlx::fence_operand(dk.reg);
     tlx::fence_operand(ops.ds.reg);
     // The stage has been read (by the MMAs, and by every lane for LSE and D): back to the producer,
     // whose next copies into it are async-proxy writes after these generic reads.
@@ -391,7 +394,6 @@ __device__ __forceinline__ void walk_item(typename Cfg::Shared& s, tlx::AccumFra
     if (tlx::lane_is_leader()) s.empty[st.stage].arrive();
     st.advance();
     ds_buf ^= 1;
-    stage_dq<Cfg>(s, dq, a, w, head, m, group, dq_phase);
     if (--m < w.m_first) {
       m = w.m_end - 1;
       ++head;
