@@ -217,10 +217,10 @@ JFA_API jfa_status jfa_attention_backward_params_init(jfa_attention_backward_par
  * always deterministic) and CUDA (Hopper, the forward's dtypes, head_dims and alignment rules;
  * float32 accumulation; out and lse as the CUDA forward wrote them; a device workspace, see
  * jfa_attention_backward_workspace_size; no host read of the offsets, so the call can be captured
- * in a CUDA graph; deterministic = 0 accumulates dq with atomics, in an order that may differ from
- * run to run). Nothing is written when a call is rejected; on the CPU, scores that float32 cannot
- * hold (see jfa_attention_forward) give JFA_ERROR_UNSUPPORTED after which dq, dk and dv are
- * unspecified. */
+ * in a CUDA graph; deterministic = 0 accumulates dq with float32 reductions in an order that may
+ * differ from run to run). Nothing is written when a call is rejected; on the CPU, scores that
+ * float32 cannot hold (see jfa_attention_forward) give JFA_ERROR_UNSUPPORTED after which dq, dk and
+ * dv are unspecified. */
 JFA_API jfa_status jfa_attention_backward(const jfa_attention_backward_params* params);
 
 /* The bytes of forward.workspace that the CUDA backward needs for these sizes (reads total_q,

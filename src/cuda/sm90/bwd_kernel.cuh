@@ -176,9 +176,9 @@ __device__ __forceinline__ void stage_dq(typename Cfg::Shared& s, const BwdTile&
                                          int32_t m, int group, uint32_t& dq_phase) {
   s.dq_empty[group].wait(dq_phase ^ 1u);
   // Row r and the column pair (c, c + 1) of the fragment: chunk c / 4 of the row, permuted by the
-  // token's index % 8 (dq_chunk_offset); the thread's two rows are 8 apart, so they share it.
+  // token's index (dq_chunk_offset); the thread's two rows are 8 apart, so they share it.
   const int r0 = BwdTile::row(0);
-  const int perm = (w.seq.q_start + r0) & 7;  // = (q_start + 64 m + r0) % 8
+  const int perm = ((w.seq.q_start + r0) & 3) << 1;  // q_start + 64 m + r0 = the token
   const uint32_t base = tlx::smem_addr(&s.dq[group][r0 * kDqPartCols]);
   const int pair = BwdTile::col(0, 0);  // 2 (t % 4): chunk (t % 4) / 2, offset 2 (t % 2)
 #pragma unroll

@@ -24,15 +24,16 @@ inline constexpr int kBwdBlockN = 128;  // keys per backward work item (two cons
 // The float32 dQ accumulator, total_q x heads_q x head_dim floats (no padding), laid out so that
 // the rows of one q tile and 64 columns of one head are contiguous: parts of 64 columns, part
 // (head, col / 64) holding every token's 64 floats in token order, the 16-byte chunks of token t's
-// row permuted by t % 8 (so that the rows a warp stages from its MMA fragment fall on different
-// banks). A q tile's rows of a part are what one bulk reduction adds.
+// row permuted by 2 (t % 4). A thread of the MMA fragment stages two adjacent chunks' halves of one
+// row; with that permutation the four rows of a half warp (whose 8-byte stores go together) fall
+// on different banks. A q tile's rows of a part are what one bulk reduction adds.
 inline constexpr int kDqPartCols = 64;
 JFA_HOST_DEVICE constexpr int64_t dq_part_base(int64_t total_q, int64_t head_dim, int64_t head,
                                                int64_t part) {
   return (head * (head_dim / kDqPartCols) + part) * total_q * kDqPartCols;
 }
 JFA_HOST_DEVICE constexpr int dq_chunk_offset(int64_t token, int col) {  // col in [0, 64)
-  return (((col >> 2) ^ static_cast<int>(token & 7)) << 2) + (col & 3);
+  return (((col >> 2) ^ (static_cast<int>(token & 3) << 1)) << 2) + (col & 3);
 }
 JFA_HOST_DEVICE constexpr int64_t dq_acc_offset(int64_t total_q, int64_t head_dim, int64_t token,
                                                 int64_t head, int col) {  // col in [0, head_dim)
