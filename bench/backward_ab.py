@@ -1,0 +1,143 @@
+"""A/B timing of the CUDA backward across builds of libjfa: one process per build and round, the
+builds in alternating order from round to round, each process timing the same cells (workload,
+mask, deterministic mode). What a kernel step is measured with before it lands (bench/NOTES.md);
+peers and the useful-FLOP rates are bench/backward_peers.py's job.
+
+    python3 bench/backward_ab.py --cli build/release/tools/jfa --rounds 3 \\
+        base=build/release/src/libjfa.so candidate=/tmp/other/src/libjfa.so
+
+A cell's figure is the median over the rounds of each process's median of --runs calls (events
+around one call, after --warmup calls). Needs torch with CUDA; the jfa torch ops run over ctypes,
+so each process loads exactly the library it is given.
+"""
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CELLS = ("W1", "W1c", "W2", "W2c", "W3", "W3c", "W4", "W4c", "W1d", "W1cd")
+
+
+def parse_cell(cell):
+    """'W1cd' -> ('W1', causal, deterministic)."""
+    base = cell[:2]
+    flags = cell[2:]
+    if base not in ("W1", "W2", "W3", "W4") or set(flags) - {"c", "d"}:
+        raise ValueError(f"cell {cell!r}: a workload W1..W4, then c (causal) and/or d "
+                         "(deterministic)")
+    return base, "c" in flags, "d" in flags
+
+
+def time_cells(cli, cells, head_dim, dtype_name, runs, warmup):
+    """In the child process: {cell: median ms}."""
+    import torch
+    sys.path.insert(0, HERE)
+    sys.path.insert(0, os.path.join(HERE, "..", "python"))
+    import workloads as W
+    import jfa  # noqa: F401  (registers torch.ops.jfa)
+
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
+    result = {}
+    for cell in cells:
+        base, causal, deterministic = parse_cell(cell)
+        lengths = W.cli_lengths(cli, base)
+        cu = torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32,
+                          device="cuda")
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v, dout = (torch.randn(int(cu[-1]), W.HEADS, head_dim, device="cuda", dtype=dtype,
+                                     generator=g) for _ in range(4))
+        longest = max(lengths)
+        out, lse = torch.ops.jfa.jagged_attention_fwd(q, k, v, cu, cu, longest, longest, causal,
+                                                      None, True)
+
+        def call():
+            torch.ops.jfa.jagged_attention_bwd(dout, q, k, v, out, lse, cu, cu, longest, longest,
+                                               causal, None, None, deterministic)
+
+        for _ in range(warmup):
+            call()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(runs):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            call()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        result[cell] = statistics.median(times)
+        del q, k, v, dout, out, lse
+    return result
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("builds", nargs="*", metavar="NAME=LIBJFA",
+                    help="a name and the libjfa.so of one build")
+    ap.add_argument("--cli", required=True, help="the jfa CLI, source of the workload lengths")
+    ap.add_argument("--cells", default=",".join(CELLS),
+                    help="comma-separated cells: W1..W4, then c (causal) and/or d "
+                         f"(deterministic); default {','.join(CELLS)}")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--head-dim", type=int, default=128, choices=(64, 128))
+    ap.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"))
+    ap.add_argument("--json", help="write every round's figures to this file")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    cells = args.cells.split(",")
+    for cell in cells:
+        try:
+            parse_cell(cell)
+        except ValueError as e:
+            ap.error(str(e))
+
+    if args.child:
+        print(json.dumps(time_cells(args.cli, cells, args.head_dim, args.dtype, args.runs,
+                                    args.warmup)))
+        return 0
+
+    if not args.builds:
+        ap.error("give at least one NAME=path/to/libjfa.so")
+    builds = []
+    for spec in args.builds:
+        name, sep, lib = spec.partition("=")
+        if not sep or not os.path.isfile(lib):
+            ap.error(f"{spec!r}: expected NAME=path/to/libjfa.so of an existing file")
+        builds.append((name, os.path.abspath(lib)))
+
+    rounds = {name: [] for name, _ in builds}
+    for r in range(args.rounds):
+        order = builds if r % 2 == 0 else builds[::-1]
+        for name, lib in order:
+            env = dict(os.environ, JFA_LIBRARY=lib, JFA_TORCH_OPS="ctypes")
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--cli", args.cli,
+                   "--cells", args.cells, "--runs", str(args.runs), "--warmup",
+                   str(args.warmup), "--head-dim", str(args.head_dim), "--dtype", args.dtype]
+            p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if p.returncode != 0:
+                sys.stderr.write(p.stderr)
+                print(f"{name}: round {r + 1} failed (exit {p.returncode})", file=sys.stderr)
+                return 1
+            rounds[name].append(json.loads(p.stdout.strip().splitlines()[-1]))
+            print(f"round {r + 1} {name}: {rounds[name][-1]}", file=sys.stderr, flush=True)
+
+    print("| build | " + " | ".join(cells) + " |")
+    print("| --- |" + " --- |" * len(cells))
+    for name, _ in builds:
+        medians = [statistics.median(x[c] for x in rounds[name]) for c in cells]
+        print(f"| {name} | " + " | ".join(f"{m:.3f}" for m in medians) + " |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"unit": "ms", "head_dim": args.head_dim, "dtype": args.dtype,
+                       "rounds": rounds}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

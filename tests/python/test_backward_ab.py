@@ -1,0 +1,36 @@
+"""bench/backward_ab.py: its cells and its argument checks (the timing itself needs a GPU)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import backward_ab  # noqa: E402
+
+
+@pytest.mark.parametrize("cell, parsed", [("W1", ("W1", False, False)),
+                                          ("W3c", ("W3", True, False)),
+                                          ("W4d", ("W4", False, True)),
+                                          ("W1cd", ("W1", True, True))])
+def test_cells(cell, parsed):
+    assert backward_ab.parse_cell(cell) == parsed
+
+
+@pytest.mark.parametrize("cell", ["W5", "X1", "W1x", "w1"])
+def test_bad_cells_are_rejected(cell):
+    with pytest.raises(ValueError, match="cell"):
+        backward_ab.parse_cell(cell)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--cli", "jfa"], "at least one"),
+    (["--cli", "jfa", "base"], "NAME=path"),
+    (["--cli", "jfa", "base=/no/such/libjfa.so"], "existing file"),
+    (["--cli", "jfa", "--cells", "W1,W9", "base=/no/such/libjfa.so"], "cell 'W9'"),
+])
+def test_arguments_are_checked(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        backward_ab.main(argv)
+    assert message in capsys.readouterr().err
