@@ -222,8 +222,14 @@ __device__ __forceinline__ void bwd_dq_writer(typename Cfg::Shared& s, const Bwd
     s.dq_full[0].wait_suspended(phase);
     s.dq_full[1].wait_suspended(phase);
     phase ^= 1u;
-    const DqDestination d0 = s.dq_dest[0], d1 = s.dq_dest[1];
-    if (d0.part == nullptr) break;  // both groups stop together
+    // Only the leader reads the destinations: its arrival on dq_empty below is what lets a group
+    // write the next ones, so no other lane's read may still be pending then.
+    DqDestination d0{}, d1{};
+    if (leader) {
+      d0 = s.dq_dest[0];
+      d1 = s.dq_dest[1];
+    }
+    if (__shfl_sync(0xffffffffu, d0.part == nullptr ? 1 : 0, 0)) break;  // both groups stop together
     if (leader) {
       if (a.deterministic)
         while (load_acquire(d0.sem) < d0.target) __nanosleep(64);
