@@ -66,6 +66,7 @@ usage: python3 bench/backward_peers.py --lib build/gpu/src/libjfa.so [--cli buil
 import contextlib
 import dataclasses
 import importlib
+import json
 import os
 import sys
 import time
@@ -456,6 +457,9 @@ def parse_args(argv=None):
     ap.add_argument("--chart", default=None, metavar="PATH.png",
                     help="draw the CUDA-graph replays' useful TFLOP/s per method and workload "
                          "(needs matplotlib; without it the run says so and goes on)")
+    ap.add_argument("--merge", default=None, metavar="A.json,B.json",
+                    help="measure nothing: join the results of earlier runs (their --json files, "
+                         "e.g. one per dtype and head_dim) into one table, --json and --chart")
     args = ap.parse_args(argv)
     quick = args.quick
     co.settle_counts(ap, args, (("runs", 30, 10), ("warmup", 5, 3), ("warm_seconds", 3.0, 1.0)),
@@ -1096,8 +1100,41 @@ def progress_line(rec, tag):
 
 # ---- driver ------------------------------------------------------------------------------------
 
+def merge_runs(paths, json_path, chart_path):
+    """--merge: one document from earlier runs' documents, their results in the order given (the
+    first run's environment; every run's settings and start time kept)."""
+    docs = []
+    for path in paths:
+        with open(path) as f:
+            docs.append(json.load(f))
+    records = [r for d in docs for r in d.get("results", [])]
+    if not records:
+        print("--merge: the files hold no results", file=sys.stderr)
+        return 1
+    doc = dict(docs[0])
+    doc["merged_from"] = [{"file": os.path.basename(p), "started_utc": d.get("started_utc"),
+                           "settings": d.get("settings")} for p, d in zip(paths, docs)]
+    doc.pop("settings", None)
+    doc["workloads"] = {k: v for d in docs for k, v in d.get("workloads", {}).items()}
+    doc["results"] = add_ratios(records)
+    doc["summary"] = summarize(records)
+    order = list(dict.fromkeys(r["workload"] for r in records))
+    doc["table"] = format_tables(records, order)
+    if chart_path:
+        doc["chart"] = save_chart(records, chart_path, order)
+    if json_path:
+        os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+        write_json(json_path, doc)
+    print(doc["table"])
+    if chart_path:
+        print(doc["chart"])
+    return 0
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.merge:
+        return merge_runs(args.merge.split(","), args.json, args.chart)
     t_start = time.perf_counter()
     torch, G = co.import_gpu_modules("backward_peers.py", args.lib)
     if torch is None:

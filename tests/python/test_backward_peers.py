@@ -403,3 +403,28 @@ def test_help_and_import_need_no_torch():
     assert r.returncode == 0, r.stderr
     assert "--heads-kv" in r.stdout and "float64" in r.stdout
     assert "--pass" in r.stdout and "--chart" in r.stdout and "3.5" in r.stdout
+
+
+def test_merge_joins_earlier_runs_into_one_table_and_document(tmp_path, capsys):
+    import json
+    runs = []
+    for i, records in enumerate([[rec("jfa", 0.5, 0.4), rec("fa2_varlen", 1.0, 0.6)],
+                                 [rec("jfa", 0.7, 0.6, dtype="bf16")]]):
+        path = tmp_path / f"run{i}.json"
+        path.write_text(json.dumps({"title": "t", "started_utc": f"s{i}", "environment": {},
+                                    "settings": {"dtypes": [["fp16"], ["bf16"]][i]},
+                                    "workloads": {"W1": "w"},
+                                    "results": [bp.add_rates(r) for r in records]}))
+        runs.append(str(path))
+    out = tmp_path / "merged" / "all.json"
+    assert bp.main(["--merge", ",".join(runs), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [(r["method"], r["dtype"]) for r in doc["results"]] == [
+        ("jfa", "fp16"), ("fa2_varlen", "fp16"), ("jfa", "bf16")]
+    assert doc["results"][0]["vs_fa2_eager"] == pytest.approx(2.0)
+    assert [m["settings"]["dtypes"] for m in doc["merged_from"]] == [["fp16"], ["bf16"]]
+    assert "settings" not in doc and "bf16" in doc["table"] and "fp16" in doc["table"]
+    assert "bf16" in capsys.readouterr().out
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"results": []}))
+    assert bp.main(["--merge", str(empty)]) == 1
