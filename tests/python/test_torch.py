@@ -16,6 +16,7 @@ if not jfa.torch_available():
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from cuda_graphs import capture  # noqa: E402
 from cuda_pool import default_pool_peak  # noqa: E402
 from jfa_reference import attention_ref  # noqa: E402
 
@@ -185,15 +186,7 @@ def test_cuda_graph_replay_with_new_lengths(seed, hints):
         return jfa.jagged_attention(q, k, v, cu, max_seqlen_q=max_len, max_seqlen_k=max_len,
                                     causal=True, return_lse=True)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            run()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, lse = run()
+    graph, (out, lse) = capture(run)
 
     graph.replay()
     torch.cuda.synchronize()

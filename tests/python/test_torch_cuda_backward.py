@@ -18,6 +18,7 @@ if not jfa.torch_available():
 
 import torch  # noqa: E402
 
+from cuda_graphs import capture  # noqa: E402
 from cuda_pool import default_pool_peak  # noqa: E402
 
 
@@ -246,15 +247,7 @@ def test_cuda_graph_of_forward_and_backward_replays_new_lengths(seed, hints):
                                         causal=True, return_lse=True)
         return torch.autograd.grad(_loss(out, lse, grad_out, grad_lse), (q, k, v))
 
-    side = torch.cuda.Stream()  # warm-up off the default stream, as torch.cuda.graph asks
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        grads = step()
+    graph, grads = capture(step)
 
     for i, lengths in enumerate((lengths_a, lengths_b)):
         cu.copy_(_offsets(lengths))
@@ -336,15 +329,7 @@ def test_cuda_offsets_check_in_a_graph_replayed_with_new_lengths(seed):
         out = jfa.jagged_attention(q, k, v, cu, causal=True, offsets_check=word)
         return torch.autograd.grad(out, (q, k, v), grad_out)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        grads = step()
+    graph, grads = capture(step)
 
     for offsets, expected in (([0, 1, 201, 256, 256, 257], 0),
                               ([0, 100, 128, 30, 256, 257], Q_DECREASING | (Q_DECREASING << 4)),
