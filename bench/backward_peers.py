@@ -849,6 +849,12 @@ def _autograd_peer(step, attend, inputs, dout, unpack, context=None, **about):
 
 def prepare_flex(G, ctx, bc, causal, step=False):
     import torch
+    # The backward-only timing runs one compiled backward again and again (retain_graph), which
+    # torch refuses for a backward compiled with donated buffers; this must hold before the first
+    # compile.
+    functorch_config = getattr(getattr(torch, "_functorch", None), "config", None)
+    if functorch_config is not None and hasattr(functorch_config, "donated_buffer"):
+        functorch_config.donated_buffer = False
     flex = G.flex_functions(ctx)[0]
     c = bc.case
     block_mask, how, seconds = bc.flex_mask(G, ctx, causal)
