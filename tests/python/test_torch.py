@@ -18,19 +18,11 @@ import torch.nn.functional as F  # noqa: E402
 
 from cuda_graphs import capture  # noqa: E402
 from cuda_pool import default_pool_peak  # noqa: E402
+from cuda_skip import cuda_skip_reason  # noqa: E402
 from jfa_reference import attention_ref  # noqa: E402
 
 
-def _cuda_skip_reason():
-    if not torch.cuda.is_available():
-        return "CUDA is not available to torch (no GPU, or a CPU-only torch build)"
-    if not jfa.cuda_available():
-        return (f"the loaded libjfa ({jfa.library_path()}) has no usable CUDA backend: built "
-                "without CUDA, or no compute-capability-9.0 (Hopper) GPU")
-    return ""
-
-
-_CUDA_REASON = _cuda_skip_reason()
+_CUDA_REASON = cuda_skip_reason()
 needs_cuda = pytest.mark.skipif(bool(_CUDA_REASON), reason=_CUDA_REASON or "n/a")
 
 TOL = {torch.float16: dict(atol=4e-3, rtol=4e-3), torch.bfloat16: dict(atol=3e-2, rtol=3e-2),

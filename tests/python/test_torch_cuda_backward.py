@@ -20,22 +20,10 @@ import torch  # noqa: E402
 
 from cuda_graphs import capture  # noqa: E402
 from cuda_pool import default_pool_peak  # noqa: E402
+from cuda_skip import cuda_skip_reason  # noqa: E402
 
 
-def _skip_reason():
-    if not torch.cuda.is_available():
-        return "CUDA is not available to torch (no GPU, or a CPU-only torch build)"
-    capability = torch.cuda.get_device_capability()
-    if capability != (9, 0):
-        return (f"needs a compute-capability-9.0 (Hopper) GPU, got {torch.cuda.get_device_name()} "
-                f"(compute capability {capability[0]}.{capability[1]})")
-    if not jfa.cuda_available():
-        return (f"the loaded libjfa ({jfa.library_path()}) has no usable CUDA backend (built "
-                "without CUDA, or it cannot reach the GPU)")
-    return ""
-
-
-_REASON = _skip_reason()
+_REASON = cuda_skip_reason()
 pytestmark = pytest.mark.skipif(bool(_REASON), reason=_REASON or "n/a")
 
 DTYPES = pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
