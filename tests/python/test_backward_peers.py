@@ -5,7 +5,6 @@ skips or checks in part, the rounds, the tables, the JSON summary and the chart 
 run on a GPU machine only)."""
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import backward_peers as bp  # noqa: E402
+from bench_scripts import help_without_torch  # noqa: E402
 import call_overhead as co  # noqa: E402
 
 
@@ -394,15 +394,9 @@ def test_the_chart_draws_the_replays_rates(tmp_path):
 
 
 def test_help_and_import_need_no_torch():
-    code = ("import sys; sys.path.insert(0, %r); import backward_peers; "
-            "print('torch' in sys.modules)" % str(BENCH))
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
-    r = subprocess.run([sys.executable, str(BENCH / "backward_peers.py"), "--help"],
-                       capture_output=True, text=True, env=dict(os.environ, FA3_LIB=""))
-    assert r.returncode == 0, r.stderr
-    assert "--heads-kv" in r.stdout and "float64" in r.stdout
-    assert "--pass" in r.stdout and "--chart" in r.stdout and "3.5" in r.stdout
+    text = help_without_torch("backward_peers", env=dict(os.environ, FA3_LIB=""))
+    assert "--heads-kv" in text and "float64" in text
+    assert "--pass" in text and "--chart" in text and "3.5" in text
 
 
 def test_merge_joins_earlier_runs_into_one_table_and_document(tmp_path, capsys):
