@@ -1117,11 +1117,14 @@ def merge_runs(paths, json_path, chart_path):
     if not records:
         print("--merge: the files hold no results", file=sys.stderr)
         return 1
-    doc = dict(docs[0])
+    # What one run says of itself (its start, length, settings, chart) goes under merged_from.
+    doc = {k: v for k, v in docs[0].items()
+           if k not in ("started_utc", "elapsed_s", "settings", "chart")}
     doc["merged_from"] = [{"file": os.path.basename(p), "started_utc": d.get("started_utc"),
-                           "settings": d.get("settings")} for p, d in zip(paths, docs)]
-    doc.pop("settings", None)
+                           "elapsed_s": d.get("elapsed_s"), "settings": d.get("settings")}
+                          for p, d in zip(paths, docs)]
     doc["workloads"] = {k: v for d in docs for k, v in d.get("workloads", {}).items()}
+    doc["workload_errors"] = {k: v for d in docs for k, v in d.get("workload_errors", {}).items()}
     doc["results"] = add_ratios(records)
     doc["summary"] = summarize(records)
     order = list(dict.fromkeys(r["workload"] for r in records))

@@ -405,7 +405,8 @@ def test_merge_joins_earlier_runs_into_one_table_and_document(tmp_path, capsys):
     for i, records in enumerate([[rec("jfa", 0.5, 0.4), rec("fa2_varlen", 1.0, 0.6)],
                                  [rec("jfa", 0.7, 0.6, dtype="bf16")]]):
         path = tmp_path / f"run{i}.json"
-        path.write_text(json.dumps({"title": "t", "started_utc": f"s{i}", "environment": {},
+        path.write_text(json.dumps({"title": "t", "started_utc": f"s{i}", "elapsed_s": i + 1.0,
+                                    "chart": f"run{i}.png", "environment": {},
                                     "settings": {"dtypes": [["fp16"], ["bf16"]][i]},
                                     "workloads": {"W1": "w"},
                                     "results": [bp.add_rates(r) for r in records]}))
@@ -417,7 +418,10 @@ def test_merge_joins_earlier_runs_into_one_table_and_document(tmp_path, capsys):
         ("jfa", "fp16"), ("fa2_varlen", "fp16"), ("jfa", "bf16")]
     assert doc["results"][0]["vs_fa2_eager"] == pytest.approx(2.0)
     assert [m["settings"]["dtypes"] for m in doc["merged_from"]] == [["fp16"], ["bf16"]]
-    assert "settings" not in doc and "bf16" in doc["table"] and "fp16" in doc["table"]
+    assert [(m["started_utc"], m["elapsed_s"]) for m in doc["merged_from"]] == [("s0", 1.0),
+                                                                                ("s1", 2.0)]
+    assert not {"settings", "started_utc", "elapsed_s", "chart"} & set(doc)
+    assert "bf16" in doc["table"] and "fp16" in doc["table"]
     assert "bf16" in capsys.readouterr().out
     empty = tmp_path / "empty.json"
     empty.write_text(json.dumps({"results": []}))
