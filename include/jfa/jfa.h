@@ -110,20 +110,22 @@ typedef struct jfa_attention_params {
   void* workspace;
   size_t workspace_bytes;
 
-  /* Optional checked mode for offsets the host cannot read (CUDA backend): one int32 in device
-   * memory. Non-NULL asks the call to check cu_seqlens_q and cu_seqlens_k on the device, in the
-   * same stream before its kernels use them, and to store there 0 when they are valid or the OR
-   * of the jfa_offsets_check bits of every rule they break. The call does not wait for the check
-   * (no host synchronization): read the word once the stream has got there (e.g. after
-   * cudaStreamSynchronize), and jfa_offsets_check_message() says what it means. With invalid
-   * offsets the kernels still stay inside every buffer; their results are unspecified. The CPU
-   * backend checks host offsets before every call (an invalid call fails with
-   * JFA_ERROR_INVALID_ARGUMENT) and stores 0 here (host memory) when it runs. */
-  int32_t* offsets_check;
+  /* Optional checked mode (CUDA backend): one int32 in device memory. Non-NULL asks the call to
+   * check cu_seqlens_q and cu_seqlens_k on the device, in the same stream before its kernels use
+   * them, and to store there 0 or the OR of the jfa_device_check bits of every rule they break;
+   * its kernels then add JFA_CHECK_RESULT_NOT_FINITE to the word when a result is not finite (see
+   * the bit). The call does not wait for either (no host synchronization): read the word once the
+   * stream has got there (e.g. after cudaStreamSynchronize); jfa_device_check_message() says what
+   * it means. With invalid offsets the kernels still stay inside every buffer; their results are
+   * unspecified. The CPU backend checks host offsets before every call (an invalid call fails
+   * with JFA_ERROR_INVALID_ARGUMENT), fails on a score it cannot hold (see
+   * jfa_attention_forward), and stores 0 here (host memory) when it succeeds. */
+  int32_t* device_check;
 } jfa_attention_params;
 
-/* Bits of the word of jfa_attention_params::offsets_check: the rules offsets must follow. */
-typedef enum jfa_offsets_check_bits {
+/* Bits of the word of jfa_attention_params::device_check: the rules offsets must follow, and one
+ * for results. */
+typedef enum jfa_device_check_bits {
   JFA_OFFSETS_Q_FIRST_NOT_ZERO = 1, /* cu_seqlens_q[0] != 0 */
   JFA_OFFSETS_Q_DECREASING = 2,     /* cu_seqlens_q[b + 1] < cu_seqlens_q[b] for some b */
   JFA_OFFSETS_Q_LAST_NOT_TOTAL = 4, /* cu_seqlens_q[batch] != total_q */
@@ -131,12 +133,18 @@ typedef enum jfa_offsets_check_bits {
   JFA_OFFSETS_K_FIRST_NOT_ZERO = 16,
   JFA_OFFSETS_K_DECREASING = 32,
   JFA_OFFSETS_K_LAST_NOT_TOTAL = 64,
-  JFA_OFFSETS_K_ABOVE_MAX = 128
-} jfa_offsets_check_bits;
+  JFA_OFFSETS_K_ABOVE_MAX = 128,
+  /* Forward: a query row that sees a key got a softmax sum or (when lse is written) an LSE that
+   * is NaN or infinite; its out row is then NaN. Causes: a score q.k beyond float32 (inputs near
+   * the range of bf16), a NaN or infinite q or k, or an LSE beyond float32 (|scale * q.k| above
+   * 3.4e38; out stays exact, since the exponentials are taken from score differences).
+   * Backward: an element of dq, dk or dv is NaN or infinite, or an lse row is NaN or +inf. */
+  JFA_CHECK_RESULT_NOT_FINITE = 256
+} jfa_device_check_bits;
 
-/* The rules a word of offsets_check says were broken, as text ("valid" for 0); valid until the
- * next call on this thread. */
-JFA_API const char* jfa_offsets_check_message(int32_t word);
+/* What a word of device_check reports, as text ("valid" for 0); valid until the next call on
+ * this thread. */
+JFA_API const char* jfa_device_check_message(int32_t word);
 
 /* Buffers a call writes (out and lse; dq, dk and dv for the backward) must not share an element
  * with any other buffer of the call, inputs and offsets included, not even in place (out == q):
@@ -152,7 +160,10 @@ JFA_API jfa_status jfa_attention_params_init(jfa_attention_params* params);
 /* out = softmax(scale * q k^T [+ causal mask]) v, per sequence and head. On the CPU backend a
  * scaled score that float32 cannot hold (+inf or NaN: too large, or from a NaN or infinite q or
  * k), or a row whose every score is -inf, gives JFA_ERROR_UNSUPPORTED, after which out and lse are
- * unspecified; the CUDA backend does not detect it yet. Non-finite values of v reach out. */
+ * unspecified. The CUDA backend takes any scale whose scores q.k are finite in float32 (out is
+ * exact; an LSE beyond float32 is +-inf); what it cannot compute, it reports in the checked mode
+ * (JFA_CHECK_RESULT_NOT_FINITE of device_check) and not in the status, which is returned before
+ * the kernels run. Non-finite values of v reach out. */
 JFA_API jfa_status jfa_attention_forward(const jfa_attention_params* params);
 
 /* The bytes of params->workspace that jfa_attention_forward needs for these sizes: it reads
@@ -220,7 +231,9 @@ JFA_API jfa_status jfa_attention_backward_params_init(jfa_attention_backward_par
  * in a CUDA graph; deterministic = 0 accumulates dq with float32 reductions in an order that may
  * differ from run to run). Nothing is written when a call is rejected; on the CPU, scores that
  * float32 cannot hold (see jfa_attention_forward) give JFA_ERROR_UNSUPPORTED after which dq, dk and
- * dv are unspecified. */
+ * dv are unspecified; on CUDA, the checked mode (forward.device_check) reports gradients that are
+ * not finite. Like every backward that recomputes P = exp(scale q.k - lse), it loses precision
+ * when |lse| is large (about 2^-24 |lse| absolute error in the exponent). */
 JFA_API jfa_status jfa_attention_backward(const jfa_attention_backward_params* params);
 
 /* The bytes of forward.workspace that the CUDA backward needs for these sizes (reads total_q,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ._errors import (JfaBackendUnavailableError, JfaCudaError, JfaError,
                       JfaInvalidArgumentError, JfaOutOfMemoryError, JfaUnsupportedError,
                       LibraryNotFoundError)
-from ._library import cuda_available, library_path, offsets_check_message, version
+from ._library import cuda_available, library_path, device_check_message, version
 from ._torch_support import unavailable_reason as _torch_unavailable_reason
 from .attention import attention_reference, jagged_attention
 from .jagged import (from_nested, lengths_to_offsets, max_length, offsets_to_lengths, pad,
@@ -21,7 +21,7 @@ from .jagged import (from_nested, lengths_to_offsets, max_length, offsets_to_len
 __version__ = "0.1.0"
 
 __all__ = [
-    "jagged_attention", "attention_reference", "offsets_check_message",
+    "jagged_attention", "attention_reference", "device_check_message",
     "lengths_to_offsets", "offsets_to_lengths", "max_length", "validate_offsets", "pad", "unpad",
     "from_nested", "to_nested",
     "JfaError", "JfaInvalidArgumentError", "JfaUnsupportedError", "JfaBackendUnavailableError",

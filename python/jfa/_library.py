@@ -65,7 +65,7 @@ class AttentionParams(ctypes.Structure):
         ("stream", ctypes.c_void_p),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
-        ("offsets_check", ctypes.POINTER(ctypes.c_int32)),
+        ("device_check", ctypes.POINTER(ctypes.c_int32)),
     ]
 
 
@@ -121,7 +121,7 @@ _PROTOTYPES = {
          ctypes.c_int32, ctypes.c_void_p],
     ),
     "jfa_last_error_message": (ctypes.c_char_p, []),
-    "jfa_offsets_check_message": (ctypes.c_char_p, [ctypes.c_int32]),
+    "jfa_device_check_message": (ctypes.c_char_p, [ctypes.c_int32]),
     "jfa_status_string": (ctypes.c_char_p, [ctypes.c_int32]),
     "jfa_version": (ctypes.c_char_p, []),
     "jfa_dtype_size": (ctypes.c_size_t, [ctypes.c_int32]),
@@ -241,8 +241,8 @@ def version() -> str:
     return lib().jfa_version().decode()
 
 
-def offsets_check_message(word: int) -> str:
-    """What a word of the checked mode for device offsets says (``offsets_check`` of
+def device_check_message(word: int) -> str:
+    """What a word of the checked mode says (``device_check`` of
     jfa.jagged_attention): "valid" for 0, else the rules the offsets broke, joined by "; "."""
     if isinstance(word, bool):
         raise TypeError("word must be an int, got bool")
@@ -252,7 +252,7 @@ def offsets_check_message(word: int) -> str:
         raise TypeError(f"word must be an int, got {type(word).__name__}") from None
     if not -2**31 <= word < 2**31:
         raise ValueError(f"word must fit in int32, got {word}")
-    return lib().jfa_offsets_check_message(word).decode()
+    return lib().jfa_device_check_message(word).decode()
 
 
 def cuda_available() -> bool:

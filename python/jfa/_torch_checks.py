@@ -40,25 +40,25 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqle
     return [layout(name, t) for name, t in (("q", q), ("k", k), ("v", v))]
 
 
-def check_offsets_check(offsets_check, device) -> None:
-    """The word of the checked mode for device offsets: None, or a 1-element int32 tensor on the
+def check_device_check(device_check, device) -> None:
+    """The word of the checked mode: None, or a 1-element int32 tensor on the
     device of q (the messages of the native op)."""
-    if offsets_check is None:
+    if device_check is None:
         return
-    if not isinstance(offsets_check, Tensor):
-        raise TypeError("offsets_check must be a torch.Tensor (one int32 element) or None, got "
-                        f"{type(offsets_check).__name__}")
-    if offsets_check.dtype != torch.int32:
-        raise TypeError(f"offsets_check must be an int32 tensor (one element), got "
-                        f"{offsets_check.dtype}")
-    if offsets_check.numel() != 1:
-        raise ValueError(f"offsets_check must have exactly one element, got shape "
-                         f"{tuple(offsets_check.shape)}")
-    if not offsets_check.is_contiguous():
-        raise ValueError(f"offsets_check must be contiguous; {_FIX}")
-    if offsets_check.device != device:
-        raise ValueError(f"offsets_check must be on the device of q ({device}), got "
-                         f"{offsets_check.device}")
+    if not isinstance(device_check, Tensor):
+        raise TypeError("device_check must be a torch.Tensor (one int32 element) or None, got "
+                        f"{type(device_check).__name__}")
+    if device_check.dtype != torch.int32:
+        raise TypeError(f"device_check must be an int32 tensor (one element), got "
+                        f"{device_check.dtype}")
+    if device_check.numel() != 1:
+        raise ValueError(f"device_check must have exactly one element, got shape "
+                         f"{tuple(device_check.shape)}")
+    if not device_check.is_contiguous():
+        raise ValueError(f"device_check must be contiguous; {_FIX}")
+    if device_check.device != device:
+        raise ValueError(f"device_check must be on the device of q ({device}), got "
+                         f"{device_check.device}")
 
 
 def layout(name: str, t: Tensor):

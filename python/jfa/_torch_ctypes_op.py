@@ -5,7 +5,7 @@ same way (a definition and CPU and CUDA kernels; jfa._torch_ops adds the rest to
 to call. Importing this module registers nothing: register() does.
 
 They are defined with torch.library.Library, not torch.library.custom_op, because both write
-offsets_check: a custom_op that writes an argument cannot take the autograd formula
+device_check: a custom_op that writes an argument cannot take the autograd formula
 (register_autograd refuses it), and its version-bump kernel fails where the dispatcher leaves the
 word out (as it does for an argument equal to its default).
 """
@@ -19,7 +19,7 @@ from torch import Tensor
 from . import _checks
 from ._library import (BACKEND_CPU, BACKEND_CUDA, DTYPE_BFLOAT16, DTYPE_FLOAT16, DTYPE_FLOAT32,
                        call, new_backward_params, new_params)
-from ._torch_checks import check_backward_inputs, check_inputs, check_offsets_check
+from ._torch_checks import check_backward_inputs, check_inputs, check_device_check
 
 _DTYPES = {torch.float16: DTYPE_FLOAT16, torch.bfloat16: DTYPE_BFLOAT16,
            torch.float32: DTYPE_FLOAT32}
@@ -29,12 +29,12 @@ SCHEMAS = {
     "jagged_attention_fwd":
         "jagged_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor "
         "cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool causal, float? softmax_scale, bool "
-        "return_lse, bool deterministic=False, Tensor(a!)? offsets_check=None) -> (Tensor, Tensor)",
+        "return_lse, bool deterministic=False, Tensor(a!)? device_check=None) -> (Tensor, Tensor)",
     "jagged_attention_bwd":
         "jagged_attention_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor "
         "lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool "
         "causal, float? softmax_scale, Tensor? grad_lse, bool deterministic, Tensor(a!)? "
-        "offsets_check=None) -> (Tensor, Tensor, Tensor)",
+        "device_check=None) -> (Tensor, Tensor, Tensor)",
 }
 
 _LIBS = []  # the registrations live as long as their Library
@@ -54,19 +54,19 @@ def jagged_attention_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
                          cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                          causal: bool, softmax_scale: Optional[float], return_lse: bool,
                          deterministic: bool = False,
-                         offsets_check: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                         device_check: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """Jagged attention forward. Returns (out, lse); lse is empty unless return_lse.
-    deterministic is for the backward (the autograd formula passes it on). offsets_check: the word
+    deterministic is for the backward (the autograd formula passes it on). device_check: the word
     of the checked mode (jfa.h), written in stream order."""
     layouts = check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
-    check_offsets_check(offsets_check, q.device)
+    check_device_check(device_check, q.device)
     total_q, heads_q, d = q.shape
     out = torch.empty((total_q, heads_q, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((heads_q, total_q) if return_lse else (0,), dtype=torch.float32,
                       device=q.device)
     p = new_params()
     offsets = _fill_forward(p, q, k, v, cu_seqlens_q, cu_seqlens_k, layouts, max_seqlen_q,
-                            max_seqlen_k, causal, softmax_scale, offsets_check)
+                            max_seqlen_k, causal, softmax_scale, device_check)
     p.out = out.data_ptr()
     p.lse = lse.data_ptr() if return_lse else None
     p.out_layout.token_stride, p.out_layout.head_stride = heads_q * d, d
@@ -85,7 +85,7 @@ def jagged_attention_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
 
 
 def _fill_forward(p, q, k, v, cu_seqlens_q, cu_seqlens_k, layouts, max_seqlen_q, max_seqlen_k,
-                  causal, softmax_scale, offsets_check):
+                  causal, softmax_scale, device_check):
     """Fills the forward's fields of jfa_attention_params p but out and lse; returns the dense
     offsets it points into (keep them alive for the call)."""
     hint_q = _checks.seqlen_hint("max_seqlen_q", max_seqlen_q)
@@ -108,8 +108,8 @@ def _fill_forward(p, q, k, v, cu_seqlens_q, cu_seqlens_k, layouts, max_seqlen_q,
     p.causal = 1 if causal else 0
     p.max_seqlen_q, p.max_seqlen_k = hint_q, hint_k
     p.backend = BACKEND_CUDA if q.device.type == "cuda" else BACKEND_CPU
-    p.offsets_check = (None if offsets_check is None else
-                       ctypes.cast(offsets_check.data_ptr(), ctypes.POINTER(ctypes.c_int32)))
+    p.device_check = (None if device_check is None else
+                       ctypes.cast(device_check.data_ptr(), ctypes.POINTER(ctypes.c_int32)))
     return cu_q, cu_k
 
 
@@ -118,16 +118,16 @@ def jagged_attention_bwd(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out:
                          max_seqlen_q: int, max_seqlen_k: int, causal: bool,
                          softmax_scale: Optional[float], grad_lse: Optional[Tensor],
                          deterministic: bool,
-                         offsets_check: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+                         device_check: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients of the forward with respect to q, k and v; on CUDA tensors on the current stream,
-    with a workspace from torch's caching allocator as the forward's. offsets_check as the
+    with a workspace from torch's caching allocator as the forward's. device_check as the
     forward's: the call checks the offsets again into it."""
     layouts = check_backward_inputs(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                     grad_lse)
-    check_offsets_check(offsets_check, q.device)
+    check_device_check(device_check, q.device)
     b = new_backward_params()
     offsets = _fill_forward(b.forward, q, k, v, cu_seqlens_q, cu_seqlens_k, layouts[:3],
-                            max_seqlen_q, max_seqlen_k, causal, softmax_scale, offsets_check)
+                            max_seqlen_q, max_seqlen_k, causal, softmax_scale, device_check)
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     b.forward.out, b.forward.lse = out.data_ptr(), lse.data_ptr()
     b.forward.out_layout.token_stride, b.forward.out_layout.head_stride = layouts[3]

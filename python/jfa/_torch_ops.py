@@ -8,8 +8,8 @@ tensors; where that library is missing, the same ops are defined in Python over 
 which calls the backward op. On CUDA tensors both ops launch on the current CUDA stream, take their
 workspace from torch's caching allocator and never read the offsets on the host, so a forward and
 its backward can be captured in a CUDA graph and replayed after new lengths are written into the
-same offsets buffer. Both ops take ``offsets_check``, the word of libjfa's checked mode for device
-offsets, which they write (in stream order, without waiting for it).
+same offsets buffer. Both ops take ``device_check``, the word of libjfa's checked mode (device
+offsets, results that are not finite), which they write (in stream order, without waiting for it).
 """
 
 from typing import Optional, Tuple
@@ -19,7 +19,7 @@ from torch import Tensor
 from torch._library import autograd as _library_autograd
 
 from . import _checks, _torch_native
-from ._torch_checks import check_backward_inputs, check_inputs, check_offsets_check
+from ._torch_checks import check_backward_inputs, check_inputs, check_device_check
 
 KIND, KIND_DETAIL = _torch_native.load(torch)
 if KIND == "ctypes":
@@ -31,9 +31,9 @@ if KIND == "ctypes":
 @torch.library.register_fake("jfa::jagged_attention_fwd")
 def _jagged_attention_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                causal, softmax_scale, return_lse, deterministic=False,
-                               offsets_check=None):
+                               device_check=None):
     check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
-    check_offsets_check(offsets_check, q.device)
+    check_device_check(device_check, q.device)
     total_q, heads_q, d = q.shape
     out = q.new_empty((total_q, heads_q, d))
     lse = q.new_empty((heads_q, total_q) if return_lse else (0,), dtype=torch.float32)
@@ -43,9 +43,9 @@ def _jagged_attention_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
 @torch.library.register_fake("jfa::jagged_attention_bwd")
 def _jagged_attention_bwd_fake(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                max_seqlen_q, max_seqlen_k, causal, softmax_scale, grad_lse,
-                               deterministic, offsets_check=None):
+                               deterministic, device_check=None):
     check_backward_inputs(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, grad_lse)
-    check_offsets_check(offsets_check, q.device)
+    check_device_check(device_check, q.device)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -63,7 +63,7 @@ def _setup_context(ctx, inputs, output):
     ctx.deterministic = inputs[10] if len(inputs) > 10 else False
     # Kept as an attribute, not saved: a saved tensor that a later call writes (the same word for
     # every layer of a model) would fail autograd's version check.
-    ctx.offsets_check = inputs[11] if len(inputs) > 11 else None
+    ctx.device_check = inputs[11] if len(inputs) > 11 else None
 
 
 def _backward(ctx, grad_out, grad_lse):
@@ -76,7 +76,7 @@ def _backward(ctx, grad_out, grad_lse):
         dq, dk, dv = torch.ops.jfa.jagged_attention_bwd(
             grad_out.contiguous(), q, k, v, out, lse, cu_q, cu_k, *ctx.args,
             None if grad_lse is None else grad_lse.contiguous(), ctx.deterministic,
-            ctx.offsets_check)
+            ctx.device_check)
     except RuntimeError as e:
         translated = _torch_native.translate(e, "jfa_attention_backward")
         if translated is e:
@@ -86,7 +86,7 @@ def _backward(ctx, grad_out, grad_lse):
 
 
 def _register_autograd(name: str, backward, setup_context) -> None:
-    """torch.library.register_autograd for an op whose only written argument is offsets_check,
+    """torch.library.register_autograd for an op whose only written argument is device_check,
     with the version bump of the word that custom_op registers for a written argument.
 
     register_autograd refuses ops that write an argument, as a formula cannot know how a written
@@ -94,7 +94,7 @@ def _register_autograd(name: str, backward, setup_context) -> None:
     the functional op holds. The bump skips a word left out (the dispatcher drops arguments equal
     to their default) or None."""
     op = getattr(torch.ops.jfa, name).default
-    word = next(i for i, a in enumerate(op._schema.arguments) if a.name == "offsets_check")
+    word = next(i for i, a in enumerate(op._schema.arguments) if a.name == "device_check")
     after_view = torch._C._after_ADInplaceOrView_keyset
     bump = torch.autograd.graph.increment_version
 
@@ -145,7 +145,7 @@ def _hint(name: str, value) -> int:
 
 
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-              softmax_scale, return_lse, deterministic=False, offsets_check=None):
+              softmax_scale, return_lse, deterministic=False, device_check=None):
     """The torch face of jfa.jagged_attention (traceable by torch.compile).
 
     When no input needs a gradient the op is called below the autograd and ADInplaceOrView
@@ -156,19 +156,19 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c
     scale = None if softmax_scale is None else _checks.scale_value(softmax_scale)
     return_lse = _checks.flag("return_lse", return_lse)
     deterministic = _checks.flag("deterministic", deterministic)
-    check_offsets_check(offsets_check, q.device)
+    check_device_check(device_check, q.device)
     args = (q, k, v, cu_q, cu_k, _hint("max_seqlen_q", max_seqlen_q),
             _hint("max_seqlen_k", max_seqlen_k), _checks.flag("causal", causal), scale)
     try:
         if _is_compiling() or (_grad_enabled() and (q.requires_grad or k.requires_grad
                                                     or v.requires_grad)):
             # The backward needs the LSE.
-            out, lse = _FWD(*args, True, deterministic, offsets_check)
+            out, lse = _FWD(*args, True, deterministic, device_check)
         else:
             with _below_inplace_or_view():
-                out, lse = _FWD(*args, return_lse, False, offsets_check)
-            if offsets_check is not None:
-                _bump_version(offsets_check)  # what the skipped ADInplaceOrView kernel does
+                out, lse = _FWD(*args, return_lse, False, device_check)
+            if device_check is not None:
+                _bump_version(device_check)  # what the skipped ADInplaceOrView kernel does
     except RuntimeError as e:
         translated = _torch_native.translate(e, "jfa_attention_forward")
         if translated is e:

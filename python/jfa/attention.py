@@ -10,7 +10,7 @@ __all__ = ["jagged_attention", "attention_reference"]
 
 def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None,
                      max_seqlen_k=None, *, causal=False, softmax_scale=None, return_lse=False,
-                     deterministic=False, offsets_check=None):
+                     deterministic=False, device_check=None):
     """Exact softmax attention over packed variable-length sequences, differentiable in q, k and v
     (torch tensors).
 
@@ -33,12 +33,15 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None
             -inf for rows that see no key); differentiable too.
         deterministic: bit-identical gradients from run to run (torch autograd). The CPU backward
             always is.
-        offsets_check: None, or a 1-element int32 tensor on q's device for the checked mode of
-            the offsets: the call (and its backward) checks cu_seqlens_q and cu_seqlens_k where
-            it runs and stores 0 there when they are valid, else the OR of the rule bits they
-            break (``jfa.offsets_check_message`` says which). On CUDA the check runs in stream
-            order and the call does not wait for it: read the word after a synchronization. The
-            CPU backend checks the offsets on the host anyway (invalid ones raise) and stores 0.
+        device_check: None, or a 1-element int32 tensor on q's device for the checked mode:
+            the call (and its backward) checks cu_seqlens_q and cu_seqlens_k where it runs and
+            stores 0 there when they are valid, else the OR of the rule bits they break; on CUDA
+            its kernels add a bit (256) for results that are not finite (scores q.k beyond
+            float32, NaN or infinite inputs, an LSE beyond float32, gradients that overflow).
+            ``jfa.device_check_message`` says what a word reports. On CUDA the checks run in
+            stream order and the call does not wait for them: read the word after a
+            synchronization. The CPU backend checks the offsets on the host anyway (invalid ones
+            raise), raises on scores it cannot hold, and stores 0.
 
     Returns:
         ``out`` ``[total_q, heads_q, head_dim]`` of q's dtype, or ``(out, lse)``.
@@ -53,7 +56,7 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None
             raise TypeError("q, k and v must all be torch tensors or all numpy arrays, got "
                             f"q {type(q).__name__}, k {type(k).__name__}, v {type(v).__name__}")
         return _ops.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                              causal, softmax_scale, return_lse, deterministic, offsets_check)
+                              causal, softmax_scale, return_lse, deterministic, device_check)
     if _torch is not None and (isinstance(k, _torch.Tensor) or isinstance(v, _torch.Tensor)):
         raise TypeError("q, k and v must all be torch tensors or all numpy arrays, got "
                         f"q {type(q).__name__}, k {type(k).__name__}, v {type(v).__name__}")
@@ -63,9 +66,9 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None
     from . import _checks, _numpy_backend
 
     _checks.flag("deterministic", deterministic)  # no gradients for numpy arrays
-    if offsets_check is not None:  # host offsets are checked before every call
-        raise TypeError("offsets_check is for torch tensors (device offsets); numpy calls check "
-                        f"their offsets on the host, got {type(offsets_check).__name__}")
+    if device_check is not None:  # host offsets are checked before every call
+        raise TypeError("device_check is for torch tensors (device offsets); numpy calls check "
+                        f"their offsets on the host, got {type(device_check).__name__}")
     return _numpy_backend.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k, causal, softmax_scale, return_lse)
 

@@ -61,7 +61,7 @@ jfa_status jfa_attention_forward(const jfa_attention_params* params) {
         return fail(JFA_ERROR_INVALID_ARGUMENT,
                     "backend=cpu needs host buffers, but the buffers are in device memory");
       if ((s = jfa::detail::validate_host_offsets(p)) != JFA_SUCCESS) return s;
-      if (p.offsets_check != nullptr) *p.offsets_check = 0;  // checked on the host, valid
+      if (p.device_check != nullptr) *p.device_check = 0;  // checked on the host, valid
       return jfa::detail::attention_forward_cpu(p);
     }
 #ifndef JFA_WITH_CUDA

@@ -46,7 +46,7 @@ jfa_status jfa_attention_backward(const jfa_attention_backward_params* params) {
       return fail(JFA_ERROR_INVALID_ARGUMENT,
                   "backend=cpu needs host buffers, but the buffers are in device memory");
     if ((s = jfa::detail::validate_host_offsets(b.fwd)) != JFA_SUCCESS) return s;
-    if (b.fwd.offsets_check != nullptr) *b.fwd.offsets_check = 0;  // checked on the host, valid
+    if (b.fwd.device_check != nullptr) *b.fwd.device_check = 0;  // checked on the host, valid
     return jfa::detail::attention_backward_cpu(b);
   });
 }

@@ -32,7 +32,7 @@ std::vector<BufferView> forward_buffers(const Params& p) {
           array_view("cu_seqlens_q", p.cu_seqlens_q, p.batch + 1, sizeof(int32_t), false),
           array_view("cu_seqlens_k", p.cu_seqlens_k, p.batch + 1, sizeof(int32_t), false),
           workspace_view(p),
-          array_view("offsets_check", p.offsets_check, 1, sizeof(int32_t), true)};
+          array_view("device_check", p.device_check, 1, sizeof(int32_t), true)};
 }
 
 std::vector<BufferView> backward_buffers(const BackwardParams& b) {
@@ -45,7 +45,7 @@ std::vector<BufferView> backward_buffers(const BackwardParams& b) {
       array_view("dlse", b.dlse, p.total_q * p.heads_q, sizeof(float), false)};
   for (BufferView f : forward_buffers(p)) {
     // The forward's outputs are inputs now; the workspace and the offsets check are written.
-    f.written = f.base != nullptr && (f.base == p.workspace || f.base == p.offsets_check);
+    f.written = f.base != nullptr && (f.base == p.workspace || f.base == p.device_check);
     v.push_back(f);
   }
   return v;

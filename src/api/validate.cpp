@@ -103,14 +103,14 @@ jfa_status build_params(const jfa_attention_params* in, Params* out, bool needs_
   p.stream = in->stream;
   p.workspace = in->workspace;
   p.workspace_bytes = in->workspace_bytes;
-  p.offsets_check = in->offsets_check;
+  p.device_check = in->device_check;
 
   if (const jfa_status s = check_batch_and_total_q(p.batch, p.total_q); s != JFA_SUCCESS) return s;
   if (p.total_k < 0 || p.total_k > kMaxTotal)
     return fail(JFA_ERROR_INVALID_ARGUMENT, "total_k must be in [0, 2^31 - 1], got %lld",
                 static_cast<long long>(p.total_k));
-  if (p.offsets_check != nullptr && (reinterpret_cast<uintptr_t>(p.offsets_check) & 3u) != 0)
-    return fail(JFA_ERROR_INVALID_ARGUMENT, "offsets_check must be 4-byte aligned");
+  if (p.device_check != nullptr && (reinterpret_cast<uintptr_t>(p.device_check) & 3u) != 0)
+    return fail(JFA_ERROR_INVALID_ARGUMENT, "device_check must be 4-byte aligned");
   // cu_seqlens[batch] is the end of the last sequence and must equal the totals: with no
   // sequence, no token (known without reading the offsets, which the CUDA path never does).
   if (p.batch == 0 && (p.total_q > 0 || p.total_k > 0))

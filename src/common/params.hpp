@@ -37,7 +37,7 @@ struct Params {
   void* stream;
   void* workspace;  // nullable: the CUDA backend then allocates one per call
   size_t workspace_bytes;
-  int32_t* offsets_check;  // nullable: the word of the checked mode (jfa.h)
+  int32_t* device_check;  // nullable: the word of the checked mode (jfa.h)
 
   int32_t group_size() const { return heads_q / heads_kv; }
 };

@@ -48,7 +48,7 @@ std::tuple<Tensor, Tensor, Tensor> jagged_attention_bwd(
     Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q,
     Tensor cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, bool causal,
     std::optional<double> softmax_scale, std::optional<Tensor> grad_lse, bool deterministic,
-    std::optional<Tensor> offsets_check) {
+    std::optional<Tensor> device_check) {
   ForwardCall call = prepare_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                      max_seqlen_k, causal, softmax_scale);
   check_like("out", out, "q", q);
@@ -63,7 +63,7 @@ std::tuple<Tensor, Tensor, Tensor> jagged_attention_bwd(
   p.forward.out = out.data_ptr();
   p.forward.out_layout = layout_of("out", out);
   p.forward.lse = static_cast<float*>(lse.data_ptr());
-  p.forward.offsets_check = offsets_check_word(offsets_check, call.device);
+  p.forward.device_check = device_check_word(device_check, call.device);
   p.dout = grad_out.data_ptr();
   p.dout_layout = layout_of("grad_out", grad_out);
   p.dlse = grad_lse.has_value() ? static_cast<const float*>(grad_lse->data_ptr()) : nullptr;

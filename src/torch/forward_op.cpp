@@ -9,12 +9,12 @@ std::tuple<Tensor, Tensor> jagged_attention_fwd(Tensor q, Tensor k, Tensor v, Te
                                                 int64_t max_seqlen_k, bool causal,
                                                 std::optional<double> softmax_scale,
                                                 bool return_lse, bool deterministic,
-                                                std::optional<Tensor> offsets_check) {
+                                                std::optional<Tensor> device_check) {
   ForwardCall call = prepare_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                      max_seqlen_k, causal, softmax_scale);
   jfa_attention_params& p = call.params;
   (void)deterministic;  // for the backward: the autograd formula reads it from the arguments
-  p.offsets_check = offsets_check_word(offsets_check, call.device);
+  p.device_check = device_check_word(device_check, call.device);
   const int64_t total_q = q.size(0), heads_q = q.size(1), d = q.size(2);
   Tensor out = empty({total_q, heads_q, d}, call.dtype, call.device);
   Tensor lse = return_lse ? empty({heads_q, total_q}, aoti_torch_dtype_float32(), call.device)

@@ -151,20 +151,19 @@ Tensor empty(std::initializer_list<int64_t> sizes, int32_t dtype, DeviceId devic
   return Tensor(h);
 }
 
-int32_t* offsets_check_word(const std::optional<Tensor>& offsets_check, DeviceId device) {
-  if (!offsets_check.has_value()) return nullptr;
-  const Tensor& t = *offsets_check;
+int32_t* device_check_word(const std::optional<Tensor>& device_check, DeviceId device) {
+  if (!device_check.has_value()) return nullptr;
+  const Tensor& t = *device_check;
   if (dtype_of(t) != aoti_torch_dtype_int32())
     raise("TypeError",
-          "offsets_check must be an int32 tensor (one element), got " + dtype_string(dtype_of(t)));
+          "device_check must be an int32 tensor (one element), got " + dtype_string(dtype_of(t)));
   if (t.numel() != 1)
-    raise("ValueError",
-          "offsets_check must have exactly one element, got shape " + shape_string(t));
+    raise("ValueError", "device_check must have exactly one element, got shape " + shape_string(t));
   if (!t.is_contiguous())
-    raise("ValueError", "offsets_check must be contiguous; call .contiguous() on it");
+    raise("ValueError", "device_check must be contiguous; call .contiguous() on it");
   const DeviceId d = device_of(t);
   if (!(d == device))
-    raise("ValueError", "offsets_check must be on the device of q (" + device_string(device) +
+    raise("ValueError", "device_check must be on the device of q (" + device_string(device) +
                             "), got " + device_string(d));
   return static_cast<int32_t*>(t.data_ptr());
 }

@@ -56,10 +56,10 @@ ForwardCall prepare_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                             int64_t max_seqlen_q, int64_t max_seqlen_k, bool causal,
                             std::optional<double> softmax_scale);
 
-// The word of the checked mode for device offsets (jfa_attention_params::offsets_check): NULL
+// The word of the checked mode (jfa_attention_params::device_check): NULL
 // without one, else the data of a 1-element int32 tensor on `device`, checked with the messages of
-// jfa._torch_checks.check_offsets_check.
-int32_t* offsets_check_word(const std::optional<Tensor>& offsets_check, DeviceId device);
+// jfa._torch_checks.check_device_check.
+int32_t* device_check_word(const std::optional<Tensor>& device_check, DeviceId device);
 
 // torch's current CUDA stream on the device, through the CUDA part of the shim found in the
 // running process (so the ops have no link-time dependency on torch's CUDA libraries and load into

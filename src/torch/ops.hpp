@@ -12,19 +12,19 @@ namespace jfa::torch_ops {
 using torch::stable::Tensor;
 
 // `deterministic` is for the backward (the autograd formula passes it on); the forward is
-// deterministic anyway. `offsets_check`: the word of the checked mode (jfa.h), written by the call
+// deterministic anyway. `device_check`: the word of the checked mode (jfa.h), written by the call
 // in stream order.
 std::tuple<Tensor, Tensor> jagged_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q,
                                                 Tensor cu_seqlens_k, int64_t max_seqlen_q,
                                                 int64_t max_seqlen_k, bool causal,
                                                 std::optional<double> softmax_scale,
                                                 bool return_lse, bool deterministic,
-                                                std::optional<Tensor> offsets_check);
+                                                std::optional<Tensor> device_check);
 
 std::tuple<Tensor, Tensor, Tensor> jagged_attention_bwd(
     Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q,
     Tensor cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, bool causal,
     std::optional<double> softmax_scale, std::optional<Tensor> grad_lse, bool deterministic,
-    std::optional<Tensor> offsets_check);
+    std::optional<Tensor> device_check);
 
 }  // namespace jfa::torch_ops

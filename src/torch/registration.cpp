@@ -1,7 +1,7 @@
 // torch.ops.jfa.*: the op library over libjfa's C ABI, built against PyTorch's stable ABI (the C
 // shim and the header-only stable API), so one build loads into every torch release from the
 // targeted one on. The fake (meta) kernels and the autograd formula are registered from Python
-// (jfa._torch_ops); the kernels are in forward_op.cpp and backward_op.cpp. offsets_check, the
+// (jfa._torch_ops); the kernels are in forward_op.cpp and backward_op.cpp. device_check, the
 // word of the checked mode that both calls write, is marked (a!): torch must know of the write to
 // keep it through functionalization (torch.compile) and to order it with other uses of the word.
 #include <torch/csrc/stable/library.h>
@@ -12,12 +12,12 @@ STABLE_TORCH_LIBRARY(jfa, m) {
   m.def(
       "jagged_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor "
       "cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool causal, float? softmax_scale, bool "
-      "return_lse, bool deterministic=False, Tensor(a!)? offsets_check=None) -> (Tensor, Tensor)");
+      "return_lse, bool deterministic=False, Tensor(a!)? device_check=None) -> (Tensor, Tensor)");
   m.def(
       "jagged_attention_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor "
       "lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool "
       "causal, float? softmax_scale, Tensor? grad_lse, bool deterministic, Tensor(a!)? "
-      "offsets_check=None) -> (Tensor, Tensor, Tensor)");
+      "device_check=None) -> (Tensor, Tensor, Tensor)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(jfa, CPU, m) {

@@ -208,25 +208,28 @@ TEST(Workspace, HostCallsGetNone) {
 TEST(Validation, OffsetsCheckWordOnTheCpu) {
   Fixture f;
   int32_t words[2] = {0x7F7F7F7F, 0x7F7F7F7F};
-  f.p.offsets_check = &words[0];
+  f.p.device_check = &words[0];
   ASSERT_EQ(jfa_attention_forward(&f.p), JFA_SUCCESS) << jfa_last_error_message();
   EXPECT_EQ(words[0], 0);
-  f.p.offsets_check = reinterpret_cast<int32_t*>(reinterpret_cast<char*>(&words[0]) + 2);
+  f.p.device_check = reinterpret_cast<int32_t*>(reinterpret_cast<char*>(&words[0]) + 2);
   EXPECT_EQ(jfa_attention_forward(&f.p), JFA_ERROR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(jfa_last_error_message()).find("offsets_check"), std::string::npos)
+  EXPECT_NE(std::string(jfa_last_error_message()).find("device_check"), std::string::npos)
       << jfa_last_error_message();
-  f.p.offsets_check = static_cast<int32_t*>(f.p.out);
+  f.p.device_check = static_cast<int32_t*>(f.p.out);
   EXPECT_EQ(jfa_attention_forward(&f.p), JFA_ERROR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(jfa_last_error_message()).find("offsets_check"), std::string::npos)
+  EXPECT_NE(std::string(jfa_last_error_message()).find("device_check"), std::string::npos)
       << jfa_last_error_message();
 
-  EXPECT_STREQ(jfa_offsets_check_message(0), "valid");
-  EXPECT_STREQ(jfa_offsets_check_message(JFA_OFFSETS_Q_DECREASING), "cu_seqlens_q decreases");
+  EXPECT_STREQ(jfa_device_check_message(0), "valid");
+  EXPECT_STREQ(jfa_device_check_message(JFA_OFFSETS_Q_DECREASING), "cu_seqlens_q decreases");
   const std::string both =
-      jfa_offsets_check_message(JFA_OFFSETS_Q_FIRST_NOT_ZERO | JFA_OFFSETS_K_ABOVE_MAX | 1024);
+      jfa_device_check_message(JFA_OFFSETS_Q_FIRST_NOT_ZERO | JFA_OFFSETS_K_ABOVE_MAX | 1024);
   EXPECT_NE(both.find("cu_seqlens_q[0] is not 0"), std::string::npos) << both;
   EXPECT_NE(both.find("a k length is above max_seqlen_k"), std::string::npos) << both;
   EXPECT_NE(both.find("unknown bits 1024"), std::string::npos) << both;
+  const std::string results = jfa_device_check_message(JFA_CHECK_RESULT_NOT_FINITE);
+  EXPECT_NE(results.find("NaN or infinite"), std::string::npos) << results;
+  EXPECT_EQ(results.find("unknown"), std::string::npos) << results;
 }
 
 // Enum fields and arguments holding ints outside their enumerators (as C callers and memset can

@@ -47,7 +47,20 @@ struct Case {
   int64_t max_check = 0;  // > 0: compare only this many sampled query tokens
   bool hints = false;     // pass max_seqlen hints
   float scale = std::numeric_limits<float>::quiet_NaN();
+  bool integer_qk = false;  // q and k rounded to integers in [-2, 2]: exact scores, exact ties
+  float qk_gain = 1.f;      // q and k multiplied by it (bf16 scores beyond float32)
 };
+
+// q or k as the case asks: integers in [-2, 2] (so that huge scales pick the same keys as the
+// float64 reference) and/or multiplied by a gain.
+void shape_values(HostBuffer& x, const Case& c) {
+  const auto dtype = static_cast<jfa_dtype>(x.dtype);
+  for (int64_t i = 0; i < x.count(); ++i) {
+    double value = jfa::tools::element_as_double(x, i);
+    if (c.integer_qk) value = std::clamp(std::round(1.5 * value), -2.0, 2.0);
+    jfa::detail::store_from_float(x.data(), i, dtype, static_cast<float>(value * c.qk_gain));
+  }
+}
 
 std::string describe(const Case& c) {
   char buf[256];
@@ -80,6 +93,10 @@ class AttentionRunner {
  public:
   explicit AttentionRunner(const Case& c, uint64_t seed) : c_(c) {
     b_ = jfa::tools::make_batch(c.lq, c.lk, c.heads_q, c.heads_kv, c.head_dim, c.dtype, seed);
+    if (c.integer_qk || c.qk_gain != 1.f) {
+      shape_values(b_.q, c);
+      shape_values(b_.k, c);
+    }
     es_ = jfa::dtype_size(c.dtype);
     q_host_ = with_padding(b_.q, b_.total_q(), c.heads_q, c.head_dim, c.token_pad);
     k_host_ = with_padding(b_.k, b_.total_k(), c.heads_kv, c.head_dim, c.token_pad);
@@ -101,6 +118,7 @@ class AttentionRunner {
     p.out_layout = {qts, c_.head_dim};
     p.softmax_scale = c_.scale;
     p.causal = c_.causal ? 1 : 0;
+    p.device_check = device_check_;
     if (c_.hints) {
       p.max_seqlen_q = *std::max_element(c_.lq.begin(), c_.lq.end());
       p.max_seqlen_k = *std::max_element(c_.lk.begin(), c_.lk.end());
@@ -204,6 +222,7 @@ class AttentionRunner {
                                      b_.total_k() ? v_host_.data() : nullptr, nullptr, nullptr,
                                      b_.cu_q.data(), b_.cu_k.data());
     hp.max_seqlen_q = hp.max_seqlen_k = 0;
+    hp.device_check = nullptr;  // a device word: not for the host reference
     const int64_t n = rows.empty() ? b_.total_q() : static_cast<int64_t>(rows.size());
     std::vector<double> ref(n * row_elems), ref_lse(n * c_.heads_q);
     ASSERT_EQ(jfa_attention_reference(&hp, rows.empty() ? nullptr : rows.data(), n, ref.data(),
@@ -234,8 +253,10 @@ class AttentionRunner {
       for (int h = 0; h < c_.heads_q; ++h) {
         const float got = r.lse[guard_floats + h * b_.total_q() + token];
         const double want = ref_lse[h * n + i];
-        const bool ok = std::isinf(want) ? (std::isinf(got) && got < 0)
-                                         : std::abs(got - want) <= 2e-3 * (1 + std::abs(want));
+        // -inf: a row without keys; beyond float32: the infinity of its sign.
+        const bool ok = std::abs(want) > std::numeric_limits<float>::max()
+                            ? std::isinf(got) && (got < 0) == (want < 0)
+                            : std::abs(got - want) <= 2e-3 * (1 + std::abs(want));
         if (!ok && bad++ < 5)
           ADD_FAILURE() << "LSE token " << token << " head " << h << ": got " << got << " want "
                         << want;
@@ -245,6 +266,8 @@ class AttentionRunner {
   }
 
   JaggedBatch& batch() { return b_; }
+  // The checked mode's word of the device calls (NULL: off).
+  void set_device_check(int32_t* word) { device_check_ = word; }
 
  private:
   Case c_;
@@ -253,6 +276,7 @@ class AttentionRunner {
   HostBuffer q_host_, k_host_, v_host_;
   int64_t out_elems_ = 0;
   DeviceBuffer dq_, dk_, dv_, dcq_, dck_, dout_, dlse_;
+  int32_t* device_check_ = nullptr;
 };
 
 void run_case(const Case& c, bool check_determinism = true) {
@@ -768,7 +792,7 @@ TEST(AttentionGpu, CheckedModeReportsInvalidDeviceOffsets) {
        JFA_OFFSETS_Q_FIRST_NOT_ZERO | JFA_OFFSETS_Q_DECREASING | JFA_OFFSETS_Q_LAST_NOT_TOTAL},
   };
   for (const Probe& probe : probes) {
-    SCOPED_TRACE(jfa_offsets_check_message(probe.expected));
+    SCOPED_TRACE(jfa_device_check_message(probe.expected));
     JFA_CUDA_OK(cudaMemcpy(cu_q.ptr, probe.q.data(), 16, cudaMemcpyHostToDevice));
     JFA_CUDA_OK(cudaMemcpy(cu_k.ptr, probe.k.data(), 16, cudaMemcpyHostToDevice));
     JFA_CUDA_OK(cudaMemset(word.ptr, 0x7F, sizeof(int32_t)));
@@ -777,12 +801,12 @@ TEST(AttentionGpu, CheckedModeReportsInvalidDeviceOffsets) {
     p.cu_seqlens_k = cu_k.as<int32_t>();
     p.max_seqlen_q = probe.max_q;
     p.max_seqlen_k = probe.max_k;
-    p.offsets_check = word.as<int32_t>();
+    p.device_check = word.as<int32_t>();
     runner.poison();
     ASSERT_EQ(jfa_attention_forward(&p), JFA_SUCCESS) << jfa_last_error_message();
     int32_t got = -1;
     JFA_CUDA_OK(cudaMemcpy(&got, word.ptr, sizeof got, cudaMemcpyDeviceToHost));
-    EXPECT_EQ(got, probe.expected) << jfa_offsets_check_message(got);
+    EXPECT_EQ(got, probe.expected) << jfa_device_check_message(got);
   }
   // No q rows: no list kernel runs, the check runs alone.
   Case empty;
@@ -796,11 +820,84 @@ TEST(AttentionGpu, CheckedModeReportsInvalidDeviceOffsets) {
   JFA_CUDA_OK(cudaMemcpy(cu_k.ptr, bad_k.data(), 12, cudaMemcpyHostToDevice));
   p.cu_seqlens_k = cu_k.as<int32_t>();
   JFA_CUDA_OK(cudaMemset(word.ptr, 0x7F, sizeof(int32_t)));
-  p.offsets_check = word.as<int32_t>();
+  p.device_check = word.as<int32_t>();
   ASSERT_EQ(jfa_attention_forward(&p), JFA_SUCCESS) << jfa_last_error_message();
   int32_t got = -1;
   JFA_CUDA_OK(cudaMemcpy(&got, word.ptr, sizeof got, cudaMemcpyDeviceToHost));
-  EXPECT_EQ(got, JFA_OFFSETS_K_FIRST_NOT_ZERO) << jfa_offsets_check_message(got);
+  EXPECT_EQ(got, JFA_OFFSETS_K_FIRST_NOT_ZERO) << jfa_device_check_message(got);
+}
+
+// Scales far beyond any model's: the exponentials are taken from score differences, so out stays
+// exact (and the LSE finite while it fits float32). Integer q and k make the scores exact, so the
+// kernel and the float64 reference see the same maxima and ties.
+TEST(AttentionGpu, HugeScalesMatchReference) {
+  for (const DType dtype : {DType::kFloat16, DType::kBFloat16})
+    for (const int d : kHeadDims)
+      for (const bool causal : {false, true})
+        for (const float scale : {1e4f, 1e30f}) {
+          Case c;
+          c.lq = {1, 77, 0, 300, 129};
+          c.lk = causal ? std::vector<int32_t>{5, 77, 3, 200, 129} : c.lq;
+          c.head_dim = d;
+          c.dtype = dtype;
+          c.causal = causal;
+          c.scale = scale;
+          c.integer_qk = true;
+          SCOPED_TRACE("scale " + std::to_string(scale));
+          run_case(c, /*check_determinism=*/false);
+        }
+}
+
+// The checked mode's JFA_CHECK_RESULT_NOT_FINITE: an LSE beyond float32 (out still exact), and
+// scores q.k beyond float32 (bf16 inputs near its range: out NaN); never set for what is finite.
+TEST(AttentionGpu, CheckedModeReportsResultsBeyondFloat32) {
+  DeviceBuffer word(sizeof(int32_t));
+  auto checked_run = [&](AttentionRunner& runner, DeviceRun* r) -> int32_t {
+    EXPECT_EQ(cudaMemset(word.ptr, 0x7F, sizeof(int32_t)), cudaSuccess);
+    runner.set_device_check(word.as<int32_t>());
+    EXPECT_EQ(runner.run(r), JFA_SUCCESS) << jfa_last_error_message();
+    int32_t got = -1;
+    EXPECT_EQ(cudaMemcpy(&got, word.ptr, sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
+    return got;
+  };
+  for (const bool with_lse : {true, false}) {
+    // Integer scores of up to +-2 * head_dim times 2e38: most LSEs are +-inf in float32.
+    Case c;
+    c.lq = c.lk = {1, 77, 300, 129};
+    c.head_dim = 64;
+    c.scale = 2e38f;
+    c.integer_qk = true;
+    c.with_lse = with_lse;
+    SCOPED_TRACE(with_lse ? "with lse" : "without lse");
+    const uint64_t seed = fresh_seed("lse beyond float32");
+    AttentionRunner runner(c, seed);
+    runner.upload();
+    DeviceRun r;
+    const int32_t got = checked_run(runner, &r);
+    EXPECT_EQ(got, with_lse ? JFA_CHECK_RESULT_NOT_FINITE : 0) << jfa_device_check_message(got);
+    runner.check(r, seed);  // out exact; each LSE beyond float32 is the infinity of its sign
+  }
+  {
+    // bf16 q and k of about 1e19: q.k overflows float32 in the tensor cores.
+    Case c;
+    c.lq = c.lk = {1, 77, 300};
+    c.head_dim = 128;
+    c.dtype = DType::kBFloat16;
+    c.qk_gain = 1e19f;
+    AttentionRunner runner(c, fresh_seed("scores beyond float32"));
+    runner.upload();
+    DeviceRun r;
+    const int32_t got = checked_run(runner, &r);
+    EXPECT_EQ(got, JFA_CHECK_RESULT_NOT_FINITE) << jfa_device_check_message(got);
+    int64_t nan = 0;
+    const size_t guard_floats = kGuardBytes / 4;
+    for (size_t i = guard_floats; i + guard_floats < r.lse.size(); ++i)
+      nan += std::isnan(r.lse[i]) ? 1 : 0;
+    EXPECT_GT(nan, 0) << "no row overflowed: the case does not test what it says";
+    // Unchecked, the call still succeeds (the status is returned before the kernels run).
+    runner.set_device_check(nullptr);
+    EXPECT_EQ(runner.run(&r), JFA_SUCCESS) << jfa_last_error_message();
+  }
 }
 
 TEST(AttentionGpu, GarbageDeviceOffsetsStayInBounds) {

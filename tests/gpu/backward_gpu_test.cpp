@@ -713,7 +713,7 @@ TEST(BackwardGpuApi, CheckedModeReportsInvalidDeviceOffsets) {
   DeviceBuffer word(sizeof(int32_t));
   auto checked = [&](jfa_attention_backward_params p) -> int32_t {
     EXPECT_EQ(cudaMemset(word.ptr, 0x7F, sizeof(int32_t)), cudaSuccess);
-    p.forward.offsets_check = word.as<int32_t>();
+    p.forward.device_check = word.as<int32_t>();
     Gradients g;
     EXPECT_EQ(runner.run(&g, p), JFA_SUCCESS) << jfa_last_error_message();
     int32_t got = -1;
@@ -729,8 +729,61 @@ TEST(BackwardGpuApi, CheckedModeReportsInvalidDeviceOffsets) {
   jfa_attention_backward_params broken = valid;
   broken.forward.cu_seqlens_q = bad_q.as<int32_t>();
   const int32_t got = checked(broken);
-  EXPECT_NE(got & JFA_OFFSETS_Q_DECREASING, 0) << jfa_offsets_check_message(got);
-  EXPECT_EQ(got & 0xF0, 0) << "the k offsets are valid: " << jfa_offsets_check_message(got);
+  EXPECT_NE(got & JFA_OFFSETS_Q_DECREASING, 0) << jfa_device_check_message(got);
+  EXPECT_EQ(got & 0xF0, 0) << "the k offsets are valid: " << jfa_device_check_message(got);
+}
+
+// The gradient elements of fp16 buffers (guards left out) that are NaN or infinite.
+int64_t non_finite_fp16(const Gradients& g) {
+  int64_t n = 0;
+  for (const auto* bytes : {&g.dq, &g.dk, &g.dv})
+    for (size_t i = kGuardBytes; i + kGuardBytes < bytes->size(); i += 2) {
+      const uint16_t bits = static_cast<uint16_t>((*bytes)[i] | ((*bytes)[i + 1] << 8));
+      n += (bits & 0x7C00u) == 0x7C00u ? 1 : 0;
+    }
+  return n;
+}
+
+// The checked mode's JFA_CHECK_RESULT_NOT_FINITE in the backward: gradients beyond fp16 (dO of
+// 60000 everywhere sums to more than 65504 in dV), and an lse row that no forward writes (NaN);
+// never for finite gradients.
+TEST(BackwardGpuApi, CheckedModeReportsGradientsThatAreNotFinite) {
+  const Case c = workspace_case();
+  ASSERT_EQ(c.dtype, DType::kFloat16);
+  ASSERT_FALSE(c.strided);
+  BackwardRunner runner(c, fresh_seed("backward results not finite"));
+  ASSERT_NO_FATAL_FAILURE(runner.upload_and_forward());
+  DeviceBuffer word(sizeof(int32_t));
+  auto checked = [&](const jfa_attention_backward_params& p, Gradients* g) -> int32_t {
+    EXPECT_EQ(cudaMemset(word.ptr, 0x7F, sizeof(int32_t)), cudaSuccess);
+    jfa_attention_backward_params with_word = p;
+    with_word.forward.device_check = word.as<int32_t>();
+    EXPECT_EQ(runner.run(g, with_word), JFA_SUCCESS) << jfa_last_error_message();
+    int32_t got = -1;
+    EXPECT_EQ(cudaMemcpy(&got, word.ptr, sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
+    return got;
+  };
+  const jfa_attention_backward_params valid = runner.params();
+  Gradients g;
+  EXPECT_EQ(checked(valid, &g), 0);
+  EXPECT_EQ(non_finite_fp16(g), 0);
+
+  const int64_t n = valid.forward.total_q * c.heads_q * c.head_dim;
+  HostBuffer big(DType::kFloat16, n);
+  for (int64_t i = 0; i < n; ++i)
+    jfa::detail::store_from_float(big.data(), i, JFA_DTYPE_FLOAT16, 60000.f);
+  DeviceBuffer big_dout = upload(big.data(), big.bytes.size());
+  jfa_attention_backward_params overflow = valid;
+  overflow.dout = big_dout.ptr;
+  int32_t got = checked(overflow, &g);
+  EXPECT_GT(non_finite_fp16(g), 0) << "no gradient overflowed: the case does not test what it says";
+  EXPECT_EQ(got, JFA_CHECK_RESULT_NOT_FINITE) << jfa_device_check_message(got);
+
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  JFA_CUDA_OK(cudaMemcpy(valid.forward.lse, &nan, sizeof nan, cudaMemcpyHostToDevice));
+  got = checked(valid, &g);
+  EXPECT_EQ(got, JFA_CHECK_RESULT_NOT_FINITE) << jfa_device_check_message(got);
+  EXPECT_EQ(non_finite_fp16(g), 0) << "a row with a NaN lse adds nothing";
 }
 
 TEST(BackwardGpuApi, TooSmallOrMisalignedWorkspaceIsRejected) {

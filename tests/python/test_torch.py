@@ -267,7 +267,7 @@ def test_cpu_op_registered_and_opcheck(seed):
                                               "test_faketensor"))
     # The written word through AOT dispatch, with the autograd formula (the CPU is deterministic).
     torch.library.opcheck(torch.ops.jfa.jagged_attention_fwd.default,
-                          (q, k, v, cu, cu, 0, 0, True, None, True), {"offsets_check": word})
+                          (q, k, v, cu, cu, 0, 0, True, None, True), {"device_check": word})
 
 
 def _reference_with_grads(q, k, v, cu_q, cu_k, causal, grad_out, grad_lse):
@@ -362,8 +362,8 @@ def test_cpu_compile_fullgraph_training_step(seed, with_word):
     q, k, v, cu, _ = _inputs(seed, [4, 11, 0, 1], None, 2, 2, 16, torch.float32, "cpu")
 
     def f(q, k, v, cu, word):
-        out = jfa.jagged_attention(q, k, v, cu, causal=True, offsets_check=word)
-        return jfa.jagged_attention(out, k, v, cu, offsets_check=word) * 2
+        out = jfa.jagged_attention(q, k, v, cu, causal=True, device_check=word)
+        return jfa.jagged_attention(out, k, v, cu, device_check=word) * 2
 
     torch._dynamo.reset()
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
@@ -436,24 +436,24 @@ def test_cpu_errors(seed):
         jfa.jagged_attention(q, k, v, cu, cu[:2])
 
 
-def test_cpu_offsets_check_word_is_set_to_zero(seed):
+def test_cpu_device_check_word_is_set_to_zero(seed):
     """The checked mode on the CPU: the host checks the offsets, the forward and (through autograd)
     the backward store 0 in the word, and torch sees the writes (the version counter moves)."""
     q, k, v, cu_q, cu_k = _inputs(seed, [3, 0, 5], [2, 4, 1], 2, 1, 8, torch.float32, "cpu")
     for shape in ((1,), (), (1, 1)):
         word = torch.full(shape, -1, dtype=torch.int32)
         before = word._version
-        out = jfa.jagged_attention(q, k, v, cu_q, cu_k, causal=True, offsets_check=word)
+        out = jfa.jagged_attention(q, k, v, cu_q, cu_k, causal=True, device_check=word)
         assert word.item() == 0 and word._version > before
         torch.testing.assert_close(out, jfa.jagged_attention(q, k, v, cu_q, cu_k, causal=True))
     with torch.inference_mode():
         word = torch.full((1,), -1, dtype=torch.int32)
-        jfa.jagged_attention(q, k, v, cu_q, cu_k, offsets_check=word)
+        jfa.jagged_attention(q, k, v, cu_q, cu_k, device_check=word)
         assert word.item() == 0
 
     word = torch.full((1,), -1, dtype=torch.int32)
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    out, lse = jfa.jagged_attention(*leaves, cu_q, cu_k, return_lse=True, offsets_check=word)
+    out, lse = jfa.jagged_attention(*leaves, cu_q, cu_k, return_lse=True, device_check=word)
     assert word.item() == 0
     word.fill_(-1)  # the word is not saved for the backward: writing it in between is fine
     (out.sum() + torch.where(torch.isfinite(lse), lse, 0).sum()).backward()
@@ -464,30 +464,30 @@ def test_cpu_offsets_check_word_is_set_to_zero(seed):
     # The ops themselves, the word by keyword.
     word.fill_(-1)
     fwd_out, fwd_lse = torch.ops.jfa.jagged_attention_fwd(q, k, v, cu_q, cu_k, 0, 0, False, None,
-                                                          True, offsets_check=word)
+                                                          True, device_check=word)
     assert word.item() == 0
     word.fill_(-1)
     torch.ops.jfa.jagged_attention_bwd(torch.ones_like(fwd_out), q, k, v, fwd_out, fwd_lse, cu_q,
-                                       cu_k, 0, 0, False, None, None, False, offsets_check=word)
+                                       cu_k, 0, 0, False, None, None, False, device_check=word)
     assert word.item() == 0
 
 
-def test_cpu_offsets_check_errors(seed):
+def test_cpu_device_check_errors(seed):
     q, k, v, cu, _ = _inputs(seed, [3, 2], None, 2, 2, 8, torch.float32, "cpu")
     for bad in (0, [0], np.zeros(1, dtype=np.int32)):
-        with pytest.raises(TypeError, match="offsets_check must be a torch.Tensor"):
-            jfa.jagged_attention(q, k, v, cu, offsets_check=bad)
+        with pytest.raises(TypeError, match="device_check must be a torch.Tensor"):
+            jfa.jagged_attention(q, k, v, cu, device_check=bad)
     for dtype in (torch.int64, torch.float32, torch.uint8):
-        with pytest.raises(TypeError, match=r"offsets_check must be an int32 tensor \(one "
+        with pytest.raises(TypeError, match=r"device_check must be an int32 tensor \(one "
                                             rf"element\), got {dtype}"):
-            jfa.jagged_attention(q, k, v, cu, offsets_check=torch.zeros(1, dtype=dtype))
+            jfa.jagged_attention(q, k, v, cu, device_check=torch.zeros(1, dtype=dtype))
     for shape in ((2,), (0,), (1, 2)):
-        with pytest.raises(ValueError, match=r"offsets_check must have exactly one element, got "
+        with pytest.raises(ValueError, match=r"device_check must have exactly one element, got "
                                              rf"shape \({', '.join(map(str, shape))},?\)"):
-            jfa.jagged_attention(q, k, v, cu, offsets_check=torch.zeros(shape, dtype=torch.int32))
-    with pytest.raises(ValueError, match=r"offsets_check must be on the device of q \(cpu\), got "
+            jfa.jagged_attention(q, k, v, cu, device_check=torch.zeros(shape, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"device_check must be on the device of q \(cpu\), got "
                                          "meta"):
-        jfa.jagged_attention(q, k, v, cu, offsets_check=torch.empty(1, dtype=torch.int32,
+        jfa.jagged_attention(q, k, v, cu, device_check=torch.empty(1, dtype=torch.int32,
                                                                     device="meta"))
     # The ops check too (the native op in C++, with the same messages), forward and backward.
     out, lse = jfa.jagged_attention(q, k, v, cu, return_lse=True)
@@ -496,38 +496,39 @@ def test_cpu_offsets_check_errors(seed):
              lambda w: torch.ops.jfa.jagged_attention_bwd(out, q, k, v, out, lse, cu, cu, 0, 0,
                                                           False, None, None, False, w))
     for call in calls:
-        with pytest.raises((TypeError, RuntimeError), match="offsets_check must be an int32"):
+        with pytest.raises((TypeError, RuntimeError), match="device_check must be an int32"):
             call(torch.zeros(1, dtype=torch.int64))
-        with pytest.raises((ValueError, RuntimeError), match="offsets_check must have exactly one"):
+        with pytest.raises((ValueError, RuntimeError), match="device_check must have exactly one"):
             call(torch.zeros(2, dtype=torch.int32))
     # libjfa refuses a word inside a buffer of the call.
-    with pytest.raises(jfa.JfaInvalidArgumentError, match="offsets_check"):
-        jfa.jagged_attention(q, k, v, cu, offsets_check=cu[1:2])
+    with pytest.raises(jfa.JfaInvalidArgumentError, match="device_check"):
+        jfa.jagged_attention(q, k, v, cu, device_check=cu[1:2])
     # numpy calls check their host offsets on every call: no word to give.
-    with pytest.raises(TypeError, match="offsets_check is for torch tensors"):
+    with pytest.raises(TypeError, match="device_check is for torch tensors"):
         jfa.jagged_attention(q.numpy(), k.numpy(), v.numpy(), cu.numpy(),
-                             offsets_check=torch.zeros(1, dtype=torch.int32))
+                             device_check=torch.zeros(1, dtype=torch.int32))
 
 
-def test_offsets_check_message():
-    """The texts of jfa_offsets_check_message (the bits of jfa_offsets_check_bits in jfa.h)."""
-    assert "offsets_check_message" in jfa.__all__
-    assert jfa.offsets_check_message(0) == "valid"
-    assert jfa.offsets_check_message(2) == "cu_seqlens_q decreases"  # JFA_OFFSETS_Q_DECREASING
-    assert jfa.offsets_check_message(64) == "cu_seqlens_k[batch] is not total_k"
-    assert (jfa.offsets_check_message(1 | 8 | 32) ==
+def test_device_check_message():
+    """The texts of jfa_device_check_message (the bits of jfa_device_check_bits in jfa.h)."""
+    assert "device_check_message" in jfa.__all__
+    assert jfa.device_check_message(0) == "valid"
+    assert jfa.device_check_message(2) == "cu_seqlens_q decreases"  # JFA_OFFSETS_Q_DECREASING
+    assert jfa.device_check_message(64) == "cu_seqlens_k[batch] is not total_k"
+    assert "NaN or infinite" in jfa.device_check_message(256)  # JFA_CHECK_RESULT_NOT_FINITE
+    assert (jfa.device_check_message(1 | 8 | 32) ==
             "cu_seqlens_q[0] is not 0; a q length is above max_seqlen_q; cu_seqlens_k decreases")
-    assert (jfa.offsets_check_message(4 | 128 | 1024) == "cu_seqlens_q[batch] is not total_q; "
+    assert (jfa.device_check_message(4 | 128 | 1024) == "cu_seqlens_q[batch] is not total_q; "
             "a k length is above max_seqlen_k; unknown bits 1024")
-    assert jfa.offsets_check_message(np.int32(16)) == "cu_seqlens_k[0] is not 0"
+    assert jfa.device_check_message(np.int32(16)) == "cu_seqlens_k[0] is not 0"
     word = torch.tensor([2], dtype=torch.int32)
-    assert jfa.offsets_check_message(word) == "cu_seqlens_q decreases"
+    assert jfa.device_check_message(word) == "cu_seqlens_q decreases"
     with pytest.raises(TypeError, match="word must be an int, got str"):
-        jfa.offsets_check_message("2")
+        jfa.device_check_message("2")
     with pytest.raises(TypeError, match="word must be an int, got bool"):
-        jfa.offsets_check_message(True)
+        jfa.device_check_message(True)
     with pytest.raises(ValueError, match="word must fit in int32"):
-        jfa.offsets_check_message(2**31)
+        jfa.device_check_message(2**31)
 
 
 def test_cpu_lists_as_offsets(seed):
@@ -586,14 +587,14 @@ def test_native_op_registered_from_cpp():
 
 def test_ops_have_one_schema_whichever_kind():
     """The ops in use (native or ctypes) have the schemas that the ctypes twin declares, word for
-    word: the same arguments and defaults, offsets_check marked as written."""
+    word: the same arguments and defaults, device_check marked as written."""
     from jfa import _torch_ctypes_op
 
     for name, schema in _torch_ctypes_op.SCHEMAS.items():
         op = getattr(torch.ops.jfa, name).default
         assert str(op._schema) == "jfa::" + schema
         word = op._schema.arguments[-1]
-        assert word.name == "offsets_check" and word.alias_info.is_write
+        assert word.name == "device_check" and word.alias_info.is_write
 
 
 @needs_cuda

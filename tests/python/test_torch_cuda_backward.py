@@ -1,6 +1,7 @@
 """The torch backward on CUDA (Hopper): gradients of jfa.jagged_attention against float64 autograd,
 deterministic mode, a CUDA graph of a forward and backward replayed with new lengths,
-torch.compile of a training step, the checked mode for device offsets, and opcheck of both ops.
+torch.compile of a training step, the checked mode (device offsets, results that are not
+finite), and opcheck of both ops.
 Skipped, with the reason, without torch, a compute-capability-9.0 GPU or a CUDA build of
 libjfa."""
 
@@ -248,10 +249,10 @@ def test_cuda_graph_of_forward_and_backward_replays_new_lengths(seed, hints):
         _check_grads(grads, want, torch.float16, _unseen(cu, cu, True), what=f"lengths {lengths}: ")
 
 
-# ---- checked mode for device offsets -------------------------------------------------------------
+# ---- checked mode --------------------------------------------------------------------------------
 
-# Bits of jfa_offsets_check_bits (include/jfa/jfa.h).
-Q_DECREASING, Q_ABOVE_MAX = 2, 8
+# Bits of jfa_device_check_bits (include/jfa/jfa.h).
+Q_DECREASING, Q_ABOVE_MAX, RESULT_NOT_FINITE = 2, 8, 256
 
 
 def _word():
@@ -264,7 +265,7 @@ def _read(word):
     return word.item()
 
 
-def test_cuda_offsets_check_valid_offsets_give_zero(seed):
+def test_cuda_device_check_valid_offsets_give_zero(seed):
     """Valid offsets: the forward stores 0 without synchronizing with the host, and so does the
     backward that autograd runs (into the same word)."""
     q, k, v, cu_q, cu_k = _inputs(seed, [63, 0, 130, 5], [65, 7, 0, 200], 8, 2, 128, torch.float16)
@@ -273,20 +274,20 @@ def test_cuda_offsets_check_valid_offsets_give_zero(seed):
     torch.cuda.set_sync_debug_mode("error")
     try:
         out, lse = jfa.jagged_attention(q, k, v, cu_q, cu_k, 130, 200, causal=True,
-                                        return_lse=True, offsets_check=word)
+                                        return_lse=True, device_check=word)
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert _read(word) == 0
     grad_out, grad_lse = _upstream(seed, out, lse, "out+lse")
     word.fill_(-1)
     got = torch.autograd.grad(_loss(out, lse, grad_out, grad_lse), (q, k, v))
-    assert _read(word) == 0, jfa.offsets_check_message(word.item())
+    assert _read(word) == 0, jfa.device_check_message(word.item())
     want = _reference_grads(q, k, v, cu_q, cu_k, True, grad_out, grad_lse)
     _check_grads(got, want, torch.float16, _unseen(cu_q, cu_k, True))
 
 
 @pytest.mark.parametrize("hints", [False, True], ids=["no-hints", "hints"])
-def test_cuda_offsets_check_reports_decreasing_offsets(seed, hints):
+def test_cuda_device_check_reports_decreasing_offsets(seed, hints):
     """Offsets that decrease, written into the q offsets tensor on the device: the forward and its
     backward set the DECREASING bit (and, with a max_seqlen_q hint below a length they now give,
     the ABOVE_MAX bit too); the k offsets are valid, so no k bit."""
@@ -296,17 +297,17 @@ def test_cuda_offsets_check_reports_decreasing_offsets(seed, hints):
     expected = Q_DECREASING | (Q_ABOVE_MAX if hints else 0)
     word = _word()
     out, lse = jfa.jagged_attention(q, k, v, cu_q, cu_k, max_q, None, return_lse=True,
-                                    offsets_check=word)
+                                    device_check=word)
     got = _read(word)
-    assert got == expected, jfa.offsets_check_message(got)
-    assert jfa.offsets_check_message(got).startswith("cu_seqlens_q decreases")
+    assert got == expected, jfa.device_check_message(got)
+    assert jfa.device_check_message(got).startswith("cu_seqlens_q decreases")
     word.fill_(-1)
     torch.autograd.grad(out.float().sum(), (q, k, v))  # results unspecified, buffers respected
     got = _read(word)
-    assert got == expected, f"backward: {jfa.offsets_check_message(got)}"
+    assert got == expected, f"backward: {jfa.device_check_message(got)}"
 
 
-def test_cuda_offsets_check_in_a_graph_replayed_with_new_lengths(seed):
+def test_cuda_device_check_in_a_graph_replayed_with_new_lengths(seed):
     """One capture of a forward and its backward with a word: replays with valid lengths store 0,
     a replay after decreasing offsets are written into the same offsets tensor stores the bit."""
     q, k, v, cu, _ = _inputs(seed, [100, 28, 0, 128, 1], None, 8, 2, 128, torch.float16)
@@ -314,7 +315,7 @@ def test_cuda_offsets_check_in_a_graph_replayed_with_new_lengths(seed):
     word = _word()
 
     def step():
-        out = jfa.jagged_attention(q, k, v, cu, causal=True, offsets_check=word)
+        out = jfa.jagged_attention(q, k, v, cu, causal=True, device_check=word)
         return torch.autograd.grad(out, (q, k, v), grad_out)
 
     graph, grads = capture(step)
@@ -326,9 +327,29 @@ def test_cuda_offsets_check_in_a_graph_replayed_with_new_lengths(seed):
         word.fill_(-1)
         graph.replay()
         got = _read(word)
-        assert got == expected, f"offsets {offsets}: {jfa.offsets_check_message(got)}"
+        assert got == expected, f"offsets {offsets}: {jfa.device_check_message(got)}"
     want = _reference_grads(q, k, v, cu, cu, True, grad_out, None)
     _check_grads(grads, want, torch.float16, _unseen(cu, cu, True))
+
+
+def test_cuda_device_check_reports_scores_beyond_float32(seed):
+    """bf16 q and k of about 1e19: q.k overflows float32 in the tensor cores, the rows are NaN and
+    the word says so, in the forward and in its backward; the same values scaled down give 0."""
+    q, k, v, cu, _ = _inputs(seed, [1, 77, 200], None, 4, 2, 128, torch.bfloat16)
+    for gain, expected in ((1.0, 0), (1e19, RESULT_NOT_FINITE)):
+        with torch.no_grad():
+            qg, kg = (x.detach() * gain for x in (q, k))
+        qg.requires_grad_(True)
+        kg.requires_grad_(True)
+        word = _word()
+        out = jfa.jagged_attention(qg, kg, v, cu, device_check=word)
+        got = _read(word)
+        assert got == expected, f"gain {gain}: {jfa.device_check_message(got)}"
+        assert bool(torch.isnan(out).any()) == (expected != 0)
+        word.fill_(-1)
+        torch.autograd.grad(out.float().sum(), (qg, kg, v))
+        got = _read(word)
+        assert got == expected, f"gain {gain}, backward: {jfa.device_check_message(got)}"
 
 
 # ---- torch.compile -------------------------------------------------------------------------------

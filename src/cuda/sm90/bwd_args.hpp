@@ -19,6 +19,7 @@ struct BwdArgs {
   float* dq_acc;                  // total_q x heads_q x head_dim, see dq_acc_offset
   void* dk;
   void* dv;
+  int32_t* device_check;  // nullable: the checked mode's word, JFA_CHECK_RESULT_NOT_FINITE ORed in
   int64_t dk_token_stride, dk_head_stride, dv_token_stride, dv_head_stride;  // elements
   int64_t batch;
   int64_t total_q;

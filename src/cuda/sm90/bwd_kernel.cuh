@@ -32,6 +32,7 @@
 #include "cuda/tlx/tma.hpp"
 #include "cuda/tlx/warpgroup.hpp"
 #include "cuda/tlx/wgmma.hpp"
+#include "jfa/jfa.h"
 
 namespace jfa::sm90 {
 
@@ -196,11 +197,10 @@ __device__ __forceinline__ void stage_dq(typename Cfg::Shared& s, const BwdTile&
     const int part = Cfg::kDqSplitKeys ? 0 : group;
     const int32_t first = w.seq.q_start + m * kBwdBlockM;
     const int rows = min(kBwdBlockM, w.seq.len_q - m * kBwdBlockM);
-    s.dq_dest[group] =
-        DqDestination{a.dq_acc + dq_part_base(a.total_q, Cfg::kD, head, part) +
-                          static_cast<int64_t>(first) * kDqPartCols,
-                      a.sems + tile, w.n_block,
-                      static_cast<uint32_t>(rows * kDqPartCols * sizeof(float))};
+    s.dq_dest[group] = DqDestination{a.dq_acc + dq_part_base(a.total_q, Cfg::kD, head, part) +
+                                         static_cast<int64_t>(first) * kDqPartCols,
+                                     a.sems + tile, w.n_block,
+                                     static_cast<uint32_t>(rows * kDqPartCols * sizeof(float))};
   }
   tlx::fence_proxy_async_smem();  // the writer's bulk reduction reads it (async proxy)
   __syncwarp();
@@ -229,7 +229,8 @@ __device__ __forceinline__ void bwd_dq_writer(typename Cfg::Shared& s, const Bwd
       d0 = s.dq_dest[0];
       d1 = s.dq_dest[1];
     }
-    if (__shfl_sync(0xffffffffu, d0.part == nullptr ? 1 : 0, 0)) break;  // both groups stop together
+    if (__shfl_sync(0xffffffffu, d0.part == nullptr ? 1 : 0, 0))
+      break;  // both groups stop together
     if (leader) {
       if (a.deterministic)
         while (load_acquire(d0.sem) < d0.target) __nanosleep(64);
@@ -411,9 +412,10 @@ __device__ __forceinline__ void walk_item(typename Cfg::Shared& s, tlx::AccumFra
 template <typename Cfg>
 __device__ __forceinline__ void store_key_rows(const tlx::AccumFragment<Cfg::kD>& acc, float scale,
                                                void* out, int64_t token_stride, int64_t head_stride,
-                                               const BwdItem& w, int group) {
+                                               const BwdItem& w, int group, int32_t* device_check) {
   using T = typename Cfg::Element;
   using Frag = tlx::AccumFragment<Cfg::kD>;
+  bool not_finite = false;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int32_t key = w.n_block * kBwdBlockN + group * 64 + Frag::row(h);
@@ -421,10 +423,13 @@ __device__ __forceinline__ void store_key_rows(const tlx::AccumFragment<Cfg::kD>
     T* row = static_cast<T*>(out) + (static_cast<int64_t>(w.seq.k_start) + key) * token_stride +
              static_cast<int64_t>(w.kv_head) * head_stride;
 #pragma unroll
-    for (int j = 0; j < Frag::kBlocks; ++j)
-      *reinterpret_cast<uint32_t*>(row + Frag::col(j, 0)) =
-          tlx::pack2<T>(acc.at(j, h, 0) * scale, acc.at(j, h, 1) * scale);
+    for (int j = 0; j < Frag::kBlocks; ++j) {
+      const uint32_t pair = tlx::pack2<T>(acc.at(j, h, 0) * scale, acc.at(j, h, 1) * scale);
+      if (device_check != nullptr) not_finite |= tlx::pair_not_finite<T>(pair);
+      *reinterpret_cast<uint32_t*>(row + Frag::col(j, 0)) = pair;
+    }
   }
+  if (not_finite) atomicOr(device_check, JFA_CHECK_RESULT_NOT_FINITE);
 }
 
 template <typename Cfg>
@@ -445,8 +450,10 @@ __device__ __forceinline__ void bwd_consumer(typename Cfg::Shared& s, const BwdA
       walk_item<Cfg>(s, dk, dv, a, w, group, st, ds_buf, dq_phase);
       if (tlx::lane_is_leader()) s.kv_empty.arrive();
     }
-    store_key_rows<Cfg>(dk, a.softmax_scale, a.dk, a.dk_token_stride, a.dk_head_stride, w, group);
-    store_key_rows<Cfg>(dv, 1.f, a.dv, a.dv_token_stride, a.dv_head_stride, w, group);
+    store_key_rows<Cfg>(dk, a.softmax_scale, a.dk, a.dk_token_stride, a.dk_head_stride, w, group,
+                        a.device_check);
+    store_key_rows<Cfg>(dv, 1.f, a.dv, a.dv_token_stride, a.dv_head_stride, w, group,
+                        a.device_check);
   }
   // No more steps: the dQ writer stops.
   s.dq_empty[group].wait(dq_phase ^ 1u);

@@ -59,21 +59,10 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
     cudaGetLastError();
     return fail(JFA_ERROR_CUDA, "clearing the semaphores failed: %s", cudaGetErrorString(e));
   }
-  // The per-row terms, and the rows of the dQ accumulator cleared (also with no keys: dq is 0).
-  const dim3 tiles(static_cast<unsigned>(lay.row_len / kBwdBlockM),
-                   static_cast<unsigned>(p.heads_q));
-  if (p.total_q > 0) {
-    bwd_preprocess<T, Cfg::kD><<<tiles, kPreprocessThreads, 0, stream>>>(
-        static_cast<const T*>(p.out), p.out_layout.token_stride, p.out_layout.head_stride,
-        static_cast<const T*>(b.dout), b.dout_layout.token_stride, b.dout_layout.head_stride, p.lse,
-        b.dlse, p.cu_seqlens_q, p.batch, p.total_q, lay.row_len, lse2, dpsum, dq_acc);
-    if (const jfa_status s = launch_error("backward preprocess"); s != JFA_SUCCESS) return s;
-  }
-
+  CUtensorMap tm_q, tm_k, tm_v, tm_do, tm_rows;
   if (p.total_k > 0) {
     // With no query rows anywhere, Q and dO are never loaded: point their maps at K.
     const bool no_rows = p.total_q == 0;
-    CUtensorMap tm_q, tm_k, tm_v, tm_do;
     std::string err;
     if (!encode_qkv_map<T>(no_rows ? p.k : p.q, no_rows ? p.total_k : p.total_q,
                            no_rows ? p.heads_kv : p.heads_q, Cfg::kD,
@@ -87,7 +76,6 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
                            &err))
       return fail(JFA_ERROR_CUDA, "tensor map encoding failed: %s", err.c_str());
     // The LSE rows of every head and then the D rows: one array (bwd_workspace.hpp).
-    CUtensorMap tm_rows;
     if (!encode_row_terms_map(lse2, lay.row_len, 2 * int64_t{p.heads_q}, kBwdBlockM, &tm_rows,
                               &err))
       return fail(JFA_ERROR_CUDA, "tensor map encoding failed: %s", err.c_str());
@@ -97,9 +85,27 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
 
     build_bwd_work_list<kBwdBlockN><<<1, kListThreads, 0, stream>>>(
         p.cu_seqlens_q, p.cu_seqlens_k, p.batch, p.total_q, p.total_k, work, count, next_item,
-        lay.list_capacity, p.max_seqlen_q, p.max_seqlen_k, p.offsets_check);
+        lay.list_capacity, p.max_seqlen_q, p.max_seqlen_k, p.device_check);
     if (const jfa_status s = launch_error("work-list kernel"); s != JFA_SUCCESS) return s;
+  } else if (const jfa_status s = check_offsets_alone(p, stream); s != JFA_SUCCESS) {
+    return s;  // no keys: no list kernel checks the offsets
+  }
 
+  // The per-row terms, and the rows of the dQ accumulator cleared (also with no keys: dq is 0);
+  // after the offsets check, since that stores the checked mode's word the kernels from here on
+  // add to.
+  const dim3 tiles(static_cast<unsigned>(lay.row_len / kBwdBlockM),
+                   static_cast<unsigned>(p.heads_q));
+  if (p.total_q > 0) {
+    bwd_preprocess<T, Cfg::kD><<<tiles, kPreprocessThreads, 0, stream>>>(
+        static_cast<const T*>(p.out), p.out_layout.token_stride, p.out_layout.head_stride,
+        static_cast<const T*>(b.dout), b.dout_layout.token_stride, b.dout_layout.head_stride, p.lse,
+        b.dlse, p.cu_seqlens_q, p.batch, p.total_q, lay.row_len, lse2, dpsum, dq_acc,
+        p.device_check);
+    if (const jfa_status s = launch_error("backward preprocess"); s != JFA_SUCCESS) return s;
+  }
+
+  if (p.total_k > 0) {
     BwdArgs a{};
     a.cu_q = p.cu_seqlens_q;
     a.cu_k = p.cu_seqlens_k;
@@ -112,6 +118,7 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
     a.dq_acc = dq_acc;
     a.dk = b.dk;
     a.dv = b.dv;
+    a.device_check = p.device_check;
     a.dk_token_stride = b.dk_layout.token_stride;
     a.dk_head_stride = b.dk_layout.head_stride;
     a.dv_token_stride = b.dv_layout.token_stride;
@@ -133,8 +140,6 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
     bwd_kernel<Cfg>
         <<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_rows, a);
     if (const jfa_status s = launch_error("backward kernel"); s != JFA_SUCCESS) return s;
-  } else if (const jfa_status s = check_offsets_alone(p, stream); s != JFA_SUCCESS) {
-    return s;  // no keys: no list kernel checked the offsets
   }
 
   if (p.total_q > 0) {
@@ -143,7 +148,7 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
                                              int64_t{device.sm_count} * 16);
     bwd_convert_dq<T, Cfg::kD><<<static_cast<unsigned>(blocks), kConvertThreads, 0, stream>>>(
         dq_acc, static_cast<T*>(b.dq), b.dq_layout.token_stride, b.dq_layout.head_stride, p.total_q,
-        p.heads_q, p.softmax_scale);
+        p.heads_q, p.softmax_scale, p.device_check);
     if (const jfa_status s = launch_error("dQ conversion"); s != JFA_SUCCESS) return s;
   }
   return JFA_SUCCESS;

@@ -12,6 +12,7 @@
 #include "cuda/sm90/bwd_workspace.hpp"
 #include "cuda/sm90/work_list.cuh"
 #include "cuda/tlx/wgmma.hpp"
+#include "jfa/jfa.h"
 
 namespace jfa::sm90 {
 
@@ -55,14 +56,16 @@ __device__ __forceinline__ int64_t sequence_of_padded_tile(const int32_t* cu_q, 
 
 // Block (t, h) fills padded rows [64 t, 64 t + 64) of head h: the rows of the sequence whose padded
 // range holds them, or (a gap between sequences, rows past a sequence's end) a row that adds
-// nothing: LSE +inf (P = 0) and D = 0. A row without keys (forward LSE -inf) adds nothing either.
+// nothing: LSE +inf (P = 0) and D = 0. A row without keys (forward LSE -inf) adds nothing either;
+// so does one whose LSE no forward writes (NaN or +inf), which the checked mode reports.
 // The rows inside a sequence also clear their row of the dQ accumulator's tile.
 template <typename T, int kD>
 __global__ void __launch_bounds__(kPreprocessThreads)
     bwd_preprocess(const T* out, int64_t out_token_stride, int64_t out_head_stride, const T* dout,
                    int64_t dout_token_stride, int64_t dout_head_stride, const float* lse,
                    const float* dlse, const int32_t* cu_q, int64_t batch, int64_t total_q,
-                   int64_t row_len, float* lse2, float* dpsum, float* dq_acc) {
+                   int64_t row_len, float* lse2, float* dpsum, float* dq_acc,
+                   int32_t* device_check) {
   __shared__ int64_t seq_of_tile;
   const int64_t p0 = static_cast<int64_t>(blockIdx.x) * kBwdBlockM;
   const int64_t h = blockIdx.y;
@@ -85,6 +88,8 @@ __global__ void __launch_bounds__(kPreprocessThreads)
       if (isfinite(l)) {
         l2 = l * kLog2e;
         dp = d - (dlse != nullptr ? __ldg(dlse + h * total_q + token) : 0.f);
+      } else if (!(l < INFINITY) && device_check != nullptr && lane == 0) {
+        atomicOr(device_check, JFA_CHECK_RESULT_NOT_FINITE);
       }
       // The token's row of the dQ accumulator starts at 0 (chunks of 4 floats stay together).
       for (int c = 4 * lane; c < kD; c += 128)
@@ -101,12 +106,13 @@ __global__ void __launch_bounds__(kPreprocessThreads)
 inline constexpr int kConvertThreads = 256;
 
 // dq = softmax_scale * the accumulator, rounded to T; grid-stride over every (token, head, 4
-// columns).
+// columns). The checked mode learns of an element that is NaN or infinite.
 template <typename T, int kD>
 __global__ void __launch_bounds__(kConvertThreads)
     bwd_convert_dq(const float* dq_acc, T* dq, int64_t dq_token_stride, int64_t dq_head_stride,
-                   int64_t total_q, int32_t heads_q, float scale) {
+                   int64_t total_q, int32_t heads_q, float scale, int32_t* device_check) {
   constexpr int kQuads = kD / 4;
+  bool not_finite = false;
   const int64_t n = total_q * heads_q * kQuads;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -118,7 +124,9 @@ __global__ void __launch_bounds__(kConvertThreads)
     const uint2 packed = make_uint2(tlx::pack2<T>(x.x * scale, x.y * scale),
                                     tlx::pack2<T>(x.z * scale, x.w * scale));
     *reinterpret_cast<uint2*>(dq + token * dq_token_stride + head * dq_head_stride + c) = packed;
+    not_finite |= tlx::pair_not_finite<T>(packed.x) || tlx::pair_not_finite<T>(packed.y);
   }
+  if (not_finite && device_check != nullptr) atomicOr(device_check, JFA_CHECK_RESULT_NOT_FINITE);
 }
 
 }  // namespace jfa::sm90

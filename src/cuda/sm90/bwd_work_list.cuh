@@ -17,9 +17,9 @@ __global__ void __launch_bounds__(kListThreads)
     build_bwd_work_list(const int32_t* cu_q, const int32_t* cu_k, int64_t batch, int64_t total_q,
                         int64_t total_k, BwdListEntry* work, int32_t* count,
                         unsigned long long* next_item, int64_t capacity, int32_t max_q,
-                        int32_t max_k, int32_t* offsets_check) {
-  if (offsets_check != nullptr)
-    check_offsets(cu_q, cu_k, batch, total_q, total_k, max_q, max_k, offsets_check);
+                        int32_t max_k, int32_t* device_check) {
+  if (device_check != nullptr)
+    check_offsets(cu_q, cu_k, batch, total_q, total_k, max_q, max_k, device_check);
   __shared__ int64_t scratch[32];
   int64_t running = 0;
   for (int64_t base = 0; base < batch; base += kListThreads) {

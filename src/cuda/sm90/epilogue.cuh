@@ -15,6 +15,7 @@
 #include "cuda/tlx/fragment.hpp"
 #include "cuda/tlx/named_barrier.hpp"
 #include "cuda/tlx/tma.hpp"
+#include "jfa/jfa.h"
 
 namespace jfa::sm90 {
 
@@ -37,22 +38,33 @@ __device__ __forceinline__ void epilogue(const tlx::AccumFragment<Cfg::kD>& o,
   if (storer) tlx::tma_store_wait_read<0>();  // the previous item's store has read the tile
   tlx::NamedBarrier::sync(barrier, 128);
   const int row0 = Frag::row(0), col0 = Frag::col(0, 0);
+  bool not_finite = false;  // a row of the item that sees a key got no finite sum or LSE
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float l = softmax.total(h);
-    const bool empty = no_keys || !(l > 0.f);
+    // A row that sees a key has l >= 1 (its reference maximum's own term); l is NaN where a score
+    // is (q.k beyond float32, or a NaN or infinite q or k), and then so is its output row.
+    const bool empty = no_keys || l == 0.f;
     const float inv = empty ? 0.f : 1.f / l;
 #pragma unroll
     for (int j = 0; j < Frag::kBlocks; ++j)
       tlx::st_shared_u32(tile_addr + Cfg::OTile::offset_bytes(row0 + 8 * h, col0 + 8 * j),
                          tlx::pack2<T>(o.at(j, h, 0) * inv, o.at(j, h, 1) * inv));
     const int32_t row = row0_in_seq + 8 * h;
+    // A row that sees a key (bottom-right causal: key j iff j <= row + len_k - len_q) without a
+    // finite positive sum had a score that float32 cannot hold, +inf, NaN, or every one -inf.
+    const bool sees_key =
+        w.seq.len_k > 0 && (a.causal == 0 || row + w.seq.len_k - w.seq.len_q >= 0);
+    not_finite |= row < w.seq.len_q && sees_key && !(l > 0.f && l < INFINITY);
     if (row < w.seq.len_q && a.lse != nullptr && threadIdx.x % 4 == 0) {
       const int64_t token = static_cast<int64_t>(w.seq.q_start) + row;
       const float lse = empty ? -INFINITY : softmax.row_max[h] * a.softmax_scale + logf(l);
       a.lse[static_cast<int64_t>(w.head) * a.total_q + token] = lse;
+      not_finite |= !empty && !(fabsf(lse) < INFINITY);
     }
   }
+  if (not_finite && a.device_check != nullptr)
+    atomicOr(a.device_check, JFA_CHECK_RESULT_NOT_FINITE);
   tlx::fence_proxy_async_smem();
   tlx::NamedBarrier::sync(barrier, 128);
   if (storer) {

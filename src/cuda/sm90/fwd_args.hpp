@@ -8,7 +8,8 @@
 namespace jfa::sm90 {
 
 struct FwdArgs {
-  float* lse;  // nullable, [heads_q, total_q]
+  float* lse;             // nullable, [heads_q, total_q]
+  int32_t* device_check;  // nullable: the checked mode's word, JFA_CHECK_RESULT_NOT_FINITE ORed in
   const int32_t* cu_q;
   const int32_t* cu_k;
   const WorkListEntry* work;      // built by the work-list kernel

@@ -80,11 +80,12 @@ jfa_status run_forward(const jfa::detail::Params& p, const DeviceFacts& device,
   build_work_list<Cfg::kBlockM, Cfg::kBlockN><<<1, kListThreads, 0, stream>>>(
       p.cu_seqlens_q, p.cu_seqlens_k, p.batch, p.total_q, p.total_k, p.causal ? 1 : 0,
       launch.sort_work_list ? 1 : 0, unsorted, work, count, next_item, capacity, p.max_seqlen_q,
-      p.max_seqlen_k, p.offsets_check);
+      p.max_seqlen_k, p.device_check);
   if (const jfa_status s = launch_error("work-list kernel"); s != JFA_SUCCESS) return s;
 
   FwdArgs a{};
   a.lse = p.lse;
+  a.device_check = p.device_check;
   a.cu_q = p.cu_seqlens_q;
   a.cu_k = p.cu_seqlens_k;
   a.work = work;

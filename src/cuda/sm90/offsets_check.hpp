@@ -12,10 +12,10 @@ namespace jfa::sm90 {
 
 // Launches the check alone when the call asks for it; JFA_SUCCESS otherwise.
 inline jfa_status check_offsets_alone(const jfa::detail::Params& p, cudaStream_t stream) {
-  if (p.offsets_check == nullptr) return JFA_SUCCESS;
+  if (p.device_check == nullptr) return JFA_SUCCESS;
   offsets_check_kernel<kListThreads>
       <<<1, kListThreads, 0, stream>>>(p.cu_seqlens_q, p.cu_seqlens_k, p.batch, p.total_q,
-                                       p.total_k, p.max_seqlen_q, p.max_seqlen_k, p.offsets_check);
+                                       p.total_k, p.max_seqlen_q, p.max_seqlen_k, p.device_check);
   return launch_error("offsets check");
 }
 

@@ -1,6 +1,8 @@
 // Online softmax over the K tiles of an item, in registers: per row a reference maximum and a
-// running sum, P = exp2(S * scale_log2 - max * scale_log2) in place of S, and the factors by which
-// O must be rescaled when a reference maximum moves.
+// running sum, P = exp2((S - max) * scale_log2) in place of S, and the factors by which O must be
+// rescaled when a reference maximum moves. The difference is taken before scaling so that any
+// scale whose scores are finite gives finite, exact exponents (S * scale_log2 - max * scale_log2
+// overflows, and loses the exponent to rounding once |max * scale_log2| is large).
 #pragma once
 
 #include <cstdint>
@@ -46,17 +48,16 @@ struct OnlineSoftmax {
     const bool grew = (m[0] - row_max[0]) * scale_log2 > kMaxGrowthLog2 ||
                       (m[1] - row_max[1]) * scale_log2 > kMaxGrowthLog2;
     rescale = __any_sync(0xffffffffu, grew);
-    float neg_m[2];
+    float base[2];  // what is subtracted: the reference maximum, 0 while a row has seen no key
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float ref = rescale ? m[h] : row_max[h];
-      const float m_scaled = ref == -INFINITY ? 0.f : ref * scale_log2;
-      neg_m[h] = -m_scaled;
-      alpha[h] = rescale ? fast_exp2(fmaf(row_max[h], scale_log2, neg_m[h])) : 1.f;
+      base[h] = ref == -INFINITY ? 0.f : ref;
+      alpha[h] = rescale ? fast_exp2((row_max[h] - base[h]) * scale_log2) : 1.f;
       row_max[h] = ref;
     }
     float tile_sum[2];
-    s.map_and_sum_rows([&](float x, int h) { return fast_exp2(fmaf(x, scale_log2, neg_m[h])); },
+    s.map_and_sum_rows([&](float x, int h) { return fast_exp2((x - base[h]) * scale_log2); },
                        tile_sum);
 #pragma unroll
     for (int h = 0; h < 2; ++h) row_sum[h] = row_sum[h] * alpha[h] + tile_sum[h];

@@ -61,8 +61,8 @@ __device__ __forceinline__ int32_t tile_k_blocks(const SeqBounds& s, int32_t m_b
 
 inline constexpr int kListThreads = 1024;
 
-// The checked mode (jfa_attention_params::offsets_check): the rules the raw offsets break, as
-// jfa_offsets_check bits ORed over the block and stored in *word (0 when they are valid). Called by
+// The checked mode (jfa_attention_params::device_check): the rules the raw offsets break, as
+// jfa_device_check bits ORed over the block and stored in *word (0 when they are valid). Called by
 // every thread of a block of kListThreads before the block reads the offsets for anything else.
 __device__ __forceinline__ void check_offsets(const int32_t* cu_q, const int32_t* cu_k,
                                               int64_t batch, int64_t total_q, int64_t total_k,
@@ -144,11 +144,11 @@ __global__ void __launch_bounds__(kListThreads)
     build_work_list(const int32_t* cu_q, const int32_t* cu_k, int64_t batch, int64_t total_q,
                     int64_t total_k, int32_t causal, int32_t sort, WorkListEntry* list,
                     WorkListEntry* work, int32_t* count, unsigned long long* next_item,
-                    int32_t capacity, int32_t max_q, int32_t max_k, int32_t* offsets_check) {
+                    int32_t capacity, int32_t max_q, int32_t max_k, int32_t* device_check) {
   // The forward kernel may start now: it sets up its CTAs while the list is built.
   tlx::allow_dependent_launch();
-  if (offsets_check != nullptr)
-    check_offsets(cu_q, cu_k, batch, total_q, total_k, max_q, max_k, offsets_check);
+  if (device_check != nullptr)
+    check_offsets(cu_q, cu_k, batch, total_q, total_k, max_q, max_k, device_check);
   __shared__ int64_t scratch[32];
   __shared__ int32_t bucket_next[kListThreads];
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;

@@ -147,6 +147,13 @@ JFA_DEVICE uint32_t pack2(float lo, float hi) {
   }
 }
 
+// Whether either 16-bit value of a packed pair is NaN or infinite (every exponent bit set).
+template <typename T>
+JFA_DEVICE bool pair_not_finite(uint32_t packed) {
+  constexpr uint32_t kExponent = std::is_same_v<T, __half> ? 0x7C00u : 0x7F80u;
+  return (packed & kExponent) == kExponent || (packed & (kExponent << 16)) == (kExponent << 16);
+}
+
 // The two floats of a b32 of 16-bit values (pack2's inverse, exact).
 template <typename T>
 JFA_DEVICE float2 unpack2(uint32_t packed) {

@@ -1,9 +1,9 @@
-// jfa_offsets_check_message: the text of a word of the checked mode for device offsets.
+// jfa_device_check_message: the text of a word of the checked mode (device offsets and results).
 #include <string>
 
 #include "jfa/jfa.h"
 
-extern "C" const char* jfa_offsets_check_message(int32_t word) {
+extern "C" const char* jfa_device_check_message(int32_t word) {
   static thread_local std::string text;
   if (word == 0) return "valid";
   struct Rule {
@@ -19,6 +19,9 @@ extern "C" const char* jfa_offsets_check_message(int32_t word) {
       {JFA_OFFSETS_K_DECREASING, "cu_seqlens_k decreases"},
       {JFA_OFFSETS_K_LAST_NOT_TOTAL, "cu_seqlens_k[batch] is not total_k"},
       {JFA_OFFSETS_K_ABOVE_MAX, "a k length is above max_seqlen_k"},
+      {JFA_CHECK_RESULT_NOT_FINITE,
+       "a result is NaN or infinite (a score q.k beyond float32, a NaN or infinite input, or an "
+       "LSE beyond float32)"},
   };
   text.clear();
   int32_t known = 0;
