@@ -878,6 +878,24 @@ TEST(AttentionGpu, CheckedModeReportsResultsBeyondFloat32) {
     runner.check(r, seed);  // out exact; each LSE beyond float32 is the infinity of its sign
   }
   {
+    // Finite results give 0, also for tiles shared by short sequences whose causal rows see no
+    // key (len_q > len_k, or no keys at all).
+    std::mt19937_64 rng(fresh_seed("checked mode, shared tiles"));
+    Case c;
+    c.lq = random_lengths(rng, 300, 1, 24);
+    c.lk = random_lengths(rng, 300, 0, 24);
+    c.causal = true;
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    const uint64_t seed = fresh_seed("checked mode, finite");
+    AttentionRunner runner(c, seed);
+    runner.upload();
+    DeviceRun r;
+    const int32_t got = checked_run(runner, &r);
+    EXPECT_EQ(got, 0) << jfa_device_check_message(got);
+    runner.check(r, seed);
+  }
+  {
     // bf16 q and k of about 1e19: q.k overflows float32 in the tensor cores.
     Case c;
     c.lq = c.lk = {1, 77, 300};

@@ -81,7 +81,7 @@ __device__ __forceinline__ bool start_item(ConsumerState<Cfg>& cs, typename Cfg:
   cs.o.fill(0.f);
   cs.softmax.reset();
   if (w.n_blocks == 0) {
-    epilogue<Cfg>(cs.o, cs.softmax, s, tm_o, a, w, group, mask.row0, true);
+    epilogue<Cfg>(cs.o, cs.softmax, s, tm_o, a, w, group, mask, true);
     return false;
   }
   mask.load_keys(a, w);

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "cuda/sm90/fwd_config.cuh"
+#include "cuda/sm90/mask.cuh"
 #include "cuda/sm90/softmax.cuh"
 #include "cuda/tlx/fence.hpp"
 #include "cuda/tlx/fragment.hpp"
@@ -19,12 +20,12 @@
 
 namespace jfa::sm90 {
 
-// `no_keys`: no row of the item sees a key (O is zero, LSE -inf).
+// `no_keys`: no row of the item sees a key (O is zero, LSE -inf; mask.keys not loaded).
 template <typename Cfg>
 __device__ __forceinline__ void epilogue(const tlx::AccumFragment<Cfg::kD>& o,
                                          const OnlineSoftmax& softmax, typename Cfg::Shared& s,
                                          const CUtensorMap* tm_o, const FwdArgs& a,
-                                         const WorkItem& w, int group, int32_t row0_in_seq,
+                                         const WorkItem& w, int group, const ItemMask& mask,
                                          bool no_keys) {
   using T = typename Cfg::Element;
   using Frag = tlx::AccumFragment<Cfg::kD>;
@@ -50,17 +51,17 @@ __device__ __forceinline__ void epilogue(const tlx::AccumFragment<Cfg::kD>& o,
     for (int j = 0; j < Frag::kBlocks; ++j)
       tlx::st_shared_u32(tile_addr + Cfg::OTile::offset_bytes(row0 + 8 * h, col0 + 8 * j),
                          tlx::pack2<T>(o.at(j, h, 0) * inv, o.at(j, h, 1) * inv));
-    const int32_t row = row0_in_seq + 8 * h;
-    // A row that sees a key (bottom-right causal: key j iff j <= row + len_k - len_q) without a
-    // finite positive sum had a score that float32 cannot hold, +inf, NaN, or every one -inf.
-    const bool sees_key =
-        w.seq.len_k > 0 && (a.causal == 0 || row + w.seq.len_k - w.seq.len_q >= 0);
-    not_finite |= row < w.seq.len_q && sees_key && !(l > 0.f && l < INFINITY);
+    const int32_t row = mask.row0 + 8 * h;
+    // The checked mode: a row that sees a key without a finite positive sum had a score that
+    // float32 cannot hold (+inf, NaN, or every one -inf).
+    if (a.device_check != nullptr && row < w.seq.len_q && !no_keys &&
+        mask.keys.hi[h] > mask.keys.lo[h])
+      not_finite |= !(l > 0.f && l < INFINITY);
     if (row < w.seq.len_q && a.lse != nullptr && threadIdx.x % 4 == 0) {
       const int64_t token = static_cast<int64_t>(w.seq.q_start) + row;
       const float lse = empty ? -INFINITY : softmax.row_max[h] * a.softmax_scale + logf(l);
       a.lse[static_cast<int64_t>(w.head) * a.total_q + token] = lse;
-      not_finite |= !empty && !(fabsf(lse) < INFINITY);
+      if (a.device_check != nullptr) not_finite |= !empty && !(fabsf(lse) < INFINITY);
     }
   }
   if (not_finite && a.device_check != nullptr)

@@ -36,7 +36,7 @@ __device__ __forceinline__ void consumer_loop_one_tile(typename Cfg::Shared& s,
                          pv_and_release<Cfg>(s, cs, p, st);
                        }
                        qs.advance();
-                       epilogue<Cfg>(cs.o, cs.softmax, s, tm_o, a, w, group, mask.row0, false);
+                       epilogue<Cfg>(cs.o, cs.softmax, s, tm_o, a, w, group, mask, false);
                      });
 }
 

@@ -56,7 +56,7 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
         }
         if (Cfg::kSkipUnseenKTiles && first_it == w.n_blocks) {
           qs.advance();
-          epilogue<Cfg>(cs.o, cs.softmax, s, tm_o, a, w, group, mask.row0, false);  // no key seen
+          epilogue<Cfg>(cs.o, cs.softmax, s, tm_o, a, w, group, mask, false);  // no key seen
           return;
         }
 
@@ -122,7 +122,7 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
         cs.softmax.rescale_o(cs.o, alpha);
         pv_and_release<Cfg>(s, cs, p, vs);
         qs.advance();
-        epilogue<Cfg>(cs.o, cs.softmax, s, tm_o, a, w, group, mask.row0, false);
+        epilogue<Cfg>(cs.o, cs.softmax, s, tm_o, a, w, group, mask, false);
       });
   if (group == 0 && kTakeTurns)
     tlx::NamedBarrier::sync(1, kTurnThreads);  // the last group's last hand-over

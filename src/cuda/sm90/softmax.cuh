@@ -1,8 +1,12 @@
 // Online softmax over the K tiles of an item, in registers: per row a reference maximum and a
 // running sum, P = exp2((S - max) * scale_log2) in place of S, and the factors by which O must be
-// rescaled when a reference maximum moves. The difference is taken before scaling so that any
-// scale whose scores are finite gives finite, exact exponents (S * scale_log2 - max * scale_log2
-// overflows, and loses the exponent to rounding once |max * scale_log2| is large).
+// rescaled when a reference maximum moves.
+//
+// The exponent is one fused S * scale_log2 - max * scale_log2 while |max * scale_log2| < 2^10:
+// the rounding of max * scale_log2 then moves it by at most 2^-14, far below the 16-bit rounding
+// of P. Past that (huge scales or scores) a warp takes the difference before scaling, which
+// stays finite and exact for any scale whose scores are finite, where the fused form overflows
+// or loses the exponent to rounding.
 #pragma once
 
 #include <cstdint>
@@ -45,20 +49,37 @@ struct OnlineSoftmax {
     // kMaxGrowthLog2 (the exponentials stay <= 2^kMaxGrowthLog2, exact in fp32 and in 16-bit P),
     // so most tiles after the first skip the rescaling of O; the result is the same softmax.
     constexpr float kMaxGrowthLog2 = 8.f;
+    constexpr float kFusedLimit = 1024.f;  // |max * scale_log2| below which the fused form is used
     const bool grew = (m[0] - row_max[0]) * scale_log2 > kMaxGrowthLog2 ||
                       (m[1] - row_max[1]) * scale_log2 > kMaxGrowthLog2;
     rescale = __any_sync(0xffffffffu, grew);
+    const float m_old[2] = {row_max[0], row_max[1]};
     float base[2];  // what is subtracted: the reference maximum, 0 while a row has seen no key
+    float neg_scaled[2];  // -base * scale_log2, for the fused form
+    bool large = false;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float ref = rescale ? m[h] : row_max[h];
       base[h] = ref == -INFINITY ? 0.f : ref;
-      alpha[h] = rescale ? fast_exp2((row_max[h] - base[h]) * scale_log2) : 1.f;
-      row_max[h] = ref;
+      neg_scaled[h] = -(base[h] * scale_log2);
+      large |= !(fabsf(neg_scaled[h]) < kFusedLimit);
+      row_max[h] = ref;  // the old value stays in m_old below
     }
+    const bool exact = __any_sync(0xffffffffu, large);
     float tile_sum[2];
-    s.map_and_sum_rows([&](float x, int h) { return fast_exp2((x - base[h]) * scale_log2); },
-                       tile_sum);
+    if (!exact) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        alpha[h] = rescale ? fast_exp2(fmaf(m_old[h], scale_log2, neg_scaled[h])) : 1.f;
+      s.map_and_sum_rows(
+          [&](float x, int h) { return fast_exp2(fmaf(x, scale_log2, neg_scaled[h])); }, tile_sum);
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        alpha[h] = rescale ? fast_exp2((m_old[h] - base[h]) * scale_log2) : 1.f;
+      s.map_and_sum_rows([&](float x, int h) { return fast_exp2((x - base[h]) * scale_log2); },
+                         tile_sum);
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) row_sum[h] = row_sum[h] * alpha[h] + tile_sum[h];
   }
