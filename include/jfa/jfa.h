@@ -119,7 +119,8 @@ typedef struct jfa_attention_params {
    * it means. With invalid offsets the kernels still stay inside every buffer; their results are
    * unspecified. The CPU backend checks host offsets before every call (an invalid call fails
    * with JFA_ERROR_INVALID_ARGUMENT), fails on a score it cannot hold (see
-   * jfa_attention_forward), and stores 0 here (host memory) when it succeeds. */
+   * jfa_attention_forward; the status says so), and stores 0 here (host memory) once the
+   * offsets pass its check. */
   int32_t* device_check;
 } jfa_attention_params;
 

@@ -1,4 +1,4 @@
-"""bench/backward_ab.py: its cells and its argument checks (the timing itself needs a GPU)."""
+"""bench/kernel_ab.py: its cells and its argument checks (the timing itself needs a GPU)."""
 
 import sys
 from pathlib import Path
@@ -7,7 +7,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-import backward_ab  # noqa: E402
+import kernel_ab  # noqa: E402
+from bench_scripts import help_without_torch  # noqa: E402
 
 
 @pytest.mark.parametrize("cell, parsed", [("W1", ("W1", False, False)),
@@ -15,13 +16,19 @@ import backward_ab  # noqa: E402
                                           ("W4d", ("W4", False, True)),
                                           ("W1cd", ("W1", True, True))])
 def test_cells(cell, parsed):
-    assert backward_ab.parse_cell(cell) == parsed
+    assert kernel_ab.parse_cell(cell) == parsed
 
 
 @pytest.mark.parametrize("cell", ["W5", "X1", "W1x", "w1"])
 def test_bad_cells_are_rejected(cell):
     with pytest.raises(ValueError, match="cell"):
-        backward_ab.parse_cell(cell)
+        kernel_ab.parse_cell(cell)
+
+
+def test_forward_cells_have_no_deterministic_mode():
+    assert kernel_ab.parse_cell("W3c", "forward") == ("W3", True, False)
+    with pytest.raises(ValueError, match="no d"):
+        kernel_ab.parse_cell("W1d", "forward")
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -29,8 +36,17 @@ def test_bad_cells_are_rejected(cell):
     (["--cli", "jfa", "base"], "NAME=path"),
     (["--cli", "jfa", "base=/no/such/libjfa.so"], "existing file"),
     (["--cli", "jfa", "--cells", "W1,W9", "base=/no/such/libjfa.so"], "cell 'W9'"),
+    (["--cli", "jfa", "--pass", "forward", "--cells", "W1cd", "base=/no/such/libjfa.so"],
+     "cell 'W1cd'"),
+    (["--cli", "jfa", "--pass", "sideways", "base=/no/such/libjfa.so"], "invalid choice"),
 ])
 def test_arguments_are_checked(argv, message, capsys):
     with pytest.raises(SystemExit):
-        backward_ab.main(argv)
+        kernel_ab.main(argv)
     assert message in capsys.readouterr().err
+
+
+def test_help_needs_no_torch():
+    """The parent process only spawns children: --help answers without torch."""
+    text = help_without_torch("kernel_ab")
+    assert "--pass {backward,forward}" in text

@@ -1,9 +1,10 @@
-"""A/B timing of the CUDA backward across builds of libjfa: one process per build and round, the
-builds in alternating order from round to round, each process timing the same cells (workload,
-mask, deterministic mode). What a kernel step is measured with before it lands (bench/NOTES.md);
-peers and the useful-FLOP rates are bench/backward_peers.py's job.
+"""A/B timing of the CUDA backward or forward across builds of libjfa: one process per build and
+round, the builds in alternating order from round to round, each process timing the same cells
+(workload, mask, deterministic mode). What a kernel step is measured with before it lands
+(bench/NOTES.md); peers and the useful-FLOP rates are bench/peers.py's and
+bench/backward_peers.py's job.
 
-    python3 bench/backward_ab.py --cli build/release/tools/jfa --rounds 3 \\
+    python3 bench/kernel_ab.py --cli build/release/tools/jfa --rounds 3 [--pass forward] \\
         base=build/release/src/libjfa.so candidate=/tmp/other/src/libjfa.so
 
 A cell's figure is the median over the rounds of each process's median of --runs calls (events
@@ -22,17 +23,23 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CELLS = ("W1", "W1c", "W2", "W2c", "W3", "W3c", "W4", "W4c", "W1d", "W1cd")
 
 
-def parse_cell(cell):
-    """'W1cd' -> ('W1', causal, deterministic)."""
+FORWARD_CELLS = ("W1", "W1c", "W2", "W2c", "W3", "W3c", "W4", "W4c")
+PASSES = ("backward", "forward")
+
+
+def parse_cell(cell, pass_name="backward"):
+    """'W1cd' -> ('W1', causal, deterministic); the forward has no deterministic mode."""
     base = cell[:2]
     flags = cell[2:]
-    if base not in ("W1", "W2", "W3", "W4") or set(flags) - {"c", "d"}:
-        raise ValueError(f"cell {cell!r}: a workload W1..W4, then c (causal) and/or d "
-                         "(deterministic)")
+    allowed = {"c", "d"} if pass_name == "backward" else {"c"}
+    if base not in ("W1", "W2", "W3", "W4") or set(flags) - allowed:
+        raise ValueError(f"cell {cell!r}: a workload W1..W4, then c (causal)" +
+                         (" and/or d (deterministic)" if pass_name == "backward" else
+                          " (no d: the forward is always deterministic)"))
     return base, "c" in flags, "d" in flags
 
 
-def time_cells(cli, cells, head_dim, dtype_name, runs, warmup):
+def time_cells(cli, cells, head_dim, dtype_name, runs, warmup, pass_name="backward"):
     """In the child process: {cell: median ms}."""
     import torch
     sys.path.insert(0, HERE)
@@ -43,7 +50,7 @@ def time_cells(cli, cells, head_dim, dtype_name, runs, warmup):
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
     result = {}
     for cell in cells:
-        base, causal, deterministic = parse_cell(cell)
+        base, causal, deterministic = parse_cell(cell, pass_name)
         lengths = W.cli_lengths(cli, base)
         cu = torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32,
                           device="cuda")
@@ -55,8 +62,12 @@ def time_cells(cli, cells, head_dim, dtype_name, runs, warmup):
                                                       None, True)
 
         def call():
-            torch.ops.jfa.jagged_attention_bwd(dout, q, k, v, out, lse, cu, cu, longest, longest,
-                                               causal, None, None, deterministic)
+            if pass_name == "forward":  # with the LSE, as a training forward writes it
+                torch.ops.jfa.jagged_attention_fwd(q, k, v, cu, cu, longest, longest, causal, None,
+                                                   True)
+            else:
+                torch.ops.jfa.jagged_attention_bwd(dout, q, k, v, out, lse, cu, cu, longest,
+                                                   longest, causal, None, None, deterministic)
 
         for _ in range(warmup):
             call()
@@ -79,9 +90,12 @@ def main(argv=None):
     ap.add_argument("builds", nargs="*", metavar="NAME=LIBJFA",
                     help="a name and the libjfa.so of one build")
     ap.add_argument("--cli", required=True, help="the jfa CLI, source of the workload lengths")
-    ap.add_argument("--cells", default=",".join(CELLS),
+    ap.add_argument("--pass", dest="pass_name", default="backward", choices=PASSES,
+                    help="the call timed (default backward)")
+    ap.add_argument("--cells", default=None,
                     help="comma-separated cells: W1..W4, then c (causal) and/or d "
-                         f"(deterministic); default {','.join(CELLS)}")
+                         f"(deterministic, backward only); default {','.join(CELLS)}, forward "
+                         f"{','.join(FORWARD_CELLS)}")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=3)
@@ -90,16 +104,18 @@ def main(argv=None):
     ap.add_argument("--json", help="write every round's figures to this file")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.cells is None:
+        args.cells = ",".join(CELLS if args.pass_name == "backward" else FORWARD_CELLS)
     cells = args.cells.split(",")
     for cell in cells:
         try:
-            parse_cell(cell)
+            parse_cell(cell, args.pass_name)
         except ValueError as e:
             ap.error(str(e))
 
     if args.child:
         print(json.dumps(time_cells(args.cli, cells, args.head_dim, args.dtype, args.runs,
-                                    args.warmup)))
+                                    args.warmup, args.pass_name)))
         return 0
 
     if not args.builds:
@@ -118,7 +134,8 @@ def main(argv=None):
             env = dict(os.environ, JFA_LIBRARY=lib, JFA_TORCH_OPS="ctypes")
             cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--cli", args.cli,
                    "--cells", args.cells, "--runs", str(args.runs), "--warmup",
-                   str(args.warmup), "--head-dim", str(args.head_dim), "--dtype", args.dtype]
+                   str(args.warmup), "--head-dim", str(args.head_dim), "--dtype", args.dtype,
+                   "--pass", args.pass_name]
             p = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if p.returncode != 0:
                 sys.stderr.write(p.stderr)
@@ -134,8 +151,8 @@ def main(argv=None):
         print(f"| {name} | " + " | ".join(f"{m:.3f}" for m in medians) + " |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"unit": "ms", "head_dim": args.head_dim, "dtype": args.dtype,
-                       "rounds": rounds}, f, indent=1)
+            json.dump({"unit": "ms", "pass": args.pass_name, "head_dim": args.head_dim,
+                       "dtype": args.dtype, "rounds": rounds}, f, indent=1)
     return 0
 
 
