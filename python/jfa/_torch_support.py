@@ -23,4 +23,8 @@ else:
                                   "(torch >= 2.4 is needed)")
         else:
             torch = _torch
-            from . import _torch_ops as ops  # noqa: F401  (registers torch.ops.jfa.*)
+            try:
+                from . import _torch_ops as ops  # noqa: F401  (registers torch.ops.jfa.*)
+            except ImportError as e:  # a torch without what the registration needs
+                torch = None
+                unavailable_reason = f"the jfa torch ops cannot be registered: {e}"

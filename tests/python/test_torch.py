@@ -509,6 +509,39 @@ def test_cpu_device_check_errors(seed):
                              device_check=torch.zeros(1, dtype=torch.int32))
 
 
+def test_torch_without_the_private_autograd_api_leaves_numpy_working():
+    """A torch that lacks the internals the autograd registration uses (a future release may move
+    them): `import jfa` still works, torch support is reported unavailable with the missing name,
+    the numpy path runs, and a torch tensor gets the reason."""
+    import subprocess
+    import sys
+
+    python_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
+    code = "\n".join([
+        "import sys; sys.path.insert(0, %r)" % python_dir,
+        "import numpy as np, torch, torch._library.autograd as a",
+        "del a.make_autograd_impl",
+        "import jfa",
+        "assert not jfa.torch_available()",
+        "print(jfa.torch_unavailable_reason())",
+        "q = np.random.default_rng(0).standard_normal((5, 2, 64)).astype(np.float16)",
+        "cu = np.array([0, 2, 5], dtype=np.int32)",
+        "assert np.isfinite(jfa.jagged_attention(q, q, q, cu).astype(np.float32)).all()",
+        "try:",
+        "    jfa.jagged_attention(torch.from_numpy(q), torch.from_numpy(q), torch.from_numpy(q),",
+        "                         torch.from_numpy(cu))",
+        "except TypeError as e:",
+        "    print(e)",
+        "else:",
+        "    raise SystemExit('a torch tensor was accepted without torch support')",
+    ])
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    reason, error = r.stdout.strip().splitlines()
+    assert "make_autograd_impl" in reason and "cannot be registered" in reason
+    assert "make_autograd_impl" in error
+
+
 def test_device_check_message():
     """The texts of jfa_device_check_message (the bits of jfa_device_check_bits in jfa.h)."""
     assert "device_check_message" in jfa.__all__
