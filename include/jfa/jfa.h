@@ -114,13 +114,14 @@ typedef struct jfa_attention_params {
    * check cu_seqlens_q and cu_seqlens_k on the device, in the same stream before its kernels use
    * them, and to store there 0 or the OR of the jfa_device_check bits of every rule they break;
    * its kernels then add JFA_CHECK_RESULT_NOT_FINITE to the word when a result is not finite (see
-   * the bit). The call does not wait for either (no host synchronization): read the word once the
-   * stream has got there (e.g. after cudaStreamSynchronize); jfa_device_check_message() says what
-   * it means. With invalid offsets the kernels still stay inside every buffer; their results are
-   * unspecified. The CPU backend checks host offsets before every call (an invalid call fails
-   * with JFA_ERROR_INVALID_ARGUMENT), fails on a score it cannot hold (see
-   * jfa_attention_forward; the status says so), and stores 0 here (host memory) once the
-   * offsets pass its check. */
+   * the bit). Every call stores the word afresh, so it tells of the last call that wrote it (under
+   * autograd, the backward): give calls you want to check words of their own. The call does not
+   * wait for either (no host synchronization): read the word once the stream has got there (e.g.
+   * after cudaStreamSynchronize); jfa_device_check_message() says what it means. With invalid
+   * offsets the kernels still stay inside every buffer; their results are unspecified. The CPU
+   * backend checks host offsets before every call (an invalid call fails with
+   * JFA_ERROR_INVALID_ARGUMENT), fails on a score it cannot hold (see jfa_attention_forward; the
+   * status says so), and stores 0 here (host memory) once the offsets pass its check. */
   int32_t* device_check;
 } jfa_attention_params;
 
@@ -135,11 +136,12 @@ typedef enum jfa_device_check_bits {
   JFA_OFFSETS_K_DECREASING = 32,
   JFA_OFFSETS_K_LAST_NOT_TOTAL = 64,
   JFA_OFFSETS_K_ABOVE_MAX = 128,
-  /* Forward: a query row that sees a key got a softmax sum or (when lse is written) an LSE that
-   * is NaN or infinite; its out row is then NaN. Causes: a score q.k beyond float32 (inputs near
-   * the range of bf16), a NaN or infinite q or k, or an LSE beyond float32 (|scale * q.k| above
-   * 3.4e38; out stays exact, since the exponentials are taken from score differences).
-   * Backward: an element of dq, dk or dv is NaN or infinite, or an lse row is NaN or +inf. */
+  /* Forward: a query row that sees a key got no finite softmax sum, or (when lse is written) an LSE
+   * that is NaN or infinite. A sum that is not finite comes from a score q.k beyond float32 (inputs
+   * near the range of bf16) or a NaN or infinite q or k, and the row's out is then NaN; an LSE
+   * beyond float32 (|scale * q.k| above 3.4e38) is +-inf while out stays accurate, since such
+   * rows take their exponentials from score differences. Backward: an element of dq, dk or dv is
+   * NaN or infinite, or an lse row is NaN or +inf (-inf means a row without keys). */
   JFA_CHECK_RESULT_NOT_FINITE = 256
 } jfa_device_check_bits;
 
@@ -159,12 +161,12 @@ JFA_API const char* jfa_device_check_message(int32_t word);
 JFA_API jfa_status jfa_attention_params_init(jfa_attention_params* params);
 
 /* out = softmax(scale * q k^T [+ causal mask]) v, per sequence and head. On the CPU backend a
- * scaled score that float32 cannot hold (+inf or NaN: too large, or from a NaN or infinite q or
- * k), or a row whose every score is -inf, gives JFA_ERROR_UNSUPPORTED, after which out and lse are
- * unspecified. The CUDA backend takes any scale whose scores q.k are finite in float32 (out is
- * exact; an LSE beyond float32 is +-inf); what it cannot compute, it reports in the checked mode
- * (JFA_CHECK_RESULT_NOT_FINITE of device_check) and not in the status, which is returned before
- * the kernels run. Non-finite values of v reach out. */
+ * scaled score that float32 cannot hold (+inf or NaN: too large, or from a NaN or infinite q or k),
+ * or a row whose every score is -inf, gives JFA_ERROR_UNSUPPORTED, after which out and lse are
+ * unspecified. The CUDA backend takes any positive scale (up to 2.3e38) whose scores q.k are finite
+ * in float32 (out is accurate; an LSE beyond float32 is +-inf); what it cannot compute, it reports
+ * in the checked mode (JFA_CHECK_RESULT_NOT_FINITE of device_check) and not in the status, which is
+ * returned before the kernels run. Non-finite values of v reach out. */
 JFA_API jfa_status jfa_attention_forward(const jfa_attention_params* params);
 
 /* The bytes of params->workspace that jfa_attention_forward needs for these sizes: it reads

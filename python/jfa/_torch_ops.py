@@ -16,33 +16,10 @@ from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch._library import autograd as _library_autograd  # see _torch_support.PRIVATE_API
 
-
-def _require_private_api() -> None:
-    """The autograd registration of an op that writes an argument (device_check) uses torch
-    internals that public torch.library does not offer (see _register_autograd). A torch that
-    lacks them gets an ImportError that names them, which jfa reports as the reason torch support
-    is unavailable, instead of failing `import jfa`."""
-    import importlib
-
-    needs = (("torch._library.autograd", "make_autograd_impl"), ("torch._library.autograd", "Info"),
-             ("torch._C", "_after_ADInplaceOrView_keyset"),
-             ("torch._C", "_AutoDispatchBelowADInplaceOrView"))
-    for module, name in needs:
-        try:
-            found = hasattr(importlib.import_module(module), name)
-        except ImportError:
-            found = False
-        if not found:
-            raise ImportError(f"torch {torch.__version__} lacks {module}.{name}, which jfa's "
-                              "autograd registration uses (tested with torch 2.11)")
-
-
-_require_private_api()
-from torch._library import autograd as _library_autograd  # noqa: E402
-
-from . import _checks, _torch_native  # noqa: E402
-from ._torch_checks import check_backward_inputs, check_inputs, check_device_check  # noqa: E402
+from . import _checks, _torch_native
+from ._torch_checks import check_backward_inputs, check_inputs, check_device_check
 
 KIND, KIND_DETAIL = _torch_native.load(torch)
 if KIND == "ctypes":

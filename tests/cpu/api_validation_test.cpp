@@ -205,7 +205,7 @@ TEST(Workspace, HostCallsGetNone) {
 
 // The checked mode on the CPU backend: the host validates the offsets, and a call that runs stores
 // 0 in the word; a misaligned word, or one inside an output, is rejected; the message of each bit.
-TEST(Validation, OffsetsCheckWordOnTheCpu) {
+TEST(Validation, DeviceCheckWordOnTheCpu) {
   Fixture f;
   int32_t words[2] = {0x7F7F7F7F, 0x7F7F7F7F};
   f.p.device_check = &words[0];

@@ -538,7 +538,7 @@ def test_torch_without_the_private_autograd_api_leaves_numpy_working():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     reason, error = r.stdout.strip().splitlines()
-    assert "make_autograd_impl" in reason and "cannot be registered" in reason
+    assert "make_autograd_impl" in reason and "cannot be registered" in reason, reason
     assert "make_autograd_impl" in error
 
 
