@@ -20,6 +20,8 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import workloads as W  # noqa: E402  (no torch)
 CELLS = ("W1", "W1c", "W2", "W2c", "W3", "W3c", "W4", "W4c", "W1d", "W1cd")
 
 
@@ -39,15 +41,15 @@ def parse_cell(cell, pass_name="backward"):
     return base, "c" in flags, "d" in flags
 
 
-def time_cells(cli, cells, head_dim, dtype_name, runs, warmup, pass_name="backward"):
+def time_cells(cli, cells, head_dim, dtype_name, runs, warmup, pass_name="backward",
+               heads_kv=None):
     """In the child process: {cell: median ms}."""
     import torch
-    sys.path.insert(0, HERE)
     sys.path.insert(0, os.path.join(HERE, "..", "python"))
-    import workloads as W
     import jfa  # noqa: F401  (registers torch.ops.jfa)
 
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
+    heads_kv = W.HEADS if heads_kv is None else heads_kv
     result = {}
     for cell in cells:
         base, causal, deterministic = parse_cell(cell, pass_name)
@@ -55,8 +57,9 @@ def time_cells(cli, cells, head_dim, dtype_name, runs, warmup, pass_name="backwa
         cu = torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32,
                           device="cuda")
         g = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v, dout = (torch.randn(int(cu[-1]), W.HEADS, head_dim, device="cuda", dtype=dtype,
-                                     generator=g) for _ in range(4))
+        q, k, v, dout = (torch.randn(int(cu[-1]), heads, head_dim, device="cuda", dtype=dtype,
+                                     generator=g)
+                         for heads in (W.HEADS, heads_kv, heads_kv, W.HEADS))
         longest = max(lengths)
         out, lse = torch.ops.jfa.jagged_attention_fwd(q, k, v, cu, cu, longest, longest, causal,
                                                       None, True)
@@ -101,9 +104,14 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--head-dim", type=int, default=128, choices=(64, 128))
     ap.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"))
+    ap.add_argument("--heads-kv", type=int, default=None,
+                    help=f"K/V heads (GQA), a divisor of the {W.HEADS} query heads (default "
+                         f"{W.HEADS})")
     ap.add_argument("--json", help="write every round's figures to this file")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.heads_kv is not None and (args.heads_kv < 1 or W.HEADS % args.heads_kv != 0):
+        ap.error(f"--heads-kv {args.heads_kv}: a divisor of the {W.HEADS} query heads")
     if args.cells is None:
         args.cells = ",".join(CELLS if args.pass_name == "backward" else FORWARD_CELLS)
     cells = args.cells.split(",")
@@ -115,7 +123,7 @@ def main(argv=None):
 
     if args.child:
         print(json.dumps(time_cells(args.cli, cells, args.head_dim, args.dtype, args.runs,
-                                    args.warmup, args.pass_name)))
+                                    args.warmup, args.pass_name, args.heads_kv)))
         return 0
 
     if not args.builds:
@@ -136,6 +144,8 @@ def main(argv=None):
                    "--cells", args.cells, "--runs", str(args.runs), "--warmup",
                    str(args.warmup), "--head-dim", str(args.head_dim), "--dtype", args.dtype,
                    "--pass", args.pass_name]
+            if args.heads_kv is not None:
+                cmd += ["--heads-kv", str(args.heads_kv)]
             p = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if p.returncode != 0:
                 sys.stderr.write(p.stderr)
@@ -152,7 +162,8 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"unit": "ms", "pass": args.pass_name, "head_dim": args.head_dim,
-                       "dtype": args.dtype, "rounds": rounds}, f, indent=1)
+                       "dtype": args.dtype, "heads_kv": args.heads_kv or W.HEADS, "rounds": rounds},
+                      f, indent=1)
     return 0
 
 

@@ -39,6 +39,8 @@ def test_forward_cells_have_no_deterministic_mode():
     (["--cli", "jfa", "--pass", "forward", "--cells", "W1cd", "base=/no/such/libjfa.so"],
      "cell 'W1cd'"),
     (["--cli", "jfa", "--pass", "sideways", "base=/no/such/libjfa.so"], "invalid choice"),
+    (["--cli", "jfa", "--heads-kv", "3", "base=/no/such/libjfa.so"], "a divisor of the 16"),
+    (["--cli", "jfa", "--heads-kv", "0", "base=/no/such/libjfa.so"], "a divisor of the 16"),
 ])
 def test_arguments_are_checked(argv, message, capsys):
     with pytest.raises(SystemExit):
