@@ -109,7 +109,12 @@ struct AttentionOptions {
   Backend backend = Backend::kAuto;
   void* stream = nullptr;          // cudaStream_t
   Workspace* workspace = nullptr;  // optional; without one the CUDA backend allocates per call
+  // Optional checked mode: one int32 in the memory of the tensors (jfa_attention_params::
+  // device_check); device_check_message() says what a word read back reports.
+  int32_t* device_check = nullptr;
 };
+
+inline std::string device_check_message(int32_t word) { return jfa_device_check_message(word); }
 
 inline jfa_attention_params make_params(const JaggedTensor& q, const JaggedTensor& k,
                                         const JaggedTensor& v, const JaggedTensor& out,
@@ -141,6 +146,7 @@ inline jfa_attention_params make_params(const JaggedTensor& q, const JaggedTenso
   p.max_seqlen_k = options.max_seqlen_k;
   p.backend = static_cast<jfa_backend>(options.backend);
   p.stream = options.stream;
+  p.device_check = options.device_check;
   return p;
 }
 
@@ -230,9 +236,10 @@ inline ReferenceGradients attention_backward_reference(
   JaggedTensor none_q = q, none_k = k;
   none_q.data = nullptr;
   none_k.data = nullptr;
-  const jfa_attention_backward_params p =
+  jfa_attention_backward_params p =
       make_backward_params(q, k, v, none_q, {dout, none_q, none_k, none_k, dlse}, cu_seqlens_q,
                            cu_seqlens_k, batch, options, true);
+  p.forward.device_check = nullptr;  // the reference has no checked mode
   ReferenceGradients g;
   g.dq.resize(static_cast<std::size_t>(q.total) * q.heads * q.head_dim);
   g.dk.resize(static_cast<std::size_t>(k.total) * k.heads * k.head_dim);
@@ -252,8 +259,9 @@ inline std::vector<double> attention_reference(
   JaggedTensor out_view = q;
   out_view.data = nullptr;
   check_views(q, k, v, out_view);
-  const jfa_attention_params p =
+  jfa_attention_params p =
       make_params(q, k, v, out_view, cu_seqlens_q, cu_seqlens_k, batch, options);
+  p.device_check = nullptr;  // the reference has no checked mode
   const int64_t n = q_tokens ? static_cast<int64_t>(q_tokens->size()) : q.total;
   std::vector<double> out(static_cast<std::size_t>(n) * q.heads * q.head_dim);
   if (lse) lse->assign(static_cast<std::size_t>(n) * q.heads, 0.0);

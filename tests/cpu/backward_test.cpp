@@ -345,6 +345,36 @@ TEST(Backward, KeptWorkspaceGivesHostCallsNone) {
   EXPECT_FALSE(cxx.untouched());
 }
 
+// The checked mode through the C++ options: the CPU backend stores 0 in a host word once the
+// offsets pass its check, and the float64 references leave the word alone.
+TEST(Backward, CxxOptionsCarryTheCheckedModeWord) {
+  BackwardCall cxx;
+  int32_t word = -1;
+  jfa::AttentionOptions options;
+  options.lse = cxx.lse.data();
+  options.backend = jfa::Backend::kCpu;
+  options.device_check = &word;
+  jfa::attention(cxx.b.q_view(), cxx.b.k_view(), cxx.b.v_view(), view(cxx.out, cxx.b, false),
+                 cxx.b.cu_q.data(), cxx.b.cu_k.data(), cxx.b.batch(), options);
+  EXPECT_EQ(word, 0) << jfa::device_check_message(word);
+  word = -1;
+  jfa::attention_backward(cxx.b.q_view(), cxx.b.k_view(), cxx.b.v_view(),
+                          view(cxx.out, cxx.b, false),
+                          {view(cxx.dout, cxx.b, false), view(cxx.dq, cxx.b, false),
+                           view(cxx.dk, cxx.b, true), view(cxx.dv, cxx.b, true)},
+                          cxx.b.cu_q.data(), cxx.b.cu_k.data(), cxx.b.batch(), options);
+  EXPECT_EQ(word, 0) << jfa::device_check_message(word);
+  EXPECT_FALSE(cxx.untouched());
+  word = -1;
+  jfa::attention_reference(cxx.b.q_view(), cxx.b.k_view(), cxx.b.v_view(), cxx.b.cu_q.data(),
+                           cxx.b.cu_k.data(), cxx.b.batch(), options);
+  jfa::attention_backward_reference(cxx.b.q_view(), cxx.b.k_view(), cxx.b.v_view(),
+                                    view(cxx.dout, cxx.b, false), cxx.b.cu_q.data(),
+                                    cxx.b.cu_k.data(), cxx.b.batch(), options);
+  EXPECT_EQ(word, -1);
+  EXPECT_EQ(jfa::device_check_message(JFA_OFFSETS_Q_DECREASING), "cu_seqlens_q decreases");
+}
+
 TEST(Backward, RulesOfTheCEntry) {
   EXPECT_EQ(jfa_attention_backward(nullptr), JFA_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(jfa_attention_backward_params_init(nullptr), JFA_ERROR_INVALID_ARGUMENT);
