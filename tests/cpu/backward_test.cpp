@@ -256,8 +256,7 @@ struct BackwardCall {
     jfa::AttentionOptions options;
     options.lse = lse.data();
     options.backend = jfa::Backend::kCpu;
-    jfa::attention(b.q_view(), b.k_view(), b.v_view(), view(out, b, false), b.cu_q.data(),
-                   b.cu_k.data(), b.batch(), options);
+    cxx_forward(options);
     p = jfa::make_backward_params(
         b.q_view(), b.k_view(), b.v_view(), view(out, b, false),
         {view(dout, b, false), view(dq, b, false), view(dk, b, true), view(dv, b, true)},
@@ -265,6 +264,18 @@ struct BackwardCall {
     jfa::tools::poison(dq);
     jfa::tools::poison(dk);
     jfa::tools::poison(dv);
+  }
+
+  // The forward (out and the LSE of options.lse) and the backward through the C++ API.
+  void cxx_forward(const jfa::AttentionOptions& options) {
+    jfa::attention(b.q_view(), b.k_view(), b.v_view(), view(out, b, false), b.cu_q.data(),
+                   b.cu_k.data(), b.batch(), options);
+  }
+  void cxx_backward(const jfa::AttentionOptions& options) {
+    jfa::attention_backward(
+        b.q_view(), b.k_view(), b.v_view(), view(out, b, false),
+        {view(dout, b, false), view(dq, b, false), view(dk, b, true), view(dv, b, true)},
+        b.cu_q.data(), b.cu_k.data(), b.batch(), options);
   }
 
   bool untouched() const {
@@ -335,13 +346,8 @@ TEST(Backward, KeptWorkspaceGivesHostCallsNone) {
   options.backend = jfa::Backend::kCpu;
   options.workspace = &workspace;
   // The forward's LSE of this call (BackwardCall ran it with its own options).
-  jfa::attention(cxx.b.q_view(), cxx.b.k_view(), cxx.b.v_view(), view(cxx.out, cxx.b, false),
-                 cxx.b.cu_q.data(), cxx.b.cu_k.data(), cxx.b.batch(), options);
-  jfa::attention_backward(cxx.b.q_view(), cxx.b.k_view(), cxx.b.v_view(),
-                          view(cxx.out, cxx.b, false),
-                          {view(cxx.dout, cxx.b, false), view(cxx.dq, cxx.b, false),
-                           view(cxx.dk, cxx.b, true), view(cxx.dv, cxx.b, true)},
-                          cxx.b.cu_q.data(), cxx.b.cu_k.data(), cxx.b.batch(), options);
+  cxx.cxx_forward(options);
+  cxx.cxx_backward(options);
   EXPECT_FALSE(cxx.untouched());
 }
 
@@ -354,15 +360,10 @@ TEST(Backward, CxxOptionsCarryTheCheckedModeWord) {
   options.lse = cxx.lse.data();
   options.backend = jfa::Backend::kCpu;
   options.device_check = &word;
-  jfa::attention(cxx.b.q_view(), cxx.b.k_view(), cxx.b.v_view(), view(cxx.out, cxx.b, false),
-                 cxx.b.cu_q.data(), cxx.b.cu_k.data(), cxx.b.batch(), options);
+  cxx.cxx_forward(options);
   EXPECT_EQ(word, 0) << jfa::device_check_message(word);
   word = -1;
-  jfa::attention_backward(cxx.b.q_view(), cxx.b.k_view(), cxx.b.v_view(),
-                          view(cxx.out, cxx.b, false),
-                          {view(cxx.dout, cxx.b, false), view(cxx.dq, cxx.b, false),
-                           view(cxx.dk, cxx.b, true), view(cxx.dv, cxx.b, true)},
-                          cxx.b.cu_q.data(), cxx.b.cu_k.data(), cxx.b.batch(), options);
+  cxx.cxx_backward(options);
   EXPECT_EQ(word, 0) << jfa::device_check_message(word);
   EXPECT_FALSE(cxx.untouched());
   word = -1;
