@@ -795,17 +795,16 @@ TEST(AttentionGpu, CheckedModeReportsInvalidDeviceOffsets) {
     SCOPED_TRACE(jfa_device_check_message(probe.expected));
     JFA_CUDA_OK(cudaMemcpy(cu_q.ptr, probe.q.data(), 16, cudaMemcpyHostToDevice));
     JFA_CUDA_OK(cudaMemcpy(cu_k.ptr, probe.k.data(), 16, cudaMemcpyHostToDevice));
-    JFA_CUDA_OK(cudaMemset(word.ptr, 0x7F, sizeof(int32_t)));
     jfa_attention_params p = valid;
     p.cu_seqlens_q = cu_q.as<int32_t>();
     p.cu_seqlens_k = cu_k.as<int32_t>();
     p.max_seqlen_q = probe.max_q;
     p.max_seqlen_k = probe.max_k;
-    p.device_check = word.as<int32_t>();
     runner.poison();
-    ASSERT_EQ(jfa_attention_forward(&p), JFA_SUCCESS) << jfa_last_error_message();
-    int32_t got = -1;
-    JFA_CUDA_OK(cudaMemcpy(&got, word.ptr, sizeof got, cudaMemcpyDeviceToHost));
+    const int32_t got = jfa::gpu_test::device_check_after(word, [&](int32_t* w) {
+      p.device_check = w;
+      EXPECT_EQ(jfa_attention_forward(&p), JFA_SUCCESS) << jfa_last_error_message();
+    });
     EXPECT_EQ(got, probe.expected) << jfa_device_check_message(got);
   }
   // No q rows: no list kernel runs, the check runs alone.
@@ -819,11 +818,10 @@ TEST(AttentionGpu, CheckedModeReportsInvalidDeviceOffsets) {
   const std::vector<int32_t> bad_k = {1, 3, 7};
   JFA_CUDA_OK(cudaMemcpy(cu_k.ptr, bad_k.data(), 12, cudaMemcpyHostToDevice));
   p.cu_seqlens_k = cu_k.as<int32_t>();
-  JFA_CUDA_OK(cudaMemset(word.ptr, 0x7F, sizeof(int32_t)));
-  p.device_check = word.as<int32_t>();
-  ASSERT_EQ(jfa_attention_forward(&p), JFA_SUCCESS) << jfa_last_error_message();
-  int32_t got = -1;
-  JFA_CUDA_OK(cudaMemcpy(&got, word.ptr, sizeof got, cudaMemcpyDeviceToHost));
+  const int32_t got = jfa::gpu_test::device_check_after(word, [&](int32_t* w) {
+    p.device_check = w;
+    EXPECT_EQ(jfa_attention_forward(&p), JFA_SUCCESS) << jfa_last_error_message();
+  });
   EXPECT_EQ(got, JFA_OFFSETS_K_FIRST_NOT_ZERO) << jfa_device_check_message(got);
 }
 
@@ -852,13 +850,11 @@ TEST(AttentionGpu, HugeScalesMatchReference) {
 // scores q.k beyond float32 (bf16 inputs near its range: out NaN); never set for what is finite.
 TEST(AttentionGpu, CheckedModeReportsResultsBeyondFloat32) {
   DeviceBuffer word(sizeof(int32_t));
-  auto checked_run = [&](AttentionRunner& runner, DeviceRun* r) -> int32_t {
-    EXPECT_EQ(cudaMemset(word.ptr, 0x7F, sizeof(int32_t)), cudaSuccess);
-    runner.set_device_check(word.as<int32_t>());
-    EXPECT_EQ(runner.run(r), JFA_SUCCESS) << jfa_last_error_message();
-    int32_t got = -1;
-    EXPECT_EQ(cudaMemcpy(&got, word.ptr, sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
-    return got;
+  auto checked_run = [&](AttentionRunner& runner, DeviceRun* r) {
+    return jfa::gpu_test::device_check_after(word, [&](int32_t* w) {
+      runner.set_device_check(w);
+      EXPECT_EQ(runner.run(r), JFA_SUCCESS) << jfa_last_error_message();
+    });
   };
   for (const bool with_lse : {true, false}) {
     // Integer scores of up to +-2 * head_dim times 2e38: most LSEs are +-inf in float32.

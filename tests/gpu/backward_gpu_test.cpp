@@ -673,8 +673,6 @@ TEST(BackwardGpuApi, CallerWorkspaceGivesTheSameGradients) {
       << "the caller's workspace changed the gradients";
 }
 
-// A workspace one byte short of the size asked for, or not 16-byte aligned, is rejected before
-// anything is written.
 // A kept jfa_workspace prepared for the forward is grown for the backward (which needs more) and
 // then serves both; a too-small caller workspace is rejected naming the backward's size query.
 TEST(BackwardGpuApi, KeptWorkspaceServesForwardAndBackward) {
@@ -706,29 +704,30 @@ TEST(BackwardGpuApi, KeptWorkspaceServesForwardAndBackward) {
 
 // The checked mode on the backward: valid offsets give 0, broken ones their bits, also when no
 // list kernel runs (no keys anywhere).
+// The backward with `p` in the checked mode (the word `word`): its word, the gradients in *g.
+int32_t run_checked(const BackwardRunner& runner, jfa_attention_backward_params p, Gradients* g,
+                    const DeviceBuffer& word) {
+  return jfa::gpu_test::device_check_after(word, [&](int32_t* w) {
+    p.forward.device_check = w;
+    EXPECT_EQ(runner.run(g, p), JFA_SUCCESS) << jfa_last_error_message();
+  });
+}
+
 TEST(BackwardGpuApi, CheckedModeReportsInvalidDeviceOffsets) {
   Case c = workspace_case();
   BackwardRunner runner(c, fresh_seed("backward checked offsets"));
   ASSERT_NO_FATAL_FAILURE(runner.upload_and_forward());
   DeviceBuffer word(sizeof(int32_t));
-  auto checked = [&](jfa_attention_backward_params p) -> int32_t {
-    EXPECT_EQ(cudaMemset(word.ptr, 0x7F, sizeof(int32_t)), cudaSuccess);
-    p.forward.device_check = word.as<int32_t>();
-    Gradients g;
-    EXPECT_EQ(runner.run(&g, p), JFA_SUCCESS) << jfa_last_error_message();
-    int32_t got = -1;
-    EXPECT_EQ(cudaMemcpy(&got, word.ptr, sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
-    return got;
-  };
+  Gradients g;
   const jfa_attention_backward_params valid = runner.params();
-  EXPECT_EQ(checked(valid), 0);
+  EXPECT_EQ(run_checked(runner, valid, &g, word), 0);
   // q offsets that decrease and end past total_q.
   std::vector<int32_t> bad(static_cast<size_t>(valid.forward.batch) + 1, 0);
   for (size_t i = 1; i < bad.size(); ++i) bad[i] = static_cast<int32_t>(bad.size() - i) * 3;
   DeviceBuffer bad_q = upload(bad.data(), bad.size() * sizeof(int32_t));
   jfa_attention_backward_params broken = valid;
   broken.forward.cu_seqlens_q = bad_q.as<int32_t>();
-  const int32_t got = checked(broken);
+  const int32_t got = run_checked(runner, broken, &g, word);
   EXPECT_NE(got & JFA_OFFSETS_Q_DECREASING, 0) << jfa_device_check_message(got);
   EXPECT_EQ(got & 0xF0, 0) << "the k offsets are valid: " << jfa_device_check_message(got);
 }
@@ -754,18 +753,9 @@ TEST(BackwardGpuApi, CheckedModeReportsGradientsThatAreNotFinite) {
   BackwardRunner runner(c, fresh_seed("backward results not finite"));
   ASSERT_NO_FATAL_FAILURE(runner.upload_and_forward());
   DeviceBuffer word(sizeof(int32_t));
-  auto checked = [&](const jfa_attention_backward_params& p, Gradients* g) -> int32_t {
-    EXPECT_EQ(cudaMemset(word.ptr, 0x7F, sizeof(int32_t)), cudaSuccess);
-    jfa_attention_backward_params with_word = p;
-    with_word.forward.device_check = word.as<int32_t>();
-    EXPECT_EQ(runner.run(g, with_word), JFA_SUCCESS) << jfa_last_error_message();
-    int32_t got = -1;
-    EXPECT_EQ(cudaMemcpy(&got, word.ptr, sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
-    return got;
-  };
   const jfa_attention_backward_params valid = runner.params();
   Gradients g;
-  EXPECT_EQ(checked(valid, &g), 0);
+  EXPECT_EQ(run_checked(runner, valid, &g, word), 0);
   EXPECT_EQ(non_finite_fp16(g), 0);
 
   const int64_t n = valid.forward.total_q * c.heads_q * c.head_dim;
@@ -775,17 +765,19 @@ TEST(BackwardGpuApi, CheckedModeReportsGradientsThatAreNotFinite) {
   DeviceBuffer big_dout = upload(big.data(), big.bytes.size());
   jfa_attention_backward_params overflow = valid;
   overflow.dout = big_dout.ptr;
-  int32_t got = checked(overflow, &g);
+  int32_t got = run_checked(runner, overflow, &g, word);
   EXPECT_GT(non_finite_fp16(g), 0) << "no gradient overflowed: the case does not test what it says";
   EXPECT_EQ(got, JFA_CHECK_RESULT_NOT_FINITE) << jfa_device_check_message(got);
 
   const float nan = std::numeric_limits<float>::quiet_NaN();
   JFA_CUDA_OK(cudaMemcpy(valid.forward.lse, &nan, sizeof nan, cudaMemcpyHostToDevice));
-  got = checked(valid, &g);
+  got = run_checked(runner, valid, &g, word);
   EXPECT_EQ(got, JFA_CHECK_RESULT_NOT_FINITE) << jfa_device_check_message(got);
   EXPECT_EQ(non_finite_fp16(g), 0) << "a row with a NaN lse adds nothing";
 }
 
+// A workspace one byte short of the size asked for, or not 16-byte aligned, is rejected before
+// anything is written.
 TEST(BackwardGpuApi, TooSmallOrMisalignedWorkspaceIsRejected) {
   const Case c = workspace_case();
   BackwardRunner runner(c, fresh_seed("backward workspace rejected"));

@@ -64,6 +64,17 @@ struct DeviceBuffer {
   }
 };
 
+// The checked mode's word after `call(word)`: set first to a value no check stores, so that a
+// stale word cannot pass, and read back once the device is done.
+template <typename Call>
+int32_t device_check_after(const DeviceBuffer& word, Call&& call) {
+  EXPECT_EQ(cudaMemset(word.ptr, 0x7F, sizeof(int32_t)), cudaSuccess);
+  call(word.as<int32_t>());
+  int32_t got = -1;
+  EXPECT_EQ(cudaMemcpy(&got, word.ptr, sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
+  return got;
+}
+
 // Bytes the default memory pool of the current device has handed out at its peak since the last
 // reset (the library's per-call allocation comes from it).
 inline size_t default_pool_peak(bool reset) {
