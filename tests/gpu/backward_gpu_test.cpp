@@ -599,6 +599,22 @@ TEST(BackwardGpu, RandomBatchesFreshSeeds) {
 
 // ---- Determinism, workspace, graphs -------------------------------------------------------------
 
+// Three runs of a deterministic case give the same bits, and the first matches the reference.
+void expect_bit_identical_runs(const Case& c) {
+  BackwardRunner runner(c, fresh_seed(describe(c).c_str()));
+  ASSERT_NO_FATAL_FAILURE(runner.upload_and_forward());
+  Gradients first;
+  ASSERT_EQ(runner.run(&first), JFA_SUCCESS) << jfa_last_error_message();
+  runner.check(first);
+  for (int run = 2; run <= 3; ++run) {
+    Gradients again;
+    ASSERT_EQ(runner.run(&again), JFA_SUCCESS) << jfa_last_error_message();
+    EXPECT_TRUE(first.dq == again.dq) << "dq of run " << run << " differs from run 1";
+    EXPECT_TRUE(first.dk == again.dk) << "dk of run " << run << " differs from run 1";
+    EXPECT_TRUE(first.dv == again.dv) << "dv of run " << run << " differs from run 1";
+  }
+}
+
 // deterministic=1: three runs give the same bits (GQA and long sequences, where dk/dv sum over
 // query heads and dq over key tiles), and the values match the reference.
 TEST(BackwardGpu, DeterministicRunsAreBitIdentical) {
@@ -615,18 +631,7 @@ TEST(BackwardGpu, DeterministicRunsAreBitIdentical) {
     c.causal = d == 64;
     c.with_dlse = d == 128;
     c.deterministic = true;
-    BackwardRunner runner(c, fresh_seed(describe(c).c_str()));
-    ASSERT_NO_FATAL_FAILURE(runner.upload_and_forward());
-    Gradients first;
-    ASSERT_EQ(runner.run(&first), JFA_SUCCESS) << jfa_last_error_message();
-    runner.check(first);
-    for (int run = 2; run <= 3; ++run) {
-      Gradients again;
-      ASSERT_EQ(runner.run(&again), JFA_SUCCESS) << jfa_last_error_message();
-      EXPECT_TRUE(first.dq == again.dq) << "dq of run " << run << " differs from run 1";
-      EXPECT_TRUE(first.dk == again.dk) << "dk of run " << run << " differs from run 1";
-      EXPECT_TRUE(first.dv == again.dv) << "dv of run " << run << " differs from run 1";
-    }
+    expect_bit_identical_runs(c);
   }
 }
 
@@ -642,6 +647,16 @@ Case workspace_case() {
   c.causal = true;
   c.deterministic = true;
   return c;
+}
+
+// deterministic=1 under the causal mask, where the K tiles walk up from their diagonals and add in
+// descending order: key prefixes longer than the queries (K tiles every row sees), queries longer
+// than the keys (rows that see none), GQA; three runs give the same bits and match the reference.
+TEST(BackwardGpu, DeterministicCausalCrossLengths) {
+  Case c = workspace_case();
+  c.lq = {100, 700, 5, 300, 64};
+  c.lk = {900, 200, 5, 310, 1};
+  expect_bit_identical_runs(c);
 }
 
 // A caller's workspace of exactly the size asked for (with stale contents) gives the gradients of

@@ -13,7 +13,7 @@
 //                  as MN-major B); dS^T to shared memory, dQ = dS K (SS wgmma, both operands
 //                  MN-major), staged in shared memory for the dQ writer.
 //   warp 1 of group 0  dQ writer: adds each group's staged dQ with one bulk reduction per step (in
-//                  deterministic mode in the order of the K tiles, one semaphore per q tile).
+//                  deterministic mode in a fixed order of the K tiles, one semaphore per q tile).
 // Rows past a sequence's end in a q tile have LSE2 = +inf (the preprocess), so P = 0 there; keys
 // past its end and, under the causal mask, keys a query does not see are set to P = 0 on the steps
 // that hold any. Offsets are not validated on the device; they are clamped so that no access
@@ -84,7 +84,8 @@ __device__ __forceinline__ void bwd_producer(typename Cfg::Shared& s, const CUte
     kv_phase ^= 1u;
     for (int32_t g = 0; g < a.group; ++g) {
       const int32_t head = w.kv_head * a.group + g;
-      for (int32_t m = w.m_end - 1; m >= w.m_first; --m) {
+      for (int32_t i = 0; i < w.q_tiles(); ++i) {
+        const int32_t m = walk_q_tile(a, w, i);
         s.empty[st.stage].wait_suspended(st.phase ^ 1u);
         tlx::MBarrier* full = &s.full[st.stage];
         full->arrive_expect_tx(2 * Cfg::QTile::kBytes + 2 * kRowBytes);
@@ -199,7 +200,7 @@ __device__ __forceinline__ void stage_dq(typename Cfg::Shared& s, const BwdTile&
     const int rows = min(kBwdBlockM, w.seq.len_q - m * kBwdBlockM);
     s.dq_dest[group] = DqDestination{a.dq_acc + dq_part_base(a.total_q, Cfg::kD, head, part) +
                                          static_cast<int64_t>(first) * kDqPartCols,
-                                     a.sems + tile, w.n_block,
+                                     a.sems + tile, a.deterministic ? dq_add_rank(a, w, m) : 0,
                                      static_cast<uint32_t>(rows * kDqPartCols * sizeof(float))};
   }
   tlx::fence_proxy_async_smem();  // the writer's bulk reduction reads it (async proxy)
@@ -210,10 +211,9 @@ __device__ __forceinline__ void stage_dq(typename Cfg::Shared& s, const BwdTile&
 
 // The dQ writer (warp 1 of the producer group): per step, one bulk reduction per group adds its
 // staged 64 x 64 part to the accumulator in L2; a group's staging area is free again once its
-// reduction has read it. In deterministic mode the adds to one q tile go in the order of the K
-// tiles: the semaphore counts the steps added, and K tile n waits for the n tiles before it (all
-// of which see this q tile when n does); where both groups add to the same part, group 0's add
-// completes first.
+// reduction has read it. In deterministic mode the adds to one q tile go in a fixed order of the
+// K tiles (dq_add_rank): the semaphore counts the steps added, and each K tile waits for the ones
+// before it; where both groups add to the same part, group 0's add completes first.
 template <typename Cfg>
 __device__ __forceinline__ void bwd_dq_writer(typename Cfg::Shared& s, const BwdArgs& a) {
   const bool leader = tlx::lane_is_leader();
@@ -368,11 +368,10 @@ __device__ __forceinline__ void step_gradients(
   gemm_accumulate<Cfg>(dk, ops.ds, s.q[st.stage]);
 }
 
-// Walks an item's steps (the q tiles of each query head of its group, the last tile first) for one
-// consumer group; each step's dQ goes to the dQ writer. The last q tile is the one every K tile of
-// a sequence sees: walked first, it lets the K tiles of one head follow each other one step apart
-// in deterministic mode. No MMA is in flight across the loop's back edge: an accumulator carried
-// in flight from one iteration to the next makes the compiler serialize every MMA of the kernel.
+// Walks an item's steps (the q tiles of each query head of its group, in walk_q_tile's order) for
+// one consumer group; each step's dQ goes to the dQ writer. No MMA is in flight across the loop's
+// back edge: an accumulator carried in flight from one iteration to the next makes the compiler
+// serialize every MMA of the kernel.
 template <typename Cfg>
 __device__ __forceinline__ void walk_item(typename Cfg::Shared& s, tlx::AccumFragment<Cfg::kD>& dk,
                                           tlx::AccumFragment<Cfg::kD>& dv, const BwdArgs& a,
@@ -380,7 +379,7 @@ __device__ __forceinline__ void walk_item(typename Cfg::Shared& s, tlx::AccumFra
                                           tlx::PipelineState<Cfg::kStages>& st, int& ds_buf,
                                           uint32_t& dq_phase) {
   const int32_t steps = a.group * w.q_tiles();
-  int32_t head = w.kv_head * a.group, m = w.m_end - 1;
+  int32_t head = w.kv_head * a.group, i_head = 0, m = walk_q_tile(a, w, 0);
   for (int32_t i = 0; i < steps; ++i) {
     BwdTile sc, dp, dq;
     issue_scores<Cfg>(s, sc, st, group);
@@ -401,10 +400,11 @@ __device__ __forceinline__ void walk_item(typename Cfg::Shared& s, tlx::AccumFra
     if (tlx::lane_is_leader()) s.empty[st.stage].arrive();
     st.advance();
     ds_buf ^= 1;
-    if (--m < w.m_first) {
-      m = w.m_end - 1;
+    if (++i_head == w.q_tiles()) {
+      i_head = 0;
       ++head;
     }
+    m = walk_q_tile(a, w, i_head);
   }
 }
 

@@ -56,8 +56,8 @@ struct BwdItem {
 
 // Item `item` of the list: the items of one sequence's run of entries go head by head (all K tiles
 // of one kv head, then the next), so the CTAs at work on a sequence stream the same Q and dO
-// through L2, and the K tiles of one head are claimed in ascending order (deterministic mode
-// relies on it).
+// through L2, and the K tiles of one head are claimed in ascending order, descending in
+// deterministic mode under the causal mask (the order of dQ's adds, dq_add_rank, relies on it).
 __device__ __forceinline__ BwdItem decode_bwd_item(const BwdArgs& a, int64_t item) {
   BwdItem w{};
   const int64_t slot = item / a.heads_kv;
@@ -73,6 +73,8 @@ __device__ __forceinline__ BwdItem decode_bwd_item(const BwdArgs& a, int64_t ite
     const int64_t local = item - run_first * a.heads_kv;  // in [0, tiles * heads_kv)
     w.kv_head = static_cast<int32_t>(local / tiles);
     w.n_block = static_cast<int32_t>(local - static_cast<int64_t>(w.kv_head) * tiles);
+    // Deterministic and causal: a head's K tiles are claimed last to first (see dq_add_rank).
+    if (a.deterministic && a.causal) w.n_block = tiles - 1 - w.n_block;
   }
   w.valid = 1;
   w.m_end = (w.seq.len_q + kBwdBlockM - 1) / kBwdBlockM;
@@ -90,6 +92,32 @@ __device__ __forceinline__ BwdItem decode_bwd_item(const BwdArgs& a, int64_t ite
   }
   w.lse_row = static_cast<int32_t>(padded_row(w.seq.q_start, b));
   return w;
+}
+
+// The q tile of step i of an item's walk over one query head's q tiles: from the last one down
+// (the K tiles of a head then reach the last q tiles together, which concurrent CTAs share in L2),
+// or, in deterministic mode under the causal mask, from the item's diagonal up (see dq_add_rank).
+__device__ __forceinline__ int32_t walk_q_tile(const BwdArgs& a, const BwdItem& w, int32_t i) {
+  return a.deterministic && a.causal ? w.m_first + i : w.m_end - 1 - i;
+}
+
+// Deterministic mode: how many K tiles add to q tile m (of the item's sequence) before K tile
+// w.n_block does. Without the causal mask every K tile adds to every q tile, in ascending order:
+// they reach each q tile at the same step, and the ones claimed first add first. Under it the K
+// tiles that see q tile m are 0 .. n_last(m), walking up from their diagonals (walk_q_tile), so
+// K tile n + 1 reaches q tile m two steps before K tile n; they add in descending order, and with
+// a head's K tiles claimed last to first (decode_bwd_item) each add waits only for items claimed
+// before it, whose adds are due steps earlier. (Walking down and adding in ascending order, all K
+// tiles reached a q tile together, and K tile n's add waited for a chain of n others. That chain
+// is left for the K tiles that every query row sees, len_k - len_q >= 128: they all start at q
+// tile 0.)
+__device__ __forceinline__ int32_t dq_add_rank(const BwdArgs& a, const BwdItem& w, int32_t m) {
+  if (!a.causal) return w.n_block;
+  const int64_t last_row = min(w.seq.len_q, (m + 1) * kBwdBlockM) - 1;
+  const int64_t last_key = last_row + w.seq.len_k - w.seq.len_q;  // >= the item's first key
+  const int32_t tiles = (w.seq.len_k + kBwdBlockN - 1) / kBwdBlockN;
+  const int64_t n_last = last_key / kBwdBlockN < tiles - 1 ? last_key / kBwdBlockN : tiles - 1;
+  return static_cast<int32_t>(n_last - w.n_block);
 }
 
 __device__ __forceinline__ BwdItem warp_uniform(const BwdItem& w) {
