@@ -393,9 +393,10 @@ __device__ __forceinline__ void walk_item(typename Cfg::Shared& s, tlx::AccumFra
     tlx::wgmma_wait<0>();
     tlx::fence_operand(dk.reg);
     tlx::fence_operand(ops.ds.reg);
-    // The stage has been read (by the MMAs, and by every lane for LSE and D): back to the producer,
-    // whose next copies into it are async-proxy writes after these generic reads.
-    tlx::fence_proxy_async_smem();
+    // The stage has been read (by the MMAs, waited for above, and by every lane for LSE and D,
+    // whose values are in registers and used): back to the producer. No proxy fence: a read that
+    // has returned its value cannot see the producer's next TMA write, and the fence (with the
+    // MEMBAR it brings) stood between every step's last MMA and the next step's first.
     __syncwarp();
     if (tlx::lane_is_leader()) s.empty[st.stage].arrive();
     st.advance();
