@@ -53,7 +53,7 @@ struct Case {
   DType dtype = DType::kFloat16;
   bool causal = false;
   bool with_dlse = false;      // a random gradient of the forward's LSE
-  bool strided = false;        // dout with padded tokens, dq head-major, dk with padded heads
+  bool strided = false;        // dout with padded tokens, dq and dv head-major, dk with padded heads
   bool deterministic = false;  // ask for bit-identical gradients
   bool hints = false;          // pass max_seqlen hints
   float scale = std::numeric_limits<float>::quiet_NaN();
@@ -216,6 +216,9 @@ class BackwardRunner {
       dout_shape_.layout = {int64_t{c.heads_q} * d + 24, d};
       dq_shape_.layout = {d, std::max<int64_t>(b_.total_q(), 1) * d};
       dk_shape_.layout = {int64_t{c.heads_kv} * (d + 8), d + 8};
+      // dV goes out by TMA stores clipped at each sequence's end: head-major, three tokens of gap
+      // between heads, which must stay untouched.
+      dv_shape_.layout = {d, (std::max<int64_t>(b_.total_k(), 1) + 3) * d};
     }
   }
 

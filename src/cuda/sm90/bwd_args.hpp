@@ -17,10 +17,7 @@ struct BwdArgs {
   const float* dpsum;             // [heads_q, row_len] padded rows: rowsum(dO * O) - dLSE
   int32_t* sems;                  // [heads_q, row_len / kBwdBlockM] dQ adds done per q tile
   float* dq_acc;                  // total_q x heads_q x head_dim, see dq_acc_offset
-  void* dk;
-  void* dv;
   int32_t* device_check;  // nullable: the checked mode's word, JFA_CHECK_RESULT_NOT_FINITE ORed in
-  int64_t dk_token_stride, dk_head_stride, dv_token_stride, dv_head_stride;  // elements
   int64_t batch;
   int64_t total_q;
   int64_t total_k;
@@ -29,6 +26,9 @@ struct BwdArgs {
   int32_t heads_kv;
   int32_t group;  // heads_q / heads_kv
   int32_t work_capacity;
+  // The ragged dK and dV maps' row bound, total_k + 1: a TMA store at rows (R - (end - first),
+  // end) writes rows first .. end - 1 and clips the rest (see FwdArgs::out_ragged_rows).
+  int32_t key_ragged_rows;
   float softmax_scale;
   float scale_log2;  // softmax_scale * log2(e)
   int32_t causal;

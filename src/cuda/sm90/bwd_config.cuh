@@ -23,18 +23,21 @@ struct DqDestination {
 };
 
 // The item's K and V tiles, rings of Q and dO tiles with their LSE and D rows, two buffers of
-// dS^T (keys x queries: the A operand of dQ += dS K, read M-major), each group's dQ of a step
-// staged for the dQ writer (one 64 x 64 part, in the accumulator's layout), and the barriers.
+// dS^T (keys x queries: the A operand of dQ += dS K, read M-major), each group's dV and then dK
+// rows staged for their TMA stores, each group's dQ of a step staged for the dQ writer (one 64 x 64 part, in
+// the accumulator's layout), and the barriers.
 template <typename T, int kD, int kStages>
 struct BwdShared {
   using KVTile = tlx::SwizzledTile<T, kBwdBlockN, kD>;
   using QTile = tlx::SwizzledTile<T, kBwdBlockM, kD>;
   using DsTile = tlx::SwizzledTile<T, kBwdBlockN, kBwdBlockM>;
+  using KeyRowsTile = tlx::SwizzledTile<T, 64, kD>;  // one group's rows of dK or dV
   KVTile k;
   KVTile v;
   QTile q[kStages];
   QTile dout[kStages];
   DsTile ds[2];
+  KeyRowsTile key_rows[2];
   alignas(128) float dq[2][kBwdBlockM * kDqPartCols];
   alignas(16) float lse2[kStages][kBwdBlockM];
   alignas(16) float dpsum[kStages][kBwdBlockM];
@@ -56,6 +59,7 @@ struct BwdConfig {
   using KVTile = typename Shared::KVTile;
   using QTile = typename Shared::QTile;
   using DsTile = typename Shared::DsTile;
+  using KeyRowsTile = typename Shared::KeyRowsTile;
   static constexpr int kSmemBytes = static_cast<int>(sizeof(Shared)) + kSmemAlignBytes;
   static_assert(kSmemBytes <= kMaxDynamicSmemBytes, "over the shared memory a CTA may opt in to");
 
@@ -77,6 +81,8 @@ struct BwdConfig {
                 "register split exceeds the CTA's allocation");
   // Named barrier of the dS exchange (one for both groups, or one per group).
   static constexpr uint32_t kDsBarrier0 = 1;
+  // Named barrier of a group's dK/dV staging (one per group, after the dS ones).
+  static constexpr uint32_t kKeyRowsBarrier0 = 3;
 };
 
 }  // namespace jfa::sm90

@@ -409,32 +409,54 @@ __device__ __forceinline__ void walk_item(typename Cfg::Shared& s, tlx::AccumFra
   }
 }
 
-// dK (times softmax_scale) or dV rows of this group's keys, those inside the sequence.
+// dK (times `scale`) or dV rows of this group's keys: staged in the group's tile, then one TMA
+// store per 64 columns over the ragged map `tm` (dims as FwdArgs::out_ragged_rows describes), which
+// clips the rows past the sequence's end. Before staging, the group waits until its previous store
+// has read the tile: dK's staging waits for dV's store, which reads 16 KB at head_dim 128, in
+// place of the 64 scattered 4-byte global stores per thread and gradient that it replaces.
 template <typename Cfg>
 __device__ __forceinline__ void store_key_rows(const tlx::AccumFragment<Cfg::kD>& acc, float scale,
-                                               void* out, int64_t token_stride, int64_t head_stride,
-                                               const BwdItem& w, int group, int32_t* device_check) {
+                                               typename Cfg::KeyRowsTile& tile,
+                                               const CUtensorMap* tm, const BwdArgs& a,
+                                               const BwdItem& w, int group) {
   using T = typename Cfg::Element;
   using Frag = tlx::AccumFragment<Cfg::kD>;
+  const int32_t key0 = w.n_block * kBwdBlockN + group * 64;
+  if (key0 < 0 || key0 >= w.seq.len_k) return;  // warp-group uniform: no key of the group
+  const bool storer = threadIdx.x % 128 == 0;
+  const uint32_t barrier = Cfg::kKeyRowsBarrier0 + group;
+  const uint32_t tile_addr = tlx::smem_addr(&tile);
+  if (storer) tlx::tma_store_wait_read<0>();
+  tlx::NamedBarrier::sync(barrier, 128);
   bool not_finite = false;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int32_t key = w.n_block * kBwdBlockN + group * 64 + Frag::row(h);
-    if (key < 0 || key >= w.seq.len_k) continue;  // an item decoded from an invalid entry
-    T* row = static_cast<T*>(out) + (static_cast<int64_t>(w.seq.k_start) + key) * token_stride +
-             static_cast<int64_t>(w.kv_head) * head_stride;
+    // The checked mode looks at the rows the store keeps, those inside the sequence.
+    const bool check = a.device_check != nullptr && key0 + Frag::row(h) < w.seq.len_k;
 #pragma unroll
     for (int j = 0; j < Frag::kBlocks; ++j) {
       const uint32_t pair = tlx::pack2<T>(acc.at(j, h, 0) * scale, acc.at(j, h, 1) * scale);
-      if (device_check != nullptr) not_finite |= tlx::pair_not_finite<T>(pair);
-      *reinterpret_cast<uint32_t*>(row + Frag::col(j, 0)) = pair;
+      if (check) not_finite |= tlx::pair_not_finite<T>(pair);
+      tlx::st_shared_u32(
+          tile_addr + Cfg::KeyRowsTile::offset_bytes(Frag::row(h), Frag::col(j, 0)), pair);
     }
   }
-  if (not_finite) atomicOr(device_check, JFA_CHECK_RESULT_NOT_FINITE);
+  if (not_finite) atomicOr(a.device_check, JFA_CHECK_RESULT_NOT_FINITE);
+  tlx::fence_proxy_async_smem();
+  tlx::NamedBarrier::sync(barrier, 128);
+  if (storer) {
+    const int32_t first = w.seq.k_start + key0, end = w.seq.k_start + w.seq.len_k;
+#pragma unroll
+    for (int bx = 0; bx < Cfg::kD / 64; ++bx)
+      tlx::tma_store_4d(tm, tile.box(bx), bx * 64, w.kv_head, a.key_ragged_rows - (end - first),
+                        end);
+    tlx::tma_store_commit();
+  }
 }
 
 template <typename Cfg>
-__device__ __forceinline__ void bwd_consumer(typename Cfg::Shared& s, const BwdArgs& a,
+__device__ __forceinline__ void bwd_consumer(typename Cfg::Shared& s, const CUtensorMap* tm_dk,
+                                             const CUtensorMap* tm_dv, const BwdArgs& a,
                                              int64_t n_items, int group) {
   tlx::AccumFragment<Cfg::kD> dk, dv;
   tlx::PipelineState<Cfg::kStages> st;
@@ -451,11 +473,10 @@ __device__ __forceinline__ void bwd_consumer(typename Cfg::Shared& s, const BwdA
       walk_item<Cfg>(s, dk, dv, a, w, group, st, ds_buf, dq_phase);
       if (tlx::lane_is_leader()) s.kv_empty.arrive();
     }
-    store_key_rows<Cfg>(dk, a.softmax_scale, a.dk, a.dk_token_stride, a.dk_head_stride, w, group,
-                        a.device_check);
-    store_key_rows<Cfg>(dv, 1.f, a.dv, a.dv_token_stride, a.dv_head_stride, w, group,
-                        a.device_check);
+    store_key_rows<Cfg>(dv, 1.f, s.key_rows[group], tm_dv, a, w, group);
+    store_key_rows<Cfg>(dk, a.softmax_scale, s.key_rows[group], tm_dk, a, w, group);
   }
+  if (threadIdx.x % 128 == 0) tlx::tma_store_wait<0>();  // dK and dV written before the CTA ends
   // No more steps: the dQ writer stops.
   s.dq_empty[group].wait(dq_phase ^ 1u);
   if (threadIdx.x % 128 == 0) s.dq_dest[group] = DqDestination{nullptr, nullptr, 0, 0};
@@ -489,7 +510,9 @@ template <typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-               const __grid_constant__ CUtensorMap tm_rows, const BwdArgs args) {
+               const __grid_constant__ CUtensorMap tm_rows,
+               const __grid_constant__ CUtensorMap tm_dk,
+               const __grid_constant__ CUtensorMap tm_dv, const BwdArgs args) {
   extern __shared__ unsigned char smem_raw[];
   auto& s = shared_layout<typename Cfg::Shared>(smem_raw);
   const int group = tlx::warp_group_index();
@@ -500,6 +523,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     tlx::tma_prefetch_descriptor(&tm_v);
     tlx::tma_prefetch_descriptor(&tm_do);
     tlx::tma_prefetch_descriptor(&tm_rows);
+    tlx::tma_prefetch_descriptor(&tm_dk);
+    tlx::tma_prefetch_descriptor(&tm_dv);
   }
   __syncthreads();
   const int64_t n_items =
@@ -512,7 +537,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       bwd_dq_writer<Cfg>(s, args);
   } else {
     tlx::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
-    bwd_consumer<Cfg>(s, args, n_items, group - 1);
+    bwd_consumer<Cfg>(s, &tm_dk, &tm_dv, args, n_items, group - 1);
   }
 }
 

@@ -59,7 +59,8 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
     cudaGetLastError();
     return fail(JFA_ERROR_CUDA, "clearing the semaphores failed: %s", cudaGetErrorString(e));
   }
-  CUtensorMap tm_q, tm_k, tm_v, tm_do, tm_rows;
+  CUtensorMap tm_q, tm_k, tm_v, tm_do, tm_rows, tm_dk, tm_dv;
+  const int64_t key_ragged_rows = p.total_k + 1;  // <= INT32_MAX - 64 by the check above
   if (p.total_k > 0) {
     // With no query rows anywhere, Q and dO are never loaded: point their maps at K.
     const bool no_rows = p.total_q == 0;
@@ -73,7 +74,11 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
         !encode_qkv_map<T>(p.k, p.total_k, p.heads_kv, Cfg::kD, p.k_layout, kBwdBlockN, &tm_k,
                            &err) ||
         !encode_qkv_map<T>(p.v, p.total_k, p.heads_kv, Cfg::kD, p.v_layout, kBwdBlockN, &tm_v,
-                           &err))
+                           &err) ||
+        !encode_out_map<T>(b.dk, p.total_k, key_ragged_rows, p.heads_kv, Cfg::kD, b.dk_layout,
+                           &tm_dk, &err) ||
+        !encode_out_map<T>(b.dv, p.total_k, key_ragged_rows, p.heads_kv, Cfg::kD, b.dv_layout,
+                           &tm_dv, &err))
       return fail(JFA_ERROR_CUDA, "tensor map encoding failed: %s", err.c_str());
     // The LSE rows of every head and then the D rows: one array (bwd_workspace.hpp).
     if (!encode_row_terms_map(lse2, lay.row_len, 2 * int64_t{p.heads_q}, kBwdBlockM, &tm_rows,
@@ -116,13 +121,7 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
     a.dpsum = dpsum;
     a.sems = sems;
     a.dq_acc = dq_acc;
-    a.dk = b.dk;
-    a.dv = b.dv;
     a.device_check = p.device_check;
-    a.dk_token_stride = b.dk_layout.token_stride;
-    a.dk_head_stride = b.dk_layout.head_stride;
-    a.dv_token_stride = b.dv_layout.token_stride;
-    a.dv_head_stride = b.dv_layout.head_stride;
     a.batch = p.batch;
     a.total_q = p.total_q;
     a.total_k = p.total_k;
@@ -131,6 +130,7 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
     a.heads_kv = p.heads_kv;
     a.group = p.group_size();
     a.work_capacity = static_cast<int32_t>(lay.list_capacity);
+    a.key_ragged_rows = static_cast<int32_t>(key_ragged_rows);
     a.softmax_scale = p.softmax_scale;
     a.scale_log2 = static_cast<float>(static_cast<double>(p.softmax_scale) * 1.4426950408889634);
     a.causal = p.causal ? 1 : 0;
@@ -138,7 +138,7 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
     const int64_t max_items = lay.list_capacity * p.heads_kv;
     const int grid = static_cast<int>(std::min<int64_t>(device.sm_count, max_items));
     bwd_kernel<Cfg>
-        <<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_rows, a);
+        <<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_rows, tm_dk, tm_dv, a);
     if (const jfa_status s = launch_error("backward kernel"); s != JFA_SUCCESS) return s;
   }
 
