@@ -141,7 +141,7 @@ typedef enum jfa_device_check_bits {
    * near the range of bf16) or a NaN or infinite q or k, and the row's out is then NaN; an LSE
    * beyond float32 (|scale * q.k| above 3.4e38) is +-inf while out stays accurate, since such
    * rows take their exponentials from score differences. Backward: an element of dq, dk or dv is
-   * NaN or infinite, or an lse row is NaN or +inf (-inf means a row without keys). */
+   * NaN or infinite, or an lse row that sees keys is not finite. */
   JFA_CHECK_RESULT_NOT_FINITE = 256
 } jfa_device_check_bits;
 

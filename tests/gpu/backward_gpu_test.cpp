@@ -762,8 +762,8 @@ int64_t non_finite_fp16(const Gradients& g) {
 }
 
 // The checked mode's JFA_CHECK_RESULT_NOT_FINITE in the backward: gradients beyond fp16 (dO of
-// 60000 everywhere sums to more than 65504 in dV), and an lse row that no forward writes (NaN);
-// never for finite gradients.
+// 60000 everywhere sums to more than 65504 in dV), and an lse that is not finite in a row that
+// sees keys; never for finite gradients.
 TEST(BackwardGpuApi, CheckedModeReportsGradientsThatAreNotFinite) {
   const Case c = workspace_case();
   ASSERT_EQ(c.dtype, DType::kFloat16);
@@ -787,11 +787,16 @@ TEST(BackwardGpuApi, CheckedModeReportsGradientsThatAreNotFinite) {
   EXPECT_GT(non_finite_fp16(g), 0) << "no gradient overflowed: the case does not test what it says";
   EXPECT_EQ(got, JFA_CHECK_RESULT_NOT_FINITE) << jfa_device_check_message(got);
 
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  JFA_CUDA_OK(cudaMemcpy(valid.forward.lse, &nan, sizeof nan, cudaMemcpyHostToDevice));
-  got = run_checked(runner, valid, &g, word);
-  EXPECT_EQ(got, JFA_CHECK_RESULT_NOT_FINITE) << jfa_device_check_message(got);
-  EXPECT_EQ(non_finite_fp16(g), 0) << "a row with a NaN lse adds nothing";
+  // Rows that see keys with an lse that is NaN, or -inf (what a forward writes when every scaled
+  // score is below float32's range); the valid run above had rows without keys at -inf (causal,
+  // len_q > len_k), which must not count.
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), -INFINITY}) {
+    SCOPED_TRACE("lse " + std::to_string(bad));
+    JFA_CUDA_OK(cudaMemcpy(valid.forward.lse, &bad, sizeof bad, cudaMemcpyHostToDevice));
+    got = run_checked(runner, valid, &g, word);
+    EXPECT_EQ(got, JFA_CHECK_RESULT_NOT_FINITE) << jfa_device_check_message(got);
+    EXPECT_EQ(non_finite_fp16(g), 0) << "a row whose lse is not finite adds nothing";
+  }
 }
 
 // A workspace one byte short of the size asked for, or not 16-byte aligned, is rejected before

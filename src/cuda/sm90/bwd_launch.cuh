@@ -105,8 +105,8 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
     bwd_preprocess<T, Cfg::kD><<<tiles, kPreprocessThreads, 0, stream>>>(
         static_cast<const T*>(p.out), p.out_layout.token_stride, p.out_layout.head_stride,
         static_cast<const T*>(b.dout), b.dout_layout.token_stride, b.dout_layout.head_stride, p.lse,
-        b.dlse, p.cu_seqlens_q, p.batch, p.total_q, lay.row_len, lse2, dpsum, dq_acc,
-        p.device_check);
+        b.dlse, p.cu_seqlens_q, p.cu_seqlens_k, p.batch, p.total_q, p.total_k, p.causal ? 1 : 0,
+        lay.row_len, lse2, dpsum, dq_acc, p.device_check);
     if (const jfa_status s = launch_error("backward preprocess"); s != JFA_SUCCESS) return s;
   }
 

@@ -57,21 +57,22 @@ __device__ __forceinline__ int64_t sequence_of_padded_tile(const int32_t* cu_q, 
 // Block (t, h) fills padded rows [64 t, 64 t + 64) of head h: the rows of the sequence whose padded
 // range holds them, or (a gap between sequences, rows past a sequence's end) a row that adds
 // nothing: LSE +inf (P = 0) and D = 0. A row without keys (forward LSE -inf) adds nothing either;
-// so does one whose LSE no forward writes (NaN or +inf), which the checked mode reports.
+// so does one whose LSE is not finite although it sees keys (NaN, +inf, or -inf from scores below
+// float32's range), which the checked mode reports.
 // The rows inside a sequence also clear their row of the dQ accumulator's tile.
 template <typename T, int kD>
 __global__ void __launch_bounds__(kPreprocessThreads)
     bwd_preprocess(const T* out, int64_t out_token_stride, int64_t out_head_stride, const T* dout,
                    int64_t dout_token_stride, int64_t dout_head_stride, const float* lse,
-                   const float* dlse, const int32_t* cu_q, int64_t batch, int64_t total_q,
-                   int64_t row_len, float* lse2, float* dpsum, float* dq_acc,
-                   int32_t* device_check) {
+                   const float* dlse, const int32_t* cu_q, const int32_t* cu_k, int64_t batch,
+                   int64_t total_q, int64_t total_k, int32_t causal, int64_t row_len, float* lse2,
+                   float* dpsum, float* dq_acc, int32_t* device_check) {
   __shared__ int64_t seq_of_tile;
   const int64_t p0 = static_cast<int64_t>(blockIdx.x) * kBwdBlockM;
   const int64_t h = blockIdx.y;
   const int64_t b = sequence_of_padded_tile(cu_q, batch, total_q, p0, &seq_of_tile);
-  const int32_t q_start = clamp_offset(__ldg(cu_q + b), 0, total_q);
-  const int32_t q_end = clamp_offset(__ldg(cu_q + b + 1), q_start, total_q);
+  const SeqBounds sb = seq_bounds(cu_q, cu_k, total_q, total_k, b, 1);
+  const int32_t q_start = sb.q_start, q_end = sb.q_start + sb.len_q;
   const int64_t first = p0 - padded_row(q_start, b);  // row of the sequence at p0
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   constexpr float kLog2e = 1.4426950408889634f;
@@ -88,8 +89,10 @@ __global__ void __launch_bounds__(kPreprocessThreads)
       if (isfinite(l)) {
         l2 = l * kLog2e;
         dp = d - (dlse != nullptr ? __ldg(dlse + h * total_q + token) : 0.f);
-      } else if (!(l < INFINITY) && device_check != nullptr && lane == 0) {
-        atomicOr(device_check, JFA_CHECK_RESULT_NOT_FINITE);
+      } else if (device_check != nullptr && lane == 0) {
+        // Bottom-right causal: row r sees key j iff j <= r + len_k - len_q.
+        const bool sees_key = sb.len_k > 0 && (causal == 0 || row + sb.len_k - sb.len_q >= 0);
+        if (!(l < INFINITY) || sees_key) atomicOr(device_check, JFA_CHECK_RESULT_NOT_FINITE);
       }
       // The token's row of the dQ accumulator starts at 0 (chunks of 4 floats stay together).
       for (int c = 4 * lane; c < kD; c += 128)
