@@ -2,7 +2,8 @@
 // of one sequence (bwd_work_list.cuh); a persistent grid claims items from a global counter. The
 // item's K and V stay in shared memory while it walks the q tiles (64 rows) of each query head of
 // its group that see any of its keys; dK and dV accumulate in registers over the whole walk, so
-// they need no atomics and are summed over the group's query heads in a fixed order.
+// they need no atomics and are summed over the group's query heads in a fixed order; at the
+// item's end they go out by TMA stores (store_key_rows).
 //
 // Roles (128 threads per warp group, one CTA per SM):
 //   warp group 0   producer: one thread loads K and V per item and, per step, Q and dO with their
