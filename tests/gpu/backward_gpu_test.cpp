@@ -52,8 +52,8 @@ struct Case {
   int32_t heads_q = 2, heads_kv = 2, head_dim = 64;
   DType dtype = DType::kFloat16;
   bool causal = false;
-  bool with_dlse = false;      // a random gradient of the forward's LSE
-  bool strided = false;        // dout with padded tokens, dq and dv head-major, dk with padded heads
+  bool with_dlse = false;  // a random gradient of the forward's LSE
+  bool strided = false;    // dout with padded tokens, dq and dv head-major, dk with padded heads
   bool deterministic = false;  // ask for bit-identical gradients
   bool hints = false;          // pass max_seqlen hints
   float scale = std::numeric_limits<float>::quiet_NaN();

@@ -24,8 +24,8 @@ struct DqDestination {
 
 // The item's K and V tiles, rings of Q and dO tiles with their LSE and D rows, two buffers of
 // dS^T (keys x queries: the A operand of dQ += dS K, read M-major), each group's dV and then dK
-// rows staged for their TMA stores, each group's dQ of a step staged for the dQ writer (one 64 x 64 part, in
-// the accumulator's layout), and the barriers.
+// rows staged for their TMA stores, each group's dQ of a step staged for the dQ writer (one 64 x 64
+// part, in the accumulator's layout), and the barriers.
 template <typename T, int kD, int kStages>
 struct BwdShared {
   using KVTile = tlx::SwizzledTile<T, kBwdBlockN, kD>;

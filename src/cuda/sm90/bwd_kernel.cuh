@@ -438,8 +438,8 @@ __device__ __forceinline__ void store_key_rows(const tlx::AccumFragment<Cfg::kD>
     for (int j = 0; j < Frag::kBlocks; ++j) {
       const uint32_t pair = tlx::pack2<T>(acc.at(j, h, 0) * scale, acc.at(j, h, 1) * scale);
       if (check) not_finite |= tlx::pair_not_finite<T>(pair);
-      tlx::st_shared_u32(
-          tile_addr + Cfg::KeyRowsTile::offset_bytes(Frag::row(h), Frag::col(j, 0)), pair);
+      tlx::st_shared_u32(tile_addr + Cfg::KeyRowsTile::offset_bytes(Frag::row(h), Frag::col(j, 0)),
+                         pair);
     }
   }
   if (not_finite) atomicOr(a.device_check, JFA_CHECK_RESULT_NOT_FINITE);
@@ -512,8 +512,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                const __grid_constant__ CUtensorMap tm_rows,
-               const __grid_constant__ CUtensorMap tm_dk,
-               const __grid_constant__ CUtensorMap tm_dv, const BwdArgs args) {
+               const __grid_constant__ CUtensorMap tm_dk, const __grid_constant__ CUtensorMap tm_dv,
+               const BwdArgs args) {
   extern __shared__ unsigned char smem_raw[];
   auto& s = shared_layout<typename Cfg::Shared>(smem_raw);
   const int group = tlx::warp_group_index();

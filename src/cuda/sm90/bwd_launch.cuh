@@ -137,8 +137,8 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
     a.deterministic = b.deterministic ? 1 : 0;
     const int64_t max_items = lay.list_capacity * p.heads_kv;
     const int grid = static_cast<int>(std::min<int64_t>(device.sm_count, max_items));
-    bwd_kernel<Cfg>
-        <<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_rows, tm_dk, tm_dv, a);
+    bwd_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, tm_do,
+                                                                      tm_rows, tm_dk, tm_dv, a);
     if (const jfa_status s = launch_error("backward kernel"); s != JFA_SUCCESS) return s;
   }
 
