@@ -118,7 +118,8 @@ typedef struct jfa_attention_params {
    * autograd, the backward): give calls you want to check words of their own. The call does not
    * wait for either (no host synchronization): read the word once the stream has got there (e.g.
    * after cudaStreamSynchronize); jfa_device_check_message() says what it means. With invalid
-   * offsets the kernels still stay inside every buffer; their results are unspecified. The CPU
+   * offsets the kernels still stay inside every buffer; their results are unspecified, and so is
+   * whether JFA_CHECK_RESULT_NOT_FINITE comes with the offsets' bits. The CPU
    * backend checks host offsets before every call (an invalid call fails with
    * JFA_ERROR_INVALID_ARGUMENT), fails on a score it cannot hold (see jfa_attention_forward; the
    * status says so), and stores 0 here (host memory) once the offsets pass its check. */

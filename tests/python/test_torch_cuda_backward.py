@@ -303,7 +303,7 @@ def test_cuda_device_check_reports_decreasing_offsets(seed, hints):
     assert jfa.device_check_message(got).startswith("cu_seqlens_q decreases")
     word.fill_(-1)
     torch.autograd.grad(out.float().sum(), (q, k, v))  # results unspecified, buffers respected
-    got = _read(word)
+    got = _read(word) & ~RESULT_NOT_FINITE  # so may the result bit be
     assert got == expected, f"backward: {jfa.device_check_message(got)}"
 
 
@@ -327,6 +327,8 @@ def test_cuda_device_check_in_a_graph_replayed_with_new_lengths(seed):
         word.fill_(-1)
         graph.replay()
         got = _read(word)
+        if expected:  # broken offsets: results unspecified, so the result bit may come too
+            got &= ~RESULT_NOT_FINITE
         assert got == expected, f"offsets {offsets}: {jfa.device_check_message(got)}"
     want = _reference_grads(q, k, v, cu, cu, True, grad_out, None)
     _check_grads(grads, want, torch.float16, _unseen(cu, cu, True))
