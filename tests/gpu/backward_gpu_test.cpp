@@ -404,12 +404,16 @@ class BackwardRunner {
 };
 
 // Forward, backward (library workspace, default stream) and the check against the reference.
+void run_and_check(BackwardRunner& runner, Gradients* g) {
+  ASSERT_NO_FATAL_FAILURE(runner.upload_and_forward());
+  ASSERT_EQ(runner.run(g), JFA_SUCCESS) << jfa_last_error_message();
+  runner.check(*g);
+}
+
 void run_case(const Case& c) {
   BackwardRunner runner(c, fresh_seed(describe(c).c_str()));
-  ASSERT_NO_FATAL_FAILURE(runner.upload_and_forward());
   Gradients g;
-  ASSERT_EQ(runner.run(&g), JFA_SUCCESS) << jfa_last_error_message();
-  runner.check(g);
+  run_and_check(runner, &g);
 }
 
 // Every combination of dtype, head_dim and mask (index bit 0: bf16, bit 1: head_dim 128, bit 2:
@@ -605,10 +609,8 @@ TEST(BackwardGpu, RandomBatchesFreshSeeds) {
 // Three runs of a deterministic case give the same bits, and the first matches the reference.
 void expect_bit_identical_runs(const Case& c) {
   BackwardRunner runner(c, fresh_seed(describe(c).c_str()));
-  ASSERT_NO_FATAL_FAILURE(runner.upload_and_forward());
   Gradients first;
-  ASSERT_EQ(runner.run(&first), JFA_SUCCESS) << jfa_last_error_message();
-  runner.check(first);
+  ASSERT_NO_FATAL_FAILURE(run_and_check(runner, &first));
   for (int run = 2; run <= 3; ++run) {
     Gradients again;
     ASSERT_EQ(runner.run(&again), JFA_SUCCESS) << jfa_last_error_message();
