@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "cuda/sm90/bwd_config.cuh"
+#include "cuda/sm90/ragged_rows_store.cuh"
 #include "cuda/sm90/softmax.cuh"
 #include "cuda/tlx/fence.hpp"
 #include "cuda/tlx/fragment.hpp"
@@ -410,11 +411,10 @@ __device__ __forceinline__ void walk_item(typename Cfg::Shared& s, tlx::AccumFra
   }
 }
 
-// dK (times `scale`) or dV rows of this group's keys: staged in the group's tile, then one TMA
-// store per 64 columns over the ragged map `tm` (dims as FwdArgs::out_ragged_rows describes), which
-// clips the rows past the sequence's end. Before staging, the group waits until its previous store
-// has read the tile: dK's staging waits for dV's store, which reads 16 KB at head_dim 128, in
-// place of the 64 scattered 4-byte global stores per thread and gradient that it replaces.
+// dK (times `scale`) or dV rows of this group's keys, staged in the group's tile and stored through
+// the ragged map `tm` (ragged_rows_store.cuh). dK's staging waits until dV's store has read the
+// tile: 16 KB at head_dim 128, in place of the 64 scattered 4-byte global stores per thread and
+// gradient that it replaces.
 template <typename Cfg>
 __device__ __forceinline__ void store_key_rows(const tlx::AccumFragment<Cfg::kD>& acc, float scale,
                                                typename Cfg::KeyRowsTile& tile,
@@ -424,11 +424,9 @@ __device__ __forceinline__ void store_key_rows(const tlx::AccumFragment<Cfg::kD>
   using Frag = tlx::AccumFragment<Cfg::kD>;
   const int32_t key0 = w.n_block * kBwdBlockN + group * 64;
   if (key0 < 0 || key0 >= w.seq.len_k) return;  // warp-group uniform: no key of the group
-  const bool storer = threadIdx.x % 128 == 0;
-  const uint32_t barrier = Cfg::kKeyRowsBarrier0 + group;
+  const RaggedRowsStore out{Cfg::kKeyRowsBarrier0 + group, threadIdx.x % 128 == 0};
   const uint32_t tile_addr = tlx::smem_addr(&tile);
-  if (storer) tlx::tma_store_wait_read<0>();
-  tlx::NamedBarrier::sync(barrier, 128);
+  out.acquire();
   bool not_finite = false;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -443,16 +441,9 @@ __device__ __forceinline__ void store_key_rows(const tlx::AccumFragment<Cfg::kD>
     }
   }
   if (not_finite) atomicOr(a.device_check, JFA_CHECK_RESULT_NOT_FINITE);
-  tlx::fence_proxy_async_smem();
-  tlx::NamedBarrier::sync(barrier, 128);
-  if (storer) {
-    const int32_t first = w.seq.k_start + key0, end = w.seq.k_start + w.seq.len_k;
-#pragma unroll
-    for (int bx = 0; bx < Cfg::kD / 64; ++bx)
-      tlx::tma_store_4d(tm, tile.box(bx), bx * 64, w.kv_head, a.key_ragged_rows - (end - first),
-                        end);
-    tlx::tma_store_commit();
-  }
+  const int64_t first = static_cast<int64_t>(w.seq.k_start) + key0;
+  out.store(tile, tm, w.kv_head, a.key_ragged_rows, first,
+            static_cast<int64_t>(w.seq.k_start) + w.seq.len_k);
 }
 
 template <typename Cfg>

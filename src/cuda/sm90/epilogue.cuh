@@ -1,8 +1,7 @@
-// The end of an item for one consumer group: O normalised into the group's staging tile, from
-// which one thread writes the group's 64 rows with TMA stores through the ragged output map (rows
-// past the item's last query row are clipped by the map, see FwdArgs::out_ragged_rows); LSE goes
-// out directly. The store only has to finish reading the tile before the group's next epilogue,
-// so the group moves on to its next item at once.
+// The end of an item for one consumer group: O normalised into the group's staging tile and
+// stored through the ragged output map (ragged_rows_store.cuh); LSE goes out directly. The store
+// only has to finish reading the tile before the group's next epilogue, so the group moves on to
+// its next item at once.
 #pragma once
 
 #include <cuda.h>
@@ -11,6 +10,7 @@
 
 #include "cuda/sm90/fwd_config.cuh"
 #include "cuda/sm90/mask.cuh"
+#include "cuda/sm90/ragged_rows_store.cuh"
 #include "cuda/sm90/softmax.cuh"
 #include "cuda/tlx/fence.hpp"
 #include "cuda/tlx/fragment.hpp"
@@ -29,15 +29,13 @@ __device__ __forceinline__ void epilogue(const tlx::AccumFragment<Cfg::kD>& o,
                                          bool no_keys) {
   using T = typename Cfg::Element;
   using Frag = tlx::AccumFragment<Cfg::kD>;
-  const bool storer = threadIdx.x % 128 == 0;
-  const uint32_t barrier = Cfg::kEpilogueBarrier0 + group;
+  const RaggedRowsStore out{Cfg::kEpilogueBarrier0 + group, threadIdx.x % 128 == 0};
   const int64_t first = static_cast<int64_t>(w.seq.q_start) + w.m_block * Cfg::kBlockM + group * 64;
   const int64_t end = static_cast<int64_t>(w.seq.q_start) + w.seq.len_q;
   if (first >= end) return;  // warp-group uniform: no row of the group lies inside the item
   typename Cfg::OTile& tile = s.o[group];
   const uint32_t tile_addr = tlx::smem_addr(&tile);
-  if (storer) tlx::tma_store_wait_read<0>();  // the previous item's store has read the tile
-  tlx::NamedBarrier::sync(barrier, 128);
+  out.acquire();
   const int row0 = Frag::row(0), col0 = Frag::col(0, 0);
   bool not_finite = false;  // a row of the item that sees a key got no finite sum or LSE
 #pragma unroll
@@ -66,15 +64,7 @@ __device__ __forceinline__ void epilogue(const tlx::AccumFragment<Cfg::kD>& o,
   }
   if (not_finite && a.device_check != nullptr)
     atomicOr(a.device_check, JFA_CHECK_RESULT_NOT_FINITE);
-  tlx::fence_proxy_async_smem();
-  tlx::NamedBarrier::sync(barrier, 128);
-  if (storer) {
-    const int32_t r = static_cast<int32_t>(a.out_ragged_rows - (end - first));
-#pragma unroll
-    for (int bx = 0; bx < Cfg::kD / 64; ++bx)
-      tlx::tma_store_4d(tm_o, tile.box(bx), bx * 64, w.head, r, static_cast<int32_t>(end));
-    tlx::tma_store_commit();
-  }
+  out.store(tile, tm_o, w.head, a.out_ragged_rows, first, end);
 }
 
 }  // namespace jfa::sm90
