@@ -314,7 +314,7 @@ __device__ __forceinline__ void step_gradients(
   // (causal) keys past the diagonal of its first query row.
   const int32_t key0 = w.n_block * kBwdBlockN + group * 64;  // of this group, in the sequence
   const int32_t q0 = m * kBwdBlockM;
-  const int32_t diag = w.seq.len_k - w.seq.len_q;  // query r sees keys <= r + diag
+  const int32_t diag = w.seq.causal_shift();
   const bool masked = key0 + 64 > w.seq.len_k || (a.causal && q0 + diag < key0 + 63);
   // The thread's first column of the step's LSE and D rows; column block j is 8 j further.
   const uint32_t lse2 = tlx::smem_addr(s.lse2[st.stage] + BwdTile::col(0, 0));

@@ -90,8 +90,7 @@ __global__ void __launch_bounds__(kPreprocessThreads)
         l2 = l * kLog2e;
         dp = d - (dlse != nullptr ? __ldg(dlse + h * total_q + token) : 0.f);
       } else if (device_check != nullptr && lane == 0) {
-        // Bottom-right causal: row r sees key j iff j <= r + len_k - len_q.
-        const bool sees_key = sb.len_k > 0 && (causal == 0 || row + sb.len_k - sb.len_q >= 0);
+        const bool sees_key = sb.len_k > 0 && (causal == 0 || row + sb.causal_shift() >= 0);
         if (!(l < INFINITY) || sees_key) atomicOr(device_check, JFA_CHECK_RESULT_NOT_FINITE);
       }
       // The token's row of the dQ accumulator starts at 0 (chunks of 4 floats stay together).

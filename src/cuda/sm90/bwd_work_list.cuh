@@ -82,9 +82,8 @@ __device__ __forceinline__ BwdItem decode_bwd_item(const BwdArgs& a, int64_t ite
   if (w.n_block < 0 || w.n_block >= tiles) {
     w.m_first = w.m_end;  // only invalid offsets get here: nothing to walk
   } else if (a.causal) {
-    // Query row r sees keys up to r + len_k - len_q: the first row that sees the tile's first key.
-    const int64_t first_row = static_cast<int64_t>(w.n_block) * kBwdBlockN -
-                              (static_cast<int64_t>(w.seq.len_k) - w.seq.len_q);
+    // The first row that sees the tile's first key.
+    const int64_t first_row = static_cast<int64_t>(w.n_block) * kBwdBlockN - w.seq.causal_shift();
     if (first_row >= w.seq.len_q)
       w.m_first = w.m_end;
     else if (first_row > 0)
@@ -114,7 +113,7 @@ __device__ __forceinline__ int32_t walk_q_tile(const BwdArgs& a, const BwdItem& 
 __device__ __forceinline__ int32_t dq_add_rank(const BwdArgs& a, const BwdItem& w, int32_t m) {
   if (!a.causal) return w.n_block;
   const int64_t last_row = min(w.seq.len_q, (m + 1) * kBwdBlockM) - 1;
-  const int64_t last_key = last_row + w.seq.len_k - w.seq.len_q;  // >= the item's first key
+  const int64_t last_key = last_row + w.seq.causal_shift();  // >= the item's first key
   const int32_t tiles = (w.seq.len_k + kBwdBlockN - 1) / kBwdBlockN;
   const int64_t n_last = last_key / kBwdBlockN < tiles - 1 ? last_key / kBwdBlockN : tiles - 1;
   return static_cast<int32_t>(n_last - w.n_block);

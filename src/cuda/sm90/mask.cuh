@@ -28,7 +28,7 @@ __device__ __forceinline__ RowKeys row_key_ranges(const FwdArgs& a, const WorkIt
     int32_t lo = 0, hi = w.seq.len_k;
     if (w.n_seqs == 1) {
       if (a.causal) {
-        const int64_t last = static_cast<int64_t>(row) + w.seq.len_k - w.seq.len_q + 1;
+        const int64_t last = static_cast<int64_t>(row) + w.seq.causal_shift() + 1;
         hi = last < 0 ? 0 : (last < hi ? static_cast<int32_t>(last) : hi);
       }
     } else if (row >= w.seq.len_q) {
@@ -77,7 +77,7 @@ struct ItemMask {
     ItemMask m;
     m.first_row = w.m_block * kBlockM;
     m.row0 = m.first_row + group * 64 + tlx::AccumFragment<kCols>::row(0);
-    m.diag_shift = w.seq.len_k - w.seq.len_q;
+    m.diag_shift = w.seq.causal_shift();
     m.causal = a.causal != 0;
     m.shared = w.n_seqs > 1;
     // Warp-group uniform: the group's rows start at group_first; under the causal mask its last

@@ -15,6 +15,9 @@ namespace jfa::sm90 {
 // Sequence bounds of one work item, clamped into [0, total].
 struct SeqBounds {
   int32_t q_start, len_q, k_start, len_k;
+
+  // The causal mask is aligned bottom-right: query row r sees keys 0 .. r + causal_shift().
+  __device__ __forceinline__ int32_t causal_shift() const { return len_k - len_q; }
 };
 
 __device__ __forceinline__ int32_t clamp_offset(int32_t v, int32_t lo, int64_t hi) {
