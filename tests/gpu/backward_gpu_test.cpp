@@ -655,13 +655,19 @@ Case workspace_case() {
 }
 
 // deterministic=1 under the causal mask, where the K tiles walk up from their diagonals and add in
-// descending order: key prefixes longer than the queries (K tiles every row sees), queries longer
-// than the keys (rows that see none), GQA; three runs give the same bits and match the reference.
-TEST(BackwardGpu, DeterministicCausalCrossLengths) {
-  Case c = workspace_case();
-  c.lq = {100, 700, 5, 300, 64};
-  c.lk = {900, 200, 5, 310, 1};
-  expect_bit_identical_runs(c);
+// descending order, and without it: key prefixes longer than the queries (K tiles every row sees),
+// queries longer than the keys (rows that see none), lengths that end in the first or second q
+// tile of a step, GQA; three runs give the same bits and match the reference.
+TEST(BackwardGpu, DeterministicCrossLengths) {
+  for (int d : kHeadDims)
+    for (bool causal : {true, false}) {
+      Case c = workspace_case();
+      c.lq = {100, 700, 5, 300, 64, 65};
+      c.lk = {900, 200, 5, 310, 1, 191};
+      c.head_dim = d;
+      c.causal = causal;
+      expect_bit_identical_runs(c);
+    }
 }
 
 // A caller's workspace of exactly the size asked for (with stale contents) gives the gradients of
