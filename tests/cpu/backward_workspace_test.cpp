@@ -15,7 +15,7 @@ namespace {
 
 using jfa::sm90::backward_workspace_layout;
 using jfa::sm90::BwdWorkspaceLayout;
-using jfa::sm90::kBwdBlockM;
+using jfa::sm90::kBwdTileRows;
 using jfa::sm90::kBwdBlockN;
 using jfa::sm90::padded_row;
 
@@ -31,9 +31,9 @@ void expect_padded_rows_fit(const std::vector<int64_t>& lengths) {
   for (int64_t b = 0; b < batch; ++b) {
     k_tiles += tiles(lengths[b], kBwdBlockN);
     const int64_t first = padded_row(start, b);
-    EXPECT_EQ(first % kBwdBlockM, 0);
+    EXPECT_EQ(first % kBwdTileRows, 0);
     EXPECT_GE(first, prev_end) << "sequence " << b << " overlaps the one before";
-    prev_end = first + tiles(lengths[b], kBwdBlockM) * kBwdBlockM;
+    prev_end = first + tiles(lengths[b], kBwdTileRows) * kBwdTileRows;
     EXPECT_LE(prev_end, lay.row_len) << "sequence " << b << " runs past the row length";
     start += lengths[b];
   }
@@ -66,7 +66,7 @@ TEST(BackwardWorkspace, ClampedOffsetsStayInside) {
     const int64_t b = static_cast<int64_t>(rng() % batch);
     const int64_t start = static_cast<int64_t>(rng() % (total + 1));
     const int64_t len = static_cast<int64_t>(rng() % (total - start + 1));
-    EXPECT_LE(padded_row(start, b) + tiles(len, kBwdBlockM) * kBwdBlockM, lay.row_len)
+    EXPECT_LE(padded_row(start, b) + tiles(len, kBwdTileRows) * kBwdTileRows, lay.row_len)
         << "total " << total << " batch " << batch << " b " << b << " start " << start << " len "
         << len;
   }
@@ -81,7 +81,7 @@ TEST(BackwardWorkspace, RegionsAreAlignedAndDisjoint) {
             const BwdWorkspaceLayout lay =
                 backward_workspace_layout(total_q, total_k, batch, heads, d);
             const size_t row_bytes = sizeof(float) * static_cast<size_t>(heads * lay.row_len);
-            EXPECT_EQ(lay.row_len % kBwdBlockM, 0);
+            EXPECT_EQ(lay.row_len % kBwdTileRows, 0);
             EXPECT_GE(lay.list, size_t{16});
             EXPECT_LE(
                 lay.list + sizeof(jfa::sm90::BwdListEntry) * static_cast<size_t>(lay.list_capacity),
@@ -91,7 +91,7 @@ TEST(BackwardWorkspace, RegionsAreAlignedAndDisjoint) {
             EXPECT_EQ(lay.dpsum, lay.lse2 + row_bytes);
             EXPECT_LE(lay.dpsum + row_bytes, lay.sems);
             EXPECT_LE(
-                lay.sems + sizeof(int32_t) * static_cast<size_t>(heads * lay.row_len / kBwdBlockM),
+                lay.sems + sizeof(int32_t) * static_cast<size_t>(heads * lay.row_len / kBwdTileRows),
                 lay.dq_acc);
             EXPECT_EQ(lay.dq_acc % 256, 0u);
             // The semaphores are what is cleared (the preprocess clears the accumulator's rows).

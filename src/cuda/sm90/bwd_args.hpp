@@ -15,7 +15,7 @@ struct BwdArgs {
   unsigned long long* next_item;  // items claimed so far (zeroed by the work-list kernel)
   const float* lse2;              // [heads_q, row_len] padded rows: LSE * log2(e), +inf for none
   const float* dpsum;             // [heads_q, row_len] padded rows: rowsum(dO * O) - dLSE
-  int32_t* sems;                  // [heads_q, row_len / kBwdBlockM] dQ adds done per q tile
+  int32_t* sems;                  // [heads_q, row_len / kBwdTileRows] dQ adds done per q tile
   float* dq_acc;                  // total_q x heads_q x head_dim, see dq_acc_offset
   int32_t* device_check;  // nullable: the checked mode's word, JFA_CHECK_RESULT_NOT_FINITE ORed in
   int64_t batch;

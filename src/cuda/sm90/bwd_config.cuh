@@ -22,15 +22,15 @@ struct DqDestination {
   uint32_t bytes;
 };
 
-// The item's K and V tiles, rings of Q and dO tiles with their LSE and D rows, two buffers of
-// dS^T (keys x queries: the A operand of dQ += dS K, read M-major), each group's dV and then dK
-// rows staged for their TMA stores, each group's dQ of a step staged for the dQ writer (one 64 x 64
-// part, in the accumulator's layout), and the barriers.
-template <typename T, int kD, int kStages>
+// The item's K and V tiles, rings of Q and dO tiles (kBlockM rows) with their LSE and D rows, two
+// buffers of dS^T (keys x queries: the A operand of dQ += dS K, read M-major), each group's dV and
+// then dK rows staged for their TMA stores, each group's dQ of a step staged for the dQ writer (one
+// 64 x 64 part, in the accumulator's layout), and the barriers.
+template <typename T, int kD, int kStages, int kBlockM>
 struct BwdShared {
   using KVTile = tlx::SwizzledTile<T, kBwdBlockN, kD>;
-  using QTile = tlx::SwizzledTile<T, kBwdBlockM, kD>;
-  using DsTile = tlx::SwizzledTile<T, kBwdBlockN, kBwdBlockM>;
+  using QTile = tlx::SwizzledTile<T, kBlockM, kD>;
+  using DsTile = tlx::SwizzledTile<T, kBwdBlockN, kBlockM>;
   using KeyRowsTile = tlx::SwizzledTile<T, 64, kD>;  // one group's rows of dK or dV
   KVTile k;
   KVTile v;
@@ -38,9 +38,9 @@ struct BwdShared {
   QTile dout[kStages];
   DsTile ds[2];
   KeyRowsTile key_rows[2];
-  alignas(128) float dq[2][kBwdBlockM * kDqPartCols];
-  alignas(16) float lse2[kStages][kBwdBlockM];
-  alignas(16) float dpsum[kStages][kBwdBlockM];
+  alignas(128) float dq[2][kBwdTileRows * kDqPartCols];
+  alignas(16) float lse2[kStages][kBlockM];
+  alignas(16) float dpsum[kStages][kBlockM];
   DqDestination dq_dest[2];
   tlx::MBarrier dq_full[2], dq_empty[2];
   tlx::MBarrier kv_full, kv_empty;
@@ -49,13 +49,28 @@ struct BwdShared {
   BwdItem item[kItemSlots];
 };
 
-template <typename T, int kHeadDim>
+// How the two consumer groups share a step's dQ = dS K, one 64 x 64 part each.
+enum class DqSplit {
+  kColumns,  // a half of the columns each, over all keys of the tile (head_dim 128)
+  kKeys,     // all columns each, over the group's own 64 keys: two partial sums of one q tile
+  kRows,     // one q tile each of a two-tile step, over all keys
+};
+
+// kRowsPerStep: query rows per step. At head_dim 64 a step of one q tile leaves the MMAs small
+// against the step's fixed costs (barriers, the dQ hand-off), so a step takes two unless the
+// sequences are at most one q tile long (bwd_dispatch.cu).
+template <typename T, int kHeadDim,
+          int kRowsPerStep = kHeadDim == 64 ? 2 * kBwdTileRows : kBwdTileRows>
 struct BwdConfig {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
+  static_assert(kRowsPerStep == kBwdTileRows ||
+                    (kRowsPerStep == 2 * kBwdTileRows && kHeadDim == 64),
+                "steps of one q tile, or of two at head_dim 64");
   using Element = T;
   static constexpr int kD = kHeadDim;
   static constexpr int kStages = 2;
-  using Shared = BwdShared<T, kD, kStages>;
+  static constexpr int kBlockM = kRowsPerStep;
+  using Shared = BwdShared<T, kD, kStages, kBlockM>;
   using KVTile = typename Shared::KVTile;
   using QTile = typename Shared::QTile;
   using DsTile = typename Shared::DsTile;
@@ -68,18 +83,18 @@ struct BwdConfig {
   static constexpr int kConsumerGroups = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerGroups);
   static constexpr int kConsumerWarps = 4 * kConsumerGroups;
-  // dQ += dS K per q tile: at head_dim 128 each group computes half of dQ's columns over all keys
-  // of the tile (both groups' dS must be in shared memory first); at 64 each group computes all
-  // columns over its own keys (two partial sums, no wait for the other group).
-  static constexpr bool kDqSplitKeys = kD == 64;
-  static constexpr int kDqKeys = kDqSplitKeys ? 64 : kBwdBlockN;
-  static constexpr int kDqCols = kDqSplitKeys ? kD : kD / 2;
+  // Over all keys, both groups' dS must be in shared memory first; over its own keys a group
+  // waits for nobody.
+  static constexpr DqSplit kDqSplit = kD == 2 * kDqPartCols     ? DqSplit::kColumns
+                                      : kBlockM == kBwdTileRows ? DqSplit::kKeys
+                                                                : DqSplit::kRows;
+  static constexpr int kDqKeys = kDqSplit == DqSplit::kKeys ? 64 : kBwdBlockN;
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
   static_assert((kProducerRegs + kConsumerGroups * kConsumerRegs) * 128 <=
                     65536 / kThreads / 8 * 8 * kThreads,
                 "register split exceeds the CTA's allocation");
-  // Named barrier of the dS exchange (one for both groups, or one per group).
+  // Named barrier of the dS exchange (one for both groups, or one per group with kKeys).
   static constexpr uint32_t kDsBarrier0 = 1;
   // Named barrier of a group's dK/dV staging (one per group, after the dS ones).
   static constexpr uint32_t kKeyRowsBarrier0 = 3;

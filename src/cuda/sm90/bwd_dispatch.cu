@@ -34,11 +34,19 @@ jfa_status backward(const jfa::detail::BackwardParams& b) {
   if (b.dlse != nullptr && (reinterpret_cast<uintptr_t>(b.dlse) & 3u) != 0)
     return fail(JFA_ERROR_INVALID_ARGUMENT, "dlse must be 4-byte aligned");
   const bool half = p.dtype == JFA_DTYPE_FLOAT16;
-  if (p.head_dim == 64)
-    return half ? backward_shape<__half, 64>(b, *facts)
-                : backward_shape<__nv_bfloat16, 64>(b, *facts);
-  return half ? backward_shape<__half, 128>(b, *facts)
-              : backward_shape<__nv_bfloat16, 128>(b, *facts);
+  if (p.head_dim == 64) {
+    // Steps of two q tiles, unless no sequence is longer than one (the max_seqlen_q hint, or
+    // without it the mean length): then the second tile would be all padding.
+    const bool one_tile =
+        p.max_seqlen_q > 0 ? p.max_seqlen_q <= kBwdTileRows : p.total_q <= kBwdTileRows * p.batch;
+    if (one_tile)
+      return half ? backward_shape<__half, 64, kBwdTileRows>(b, *facts)
+                  : backward_shape<__nv_bfloat16, 64, kBwdTileRows>(b, *facts);
+    return half ? backward_shape<__half, 64, 2 * kBwdTileRows>(b, *facts)
+                : backward_shape<__nv_bfloat16, 64, 2 * kBwdTileRows>(b, *facts);
+  }
+  return half ? backward_shape<__half, 128, kBwdTileRows>(b, *facts)
+              : backward_shape<__nv_bfloat16, 128, kBwdTileRows>(b, *facts);
 }
 
 }  // namespace jfa::sm90

@@ -1,9 +1,9 @@
 // Hopper backward kernel of jagged attention. A work item is one K tile (128 keys) of one kv head
 // of one sequence (bwd_work_list.cuh); a persistent grid claims items from a global counter. The
-// item's K and V stay in shared memory while it walks the q tiles (64 rows) of each query head of
-// its group that see any of its keys; dK and dV accumulate in registers over the whole walk, so
-// they need no atomics and are summed over the group's query heads in a fixed order; at the
-// item's end they go out by TMA stores (store_key_rows).
+// item's K and V stay in shared memory while it walks the query rows (64 per step at head_dim 128,
+// 128 at 64) of each query head of its group that see any of its keys; dK and dV accumulate in
+// registers over the whole walk, so they need no atomics and are summed over the group's query
+// heads in a fixed order; at the item's end they go out by TMA stores (store_key_rows).
 //
 // Roles (128 threads per warp group, one CTA per SM):
 //   warp group 0   producer: one thread loads K and V per item and, per step, Q and dO with their
@@ -12,11 +12,13 @@
 //                  S^T = K Q^T and dP^T = V dO^T (SS wgmma), P^T = exp2(S^T scale log2e - LSE2),
 //                  dS^T = P^T (dP^T - D); dV += P^T dO and dK += dS^T Q (RS wgmma, dO and Q read
 //                  as MN-major B); dS^T to shared memory, dQ = dS K (SS wgmma, both operands
-//                  MN-major), staged in shared memory for the dQ writer.
+//                  MN-major; each group one 64 x 64 part: half the columns at head_dim 128, one
+//                  q tile's rows at 64), staged in shared memory for the dQ writer.
 //   warp 1 of group 0  dQ writer: adds each group's staged dQ with one bulk reduction per step (in
 //                  deterministic mode in a fixed order of the K tiles, one semaphore per q tile).
-// Rows past a sequence's end in a q tile have LSE2 = +inf (the preprocess), so P = 0 there; keys
-// past its end and, under the causal mask, keys a query does not see are set to P = 0 on the steps
+// Rows past a sequence's end in its last q tile have LSE2 = +inf (the preprocess), so P = 0 there;
+// keys past its end, query rows past it in a two-tile step (the second tile's LSE may be another
+// sequence's) and, under the causal mask, keys a query does not see are set to P = 0 on the steps
 // that hold any. Offsets are not validated on the device; they are clamped so that no access
 // leaves the caller's buffers (results for invalid offsets are unspecified).
 #pragma once
@@ -48,7 +50,7 @@ struct BwdItemScheduler {
                                        BwdItem& w) {
     if constexpr (kProducer) {
       const int64_t claimed = static_cast<int64_t>(atomicAdd(a.next_item, 1ull));
-      w = claimed < n_items ? decode_bwd_item(a, claimed) : BwdItem{};
+      w = claimed < n_items ? decode_bwd_item<Cfg::kBlockM>(a, claimed) : BwdItem{};
       s.item_empty[slot.stage].wait_suspended(slot.phase ^ 1u);
       s.item[slot.stage] = w;
       s.item_full[slot.stage].arrive();
@@ -68,7 +70,7 @@ __device__ __forceinline__ void bwd_producer(typename Cfg::Shared& s, const CUte
                                              const CUtensorMap* tm_do, const CUtensorMap* tm_rows,
                                              const BwdArgs& a, int64_t n_items) {
   constexpr int kBoxes = Cfg::kD / 64;
-  constexpr uint32_t kRowBytes = kBwdBlockM * sizeof(float);
+  constexpr uint32_t kRowBytes = Cfg::kBlockM * sizeof(float);
   tlx::PipelineState<Cfg::kStages> st;
   uint32_t kv_phase = 0;
   BwdItemScheduler<Cfg, true> items;
@@ -91,13 +93,13 @@ __device__ __forceinline__ void bwd_producer(typename Cfg::Shared& s, const CUte
         s.empty[st.stage].wait_suspended(st.phase ^ 1u);
         tlx::MBarrier* full = &s.full[st.stage];
         full->arrive_expect_tx(2 * Cfg::QTile::kBytes + 2 * kRowBytes);
-        const int32_t q_row = w.seq.q_start + m * kBwdBlockM;
+        const int32_t q_row = w.seq.q_start + m * Cfg::kBlockM;
 #pragma unroll
         for (int bx = 0; bx < kBoxes; ++bx) {
           tlx::tma_load_3d(tm_q, full, s.q[st.stage].box(bx), bx * 64, head, q_row);
           tlx::tma_load_3d(tm_do, full, s.dout[st.stage].box(bx), bx * 64, head, q_row);
         }
-        const int32_t col = w.lse_row + m * kBwdBlockM;
+        const int32_t col = w.lse_row + m * Cfg::kBlockM;
         tlx::tma_load_2d(tm_rows, full, s.lse2[st.stage], col, head);
         tlx::tma_load_2d(tm_rows, full, s.dpsum[st.stage], col, a.heads_q + head);
         st.advance();
@@ -106,12 +108,16 @@ __device__ __forceinline__ void bwd_producer(typename Cfg::Shared& s, const CUte
   }
 }
 
-using BwdTile = tlx::AccumFragment<kBwdBlockM>;  // 64 x 64: keys x queries, or dQ's rows x columns
+// A group's 64 keys x the step's queries (S^T, dP^T), and a dQ part (64 rows x 64 columns).
+template <typename Cfg>
+using ScoreTile = tlx::AccumFragment<Cfg::kBlockM>;
+using DqTile = tlx::AccumFragment<kDqPartCols>;
 
 // out = rows x cols^T for this group's 64 keys: S^T = K Q^T or dP^T = V dO^T (SS wgmma, both
 // operands K-major over head_dim).
 template <typename Cfg>
-__device__ __forceinline__ void gemm_keys_by_rows(BwdTile& out, const typename Cfg::KVTile& keys,
+__device__ __forceinline__ void gemm_keys_by_rows(ScoreTile<Cfg>& out,
+                                                  const typename Cfg::KVTile& keys,
                                                   const typename Cfg::QTile& rows, int group) {
   using T = typename Cfg::Element;
   const uint64_t a_desc = tlx::make_desc_sw128(keys.box_addr(0) + group * 64 * tlx::kSwizzleBytes,
@@ -120,7 +126,7 @@ __device__ __forceinline__ void gemm_keys_by_rows(BwdTile& out, const typename C
   tlx::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < Cfg::kD / 16; ++kk)
-    tlx::wgmma_ss<T, kBwdBlockM, 0>(
+    tlx::wgmma_ss<T, Cfg::kBlockM, 0>(
         out.reg, tlx::desc_advance(a_desc, (kk / 4) * Cfg::KVTile::kBoxBytes + (kk % 4) * 32),
         tlx::desc_advance(b_desc, (kk / 4) * Cfg::QTile::kBoxBytes + (kk % 4) * 32),
         kk > 0 ? 1u : 0u);
@@ -130,29 +136,30 @@ __device__ __forceinline__ void gemm_keys_by_rows(BwdTile& out, const typename C
 // acc += a * rows: dV += P^T dO or dK += dS^T Q (RS wgmma, the q tile read as an MN-major B).
 template <typename Cfg>
 __device__ __forceinline__ void gemm_accumulate(
-    tlx::AccumFragment<Cfg::kD>& acc, const tlx::AFragment<typename Cfg::Element, kBwdBlockM>& a,
+    tlx::AccumFragment<Cfg::kD>& acc, const tlx::AFragment<typename Cfg::Element, Cfg::kBlockM>& a,
     const typename Cfg::QTile& rows) {
   using T = typename Cfg::Element;
   const uint64_t desc =
       tlx::make_desc_sw128(rows.box_addr(0), Cfg::QTile::kBoxBytes, tlx::kSwizzleAtomBytes);
   tlx::wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < kBwdBlockM / 16; ++kk)
+  for (int kk = 0; kk < Cfg::kBlockM / 16; ++kk)
     tlx::wgmma_rs<T, Cfg::kD, 1>(acc.reg, a.reg[kk],
                                  tlx::desc_advance(desc, kk * 16 * tlx::kSwizzleBytes), 1u);
   tlx::wgmma_commit();
 }
 
-// dQ (this group's part, see BwdConfig::kDqSplitKeys) = dS K: dS read from its transposed tile
-// (M-major A), K as an MN-major B.
+// This group's part of dQ (see DqSplit) = dS K: dS read from its transposed tile (M-major A; with
+// kRows the group's q tile is the tile's column box `group`, with kKeys its keys are the group's
+// rows), K as an MN-major B (with kColumns its column box `group`).
 template <typename Cfg>
-__device__ __forceinline__ void gemm_dq(BwdTile& dq, const typename Cfg::DsTile& ds,
+__device__ __forceinline__ void gemm_dq(DqTile& dq, const typename Cfg::DsTile& ds,
                                         const typename Cfg::KVTile& k, int group) {
   using T = typename Cfg::Element;
   constexpr int kGroupRows = 64 * tlx::kSwizzleBytes;
-  const uint32_t a_addr = ds.box_addr(0) + (Cfg::kDqSplitKeys ? group * kGroupRows : 0);
-  const uint32_t b_addr =
-      Cfg::kDqSplitKeys ? k.box_addr(0) + group * kGroupRows : k.box_addr(group);
+  const int key_rows = Cfg::kDqSplit == DqSplit::kKeys ? group * kGroupRows : 0;
+  const uint32_t a_addr = ds.box_addr(Cfg::kDqSplit == DqSplit::kRows ? group : 0) + key_rows;
+  const uint32_t b_addr = k.box_addr(Cfg::kDqSplit == DqSplit::kColumns ? group : 0) + key_rows;
   const uint64_t a_desc =
       tlx::make_desc_sw128(a_addr, Cfg::DsTile::kBoxBytes, tlx::kSwizzleAtomBytes);
   const uint64_t b_desc =
@@ -160,7 +167,7 @@ __device__ __forceinline__ void gemm_dq(BwdTile& dq, const typename Cfg::DsTile&
   tlx::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < Cfg::kDqKeys / 16; ++kk)
-    tlx::wgmma_ss<T, kBwdBlockM, 1, 1>(
+    tlx::wgmma_ss<T, kDqPartCols, 1, 1>(
         dq.reg, tlx::desc_advance(a_desc, kk * 16 * tlx::kSwizzleBytes),
         tlx::desc_advance(b_desc, kk * 16 * tlx::kSwizzleBytes), kk > 0 ? 1u : 0u);
   tlx::wgmma_commit();
@@ -172,21 +179,24 @@ __device__ __forceinline__ int32_t load_acquire(const int32_t* p) {
   return v;
 }
 
-// Hands this group's dQ of a step (q tile m of `head`) to the dQ writer: waits until the writer
+// Hands this group's dQ part of a step (rows m of `head`) to the dQ writer: waits until the writer
 // has read the group's previous one, stores it in the accumulator's layout and says where it goes.
+// With kRows a group's q tile may lie past the sequence's end or (causal) before the first row
+// that sees the item's keys: then it adds nothing (no bytes), and in deterministic mode it does
+// not count on the q tile's semaphore.
 template <typename Cfg>
-__device__ __forceinline__ void stage_dq(typename Cfg::Shared& s, const BwdTile& dq,
+__device__ __forceinline__ void stage_dq(typename Cfg::Shared& s, const DqTile& dq,
                                          const BwdArgs& a, const BwdItem& w, int32_t head,
                                          int32_t m, int group, uint32_t& dq_phase) {
   s.dq_empty[group].wait(dq_phase ^ 1u);
   // Row r and the column pair (c, c + 1) of the fragment: chunk c / 4 of the row, permuted by the
   // token's index (dq_chunk_offset); the thread's two rows are 8 apart, so they share it.
-  const int r0 = BwdTile::row(0);
-  const int perm = ((w.seq.q_start + r0) & 3) << 1;  // q_start + 64 m + r0 = the token
+  const int r0 = DqTile::row(0);
+  const int perm = ((w.seq.q_start + r0) & 3) << 1;  // q_start + 64 (q tile) + r0 = the token
   const uint32_t base = tlx::smem_addr(&s.dq[group][r0 * kDqPartCols]);
-  const int pair = BwdTile::col(0, 0);  // 2 (t % 4): chunk (t % 4) / 2, offset 2 (t % 2)
+  const int pair = DqTile::col(0, 0);  // 2 (t % 4): chunk (t % 4) / 2, offset 2 (t % 2)
 #pragma unroll
-  for (int j = 0; j < BwdTile::kBlocks; ++j) {
+  for (int j = 0; j < DqTile::kBlocks; ++j) {
     const int chunk = ((2 * j + (pair >> 2)) ^ perm);
     const uint32_t at = base + ((chunk << 2) + (pair & 3)) * sizeof(float);
 #pragma unroll
@@ -195,14 +205,18 @@ __device__ __forceinline__ void stage_dq(typename Cfg::Shared& s, const BwdTile&
                            dq.at(j, h, 1));
   }
   if (threadIdx.x % 128 == 0) {
+    constexpr bool kRows = Cfg::kDqSplit == DqSplit::kRows;
+    const int32_t q_tile = m * (Cfg::kBlockM / kBwdTileRows) + (kRows ? group : 0);
     const int64_t tile =
-        static_cast<int64_t>(head) * (a.row_len / kBwdBlockM) + w.lse_row / kBwdBlockM + m;
-    const int part = Cfg::kDqSplitKeys ? 0 : group;
-    const int32_t first = w.seq.q_start + m * kBwdBlockM;
-    const int rows = min(kBwdBlockM, w.seq.len_q - m * kBwdBlockM);
+        static_cast<int64_t>(head) * (a.row_len / kBwdTileRows) + w.lse_row / kBwdTileRows + q_tile;
+    const int part = Cfg::kDqSplit == DqSplit::kColumns ? group : 0;
+    const int32_t first = w.seq.q_start + q_tile * kBwdTileRows;
+    int rows = max(0, min(kBwdTileRows, w.seq.len_q - q_tile * kBwdTileRows));
+    const int32_t rank = a.deterministic || (kRows && a.causal) ? dq_add_rank(a, w, q_tile) : 0;
+    if (kRows && rank < 0) rows = 0;  // no row of the q tile sees the item's keys
     s.dq_dest[group] = DqDestination{a.dq_acc + dq_part_base(a.total_q, Cfg::kD, head, part) +
                                          static_cast<int64_t>(first) * kDqPartCols,
-                                     a.sems + tile, a.deterministic ? dq_add_rank(a, w, m) : 0,
+                                     a.sems + tile, rank,
                                      static_cast<uint32_t>(rows * kDqPartCols * sizeof(float))};
   }
   tlx::fence_proxy_async_smem();  // the writer's bulk reduction reads it (async proxy)
@@ -214,8 +228,10 @@ __device__ __forceinline__ void stage_dq(typename Cfg::Shared& s, const BwdTile&
 // The dQ writer (warp 1 of the producer group): per step, one bulk reduction per group adds its
 // staged 64 x 64 part to the accumulator in L2; a group's staging area is free again once its
 // reduction has read it. In deterministic mode the adds to one q tile go in a fixed order of the
-// K tiles (dq_add_rank): the semaphore counts the steps added, and each K tile waits for the ones
-// before it; where both groups add to the same part, group 0's add completes first.
+// K tiles (dq_add_rank): the q tile's semaphore counts the K tiles added, and each K tile waits
+// for the ones before it. The groups' parts belong to one q tile (one semaphore; with kKeys both
+// add to the same part, group 0's add completes first) or, with kRows, to two (two semaphores; a
+// part without bytes adds nothing and does not count).
 template <typename Cfg>
 __device__ __forceinline__ void bwd_dq_writer(typename Cfg::Shared& s, const BwdArgs& a) {
   const bool leader = tlx::lane_is_leader();
@@ -234,14 +250,22 @@ __device__ __forceinline__ void bwd_dq_writer(typename Cfg::Shared& s, const Bwd
     if (__shfl_sync(0xffffffffu, d0.part == nullptr ? 1 : 0, 0))
       break;  // both groups stop together
     if (leader) {
-      if (a.deterministic)
-        while (load_acquire(d0.sem) < d0.target) __nanosleep(64);
-      tlx::bulk_reduce_add_f32(d0.part, s.dq[0], d0.bytes);
-      if (Cfg::kDqSplitKeys && a.deterministic) {
+      constexpr bool kRows = Cfg::kDqSplit == DqSplit::kRows;
+      const bool adds0 = d0.bytes > 0, adds1 = d1.bytes > 0;
+      if (adds0) {
+        if (a.deterministic)
+          while (load_acquire(d0.sem) < d0.target) __nanosleep(64);
+        tlx::bulk_reduce_add_f32(d0.part, s.dq[0], d0.bytes);
+      }
+      if (Cfg::kDqSplit == DqSplit::kKeys && a.deterministic) {
         tlx::tma_store_commit();
         tlx::tma_store_wait<0>();
       }
-      tlx::bulk_reduce_add_f32(d1.part, s.dq[1], d1.bytes);
+      if (adds1) {
+        if (kRows && a.deterministic)
+          while (load_acquire(d1.sem) < d1.target) __nanosleep(64);
+        tlx::bulk_reduce_add_f32(d1.part, s.dq[1], d1.bytes);
+      }
       tlx::tma_store_commit();
       tlx::tma_store_wait_read<0>();
       s.dq_empty[0].arrive();
@@ -250,7 +274,8 @@ __device__ __forceinline__ void bwd_dq_writer(typename Cfg::Shared& s, const Bwd
         tlx::tma_store_wait<0>();
         tlx::fence_proxy_async();
         __threadfence();
-        atomicAdd(d0.sem, 1);
+        if (adds0) atomicAdd(d0.sem, 1);
+        if (kRows && adds1) atomicAdd(d1.sem, 1);
       }
     }
     __syncwarp();
@@ -259,10 +284,10 @@ __device__ __forceinline__ void bwd_dq_writer(typename Cfg::Shared& s, const Bwd
 }
 
 // The scores of a step, S^T = K Q^T for this group's keys, issued once the stage's Q, dO, LSE and
-// D have arrived (dP^T follows in step_gradients: issued here too, it would hold 32 more registers
+// D have arrived (dP^T follows in step_gradients: issued here too, it would hold its registers
 // while the previous step's dQ is in flight).
 template <typename Cfg>
-__device__ __forceinline__ void issue_scores(typename Cfg::Shared& s, BwdTile& sc,
+__device__ __forceinline__ void issue_scores(typename Cfg::Shared& s, ScoreTile<Cfg>& sc,
                                              const tlx::PipelineState<Cfg::kStages>& st,
                                              int group) {
   s.full[st.stage].wait(st.phase);
@@ -270,13 +295,14 @@ __device__ __forceinline__ void issue_scores(typename Cfg::Shared& s, BwdTile& s
 }
 
 // P^T = exp2(S^T scale log2e - LSE2) in place, each column with its query row's LSE; kMasked: keys
-// past the sequence's end and (causal) keys past a query's diagonal get P = 0.
-template <bool kMasked>
-__device__ __forceinline__ void probabilities(BwdTile& sc, uint32_t lse2, float scale_log2,
-                                              int32_t key0, int32_t q0, int32_t len_k, int32_t diag,
-                                              bool causal) {
+// past the sequence's end, (causal) keys past a query's diagonal and, with kMaskRows, query rows
+// past the sequence's end get P = 0.
+template <bool kMasked, bool kMaskRows, typename Tile>
+__device__ __forceinline__ void probabilities(Tile& sc, uint32_t lse2, float scale_log2,
+                                              int32_t key0, int32_t q0, int32_t len_k,
+                                              int32_t len_q, int32_t diag, bool causal) {
 #pragma unroll
-  for (int j = 0; j < BwdTile::kBlocks; ++j) {
+  for (int j = 0; j < Tile::kBlocks; ++j) {
     const float2 l = tlx::ld_shared_f32x2(lse2 + 32 * j);
 #pragma unroll
     for (int h = 0; h < 2; ++h)
@@ -284,8 +310,9 @@ __device__ __forceinline__ void probabilities(BwdTile& sc, uint32_t lse2, float 
       for (int c = 0; c < 2; ++c) {
         float p = fast_exp2(fmaf(sc.at(j, h, c), scale_log2, -(c == 0 ? l.x : l.y)));
         if constexpr (kMasked) {
-          const int32_t key = key0 + BwdTile::row(h), query = q0 + BwdTile::col(j, c);
-          if (key >= len_k || (causal && key > query + diag)) p = 0.f;
+          const int32_t key = key0 + Tile::row(h), query = q0 + Tile::col(j, c);
+          if (key >= len_k || (causal && key > query + diag) || (kMaskRows && query >= len_q))
+            p = 0.f;
         }
         sc.at(j, h, c) = p;
       }
@@ -294,40 +321,48 @@ __device__ __forceinline__ void probabilities(BwdTile& sc, uint32_t lse2, float 
 
 // The operands of a step's RS MMAs, which must keep their registers until those MMAs are waited
 // for.
-template <typename T>
+template <typename Cfg>
 struct StepOperands {
-  tlx::AFragment<T, kBwdBlockM> p;   // P^T
-  tlx::AFragment<T, kBwdBlockM> ds;  // dS^T
+  tlx::AFragment<typename Cfg::Element, Cfg::kBlockM> p;   // P^T
+  tlx::AFragment<typename Cfg::Element, Cfg::kBlockM> ds;  // dS^T
 };
 
 // The rest of a step once its scores are issued: dP^T = V dO^T, P^T, dV += P^T dO,
 // dS^T = P^T (dP^T - D), dS^T to shared memory, dQ = dS K and dK += dS^T Q issued. Leaves dV, dQ
 // and dK in flight (three commit groups, in that order).
 template <typename Cfg>
-__device__ __forceinline__ void step_gradients(
-    typename Cfg::Shared& s, BwdTile& sc, BwdTile& dp, tlx::AccumFragment<Cfg::kD>& dk,
-    tlx::AccumFragment<Cfg::kD>& dv, BwdTile& dq, StepOperands<typename Cfg::Element>& ops,
-    const BwdArgs& a, const BwdItem& w, int32_t m, int group,
-    const tlx::PipelineState<Cfg::kStages>& st, int ds_buf) {
+__device__ __forceinline__ void step_gradients(typename Cfg::Shared& s, ScoreTile<Cfg>& sc,
+                                               ScoreTile<Cfg>& dp, tlx::AccumFragment<Cfg::kD>& dk,
+                                               tlx::AccumFragment<Cfg::kD>& dv, DqTile& dq,
+                                               StepOperands<Cfg>& ops, const BwdArgs& a,
+                                               const BwdItem& w, int32_t m, int group,
+                                               const tlx::PipelineState<Cfg::kStages>& st,
+                                               int ds_buf) {
   using T = typename Cfg::Element;
+  using Tile = ScoreTile<Cfg>;
   // Which keys the step's queries see: all, unless the tile holds keys past the sequence's end or
-  // (causal) keys past the diagonal of its first query row.
+  // (causal) keys past the diagonal of its first query row; in a two-tile step the second tile's
+  // rows past the sequence's end are masked too.
+  constexpr bool kMaskRows = Cfg::kBlockM > kBwdTileRows;
   const int32_t key0 = w.n_block * kBwdBlockN + group * 64;  // of this group, in the sequence
-  const int32_t q0 = m * kBwdBlockM;
+  const int32_t q0 = m * Cfg::kBlockM;
   const int32_t diag = w.seq.causal_shift();
-  const bool masked = key0 + 64 > w.seq.len_k || (a.causal && q0 + diag < key0 + 63);
+  const bool masked = key0 + 64 > w.seq.len_k || (a.causal && q0 + diag < key0 + 63) ||
+                      (kMaskRows && q0 + Cfg::kBlockM > w.seq.len_q);
   // The thread's first column of the step's LSE and D rows; column block j is 8 j further.
-  const uint32_t lse2 = tlx::smem_addr(s.lse2[st.stage] + BwdTile::col(0, 0));
-  const uint32_t dpsum = tlx::smem_addr(s.dpsum[st.stage] + BwdTile::col(0, 0));
+  const uint32_t lse2 = tlx::smem_addr(s.lse2[st.stage] + Tile::col(0, 0));
+  const uint32_t dpsum = tlx::smem_addr(s.dpsum[st.stage] + Tile::col(0, 0));
   gemm_keys_by_rows<Cfg>(dp, s.v, s.dout[st.stage], group);
 
   // P^T (S^T done, dP^T may still run), packed at once as the A operand of dV += P^T dO.
   tlx::wgmma_wait<1>();
   tlx::fence_operand(sc.reg);
   if (masked)
-    probabilities<true>(sc, lse2, a.scale_log2, key0, q0, w.seq.len_k, diag, a.causal != 0);
+    probabilities<true, kMaskRows>(sc, lse2, a.scale_log2, key0, q0, w.seq.len_k, w.seq.len_q, diag,
+                                   a.causal != 0);
   else
-    probabilities<false>(sc, lse2, a.scale_log2, key0, q0, w.seq.len_k, diag, a.causal != 0);
+    probabilities<false, kMaskRows>(sc, lse2, a.scale_log2, key0, q0, w.seq.len_k, w.seq.len_q,
+                                    diag, a.causal != 0);
   sc.to_a(ops.p);
   gemm_accumulate<Cfg>(dv, ops.p, s.dout[st.stage]);
 
@@ -335,12 +370,12 @@ __device__ __forceinline__ void step_gradients(
   tlx::wgmma_wait<1>();
   tlx::fence_operand(dp.reg);
 #pragma unroll
-  for (int j = 0; j < BwdTile::kBlocks; ++j) {
+  for (int j = 0; j < Tile::kBlocks; ++j) {
     const float2 d = tlx::ld_shared_f32x2(dpsum + 32 * j);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       // P^T from its packed form (to_a's order: column block j, row half h), which the dV MMA
-      // holds anyway; the float32 copy would need 32 more registers.
+      // holds anyway; the float32 copy would need as many registers again.
       const float2 pj = tlx::unpack2<T>(ops.p.reg[j / 2][2 * (j % 2) + h]);
       dp.at(j, h, 0) = pj.x * (dp.at(j, h, 0) - d.x);
       dp.at(j, h, 1) = pj.y * (dp.at(j, h, 1) - d.y);
@@ -354,14 +389,14 @@ __device__ __forceinline__ void step_gradients(
   typename Cfg::DsTile& ds = s.ds[ds_buf];
   const uint32_t ds_addr = tlx::smem_addr(&ds);
 #pragma unroll
-  for (int kk = 0; kk < kBwdBlockM / 16; ++kk)
+  for (int kk = 0; kk < Cfg::kBlockM / 16; ++kk)
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      tlx::st_shared_u32(ds_addr + Cfg::DsTile::offset_bytes(group * 64 + BwdTile::row(i % 2),
-                                                             BwdTile::col(2 * kk + i / 2, 0)),
+      tlx::st_shared_u32(ds_addr + Cfg::DsTile::offset_bytes(group * 64 + Tile::row(i % 2),
+                                                             Tile::col(2 * kk + i / 2, 0)),
                          ops.ds.reg[kk][i]);
   tlx::fence_proxy_async_smem();
-  if constexpr (Cfg::kDqSplitKeys)
+  if constexpr (Cfg::kDqSplit == DqSplit::kKeys)
     tlx::NamedBarrier::sync(Cfg::kDsBarrier0 + group, 128);
   else
     tlx::NamedBarrier::sync(Cfg::kDsBarrier0, 256);
@@ -383,9 +418,10 @@ __device__ __forceinline__ void walk_item(typename Cfg::Shared& s, tlx::AccumFra
   const int32_t steps = a.group * w.q_tiles();
   int32_t head = w.kv_head * a.group, i_head = 0, m = walk_q_tile(a, w, 0);
   for (int32_t i = 0; i < steps; ++i) {
-    BwdTile sc, dp, dq;
+    ScoreTile<Cfg> sc, dp;
+    DqTile dq;
     issue_scores<Cfg>(s, sc, st, group);
-    StepOperands<typename Cfg::Element> ops;
+    StepOperands<Cfg> ops;
     step_gradients<Cfg>(s, sc, dp, dk, dv, dq, ops, a, w, m, group, st, ds_buf);
     tlx::wgmma_wait<1>();  // dV and dQ done, dK still running
     tlx::fence_operand(dv.reg);

@@ -67,10 +67,10 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
     std::string err;
     if (!encode_qkv_map<T>(no_rows ? p.k : p.q, no_rows ? p.total_k : p.total_q,
                            no_rows ? p.heads_kv : p.heads_q, Cfg::kD,
-                           no_rows ? p.k_layout : p.q_layout, kBwdBlockM, &tm_q, &err) ||
+                           no_rows ? p.k_layout : p.q_layout, Cfg::kBlockM, &tm_q, &err) ||
         !encode_qkv_map<T>(no_rows ? p.k : b.dout, no_rows ? p.total_k : p.total_q,
                            no_rows ? p.heads_kv : p.heads_q, Cfg::kD,
-                           no_rows ? p.k_layout : b.dout_layout, kBwdBlockM, &tm_do, &err) ||
+                           no_rows ? p.k_layout : b.dout_layout, Cfg::kBlockM, &tm_do, &err) ||
         !encode_qkv_map<T>(p.k, p.total_k, p.heads_kv, Cfg::kD, p.k_layout, kBwdBlockN, &tm_k,
                            &err) ||
         !encode_qkv_map<T>(p.v, p.total_k, p.heads_kv, Cfg::kD, p.v_layout, kBwdBlockN, &tm_v,
@@ -81,7 +81,7 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
                            &tm_dv, &err))
       return fail(JFA_ERROR_CUDA, "tensor map encoding failed: %s", err.c_str());
     // The LSE rows of every head and then the D rows: one array (bwd_workspace.hpp).
-    if (!encode_row_terms_map(lse2, lay.row_len, 2 * int64_t{p.heads_q}, kBwdBlockM, &tm_rows,
+    if (!encode_row_terms_map(lse2, lay.row_len, 2 * int64_t{p.heads_q}, Cfg::kBlockM, &tm_rows,
                               &err))
       return fail(JFA_ERROR_CUDA, "tensor map encoding failed: %s", err.c_str());
     if (const jfa_status s = opt_in_shared_memory<bwd_kernel<Cfg>>(Cfg::kSmemBytes, device.ordinal);
@@ -99,7 +99,7 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
   // The per-row terms, and the rows of the dQ accumulator cleared (also with no keys: dq is 0);
   // after the offsets check, since that stores the checked mode's word the kernels from here on
   // add to.
-  const dim3 tiles(static_cast<unsigned>(lay.row_len / kBwdBlockM),
+  const dim3 tiles(static_cast<unsigned>(lay.row_len / kBwdTileRows),
                    static_cast<unsigned>(p.heads_q));
   if (p.total_q > 0) {
     bwd_preprocess<T, Cfg::kD><<<tiles, kPreprocessThreads, 0, stream>>>(
@@ -154,9 +154,9 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
   return JFA_SUCCESS;
 }
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, int kRowsPerStep>
 jfa_status backward_shape(const jfa::detail::BackwardParams& b, const DeviceFacts& device) {
-  return run_backward<BwdConfig<T, kHeadDim>>(b, device);
+  return run_backward<BwdConfig<T, kHeadDim, kRowsPerStep>>(b, device);
 }
 
 }  // namespace jfa::sm90

@@ -34,7 +34,7 @@ __device__ __forceinline__ float row_dot(const T* x, const T* y) {
   return sum;
 }
 
-// The sequence whose padded rows hold padded row p0 (a multiple of kBwdBlockM), or the last one
+// The sequence whose padded rows hold padded row p0 (a multiple of kBwdTileRows), or the last one
 // starting at or before it; computed by thread 0, shared through `seq`.
 __device__ __forceinline__ int64_t sequence_of_padded_tile(const int32_t* cu_q, int64_t batch,
                                                            int64_t total_q, int64_t p0,
@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kPreprocessThreads)
                    int64_t total_q, int64_t total_k, int32_t causal, int64_t row_len, float* lse2,
                    float* dpsum, float* dq_acc, int32_t* device_check) {
   __shared__ int64_t seq_of_tile;
-  const int64_t p0 = static_cast<int64_t>(blockIdx.x) * kBwdBlockM;
+  const int64_t p0 = static_cast<int64_t>(blockIdx.x) * kBwdTileRows;
   const int64_t h = blockIdx.y;
   const int64_t b = sequence_of_padded_tile(cu_q, batch, total_q, p0, &seq_of_tile);
   const SeqBounds sb = seq_bounds(cu_q, cu_k, total_q, total_k, b, 1);
@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kPreprocessThreads)
   const int64_t first = p0 - padded_row(q_start, b);  // row of the sequence at p0
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   constexpr float kLog2e = 1.4426950408889634f;
-  for (int i = warp; i < kBwdBlockM; i += kPreprocessThreads / 32) {
+  for (int i = warp; i < kBwdTileRows; i += kPreprocessThreads / 32) {
     const int64_t row = first + i;
     float l2 = INFINITY, dp = 0.f;
     if (row >= 0 && row < q_end - q_start) {

@@ -17,8 +17,8 @@ jfa_status backward(const jfa::detail::BackwardParams& b);
 size_t backward_workspace_bytes(int64_t total_q, int64_t total_k, int64_t batch, int32_t heads_q,
                                 int32_t head_dim);
 
-// One per (dtype, head_dim) instantiation (src/cuda/sm90/instantiations/).
-template <typename T, int kHeadDim>
+// One per (dtype, head_dim, query rows per step) instantiation (src/cuda/sm90/instantiations/).
+template <typename T, int kHeadDim, int kRowsPerStep>
 jfa_status backward_shape(const jfa::detail::BackwardParams& b, const DeviceFacts& device);
 
 }  // namespace jfa::sm90

@@ -41,8 +41,9 @@ __global__ void __launch_bounds__(kListThreads)
   }
 }
 
-// One work item: the K tile n_block (kBwdBlockN keys) of one kv head of one sequence, with the q
-// tiles [m_first, m_end) of each of the group's query heads that see any of its keys.
+// One work item: the K tile n_block (kBwdBlockN keys) of one kv head of one sequence, with the
+// steps [m_first, m_end) (kBlockM query rows each) of each of the group's query heads that see any
+// of its keys.
 struct BwdItem {
   SeqBounds seq;
   int32_t kv_head;
@@ -58,6 +59,7 @@ struct BwdItem {
 // of one kv head, then the next), so the CTAs at work on a sequence stream the same Q and dO
 // through L2, and the K tiles of one head are claimed in ascending order, descending in
 // deterministic mode under the causal mask (the order of dQ's adds, dq_add_rank, relies on it).
+template <int kBlockM>
 __device__ __forceinline__ BwdItem decode_bwd_item(const BwdArgs& a, int64_t item) {
   BwdItem w{};
   const int64_t slot = item / a.heads_kv;
@@ -77,7 +79,7 @@ __device__ __forceinline__ BwdItem decode_bwd_item(const BwdArgs& a, int64_t ite
     if (a.deterministic && a.causal) w.n_block = tiles - 1 - w.n_block;
   }
   w.valid = 1;
-  w.m_end = (w.seq.len_q + kBwdBlockM - 1) / kBwdBlockM;
+  w.m_end = (w.seq.len_q + kBlockM - 1) / kBlockM;
   w.m_first = 0;
   if (w.n_block < 0 || w.n_block >= tiles) {
     w.m_first = w.m_end;  // only invalid offsets get here: nothing to walk
@@ -87,32 +89,33 @@ __device__ __forceinline__ BwdItem decode_bwd_item(const BwdArgs& a, int64_t ite
     if (first_row >= w.seq.len_q)
       w.m_first = w.m_end;
     else if (first_row > 0)
-      w.m_first = static_cast<int32_t>(first_row / kBwdBlockM);
+      w.m_first = static_cast<int32_t>(first_row / kBlockM);
   }
   w.lse_row = static_cast<int32_t>(padded_row(w.seq.q_start, b));
   return w;
 }
 
-// The q tile of step i of an item's walk over one query head's q tiles: from the last one down
-// (the K tiles of a head then reach the last q tiles together, which concurrent CTAs share in L2),
-// or, in deterministic mode under the causal mask, from the item's diagonal up (see dq_add_rank).
+// The rows (in kBlockM units) of step i of an item's walk over one query head's rows: from the last
+// ones down (the K tiles of a head then reach the last q tiles together, which concurrent CTAs
+// share in L2), or, in deterministic mode under the causal mask, from the item's diagonal up (see
+// dq_add_rank).
 __device__ __forceinline__ int32_t walk_q_tile(const BwdArgs& a, const BwdItem& w, int32_t i) {
   return a.deterministic && a.causal ? w.m_first + i : w.m_end - 1 - i;
 }
 
-// Deterministic mode: how many K tiles add to q tile m (of the item's sequence) before K tile
-// w.n_block does. Without the causal mask every K tile adds to every q tile, in ascending order:
-// they reach each q tile at the same step, and the ones claimed first add first. Under it the K
-// tiles that see q tile m are 0 .. n_last(m), walking up from their diagonals (walk_q_tile), so
-// K tile n + 1 reaches q tile m two steps before K tile n; they add in descending order, and with
-// a head's K tiles claimed last to first (decode_bwd_item) each add waits only for items claimed
-// before it, whose adds are due steps earlier. (Walking down and adding in ascending order, all K
-// tiles reached a q tile together, and K tile n's add waited for a chain of n others. That chain
-// is left for the K tiles that every query row sees, len_k - len_q >= 128: they all start at q
-// tile 0.)
+// Deterministic mode: how many K tiles add to q tile m (kBwdTileRows rows of the item's sequence)
+// before K tile w.n_block does. Without the causal mask every K tile adds to every q tile, in
+// ascending order: they reach each q tile at the same step, and the ones claimed first add first.
+// Under it the K tiles that see q tile m are 0 .. n_last(m), walking up from their diagonals
+// (walk_q_tile), so K tile n + 1 reaches q tile m steps before K tile n (128 rows later: two steps
+// of 64 rows, one of 128); they add in descending order, and with a head's K tiles claimed last to
+// first (decode_bwd_item) each add waits only for items claimed before it, whose adds are due
+// earlier. (Walking down and adding in ascending order, all K tiles reached a q tile together, and
+// K tile n's add waited for a chain of n others. That chain is left for the K tiles that every
+// query row sees, len_k - len_q >= 128: they all start at the first rows.)
 __device__ __forceinline__ int32_t dq_add_rank(const BwdArgs& a, const BwdItem& w, int32_t m) {
   if (!a.causal) return w.n_block;
-  const int64_t last_row = min(w.seq.len_q, (m + 1) * kBwdBlockM) - 1;
+  const int64_t last_row = min(w.seq.len_q, (m + 1) * kBwdTileRows) - 1;
   const int64_t last_key = last_row + w.seq.causal_shift();  // >= the item's first key
   const int32_t tiles = (w.seq.len_k + kBwdBlockN - 1) / kBwdBlockN;
   const int64_t n_last = last_key / kBwdBlockN < tiles - 1 ? last_key / kBwdBlockN : tiles - 1;

@@ -18,7 +18,9 @@
 
 namespace jfa::sm90 {
 
-inline constexpr int kBwdBlockM = 64;   // query rows per step of a backward work item
+// Query rows of a q tile: the unit of the per-row arrays' padding, of the deterministic
+// semaphores and of a dQ reduction (a step of the kernel takes one or two q tiles).
+inline constexpr int kBwdTileRows = 64;
 inline constexpr int kBwdBlockN = 128;  // keys per backward work item (two consumer groups of 64)
 
 // The float32 dQ accumulator, total_q x heads_q x head_dim floats (no padding), laid out so that
@@ -49,10 +51,10 @@ struct BwdListEntry {
   int32_t n_tiles;
 };
 
-// First row of sequence b in the padded per-row arrays: a multiple of kBwdBlockM, with room for
+// First row of sequence b in the padded per-row arrays: a multiple of kBwdTileRows, with room for
 // the whole q tiles of every sequence before it (from its first token q_start).
 JFA_HOST_DEVICE constexpr int64_t padded_row(int64_t q_start, int64_t b) {
-  return (q_start + b * kBwdBlockM) / kBwdBlockM * kBwdBlockM;
+  return (q_start + b * kBwdTileRows) / kBwdTileRows * kBwdTileRows;
 }
 
 struct BwdWorkspaceLayout {
@@ -69,8 +71,8 @@ constexpr BwdWorkspaceLayout backward_workspace_layout(int64_t total_q, int64_t 
                                                        int64_t head_dim) {
   BwdWorkspaceLayout w{};
   w.list_capacity = (total_k + kBwdBlockN - 1) / kBwdBlockN + batch;
-  w.row_len =
-      static_cast<int64_t>(align_up(static_cast<size_t>(total_q + kBwdBlockM * batch), kBwdBlockM));
+  w.row_len = static_cast<int64_t>(
+      align_up(static_cast<size_t>(total_q + kBwdTileRows * batch), kBwdTileRows));
   constexpr size_t kAlign = 256;
   w.list = 16;
   w.lse2 = align_up(w.list + sizeof(BwdListEntry) * static_cast<size_t>(w.list_capacity), kAlign);
@@ -78,7 +80,7 @@ constexpr BwdWorkspaceLayout backward_workspace_layout(int64_t total_q, int64_t 
   w.dpsum = w.lse2 + row_bytes;  // right after the LSE rows: one tensor map covers both
   w.sems = align_up(w.dpsum + row_bytes, kAlign);
   w.dq_acc = align_up(
-      w.sems + sizeof(int32_t) * static_cast<size_t>(heads_q * (w.row_len / kBwdBlockM)), kAlign);
+      w.sems + sizeof(int32_t) * static_cast<size_t>(heads_q * (w.row_len / kBwdTileRows)), kAlign);
   w.bytes = w.dq_acc + sizeof(float) * static_cast<size_t>(total_q * heads_q * head_dim);
   return w;
 }

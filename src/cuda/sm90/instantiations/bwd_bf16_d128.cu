@@ -2,6 +2,6 @@
 #include "cuda/sm90/bwd_launch.cuh"
 
 namespace jfa::sm90 {
-template jfa_status backward_shape<__nv_bfloat16, 128>(const jfa::detail::BackwardParams& b,
-                                                       const DeviceFacts& device);
+template jfa_status backward_shape<__nv_bfloat16, 128, 64>(const jfa::detail::BackwardParams& b,
+                                                           const DeviceFacts& device);
 }  // namespace jfa::sm90
