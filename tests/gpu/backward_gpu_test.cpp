@@ -640,6 +640,34 @@ TEST(BackwardGpu, DeterministicRunsAreBitIdentical) {
   }
 }
 
+// deterministic=1 gives the same bits whether or not the max_seqlen hints are passed: the head_dim
+// 64 kernel's step shape (one q tile or two, which sum in different orders) is chosen from the
+// shapes, not from the hint. One long sequence among many short ones sets the hint and the mean
+// length on different sides of one tile.
+TEST(BackwardGpu, DeterministicBitsDoNotDependOnHints) {
+  for (bool causal : {false, true}) {
+    Case c;
+    c.lq = {200, 1, 3, 1, 2};
+    c.lk = c.lq;
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    c.head_dim = 64;
+    c.causal = causal;
+    c.deterministic = true;
+    const uint64_t seed = fresh_seed(describe(c).c_str());
+    Gradients with_hints, without;
+    c.hints = true;
+    BackwardRunner hinted(c, seed);
+    ASSERT_NO_FATAL_FAILURE(run_and_check(hinted, &with_hints));
+    c.hints = false;
+    BackwardRunner plain(c, seed);
+    ASSERT_NO_FATAL_FAILURE(run_and_check(plain, &without));
+    EXPECT_TRUE(with_hints.dq == without.dq) << "dq depends on the hints";
+    EXPECT_TRUE(with_hints.dk == without.dk) << "dk depends on the hints";
+    EXPECT_TRUE(with_hints.dv == without.dv) << "dv depends on the hints";
+  }
+}
+
 // The shape of the workspace tests: GQA, causal, cross lengths, deterministic so that results can
 // be compared bit for bit.
 Case workspace_case() {

@@ -58,7 +58,7 @@ enum class DqSplit {
 
 // kRowsPerStep: query rows per step. At head_dim 64 a step of one q tile leaves the MMAs small
 // against the step's fixed costs (barriers, the dQ hand-off), so a step takes two unless the
-// sequences are at most one q tile long (bwd_dispatch.cu).
+// sequences are at most one q tile long on average (bwd_dispatch.cu).
 template <typename T, int kHeadDim,
           int kRowsPerStep = kHeadDim == 64 ? 2 * kBwdTileRows : kBwdTileRows>
 struct BwdConfig {

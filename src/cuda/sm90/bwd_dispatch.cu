@@ -35,10 +35,11 @@ jfa_status backward(const jfa::detail::BackwardParams& b) {
     return fail(JFA_ERROR_INVALID_ARGUMENT, "dlse must be 4-byte aligned");
   const bool half = p.dtype == JFA_DTYPE_FLOAT16;
   if (p.head_dim == 64) {
-    // Steps of two q tiles, unless no sequence is longer than one (the max_seqlen_q hint, or
-    // without it the mean length): then the second tile would be all padding.
-    const bool one_tile =
-        p.max_seqlen_q > 0 ? p.max_seqlen_q <= kBwdTileRows : p.total_q <= kBwdTileRows * p.batch;
+    // Steps of two q tiles, unless the sequences are at most one tile long on average: then the
+    // second tile would be mostly padding. The shapes decide, not the max_seqlen_q hint, so that
+    // deterministic mode gives the same bits for the same tensors (the two step shapes sum in
+    // different orders).
+    const bool one_tile = p.total_q <= kBwdTileRows * p.batch;
     if (one_tile)
       return half ? backward_shape<__half, 64, kBwdTileRows>(b, *facts)
                   : backward_shape<__nv_bfloat16, 64, kBwdTileRows>(b, *facts);

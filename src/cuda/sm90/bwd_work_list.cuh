@@ -116,7 +116,8 @@ __device__ __forceinline__ int32_t walk_q_tile(const BwdArgs& a, const BwdItem& 
 __device__ __forceinline__ int32_t dq_add_rank(const BwdArgs& a, const BwdItem& w, int32_t m) {
   if (!a.causal) return w.n_block;
   const int64_t last_row = min(w.seq.len_q, (m + 1) * kBwdTileRows) - 1;
-  const int64_t last_key = last_row + w.seq.causal_shift();  // >= the item's first key
+  const int64_t last_key = last_row + w.seq.causal_shift();
+  if (last_key < 0) return -1;  // the q tile sees no key (a two-tile step's first tile)
   const int32_t tiles = (w.seq.len_k + kBwdBlockN - 1) / kBwdBlockN;
   const int64_t n_last = last_key / kBwdBlockN < tiles - 1 ? last_key / kBwdBlockN : tiles - 1;
   return static_cast<int32_t>(n_last - w.n_block);

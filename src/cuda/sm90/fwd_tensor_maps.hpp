@@ -74,7 +74,7 @@ bool encode_out_map(void* out, int64_t total, int64_t rows, int32_t heads, int32
 }
 
 // Map over the backward's per-row float32 arrays, `rows` rows of row_len floats each (the LSE rows
-// of every head, then the D rows): dims (row_len, rows), box (64, 1), no swizzle.
+// of every head, then the D rows): dims (row_len, rows), box (box, 1), no swizzle.
 inline bool encode_row_terms_map(const float* base, int64_t row_len, int64_t rows, uint32_t box,
                                  CUtensorMap* map, std::string* error) {
   jfa::cuda::TiledMapSpec spec;
