@@ -383,6 +383,49 @@ def format_tables(records, workload_order=None):
     return "\n".join(lines)
 
 
+README_LABELS = {"jfa": "jfa", "jfa_det": "jfa, `deterministic=True`",
+                 "fa3": "FlashAttention-3 (varlen)", "fa2_varlen": "varlen FA2 (aten)",
+                 "flex": "FlexAttention (document mask)", "cudnn_padded": "padded cuDNN"}
+README_TITLES = {"backward": "backward", "step": "step (forward + backward)"}
+
+
+def _rate(v):
+    return f"{v:.0f}" if v >= 100 else f"{v:.1f}"
+
+
+def readme_tables(records, dtype="fp16", head_dim=128):
+    """The README's tables for one dtype and head_dim: per pass, a row per method and a column per
+    workload, each cell useful TFLOP/s eager non-causal / causal (graph replay's in brackets);
+    a cell with either mask missing or not timed is "-"."""
+    recs = [r for r in records if r.get("dtype") == dtype and r.get("head_dim") == head_dim]
+    by = {(pass_of(r), r["method"], r["workload"], r["causal"]): r for r in recs
+          if r.get("status") in TIMED and r.get("eager_tflops") is not None}
+    wids = list(dict.fromkeys(r["workload"] for r in recs))
+    lines = []
+    for pass_name in PASSES:
+        methods = [m for m in METHOD_ORDER
+                   if any(k[0] == pass_name and k[1] == m for k in by)]
+        if not methods:
+            continue
+        if lines:
+            lines.append("")
+        lines += [f"| {README_TITLES[pass_name]}, non-causal / causal | " + " | ".join(wids) + " |",
+                  "| --- |" + " --- |" * len(wids)]
+        for m in methods:
+            cells = []
+            for i, wid in enumerate(wids):
+                nc, c = by.get((pass_name, m, wid, False)), by.get((pass_name, m, wid, True))
+                if nc is None or c is None or None in (nc.get("graph_tflops"),
+                                                       c.get("graph_tflops")):
+                    cells.append("-")
+                    continue
+                graph = "graph " if i == 0 else ""
+                cells.append(f"{_rate(nc['eager_tflops'])} / {_rate(c['eager_tflops'])} "
+                             f"({graph}{_rate(nc['graph_tflops'])} / {_rate(c['graph_tflops'])})")
+            lines.append(f"| {README_LABELS.get(m, m)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def save_chart(records, path, workload_order=None):
     """write_chart into path, its folder made first; what write_chart returns."""
     try:
@@ -460,6 +503,9 @@ def parse_args(argv=None):
     ap.add_argument("--merge", default=None, metavar="A.json,B.json",
                     help="measure nothing: join the results of earlier runs (their --json files, "
                          "e.g. one per dtype and head_dim) into one table, --json and --chart")
+    ap.add_argument("--readme-tables", default=None, metavar="RESULTS.json",
+                    help="measure nothing: print the README's backward and step tables (fp16, "
+                         "head_dim 128) from a results file")
     args = ap.parse_args(argv)
     quick = args.quick
     co.settle_counts(ap, args, (("runs", 30, 10), ("warmup", 5, 3), ("warm_seconds", 3.0, 1.0)),
@@ -1144,6 +1190,10 @@ def main(argv=None):
     args = parse_args(argv)
     if args.merge:
         return merge_runs(args.merge.split(","), args.json, args.chart)
+    if args.readme_tables:
+        with open(args.readme_tables) as f:
+            print(readme_tables(json.load(f).get("results", [])))
+        return 0
     t_start = time.perf_counter()
     torch, G = co.import_gpu_modules("backward_peers.py", args.lib)
     if torch is None:

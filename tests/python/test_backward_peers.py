@@ -426,3 +426,34 @@ def test_merge_joins_earlier_runs_into_one_table_and_document(tmp_path, capsys):
     empty = tmp_path / "empty.json"
     empty.write_text(json.dumps({"results": []}))
     assert bp.main(["--merge", str(empty)]) == 1
+
+
+def test_readme_tables_put_both_masks_and_the_replay_in_one_cell():
+    records = [bp.add_rates(r) for r in (
+        rec("jfa", 0.5, 0.4), rec("jfa", 0.3, 0.25, causal=True),
+        rec("fa3", 0.5, 0.5), rec("fa3", 0.3, None, causal=True),
+        rec("jfa", 2.0, 2.0, workload="W4"), rec("jfa", 2.0, 2.0, workload="W4", causal=True),
+        rec("jfa", 0.1, 0.1, dtype="bf16"),
+        step("jfa", 0.7, 0.7), step("jfa", 0.5, 0.5, causal=True))]
+    text = bp.readme_tables(records)
+    lines = text.splitlines()
+    assert lines[0] == "| backward, non-causal / causal | W1 | W4 |"
+    # 100 GFLOP in 0.5 ms = 200 TFLOP/s; under 100 one decimal.
+    assert lines[2] == "| jfa | 200 / 333 (graph 250 / 400) | 50.0 / 50.0 (50.0 / 50.0) |"
+    # A cell without a replay on one mask is "-", as is a workload the method did not run.
+    assert lines[3] == "| FlashAttention-3 (varlen) | - | - |"
+    assert "| step (forward + backward), non-causal / causal | W1 | W4 |" in lines
+    assert lines[-1] == "| jfa | 200 / 280 (graph 200 / 280) | - |"
+    assert "bf16" not in text and "143" not in text
+
+
+def test_the_readme_backward_tables_are_those_of_the_results_file_it_cites():
+    import json
+    import re
+    readme = (BENCH.parent / "README.md").read_text()
+    section = readme[readme.index("### Backward"):]
+    section = section[:section.index("\n### ", 1)]
+    cited = re.findall(r"`(bench/results/[^`]*backward-step[^`]*\.json)`", section)
+    assert cited, "the backward section cites no results file"
+    doc = json.loads((BENCH.parent / cited[0]).read_text())
+    assert bp.readme_tables(doc["results"]) in section
