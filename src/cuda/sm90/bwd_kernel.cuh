@@ -214,6 +214,7 @@ __device__ __forceinline__ void stage_dq(typename Cfg::Shared& s, const DqTile& 
     int rows = max(0, min(kBwdTileRows, w.seq.len_q - q_tile * kBwdTileRows));
     const int32_t rank = a.deterministic || (kRows && a.causal) ? dq_add_rank(a, w, q_tile) : 0;
     if (kRows && rank < 0) rows = 0;  // no row of the q tile sees the item's keys
+    // (tests/cuda_host/backward_order_test.cu checks this choice of q tile, rows and rank.)
     s.dq_dest[group] = DqDestination{a.dq_acc + dq_part_base(a.total_q, Cfg::kD, head, part) +
                                          static_cast<int64_t>(first) * kDqPartCols,
                                      a.sems + tile, rank,

@@ -52,7 +52,7 @@ struct BwdItem {
   int32_t lse_row;  // padded_row of the sequence
   int32_t valid;    // 0 ends the walk
 
-  __device__ __forceinline__ int32_t q_tiles() const { return m_end - m_first; }
+  __host__ __device__ __forceinline__ int32_t q_tiles() const { return m_end - m_first; }
 };
 
 // Item `item` of the list: the items of one sequence's run of entries go head by head (all K tiles
@@ -60,7 +60,7 @@ struct BwdItem {
 // through L2, and the K tiles of one head are claimed in ascending order, descending in
 // deterministic mode under the causal mask (the order of dQ's adds, dq_add_rank, relies on it).
 template <int kBlockM>
-__device__ __forceinline__ BwdItem decode_bwd_item(const BwdArgs& a, int64_t item) {
+__host__ __device__ __forceinline__ BwdItem decode_bwd_item(const BwdArgs& a, int64_t item) {
   BwdItem w{};
   const int64_t slot = item / a.heads_kv;
   const BwdListEntry e = a.work[slot];
@@ -99,7 +99,8 @@ __device__ __forceinline__ BwdItem decode_bwd_item(const BwdArgs& a, int64_t ite
 // ones down (the K tiles of a head then reach the last q tiles together, which concurrent CTAs
 // share in L2), or, in deterministic mode under the causal mask, from the item's diagonal up (see
 // dq_add_rank).
-__device__ __forceinline__ int32_t walk_q_tile(const BwdArgs& a, const BwdItem& w, int32_t i) {
+__host__ __device__ __forceinline__ int32_t walk_q_tile(const BwdArgs& a, const BwdItem& w,
+                                                        int32_t i) {
   return a.deterministic && a.causal ? w.m_first + i : w.m_end - 1 - i;
 }
 
@@ -113,7 +114,8 @@ __device__ __forceinline__ int32_t walk_q_tile(const BwdArgs& a, const BwdItem& 
 // earlier. (Walking down and adding in ascending order, all K tiles reached a q tile together, and
 // K tile n's add waited for a chain of n others. That chain is left for the K tiles that every
 // query row sees, len_k - len_q >= 128: they all start at the first rows.)
-__device__ __forceinline__ int32_t dq_add_rank(const BwdArgs& a, const BwdItem& w, int32_t m) {
+__host__ __device__ __forceinline__ int32_t dq_add_rank(const BwdArgs& a, const BwdItem& w,
+                                                        int32_t m) {
   if (!a.causal) return w.n_block;
   const int64_t last_row = min(w.seq.len_q, (m + 1) * kBwdTileRows) - 1;
   const int64_t last_key = last_row + w.seq.causal_shift();

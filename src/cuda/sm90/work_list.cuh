@@ -17,24 +17,34 @@ struct SeqBounds {
   int32_t q_start, len_q, k_start, len_k;
 
   // The causal mask is aligned bottom-right: query row r sees keys 0 .. r + causal_shift().
-  __device__ __forceinline__ int32_t causal_shift() const { return len_k - len_q; }
+  __host__ __device__ __forceinline__ int32_t causal_shift() const { return len_k - len_q; }
 };
 
-__device__ __forceinline__ int32_t clamp_offset(int32_t v, int32_t lo, int64_t hi) {
+// The decode of work items is host code too, for the tests of the order of the backward's work
+// (tests/cuda_host); on the device an offset is read through the read-only cache.
+__host__ __device__ __forceinline__ int32_t load_offset(const int32_t* p) {
+#ifdef __CUDA_ARCH__
+  return __ldg(p);
+#else
+  return *p;
+#endif
+}
+
+__host__ __device__ __forceinline__ int32_t clamp_offset(int32_t v, int32_t lo, int64_t hi) {
   const int64_t x = v < lo ? lo : v;
   return static_cast<int32_t>(x > hi ? hi : x);
 }
 
 // Token ranges of sequences [b, b + n) taken together, offsets clamped into [0, total].
-__device__ __forceinline__ SeqBounds seq_bounds(const int32_t* cu_q, const int32_t* cu_k,
-                                                int64_t total_q, int64_t total_k, int64_t b,
-                                                int64_t n) {
+__host__ __device__ __forceinline__ SeqBounds seq_bounds(const int32_t* cu_q, const int32_t* cu_k,
+                                                         int64_t total_q, int64_t total_k,
+                                                         int64_t b, int64_t n) {
   SeqBounds s;
-  s.q_start = clamp_offset(__ldg(cu_q + b), 0, total_q);
-  const int32_t q_end = clamp_offset(__ldg(cu_q + b + n), s.q_start, total_q);
+  s.q_start = clamp_offset(load_offset(cu_q + b), 0, total_q);
+  const int32_t q_end = clamp_offset(load_offset(cu_q + b + n), s.q_start, total_q);
   s.len_q = q_end - s.q_start;
-  s.k_start = clamp_offset(__ldg(cu_k + b), 0, total_k);
-  const int32_t k_end = clamp_offset(__ldg(cu_k + b + n), s.k_start, total_k);
+  s.k_start = clamp_offset(load_offset(cu_k + b), 0, total_k);
+  const int32_t k_end = clamp_offset(load_offset(cu_k + b + n), s.k_start, total_k);
   s.len_k = k_end - s.k_start;
   return s;
 }

@@ -1,0 +1,183 @@
+// The order of the Hopper backward's work, run as host code on the item decode the kernel uses
+// (decode_bwd_item, walk_q_tile, dq_add_rank): every K tile of every kv head is one item; each
+// item walks the steps that hold any query row seeing its keys, once each; every K tile that a
+// q tile's rows see adds to that q tile's dQ, and no other; and in deterministic mode the adds to
+// a q tile have ranks 0 .. n - 1 in the order the items are claimed, so that each add waits only
+// for items claimed before it (which keeps the persistent grid from waiting on an item no CTA
+// holds). Both step shapes (one q tile per step, and two, where a group's q tile may lie past the
+// sequence's end or before the rows that see the item's keys), both masks, cross lengths, GQA.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <random>
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include "cuda/sm90/bwd_work_list.cuh"
+#include "test_seed.hpp"
+
+namespace {
+
+using jfa::sm90::BwdArgs;
+using jfa::sm90::BwdItem;
+using jfa::sm90::BwdListEntry;
+using jfa::sm90::kBwdBlockN;
+using jfa::sm90::kBwdTileRows;
+
+struct Case {
+  std::vector<int32_t> lq, lk;
+  int32_t heads_kv = 1, group = 1;
+  bool causal = false, deterministic = true;
+};
+
+struct Add {
+  int32_t rank;
+  int64_t claimed;  // the item's index in claim order
+  int32_t n_block;
+};
+
+// Whether some row of q tile t sees some key of K tile n (bottom-right causal alignment).
+bool sees(int32_t len_q, int32_t len_k, int32_t t, int32_t n, bool causal) {
+  const int64_t last_row = std::min<int64_t>(len_q, (t + 1) * int64_t{kBwdTileRows}) - 1;
+  return !causal || int64_t{n} * kBwdBlockN <= last_row + (len_k - len_q);
+}
+
+template <int kBlockM>
+void check_order(const Case& c) {
+  constexpr bool kRows = kBlockM == 2 * kBwdTileRows;  // a group per q tile of the step
+  const int32_t batch = static_cast<int32_t>(c.lq.size());
+  std::vector<int32_t> cu_q{0}, cu_k{0};
+  for (int32_t b = 0; b < batch; ++b) {
+    cu_q.push_back(cu_q.back() + c.lq[b]);
+    cu_k.push_back(cu_k.back() + c.lk[b]);
+  }
+  // The work list as build_bwd_work_list writes it: each sequence's K tiles, ascending.
+  std::vector<BwdListEntry> work;
+  for (int32_t b = 0; b < batch; ++b) {
+    const int32_t tiles = (c.lk[b] + kBwdBlockN - 1) / kBwdBlockN;
+    for (int32_t t = 0; t < tiles; ++t) work.push_back(BwdListEntry{b, t, tiles});
+  }
+  BwdArgs a{};
+  a.cu_q = cu_q.data();
+  a.cu_k = cu_k.data();
+  a.work = work.data();
+  a.batch = batch;
+  a.total_q = cu_q.back();
+  a.total_k = cu_k.back();
+  a.heads_kv = c.heads_kv;
+  a.group = c.group;
+  a.heads_q = c.heads_kv * c.group;
+  a.causal = c.causal ? 1 : 0;
+  a.deterministic = c.deterministic ? 1 : 0;
+
+  std::set<std::tuple<int32_t, int32_t, int32_t>> items;                   // (b, kv head, K tile)
+  std::map<std::tuple<int32_t, int32_t, int32_t>, std::vector<Add>> adds;  // (b, head, q tile)
+  const int64_t n_items = static_cast<int64_t>(work.size()) * c.heads_kv;
+  for (int64_t item = 0; item < n_items; ++item) {
+    const BwdItem w = jfa::sm90::decode_bwd_item<kBlockM>(a, item);
+    const int32_t b = work[item / c.heads_kv].seq;
+    ASSERT_TRUE(w.valid);
+    ASSERT_TRUE(items.insert({b, w.kv_head, w.n_block}).second)
+        << "item " << item << " repeats sequence " << b << " kv head " << w.kv_head << " K tile "
+        << w.n_block;
+    ASSERT_EQ(w.seq.len_q, c.lq[b]);
+    ASSERT_EQ(w.seq.len_k, c.lk[b]);
+    // The walk: each step of [m_first, m_end) once, for each query head of the group.
+    std::vector<int32_t> steps;
+    for (int32_t i = 0; i < w.q_tiles(); ++i) steps.push_back(jfa::sm90::walk_q_tile(a, w, i));
+    std::vector<int32_t> sorted = steps;
+    std::sort(sorted.begin(), sorted.end());
+    for (int32_t i = 0; i < w.q_tiles(); ++i) ASSERT_EQ(sorted[i], w.m_first + i);
+    for (int32_t g = 0; g < c.group; ++g)
+      for (int32_t m : steps)
+        for (int32_t part = 0; part < (kRows ? 2 : 1); ++part) {
+          // As stage_dq decides: the group's q tile, its rows, its rank; no rows, no add.
+          const int32_t q_tile = m * (kBlockM / kBwdTileRows) + part;
+          int32_t rows = std::max(0, std::min(kBwdTileRows, w.seq.len_q - q_tile * kBwdTileRows));
+          const int32_t rank = jfa::sm90::dq_add_rank(a, w, q_tile);
+          if (kRows && c.causal && rank < 0) rows = 0;
+          if (rows > 0)
+            adds[{b, w.kv_head * c.group + g, q_tile}].push_back(Add{rank, item, w.n_block});
+        }
+  }
+  // Every K tile of every sequence and kv head is an item.
+  for (int32_t b = 0; b < batch; ++b)
+    for (int32_t h = 0; h < c.heads_kv; ++h)
+      for (int32_t n = 0; n * kBwdBlockN < c.lk[b]; ++n)
+        ASSERT_TRUE(items.count({b, h, n})) << "sequence " << b << " K tile " << n << " missing";
+  for (int32_t b = 0; b < batch; ++b)
+    for (int32_t h = 0; h < c.heads_kv * c.group; ++h)
+      for (int32_t t = 0; t * kBwdTileRows < c.lq[b]; ++t) {
+        const auto it = adds.find({b, h, t});
+        std::vector<Add> got = it == adds.end() ? std::vector<Add>{} : it->second;
+        std::set<int32_t> adders, expected;
+        for (const Add& x : got) adders.insert(x.n_block);
+        for (int32_t n = 0; n * kBwdBlockN < c.lk[b]; ++n)
+          if (sees(c.lq[b], c.lk[b], t, n, c.causal)) expected.insert(n);
+        ASSERT_EQ(adders, expected) << "sequence " << b << " head " << h << " q tile " << t;
+        ASSERT_EQ(adders.size(), got.size()) << "a K tile adds twice to q tile " << t;
+        if (!c.deterministic) continue;
+        std::sort(got.begin(), got.end(),
+                  [](const Add& x, const Add& y) { return x.rank < y.rank; });
+        for (size_t r = 0; r < got.size(); ++r) {
+          ASSERT_EQ(got[r].rank, static_cast<int32_t>(r))
+              << "sequence " << b << " head " << h << " q tile " << t << ": ranks not 0 .. n - 1";
+          if (r > 0)
+            ASSERT_LT(got[r - 1].claimed, got[r].claimed)
+                << "q tile " << t << ": the add of rank " << r << " waits for an item claimed "
+                << "after it";
+        }
+      }
+}
+
+int32_t draw_length(std::mt19937_64& rng) {
+  static const int32_t kEdges[] = {0, 1, 2, 63, 64, 65, 127, 128, 129, 191, 192, 255, 256, 257};
+  if (rng() % 2) return kEdges[rng() % (sizeof(kEdges) / sizeof(kEdges[0]))];
+  return static_cast<int32_t>(rng() % 700);
+}
+
+Case draw_case(std::mt19937_64& rng) {
+  Case c;
+  const int batch = 1 + static_cast<int>(rng() % 6);
+  for (int b = 0; b < batch; ++b) {
+    c.lq.push_back(draw_length(rng));
+    c.lk.push_back(rng() % 3 == 0 ? draw_length(rng) : c.lq.back());
+  }
+  c.heads_kv = 1 + static_cast<int32_t>(rng() % 2);
+  c.group = 1 + static_cast<int32_t>(rng() % 2);
+  c.causal = rng() % 2;
+  c.deterministic = rng() % 4 != 0;
+  return c;
+}
+
+TEST(BackwardOrder, OneTileSteps) {
+  std::mt19937_64 rng(jfa::testing::logged_seed());
+  for (int i = 0; i < 400; ++i) ASSERT_NO_FATAL_FAILURE(check_order<kBwdTileRows>(draw_case(rng)));
+}
+
+TEST(BackwardOrder, TwoTileSteps) {
+  std::mt19937_64 rng(jfa::testing::logged_seed());
+  for (int i = 0; i < 400; ++i)
+    ASSERT_NO_FATAL_FAILURE(check_order<2 * kBwdTileRows>(draw_case(rng)));
+}
+
+// Queries longer than the keys under the causal mask: a two-tile step's first q tile can lie
+// above every key (it must add nothing), and K tiles every row sees (keys longer than queries).
+TEST(BackwardOrder, CausalCrossLengthsAtTheEdges) {
+  for (bool deterministic : {true, false})
+    for (int32_t lq : {1, 64, 65, 130, 200, 300})
+      for (int32_t lk : {1, 63, 100, 128, 129, 400}) {
+        Case c;
+        c.lq = {lq, 37};
+        c.lk = {lk, 37};
+        c.causal = true;
+        c.deterministic = deterministic;
+        ASSERT_NO_FATAL_FAILURE(check_order<kBwdTileRows>(c));
+        ASSERT_NO_FATAL_FAILURE(check_order<2 * kBwdTileRows>(c));
+      }
+}
+
+}  // namespace
