@@ -390,7 +390,7 @@ README_TITLES = {"backward": "backward", "step": "step (forward + backward)"}
 
 
 def _rate(v):
-    return f"{v:.0f}" if v >= 100 else f"{v:.1f}"
+    return _fmt(v, 0 if v >= 100 else 1)
 
 
 def readme_tables(records, dtype="fp16", head_dim=128):
