@@ -94,11 +94,9 @@ void check_order(const Case& c) {
     for (int32_t g = 0; g < c.group; ++g)
       for (int32_t m : steps)
         for (int32_t part = 0; part < (kRows ? 2 : 1); ++part) {
-          // As stage_dq decides: the group's q tile, its rows, its rank; no rows, no add.
-          const int32_t q_tile = m * (kBlockM / kBwdTileRows) + part;
-          int32_t rows = std::max(0, std::min(kBwdTileRows, w.seq.len_q - q_tile * kBwdTileRows));
-          const int32_t rank = jfa::sm90::dq_add_rank(a, w, q_tile);
-          if (kRows && c.causal && rank < 0) rows = 0;
+          const jfa::sm90::DqAdd add = jfa::sm90::dq_add_of_step<kBlockM>(a, w, m, part);
+          const int32_t q_tile = add.q_tile, rows = add.rows, rank = add.rank;
+          ASSERT_EQ(q_tile, m * (kBlockM / kBwdTileRows) + part);
           if (rows > 0)
             adds[{b, w.kv_head * c.group + g, q_tile}].push_back(Add{rank, item, w.n_block});
         }

@@ -181,9 +181,9 @@ __device__ __forceinline__ int32_t load_acquire(const int32_t* p) {
 
 // Hands this group's dQ part of a step (rows m of `head`) to the dQ writer: waits until the writer
 // has read the group's previous one, stores it in the accumulator's layout and says where it goes.
-// With kRows a group's q tile may lie past the sequence's end or (causal) before the first row
-// that sees the item's keys: then it adds nothing (no bytes), and in deterministic mode it does
-// not count on the q tile's semaphore.
+// Its q tile, rows and rank come from dq_add_of_step: with kRows a group's q tile may lie past the
+// sequence's end or (causal) before the first row that sees the item's keys; then it adds nothing
+// (no bytes), and in deterministic mode it does not count on the q tile's semaphore.
 template <typename Cfg>
 __device__ __forceinline__ void stage_dq(typename Cfg::Shared& s, const DqTile& dq,
                                          const BwdArgs& a, const BwdItem& w, int32_t head,
@@ -205,20 +205,15 @@ __device__ __forceinline__ void stage_dq(typename Cfg::Shared& s, const DqTile& 
                            dq.at(j, h, 1));
   }
   if (threadIdx.x % 128 == 0) {
-    constexpr bool kRows = Cfg::kDqSplit == DqSplit::kRows;
-    const int32_t q_tile = m * (Cfg::kBlockM / kBwdTileRows) + (kRows ? group : 0);
-    const int64_t tile =
-        static_cast<int64_t>(head) * (a.row_len / kBwdTileRows) + w.lse_row / kBwdTileRows + q_tile;
+    const DqAdd add = dq_add_of_step<Cfg::kBlockM>(a, w, m, group);
+    const int64_t tile = static_cast<int64_t>(head) * (a.row_len / kBwdTileRows) +
+                         w.lse_row / kBwdTileRows + add.q_tile;
     const int part = Cfg::kDqSplit == DqSplit::kColumns ? group : 0;
-    const int32_t first = w.seq.q_start + q_tile * kBwdTileRows;
-    int rows = max(0, min(kBwdTileRows, w.seq.len_q - q_tile * kBwdTileRows));
-    const int32_t rank = a.deterministic || (kRows && a.causal) ? dq_add_rank(a, w, q_tile) : 0;
-    if (kRows && rank < 0) rows = 0;  // no row of the q tile sees the item's keys
-    // (tests/cuda_host/backward_order_test.cu checks this choice of q tile, rows and rank.)
+    const int32_t first = w.seq.q_start + add.q_tile * kBwdTileRows;
     s.dq_dest[group] = DqDestination{a.dq_acc + dq_part_base(a.total_q, Cfg::kD, head, part) +
                                          static_cast<int64_t>(first) * kDqPartCols,
-                                     a.sems + tile, rank,
-                                     static_cast<uint32_t>(rows * kDqPartCols * sizeof(float))};
+                                     a.sems + tile, add.rank,
+                                     static_cast<uint32_t>(add.rows * kDqPartCols * sizeof(float))};
   }
   tlx::fence_proxy_async_smem();  // the writer's bulk reduction reads it (async proxy)
   __syncwarp();

@@ -125,6 +125,26 @@ __host__ __device__ __forceinline__ int32_t dq_add_rank(const BwdArgs& a, const 
   return static_cast<int32_t>(n_last - w.n_block);
 }
 
+// Which q tile a consumer group's dQ part of step m adds to, how many of its rows hold queries,
+// and its rank in the q tile's deterministic order (dq_add_rank, which is needed in deterministic
+// mode and, for two-tile steps, under the causal mask). With two q tiles per step (kRowsPerStep =
+// 2 kBwdTileRows) each group takes one; a q tile past the sequence's end, or (causal) above every
+// key of the item, adds no rows.
+struct DqAdd {
+  int32_t q_tile, rows, rank;
+};
+
+template <int kRowsPerStep>
+__host__ __device__ __forceinline__ DqAdd dq_add_of_step(const BwdArgs& a, const BwdItem& w,
+                                                         int32_t m, int group) {
+  constexpr bool kTwoTiles = kRowsPerStep == 2 * kBwdTileRows;
+  const int32_t q_tile = m * (kRowsPerStep / kBwdTileRows) + (kTwoTiles ? group : 0);
+  int32_t rows = max(0, min(kBwdTileRows, w.seq.len_q - q_tile * kBwdTileRows));
+  const int32_t rank = a.deterministic || (kTwoTiles && a.causal) ? dq_add_rank(a, w, q_tile) : 0;
+  if (kTwoTiles && rank < 0) rows = 0;
+  return DqAdd{q_tile, rows, rank};
+}
+
 __device__ __forceinline__ BwdItem warp_uniform(const BwdItem& w) {
   auto lane0 = [](auto x) { return __shfl_sync(0xffffffffu, x, 0); };
   BwdItem u;
