@@ -2,7 +2,10 @@
 // register split, and the shared-memory layout of a CTA.
 #pragma once
 
+#include <cuda_bf16.h>
+
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/sm90/bwd_work_list.cuh"
 #include "cuda/sm90/fwd_config.cuh"
@@ -89,6 +92,8 @@ struct BwdConfig {
                                       : kBlockM == kBwdTileRows ? DqSplit::kKeys
                                                                 : DqSplit::kRows;
   static constexpr int kDqKeys = kDqSplit == DqSplit::kKeys ? 64 : kBwdBlockN;
+  // dS from bf16 pairs (step_gradients says why not in fp16).
+  static constexpr bool kPackedDs = std::is_same_v<T, __nv_bfloat16>;
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
   static_assert((kProducerRegs + kConsumerGroups * kConsumerRegs) * 128 <=

@@ -362,7 +362,12 @@ __device__ __forceinline__ void step_gradients(typename Cfg::Shared& s, ScoreTil
   sc.to_a(ops.p);
   gemm_accumulate<Cfg>(dv, ops.p, s.dout[st.stage]);
 
-  // dS^T = P^T (dP^T - D) in place of dP^T, then dK += dS^T Q.
+  // dS^T = P^T (dP^T - D), packed, then dK += dS^T Q. P^T comes from its packed form, which the
+  // dV MMA holds anyway (a float32 copy would need as many registers again); to_a's order:
+  // register reg[j / 2][2 (j % 2) + h] holds column block j, row half h. In bf16 the difference is
+  // rounded to bf16 too and multiplied in pairs (three roundings where the float32 product has two,
+  // ~15% more rounding error in dQ and dK, for ~48 fewer instructions per step); in fp16 the
+  // difference can exceed fp16's range where dS does not, so the product is formed in float32.
   tlx::wgmma_wait<1>();
   tlx::fence_operand(dp.reg);
 #pragma unroll
@@ -370,14 +375,18 @@ __device__ __forceinline__ void step_gradients(typename Cfg::Shared& s, ScoreTil
     const float2 d = tlx::ld_shared_f32x2(dpsum + 32 * j);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      // P^T from its packed form (to_a's order: column block j, row half h), which the dV MMA
-      // holds anyway; the float32 copy would need as many registers again.
-      const float2 pj = tlx::unpack2<T>(ops.p.reg[j / 2][2 * (j % 2) + h]);
-      dp.at(j, h, 0) = pj.x * (dp.at(j, h, 0) - d.x);
-      dp.at(j, h, 1) = pj.y * (dp.at(j, h, 1) - d.y);
+      const uint32_t pj = ops.p.reg[j / 2][2 * (j % 2) + h];
+      if constexpr (Cfg::kPackedDs) {
+        ops.ds.reg[j / 2][2 * (j % 2) + h] =
+            tlx::mul2<T>(pj, tlx::pack2<T>(dp.at(j, h, 0) - d.x, dp.at(j, h, 1) - d.y));
+      } else {
+        const float2 p = tlx::unpack2<T>(pj);
+        dp.at(j, h, 0) = p.x * (dp.at(j, h, 0) - d.x);
+        dp.at(j, h, 1) = p.y * (dp.at(j, h, 1) - d.y);
+      }
     }
   }
-  dp.to_a(ops.ds);
+  if constexpr (!Cfg::kPackedDs) dp.to_a(ops.ds);
 
   // dS^T into shared memory for dQ, from its packed form (register ds.reg[kk][i] holds the pair
   // of column block 2 kk + i / 2, row half i % 2); the other group's dQ of two steps ago has read

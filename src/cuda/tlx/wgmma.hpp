@@ -163,4 +163,15 @@ JFA_DEVICE float2 unpack2(uint32_t packed) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed));
 }
 
+// The elementwise product of two b32s of 16-bit values, rounded to T.
+template <typename T>
+JFA_DEVICE uint32_t mul2(uint32_t x, uint32_t y) {
+  uint32_t r;
+  if constexpr (std::is_same_v<T, __half>)
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(y));
+  else
+    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(y));
+  return r;
+}
+
 }  // namespace jfa::tlx
