@@ -29,8 +29,8 @@ struct HostBuffer {
   const void* data() const { return bytes.data(); }
 };
 
-inline void fill_normal(HostBuffer& buffer, std::mt19937_64& rng) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
+inline void fill_normal(HostBuffer& buffer, std::mt19937_64& rng, float stddev = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, stddev);
   const auto dtype = static_cast<jfa_dtype>(buffer.dtype);
   for (int64_t i = 0, n = buffer.count(); i < n; ++i)
     detail::store_from_float(buffer.data(), i, dtype, normal(rng));
