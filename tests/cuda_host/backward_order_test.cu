@@ -1,9 +1,9 @@
 // The order of the Hopper backward's work, run as host code on the item decode the kernel uses
-// (decode_bwd_item, walk_q_tile, dq_add_rank): every K tile of every kv head is one item; each
-// item walks the steps that hold any query row seeing its keys, once each; every K tile that a
-// q tile's rows see adds to that q tile's dQ, and no other; and in deterministic mode the adds to
-// a q tile have ranks 0 .. n - 1 in the order the items are claimed, so that each add waits only
-// for items claimed before it (which keeps the persistent grid from waiting on an item no CTA
+// (decode_bwd_item, walk_q_tile, dq_add_rank, dq_add_of_step): every K tile of every kv head is one
+// item; each item walks the steps that hold any query row seeing its keys, once each; every K tile
+// that a q tile's rows see adds to that q tile's dQ, and no other; and in deterministic mode the
+// adds to a q tile have ranks 0 .. n - 1 in the order the items are claimed, so that each add waits
+// only for items claimed before it (which keeps the persistent grid from waiting on an item no CTA
 // holds). Both step shapes (one q tile per step, and two, where a group's q tile may lie past the
 // sequence's end or before the rows that see the item's keys), both masks, cross lengths, GQA.
 #include <gtest/gtest.h>
@@ -97,6 +97,13 @@ void check_order(const Case& c) {
           const jfa::sm90::DqAdd add = jfa::sm90::dq_add_of_step<kBlockM>(a, w, m, part);
           const int32_t q_tile = add.q_tile, rows = add.rows, rank = add.rank;
           ASSERT_EQ(q_tile, m * (kBlockM / kBwdTileRows) + part);
+          // Rows: those of the q tile inside the sequence, none where a two-tile step's q tile
+          // sees no key of the item (under the causal mask).
+          const bool item_seen = sees(c.lq[b], c.lk[b], q_tile, w.n_block, c.causal);
+          ASSERT_EQ(rows,
+                    kRows && !item_seen
+                        ? 0
+                        : std::max(0, std::min(kBwdTileRows, w.seq.len_q - q_tile * kBwdTileRows)));
           if (rows > 0)
             adds[{b, w.kv_head * c.group + g, q_tile}].push_back(Add{rank, item, w.n_block});
         }

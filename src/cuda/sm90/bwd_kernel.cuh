@@ -366,7 +366,7 @@ __device__ __forceinline__ void step_gradients(typename Cfg::Shared& s, ScoreTil
   // dV MMA holds anyway (a float32 copy would need as many registers again); to_a's order:
   // register reg[j / 2][2 (j % 2) + h] holds column block j, row half h. In bf16 the difference is
   // rounded to bf16 too and multiplied in pairs (three roundings where the float32 product has two,
-  // ~15% more rounding error in dQ and dK, for ~48 fewer instructions per step); in fp16 the
+  // 13–15% more rounding error in dQ and dK, for ~48 fewer instructions per step); in fp16 the
   // difference can exceed fp16's range where dS does not, so the product is formed in float32.
   tlx::wgmma_wait<1>();
   tlx::fence_operand(dp.reg);

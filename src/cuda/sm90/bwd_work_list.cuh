@@ -129,7 +129,7 @@ __host__ __device__ __forceinline__ int32_t dq_add_rank(const BwdArgs& a, const 
 // and its rank in the q tile's deterministic order (dq_add_rank, which is needed in deterministic
 // mode and, for two-tile steps, under the causal mask). With two q tiles per step (kRowsPerStep =
 // 2 kBwdTileRows) each group takes one; a q tile past the sequence's end, or (causal) above every
-// key of the item, adds no rows.
+// key of the item, adds no rows. (tests/cuda_host/backward_order_test.cu checks this choice.)
 struct DqAdd {
   int32_t q_tile, rows, rank;
 };
