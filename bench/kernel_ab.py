@@ -8,8 +8,13 @@ bench/backward_peers.py's job.
         base=build/release/src/libjfa.so candidate=/tmp/other/src/libjfa.so
 
 A cell's figure is the median over the rounds of each process's median of --runs calls (events
-around one call, after --warmup calls). Needs torch with CUDA; the jfa torch ops run over ctypes,
-so each process loads exactly the library it is given.
+around one call, after --warmup calls). With two builds or more, a second table compares each
+build with the first round by round: the median of its time over the first build's in the same
+round, their range, and in how many rounds it was the faster. The GPU's speed drifts between
+rounds by more than a kernel step may change (a few percent); the ratio of a round's two processes,
+run back to back, drifts less, and a step that wins in only some rounds has not shown a gain.
+Needs torch with CUDA; the jfa torch ops run over ctypes, so each process loads exactly the
+library it is given.
 """
 import argparse
 import itertools
@@ -39,6 +44,36 @@ def parse_cell(cell, pass_name="backward"):
                          (" and/or d (deterministic)" if pass_name == "backward" else
                           " (no d: the forward is always deterministic)"))
     return base, "c" in flags, "d" in flags
+
+
+def paired_ratios(rounds, cells):
+    """{name: {cell: (median, lowest, highest, rounds faster)}} of each build after the first
+    against the first, round by round (rounds: {name: [{cell: ms} per round]}, in build order)."""
+    names = list(rounds)
+    base = rounds[names[0]]
+    out = {}
+    for name in names[1:]:
+        out[name] = {}
+        for c in cells:
+            ratios = [mine[c] / theirs[c] for mine, theirs in zip(rounds[name], base)]
+            out[name][c] = (statistics.median(ratios), min(ratios), max(ratios),
+                            sum(r < 1 for r in ratios))
+    return out
+
+
+def paired_table(rounds, cells):
+    """The markdown table of paired_ratios (empty with one build)."""
+    names = list(rounds)
+    if len(names) < 2:
+        return ""
+    n = len(rounds[names[0]])
+    lines = [f"| ÷ {names[0]}, same round | " + " | ".join(cells) + " |",
+             "| --- |" + " --- |" * len(cells)]
+    for name, per_cell in paired_ratios(rounds, cells).items():
+        lines.append(f"| {name} | " + " | ".join(
+            f"{m:.3f} ({lo:.3f}–{hi:.3f}, {k}/{n} faster)" for m, lo, hi, k in
+            (per_cell[c] for c in cells)) + " |")
+    return "\n".join(lines)
 
 
 def time_cells(cli, cells, head_dim, dtype_name, runs, warmup, pass_name="backward",
@@ -159,6 +194,10 @@ def main(argv=None):
     for name, _ in builds:
         medians = [statistics.median(x[c] for x in rounds[name]) for c in cells]
         print(f"| {name} | " + " | ".join(f"{m:.3f}" for m in medians) + " |")
+    paired = paired_table(rounds, cells)
+    if paired:
+        print()
+        print(paired)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"unit": "ms", "pass": args.pass_name, "head_dim": args.head_dim,

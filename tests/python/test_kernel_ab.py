@@ -52,3 +52,28 @@ def test_help_needs_no_torch():
     """The parent process only spawns children: --help answers without torch."""
     text = help_without_torch("kernel_ab")
     assert "--pass {backward,forward}" in text
+
+
+def test_paired_ratios_compare_each_round_with_the_first_builds_same_round():
+    # Round 2 is slower for both builds: the medians of each build's own times would hide that
+    # the candidate is faster in every round, which the paired ratios show.
+    rounds = {"main": [{"W1": 10.0, "W1c": 5.0}, {"W1": 12.0, "W1c": 6.0},
+                       {"W1": 10.5, "W1c": 5.0}],
+              "cand": [{"W1": 9.5, "W1c": 5.5}, {"W1": 11.4, "W1c": 5.4},
+                       {"W1": 10.5, "W1c": 5.5}]}
+    got = kernel_ab.paired_ratios(rounds, ["W1", "W1c"])
+    assert list(got) == ["cand"]
+    median, low, high, faster = got["cand"]["W1"]
+    assert median == pytest.approx(0.95) and low == pytest.approx(0.95)
+    assert high == pytest.approx(1.0) and faster == 2
+    median, low, high, faster = got["cand"]["W1c"]
+    assert median == pytest.approx(1.1) and low == pytest.approx(0.9)
+    assert high == pytest.approx(1.1) and faster == 1
+
+
+def test_paired_table_names_the_base_build_and_counts_rounds():
+    rounds = {"a": [{"W4": 2.0}, {"W4": 2.0}], "b": [{"W4": 1.0}, {"W4": 3.0}]}
+    table = kernel_ab.paired_table(rounds, ["W4"])
+    assert table.splitlines()[0] == "| ÷ a, same round | W4 |"
+    assert table.splitlines()[2] == "| b | 1.000 (0.500–1.500, 1/2 faster) |"
+    assert kernel_ab.paired_table({"a": rounds["a"]}, ["W4"]) == ""
