@@ -1,7 +1,7 @@
-// The CUDA backward's workspace layout (host arithmetic only): the per-row arrays padded per
-// sequence hold every q tile of every sequence without overlap and without leaving the array, also
-// for offsets the kernels clamp from invalid input, and the regions of the workspace do not
-// overlap.
+// The CUDA backward's workspace layout (host arithmetic only): the per-row arrays hold a row per
+// query token, the deterministic semaphores number every q tile of every sequence without overlap
+// and without leaving their array, also for offsets the kernels clamp from invalid input, and the
+// regions of the workspace do not overlap.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -15,14 +15,15 @@ namespace {
 
 using jfa::sm90::backward_workspace_layout;
 using jfa::sm90::BwdWorkspaceLayout;
-using jfa::sm90::kBwdTileRows;
+using jfa::sm90::first_sem_tile;
 using jfa::sm90::kBwdBlockN;
-using jfa::sm90::padded_row;
+using jfa::sm90::kBwdTileRows;
 
 int64_t tiles(int64_t len, int64_t block) { return (len + block - 1) / block; }
 
-// Every sequence's q tiles lie in [padded_row(b), padded_row(b + 1)) and inside the row length.
-void expect_padded_rows_fit(const std::vector<int64_t>& lengths) {
+// Every sequence's q tiles have semaphores [first_sem_tile(b), first_sem_tile(b + 1)) inside the
+// semaphore array, and every token a row of the per-row arrays.
+void expect_tiles_fit(const std::vector<int64_t>& lengths) {
   const int64_t batch = static_cast<int64_t>(lengths.size());
   int64_t total = 0;
   for (int64_t len : lengths) total += len;
@@ -30,33 +31,34 @@ void expect_padded_rows_fit(const std::vector<int64_t>& lengths) {
   int64_t start = 0, prev_end = 0, k_tiles = 0;
   for (int64_t b = 0; b < batch; ++b) {
     k_tiles += tiles(lengths[b], kBwdBlockN);
-    const int64_t first = padded_row(start, b);
-    EXPECT_EQ(first % kBwdTileRows, 0);
+    const int64_t first = first_sem_tile(start, b);
     EXPECT_GE(first, prev_end) << "sequence " << b << " overlaps the one before";
-    prev_end = first + tiles(lengths[b], kBwdTileRows) * kBwdTileRows;
-    EXPECT_LE(prev_end, lay.row_len) << "sequence " << b << " runs past the row length";
+    prev_end = first + tiles(lengths[b], kBwdTileRows);
+    EXPECT_LE(prev_end, lay.sem_tiles) << "sequence " << b << " runs past the semaphores";
     start += lengths[b];
   }
+  EXPECT_GE(lay.row_len, total + 1) << "the shifted copy's last row";
+  EXPECT_GE(lay.row_len, 2 * kBwdTileRows) << "a two-tile step's rows of the terms";
   EXPECT_LE(k_tiles, lay.list_capacity) << "the work list has no room for every K tile";
 }
 
-TEST(BackwardWorkspace, PaddedRowsHoldEveryTileOnce) {
-  expect_padded_rows_fit({});
-  expect_padded_rows_fit({0});
-  expect_padded_rows_fit({1});
-  expect_padded_rows_fit({0, 0, 0, 1, 0});
-  expect_padded_rows_fit({63, 64, 65, 127, 128, 129, 4096});
+TEST(BackwardWorkspace, EveryTileHasItsOwnSemaphore) {
+  expect_tiles_fit({});
+  expect_tiles_fit({0});
+  expect_tiles_fit({1});
+  expect_tiles_fit({0, 0, 0, 1, 0});
+  expect_tiles_fit({63, 64, 65, 127, 128, 129, 4096});
   std::mt19937_64 rng(jfa::testing::logged_seed());
   for (int round = 0; round < 200; ++round) {
     std::vector<int64_t> lengths(1 + rng() % 300);
     const int64_t cap = round % 2 ? 70 : 3000;
     for (int64_t& len : lengths) len = static_cast<int64_t>(rng() % cap);
-    expect_padded_rows_fit(lengths);
+    expect_tiles_fit(lengths);
   }
 }
 
 // The kernels clamp a sequence's start into [0, total] and its end into [start, total]: whatever
-// the offsets, a tile they walk stays inside the per-row arrays.
+// the offsets, the semaphores of a tile they walk stay inside their array.
 TEST(BackwardWorkspace, ClampedOffsetsStayInside) {
   std::mt19937_64 rng(jfa::testing::logged_seed());
   for (int round = 0; round < 2000; ++round) {
@@ -66,7 +68,7 @@ TEST(BackwardWorkspace, ClampedOffsetsStayInside) {
     const int64_t b = static_cast<int64_t>(rng() % batch);
     const int64_t start = static_cast<int64_t>(rng() % (total + 1));
     const int64_t len = static_cast<int64_t>(rng() % (total - start + 1));
-    EXPECT_LE(padded_row(start, b) + tiles(len, kBwdTileRows) * kBwdTileRows, lay.row_len)
+    EXPECT_LE(first_sem_tile(start, b) + tiles(len, kBwdTileRows), lay.sem_tiles)
         << "total " << total << " batch " << batch << " b " << b << " start " << start << " len "
         << len;
   }
@@ -87,12 +89,11 @@ TEST(BackwardWorkspace, RegionsAreAlignedAndDisjoint) {
                 lay.list + sizeof(jfa::sm90::BwdListEntry) * static_cast<size_t>(lay.list_capacity),
                 lay.lse2);
             EXPECT_EQ(lay.lse2 % 256, 0u);
-            // One tensor map covers the LSE rows and the D rows after them.
+            // One tensor map covers the LSE rows, the D rows after them and both shifted.
             EXPECT_EQ(lay.dpsum, lay.lse2 + row_bytes);
-            EXPECT_LE(lay.dpsum + row_bytes, lay.sems);
-            EXPECT_LE(
-                lay.sems + sizeof(int32_t) * static_cast<size_t>(heads * lay.row_len / kBwdTileRows),
-                lay.dq_acc);
+            EXPECT_LE(lay.dpsum + 3 * row_bytes, lay.sems);
+            EXPECT_LE(lay.sems + sizeof(int32_t) * static_cast<size_t>(heads * lay.sem_tiles),
+                      lay.dq_acc);
             EXPECT_EQ(lay.dq_acc % 256, 0u);
             // The semaphores are what is cleared (the preprocess clears the accumulator's rows).
             EXPECT_EQ(lay.bytes,

@@ -551,6 +551,29 @@ TEST(BackwardGpu, ManyTinySequences) {
   }
 }
 
+// Runs of short sequences share a work item (at most 128 keys and 128 query rows): lengths 0 to 80,
+// query and key lengths equal or drawn apart, a sequence whose K tiles are its own in the middle
+// of a run, one with more query rows than a shared tile holds but few keys, and GQA; in every
+// combination of dtype, head_dim and mask.
+TEST(BackwardGpu, SharedTilesOfShortSequences) {
+  std::mt19937_64 rng(fresh_seed("shared-tile backward lengths"));
+  for_each_combination({1, 6}, [&](DType dtype, int d, bool causal) {
+    Case c;
+    const int n = quick_mode() ? 60 : 400;
+    c.lq = random_lengths(rng, n, 0, 80);
+    c.lk = (rng() % 2) ? c.lq : random_lengths(rng, n, 0, 80);
+    c.lq[n / 2] = c.lk[n / 2] = 300;
+    c.lq[n / 3] = 129;
+    c.lk[n / 3] = 20;
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    c.head_dim = d;
+    c.dtype = dtype;
+    c.causal = causal;
+    run_case(c);
+  });
+}
+
 // A loss that also uses the forward's LSE: dlse enters dq and dk (not dv); rows without keys
 // (lse = -inf) ignore it.
 TEST(BackwardGpu, LseGradient) {
@@ -712,6 +735,26 @@ TEST(BackwardGpu, DeterministicCrossLengths) {
       c.lk = {900, 200, 5, 310, 1, 191};
       c.head_dim = d;
       c.causal = causal;
+      expect_bit_identical_runs(c);
+    }
+}
+
+// deterministic=1 with shared tiles among sequences of their own K tiles: three runs give the same
+// bits and match the reference.
+TEST(BackwardGpu, DeterministicSharedTiles) {
+  std::mt19937_64 rng(fresh_seed("deterministic shared-tile lengths"));
+  for (int d : kHeadDims)
+    for (bool causal : {false, true}) {
+      Case c;
+      c.lq = random_lengths(rng, 120, 0, 70);
+      c.lk = causal ? c.lq : random_lengths(rng, 120, 0, 70);
+      c.lq[40] = c.lk[40] = 500;
+      c.heads_q = 4;
+      c.heads_kv = 2;
+      c.head_dim = d;
+      c.dtype = causal ? DType::kBFloat16 : DType::kFloat16;
+      c.causal = causal;
+      c.deterministic = true;
       expect_bit_identical_runs(c);
     }
 }

@@ -13,15 +13,16 @@ struct BwdArgs {
   const BwdListEntry* work;       // built by the work-list kernel
   const int32_t* work_count;      // number of valid entries of `work`
   unsigned long long* next_item;  // items claimed so far (zeroed by the work-list kernel)
-  const float* lse2;              // [heads_q, row_len] padded rows: LSE * log2(e), +inf for none
-  const float* dpsum;             // [heads_q, row_len] padded rows: rowsum(dO * O) - dLSE
-  int32_t* sems;                  // [heads_q, row_len / kBwdTileRows] dQ adds done per q tile
-  float* dq_acc;                  // total_q x heads_q x head_dim, see dq_acc_offset
+  const float* lse2;      // [heads_q, row_len] per query token: LSE * log2(e), +inf for none
+  const float* dpsum;     // [heads_q, row_len] per query token: rowsum(dO * O) - dLSE
+  int32_t* sems;          // [heads_q, sem_tiles] dQ adds done per q tile (first_sem_tile)
+  float* dq_acc;          // total_q x heads_q x head_dim, see dq_acc_offset
   int32_t* device_check;  // nullable: the checked mode's word, JFA_CHECK_RESULT_NOT_FINITE ORed in
   int64_t batch;
   int64_t total_q;
   int64_t total_k;
   int64_t row_len;
+  int64_t sem_tiles;
   int32_t heads_q;
   int32_t heads_kv;
   int32_t group;  // heads_q / heads_kv

@@ -27,8 +27,9 @@ struct DqDestination {
 
 // The item's K and V tiles, rings of Q and dO tiles (kBlockM rows) with their LSE and D rows, two
 // buffers of dS^T (keys x queries: the A operand of dQ += dS K, read M-major), each group's dV and
-// then dK rows staged for their TMA stores, each group's dQ of a step staged for the dQ writer (one
-// 64 x 64 part, in the accumulator's layout), and the barriers.
+// then dK rows staged for their TMA stores (during a shared tile's walk, its rows' key ranges),
+// each group's dQ of a step staged for the dQ writer (one 64 x 64 part, in the accumulator's
+// layout), and the barriers.
 template <typename T, int kD, int kStages, int kBlockM>
 struct BwdShared {
   using KVTile = tlx::SwizzledTile<T, kBwdBlockN, kD>;
@@ -42,8 +43,14 @@ struct BwdShared {
   DsTile ds[2];
   KeyRowsTile key_rows[2];
   alignas(128) float dq[2][kBwdTileRows * kDqPartCols];
-  alignas(16) float lse2[kStages][kBlockM];
-  alignas(16) float dpsum[kStages][kBlockM];
+  // A step's LSE and D rows: TMA reads a row's floats from a 16-byte boundary, so the load starts
+  // at the boundary at or before the step's first token (in the shifted copy if that token is odd,
+  // so that the step's rows start on 8 bytes) and takes kRowTermsBox floats; each stage starts on
+  // 128 bytes.
+  static constexpr int kRowTermsBox = kBlockM + 4;
+  static constexpr int kRowTermsStride = (kRowTermsBox + 31) / 32 * 32;
+  alignas(128) float lse2[kStages][kRowTermsStride];
+  alignas(128) float dpsum[kStages][kRowTermsStride];
   DqDestination dq_dest[2];
   tlx::MBarrier dq_full[2], dq_empty[2];
   tlx::MBarrier kv_full, kv_empty;

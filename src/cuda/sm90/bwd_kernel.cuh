@@ -1,9 +1,11 @@
 // Hopper backward kernel of jagged attention. A work item is one K tile (128 keys) of one kv head
-// of one sequence (bwd_work_list.cuh); a persistent grid claims items from a global counter. The
-// item's K and V stay in shared memory while it walks the query rows (64 per step at head_dim 128,
-// 128 at 64) of each query head of its group that see any of its keys; dK and dV accumulate in
-// registers over the whole walk, so they need no atomics and are summed over the group's query
-// heads in a fixed order; at the item's end they go out by TMA stores (store_key_rows).
+// of one sequence, or the keys of several short sequences together (a shared tile, at most 128
+// keys and 128 query rows; bwd_work_list.cuh); a persistent grid claims items from a global
+// counter. The item's K and V stay in shared memory while it walks the query rows (64 per step at
+// head_dim 128, 128 at 64) of each query head of its group that see any of its keys; dK and dV
+// accumulate in registers over the whole walk, so they need no atomics and are summed over the
+// group's query heads in a fixed order; at the item's end they go out by TMA stores
+// (store_key_rows).
 //
 // Roles (128 threads per warp group, one CTA per SM):
 //   warp group 0   producer: one thread loads K and V per item and, per step, Q and dO with their
@@ -15,12 +17,13 @@
 //                  MN-major; each group one 64 x 64 part: half the columns at head_dim 128, one
 //                  q tile's rows at 64), staged in shared memory for the dQ writer.
 //   warp 1 of group 0  dQ writer: adds each group's staged dQ with one bulk reduction per step (in
-//                  deterministic mode in a fixed order of the K tiles, one semaphore per q tile).
-// Rows past a sequence's end in its last q tile have LSE2 = +inf (the preprocess), so P = 0 there;
-// keys past its end, query rows past it in a two-tile step (the second tile's LSE may be another
-// sequence's) and, under the causal mask, keys a query does not see are set to P = 0 on the steps
-// that hold any. Offsets are not validated on the device; they are clamped so that no access
-// leaves the caller's buffers (results for invalid offsets are unspecified).
+//                  deterministic mode in a fixed order of the K tiles, one semaphore per q tile;
+//                  a shared tile's rows get dQ from that item alone and need no order).
+// A step's rows of LSE and D are those of its query tokens; the rows past the sequence's end (the
+// next sequence's, or past total_q), keys past its end and, under the causal mask, keys a query
+// does not see are set to P = 0 on the steps that hold any (StepMask); in a shared tile each row
+// sees its own sequence's keys. Offsets are not validated on the device; they are clamped so that
+// no access leaves the caller's buffers (results for invalid offsets are unspecified).
 #pragma once
 
 #include <cuda.h>
@@ -29,6 +32,7 @@
 
 #include "cuda/sm90/bwd_config.cuh"
 #include "cuda/sm90/ragged_rows_store.cuh"
+#include "cuda/sm90/shared_tile_keys.cuh"
 #include "cuda/sm90/softmax.cuh"
 #include "cuda/tlx/fence.hpp"
 #include "cuda/tlx/fragment.hpp"
@@ -64,13 +68,26 @@ struct BwdItemScheduler {
   }
 };
 
+// Where a step's LSE and D rows come from (bwd_workspace.hpp): the first column, on a 16-byte
+// boundary as TMA needs, the first row of the array (0, or the shifted copy's when the step's
+// first token is odd), and where in the loaded stage the step's first token lies (0 or 2 floats:
+// the consumers read pairs on 8 bytes).
+struct RowTermsAt {
+  int32_t col, row, first;
+};
+
+__device__ __forceinline__ RowTermsAt row_terms_at(int32_t first_token, int32_t heads_q) {
+  const int32_t odd = first_token & 1, col = first_token + odd;
+  return RowTermsAt{col & ~3, odd * 2 * heads_q, col & 3};
+}
+
 template <typename Cfg>
 __device__ __forceinline__ void bwd_producer(typename Cfg::Shared& s, const CUtensorMap* tm_q,
                                              const CUtensorMap* tm_k, const CUtensorMap* tm_v,
                                              const CUtensorMap* tm_do, const CUtensorMap* tm_rows,
                                              const BwdArgs& a, int64_t n_items) {
   constexpr int kBoxes = Cfg::kD / 64;
-  constexpr uint32_t kRowBytes = Cfg::kBlockM * sizeof(float);
+  constexpr uint32_t kRowBytes = Cfg::Shared::kRowTermsBox * sizeof(float);
   tlx::PipelineState<Cfg::kStages> st;
   uint32_t kv_phase = 0;
   BwdItemScheduler<Cfg, true> items;
@@ -99,9 +116,9 @@ __device__ __forceinline__ void bwd_producer(typename Cfg::Shared& s, const CUte
           tlx::tma_load_3d(tm_q, full, s.q[st.stage].box(bx), bx * 64, head, q_row);
           tlx::tma_load_3d(tm_do, full, s.dout[st.stage].box(bx), bx * 64, head, q_row);
         }
-        const int32_t col = w.lse_row + m * Cfg::kBlockM;
-        tlx::tma_load_2d(tm_rows, full, s.lse2[st.stage], col, head);
-        tlx::tma_load_2d(tm_rows, full, s.dpsum[st.stage], col, a.heads_q + head);
+        const RowTermsAt at = row_terms_at(q_row, a.heads_q);
+        tlx::tma_load_2d(tm_rows, full, s.lse2[st.stage], at.col, at.row + head);
+        tlx::tma_load_2d(tm_rows, full, s.dpsum[st.stage], at.col, at.row + a.heads_q + head);
         st.advance();
       }
     }
@@ -206,13 +223,12 @@ __device__ __forceinline__ void stage_dq(typename Cfg::Shared& s, const DqTile& 
   }
   if (threadIdx.x % 128 == 0) {
     const DqAdd add = dq_add_of_step<Cfg::kBlockM>(a, w, m, group);
-    const int64_t tile = static_cast<int64_t>(head) * (a.row_len / kBwdTileRows) +
-                         w.lse_row / kBwdTileRows + add.q_tile;
+    const int64_t tile = static_cast<int64_t>(head) * a.sem_tiles + w.sem_tile + add.q_tile;
     const int part = Cfg::kDqSplit == DqSplit::kColumns ? group : 0;
     const int32_t first = w.seq.q_start + add.q_tile * kBwdTileRows;
     s.dq_dest[group] = DqDestination{a.dq_acc + dq_part_base(a.total_q, Cfg::kD, head, part) +
                                          static_cast<int64_t>(first) * kDqPartCols,
-                                     a.sems + tile, add.rank,
+                                     w.n_seqs > 1 ? nullptr : a.sems + tile, add.rank,
                                      static_cast<uint32_t>(add.rows * kDqPartCols * sizeof(float))};
   }
   tlx::fence_proxy_async_smem();  // the writer's bulk reduction reads it (async proxy)
@@ -249,7 +265,7 @@ __device__ __forceinline__ void bwd_dq_writer(typename Cfg::Shared& s, const Bwd
       constexpr bool kRows = Cfg::kDqSplit == DqSplit::kRows;
       const bool adds0 = d0.bytes > 0, adds1 = d1.bytes > 0;
       if (adds0) {
-        if (a.deterministic)
+        if (a.deterministic && d0.sem != nullptr)
           while (load_acquire(d0.sem) < d0.target) __nanosleep(64);
         tlx::bulk_reduce_add_f32(d0.part, s.dq[0], d0.bytes);
       }
@@ -258,7 +274,7 @@ __device__ __forceinline__ void bwd_dq_writer(typename Cfg::Shared& s, const Bwd
         tlx::tma_store_wait<0>();
       }
       if (adds1) {
-        if (kRows && a.deterministic)
+        if (kRows && a.deterministic && d1.sem != nullptr)
           while (load_acquire(d1.sem) < d1.target) __nanosleep(64);
         tlx::bulk_reduce_add_f32(d1.part, s.dq[1], d1.bytes);
       }
@@ -270,8 +286,8 @@ __device__ __forceinline__ void bwd_dq_writer(typename Cfg::Shared& s, const Bwd
         tlx::tma_store_wait<0>();
         tlx::fence_proxy_async();
         __threadfence();
-        if (adds0) atomicAdd(d0.sem, 1);
-        if (kRows && adds1) atomicAdd(d1.sem, 1);
+        if (adds0 && d0.sem != nullptr) atomicAdd(d0.sem, 1);
+        if (kRows && adds1 && d1.sem != nullptr) atomicAdd(d1.sem, 1);
       }
     }
     __syncwarp();
@@ -290,24 +306,40 @@ __device__ __forceinline__ void issue_scores(typename Cfg::Shared& s, ScoreTile<
   gemm_keys_by_rows<Cfg>(sc, s.k, s.q[st.stage], group);
 }
 
-// P^T = exp2(S^T scale log2e - LSE2) in place, each column with its query row's LSE; kMasked: keys
-// past the sequence's end, (causal) keys past a query's diagonal and, with kMaskRows, query rows
-// past the sequence's end get P = 0.
-template <bool kMasked, bool kMaskRows, typename Tile>
+// Which pairs of a step may see each other, beyond P = exp2(S^T scale log2e - LSE2).
+enum class StepMask {
+  kNone,        // every key of the group sees every query row of the step
+  kSequence,    // one sequence: keys past its end, query rows past its end (whose terms are the
+                // next sequence's) and (causal) keys past a query's diagonal get P = 0
+  kSharedTile,  // several short sequences: each query row sees its key range (a KeyRange per row
+                // of the item in shared memory), which is empty past the item's rows
+};
+
+// P^T = exp2(S^T scale log2e - LSE2) in place, each column with its query row's LSE, masked as
+// kMask says; the thread's keys start at key0 and the step's query rows at q0 (in the item).
+template <StepMask kMask, typename Tile>
 __device__ __forceinline__ void probabilities(Tile& sc, uint32_t lse2, float scale_log2,
                                               int32_t key0, int32_t q0, int32_t len_k,
-                                              int32_t len_q, int32_t diag, bool causal) {
+                                              int32_t len_q, int32_t diag, bool causal,
+                                              uint32_t key_ranges) {
 #pragma unroll
   for (int j = 0; j < Tile::kBlocks; ++j) {
     const float2 l = tlx::ld_shared_f32x2(lse2 + 32 * j);
+    uint2 ranges{};  // the KeyRange (lo | hi << 16) of the pair's two query rows
+    if constexpr (kMask == StepMask::kSharedTile)
+      ranges = tlx::ld_shared_u32x2(key_ranges + sizeof(uint32_t) * (q0 + Tile::col(j, 0)));
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         float p = fast_exp2(fmaf(sc.at(j, h, c), scale_log2, -(c == 0 ? l.x : l.y)));
-        if constexpr (kMasked) {
-          const int32_t key = key0 + Tile::row(h), query = q0 + Tile::col(j, c);
-          if (key >= len_k || (causal && key > query + diag) || (kMaskRows && query >= len_q))
+        const int32_t key = key0 + Tile::row(h), query = q0 + Tile::col(j, c);
+        if constexpr (kMask == StepMask::kSequence) {
+          if (key >= len_k || query >= len_q || (causal && key > query + diag)) p = 0.f;
+        } else if constexpr (kMask == StepMask::kSharedTile) {
+          const uint32_t range = c == 0 ? ranges.x : ranges.y;
+          if (key < static_cast<int32_t>(range & 0xffffu) ||
+              key >= static_cast<int32_t>(range >> 16))
             p = 0.f;
         }
         sc.at(j, h, c) = p;
@@ -336,29 +368,33 @@ __device__ __forceinline__ void step_gradients(typename Cfg::Shared& s, ScoreTil
                                                int ds_buf) {
   using T = typename Cfg::Element;
   using Tile = ScoreTile<Cfg>;
-  // Which keys the step's queries see: all, unless the tile holds keys past the sequence's end or
-  // (causal) keys past the diagonal of its first query row; in a two-tile step the second tile's
-  // rows past the sequence's end are masked too.
-  constexpr bool kMaskRows = Cfg::kBlockM > kBwdTileRows;
+  // Which keys the step's queries see: all, unless the tile holds keys past the sequence's end,
+  // rows past it or (causal) keys past the diagonal of its first query row; a shared tile always
+  // masks.
   const int32_t key0 = w.n_block * kBwdBlockN + group * 64;  // of this group, in the sequence
   const int32_t q0 = m * Cfg::kBlockM;
   const int32_t diag = w.seq.causal_shift();
-  const bool masked = key0 + 64 > w.seq.len_k || (a.causal && q0 + diag < key0 + 63) ||
-                      (kMaskRows && q0 + Cfg::kBlockM > w.seq.len_q);
+  const bool masked = key0 + 64 > w.seq.len_k || q0 + Cfg::kBlockM > w.seq.len_q ||
+                      (a.causal && q0 + diag < key0 + 63);
   // The thread's first column of the step's LSE and D rows; column block j is 8 j further.
-  const uint32_t lse2 = tlx::smem_addr(s.lse2[st.stage] + Tile::col(0, 0));
-  const uint32_t dpsum = tlx::smem_addr(s.dpsum[st.stage] + Tile::col(0, 0));
+  const int32_t first = row_terms_at(w.seq.q_start + q0, a.heads_q).first;
+  const uint32_t lse2 = tlx::smem_addr(s.lse2[st.stage] + first + Tile::col(0, 0));
+  const uint32_t dpsum = tlx::smem_addr(s.dpsum[st.stage] + first + Tile::col(0, 0));
   gemm_keys_by_rows<Cfg>(dp, s.v, s.dout[st.stage], group);
 
   // P^T (S^T done, dP^T may still run), packed at once as the A operand of dV += P^T dO.
   tlx::wgmma_wait<1>();
   tlx::fence_operand(sc.reg);
-  if (masked)
-    probabilities<true, kMaskRows>(sc, lse2, a.scale_log2, key0, q0, w.seq.len_k, w.seq.len_q, diag,
-                                   a.causal != 0);
+  const uint32_t key_ranges = tlx::smem_addr(&s.key_rows[group]);  // shared_tile_key_ranges
+  if (w.n_seqs > 1)
+    probabilities<StepMask::kSharedTile>(sc, lse2, a.scale_log2, key0, q0, w.seq.len_k, w.seq.len_q,
+                                         diag, a.causal != 0, key_ranges);
+  else if (masked)
+    probabilities<StepMask::kSequence>(sc, lse2, a.scale_log2, key0, q0, w.seq.len_k, w.seq.len_q,
+                                       diag, a.causal != 0, key_ranges);
   else
-    probabilities<false, kMaskRows>(sc, lse2, a.scale_log2, key0, q0, w.seq.len_k, w.seq.len_q,
-                                    diag, a.causal != 0);
+    probabilities<StepMask::kNone>(sc, lse2, a.scale_log2, key0, q0, w.seq.len_k, w.seq.len_q, diag,
+                                   a.causal != 0, key_ranges);
   sc.to_a(ops.p);
   gemm_accumulate<Cfg>(dv, ops.p, s.dout[st.stage]);
 
@@ -487,6 +523,26 @@ __device__ __forceinline__ void store_key_rows(const tlx::AccumFragment<Cfg::kD>
             static_cast<int64_t>(w.seq.k_start) + w.seq.len_k);
 }
 
+// A shared tile's key range for each of its rows (KeyRange as lo | hi << 16: the item has at most
+// kBwdPackRows rows and kBwdBlockN keys), one row per thread, in the group's dK/dV staging tile,
+// which is idle during the walk: acquired as store_key_rows acquires it (the previous item's
+// stores have read it, and every warp of the group is done with the previous walk), and the
+// item's stores acquire it back.
+template <typename Cfg>
+__device__ __forceinline__ void shared_tile_key_ranges(typename Cfg::Shared& s, const BwdArgs& a,
+                                                       const BwdItem& w, int group) {
+  static_assert(kBwdPackRows == 128 && kBwdPackRows * 4 <= sizeof(typename Cfg::KeyRowsTile),
+                "one row per thread of the group, in the staging tile");
+  const RaggedRowsStore tile{Cfg::kKeyRowsBarrier0 + group, threadIdx.x % 128 == 0};
+  tile.acquire();
+  const int32_t row = threadIdx.x % 128;
+  const KeyRange r = shared_tile_row_keys(a.cu_q, a.cu_k, a.total_q, w.seq, w.first_seq, w.n_seqs,
+                                          a.causal != 0, row);
+  tlx::st_shared_u32(tlx::smem_addr(&s.key_rows[group]) + 4 * row,
+                     static_cast<uint32_t>(r.lo) | static_cast<uint32_t>(r.hi) << 16);
+  tlx::NamedBarrier::sync(Cfg::kKeyRowsBarrier0 + group, 128);
+}
+
 template <typename Cfg>
 __device__ __forceinline__ void bwd_consumer(typename Cfg::Shared& s, const CUtensorMap* tm_dk,
                                              const CUtensorMap* tm_dv, const BwdArgs& a,
@@ -500,6 +556,7 @@ __device__ __forceinline__ void bwd_consumer(typename Cfg::Shared& s, const CUte
   while (items.next(s, a, n_items, w)) {
     dk.fill(0.f);
     dv.fill(0.f);
+    if (w.n_seqs > 1 && w.q_tiles() > 0) shared_tile_key_ranges<Cfg>(s, a, w, group);
     if (w.q_tiles() > 0) {
       s.kv_full.wait(kv_phase);
       kv_phase ^= 1u;

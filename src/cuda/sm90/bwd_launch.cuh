@@ -80,9 +80,10 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
         !encode_out_map<T>(b.dv, p.total_k, key_ragged_rows, p.heads_kv, Cfg::kD, b.dv_layout,
                            &tm_dv, &err))
       return fail(JFA_ERROR_CUDA, "tensor map encoding failed: %s", err.c_str());
-    // The LSE rows of every head and then the D rows: one array (bwd_workspace.hpp).
-    if (!encode_row_terms_map(lse2, lay.row_len, 2 * int64_t{p.heads_q}, Cfg::kBlockM, &tm_rows,
-                              &err))
+    // The LSE rows of every head, then the D rows, then both shifted: one array
+    // (bwd_workspace.hpp).
+    if (!encode_row_terms_map(lse2, lay.row_len, 4 * int64_t{p.heads_q}, Cfg::Shared::kRowTermsBox,
+                              &tm_rows, &err))
       return fail(JFA_ERROR_CUDA, "tensor map encoding failed: %s", err.c_str());
     if (const jfa_status s = opt_in_shared_memory<bwd_kernel<Cfg>>(Cfg::kSmemBytes, device.ordinal);
         s != JFA_SUCCESS)
@@ -126,6 +127,7 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
     a.total_q = p.total_q;
     a.total_k = p.total_k;
     a.row_len = lay.row_len;
+    a.sem_tiles = lay.sem_tiles;
     a.heads_q = p.heads_q;
     a.heads_kv = p.heads_kv;
     a.group = p.group_size();

@@ -1,6 +1,6 @@
 // The kernels around the sm90 backward's main kernel: the preprocess, which writes the per-row
-// terms the main kernel reads for each q tile (LSE in base 2, and D = rowsum(dO * O) - dLSE) into
-// arrays padded per sequence to whole q tiles, and the conversion of the float32 dQ accumulator
+// terms the main kernel reads for each q tile (LSE in base 2, and D = rowsum(dO * O) - dLSE), one
+// row per query token, and the conversion of the float32 dQ accumulator
 // into dq.
 #pragma once
 
@@ -16,7 +16,7 @@
 
 namespace jfa::sm90 {
 
-inline constexpr int kPreprocessThreads = 256;  // 8 warps, 8 rows each: one padded q tile
+inline constexpr int kPreprocessThreads = 256;  // 8 warps, 8 rows each: one q tile
 
 // Sums x[i] * y[i] over one row of kD elements (lanes take pairs of elements), across the warp.
 template <typename T, int kD>
@@ -34,32 +34,27 @@ __device__ __forceinline__ float row_dot(const T* x, const T* y) {
   return sum;
 }
 
-// The sequence whose padded rows hold padded row p0 (a multiple of kBwdTileRows), or the last one
-// starting at or before it; computed by thread 0, shared through `seq`.
-__device__ __forceinline__ int64_t sequence_of_padded_tile(const int32_t* cu_q, int64_t batch,
-                                                           int64_t total_q, int64_t p0,
-                                                           int64_t* seq) {
-  if (threadIdx.x == 0) {
-    int64_t lo = 0, hi = batch - 1;
-    while (lo < hi) {
-      const int64_t mid = (lo + hi + 1) / 2;
-      if (padded_row(clamp_offset(__ldg(cu_q + mid), 0, total_q), mid) <= p0)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    *seq = lo;
+// The sequence that holds query token `token`: the last one starting at or before it (for valid
+// offsets, the one whose rows hold it).
+__device__ __forceinline__ int64_t sequence_of_token(const int32_t* cu_q, int64_t batch,
+                                                     int64_t total_q, int64_t token) {
+  int64_t lo = 0, hi = batch - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (clamp_offset(__ldg(cu_q + mid), 0, total_q) <= token)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
-  __syncthreads();
-  return *seq;
+  return lo;
 }
 
-// Block (t, h) fills padded rows [64 t, 64 t + 64) of head h: the rows of the sequence whose padded
-// range holds them, or (a gap between sequences, rows past a sequence's end) a row that adds
-// nothing: LSE +inf (P = 0) and D = 0. A row without keys (forward LSE -inf) adds nothing either;
-// so does one whose LSE is not finite although it sees keys (NaN, +inf, or -inf from scores below
-// float32's range), which the checked mode reports.
-// The rows inside a sequence also clear their row of the dQ accumulator's tile.
+// Block (t, h) fills rows [64 t, 64 t + 64) of head h, one per query token: rows past total_q add
+// nothing (LSE +inf: P = 0, and D = 0), and so does a row without keys (forward LSE -inf) or one
+// whose LSE is not finite although it sees keys (NaN, +inf, or -inf from scores below float32's
+// range), which the checked mode reports. The kernel masks the rows of a step past its sequence's
+// end, which hold the next sequence's terms. Each row is written twice, the second time into the
+// copy one row later. The rows of tokens also clear their row of the dQ accumulator.
 template <typename T, int kD>
 __global__ void __launch_bounds__(kPreprocessThreads)
     bwd_preprocess(const T* out, int64_t out_token_stride, int64_t out_head_stride, const T* dout,
@@ -67,20 +62,14 @@ __global__ void __launch_bounds__(kPreprocessThreads)
                    const float* dlse, const int32_t* cu_q, const int32_t* cu_k, int64_t batch,
                    int64_t total_q, int64_t total_k, int32_t causal, int64_t row_len, float* lse2,
                    float* dpsum, float* dq_acc, int32_t* device_check) {
-  __shared__ int64_t seq_of_tile;
   const int64_t p0 = static_cast<int64_t>(blockIdx.x) * kBwdTileRows;
   const int64_t h = blockIdx.y;
-  const int64_t b = sequence_of_padded_tile(cu_q, batch, total_q, p0, &seq_of_tile);
-  const SeqBounds sb = seq_bounds(cu_q, cu_k, total_q, total_k, b, 1);
-  const int32_t q_start = sb.q_start, q_end = sb.q_start + sb.len_q;
-  const int64_t first = p0 - padded_row(q_start, b);  // row of the sequence at p0
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   constexpr float kLog2e = 1.4426950408889634f;
   for (int i = warp; i < kBwdTileRows; i += kPreprocessThreads / 32) {
-    const int64_t row = first + i;
+    const int64_t token = p0 + i;
     float l2 = INFINITY, dp = 0.f;
-    if (row >= 0 && row < q_end - q_start) {
-      const int64_t token = q_start + row;
+    if (token < total_q) {
       const float d = row_dot<T, kD>(out + token * out_token_stride + h * out_head_stride,
                                      dout + token * dout_token_stride + h * dout_head_stride);
       const float l = __ldg(lse + h * total_q + token);
@@ -89,8 +78,13 @@ __global__ void __launch_bounds__(kPreprocessThreads)
       if (isfinite(l)) {
         l2 = l * kLog2e;
         dp = d - (dlse != nullptr ? __ldg(dlse + h * total_q + token) : 0.f);
-      } else if (device_check != nullptr && lane == 0) {
-        const bool sees_key = sb.len_k > 0 && (causal == 0 || row + sb.causal_shift() >= 0);
+      } else if (device_check != nullptr && lane == 0 && batch > 0) {
+        const SeqBounds sb = seq_bounds(cu_q, cu_k, total_q, total_k,
+                                        sequence_of_token(cu_q, batch, total_q, token), 1);
+        const int64_t row = token - sb.q_start;
+        const bool inside = row >= 0 && row < sb.len_q;
+        const bool sees_key =
+            inside && sb.len_k > 0 && (causal == 0 || row + sb.causal_shift() >= 0);
         if (!(l < INFINITY) || sees_key) atomicOr(device_check, JFA_CHECK_RESULT_NOT_FINITE);
       }
       // The token's row of the dQ accumulator starts at 0 (chunks of 4 floats stay together).
@@ -98,9 +92,15 @@ __global__ void __launch_bounds__(kPreprocessThreads)
         *reinterpret_cast<float4*>(dq_acc + dq_acc_offset(total_q, kD, token, h, c)) =
             make_float4(0.f, 0.f, 0.f, 0.f);
     }
-    if (lane == 0) {
-      lse2[h * row_len + p0 + i] = l2;
-      dpsum[h * row_len + p0 + i] = dp;
+    if (lane == 0 && token < row_len) {
+      lse2[h * row_len + token] = l2;
+      dpsum[h * row_len + token] = dp;
+      // The copy one row later (bwd_workspace.hpp), whose row 0 no step reads.
+      const int64_t shifted = 2 * static_cast<int64_t>(gridDim.y) * row_len + h * row_len + 1;
+      if (token + 1 < row_len) {
+        lse2[shifted + token] = l2;
+        dpsum[shifted + token] = dp;
+      }
     }
   }
 }

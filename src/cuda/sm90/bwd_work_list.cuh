@@ -1,17 +1,36 @@
 // Work of the sm90 backward, built on the device from cu_seqlens (graph-capturable): the list of K
 // tiles (one kernel of kListThreads threads, sequences in order, each sequence's K tiles
-// ascending), and the decode of a work item, one (K tile, kv head) pair, into the q tiles it walks.
+// ascending, runs of short sequences packed into shared tiles), and the decode of a work item, one
+// (K tile, kv head) pair, into the q tiles it walks.
 #pragma once
 
 #include <cstdint>
 
 #include "cuda/sm90/bwd_args.hpp"
+#include "cuda/sm90/sequence_lister.cuh"
 #include "cuda/sm90/work_list.cuh"
 
 namespace jfa::sm90 {
 
-// Lists the K tiles (kBlockN keys) of every sequence; *count gets their number (at most
-// `capacity`, which only invalid offsets reach) and *next_item is reset for the backward kernel.
+// Backward entries: a sequence's K tiles, ascending, and tiles shared by short sequences (at most
+// kBwdBlockN keys and kBwdPackRows query rows) that hold keys (dK and dV are written for every key;
+// a run without keys has nothing to do, its rows' dQ stays 0).
+struct BackwardLister {
+  __device__ int32_t tiles(int32_t, int32_t len_k) const {
+    return (len_k + kBwdBlockN - 1) / kBwdBlockN;
+  }
+  __device__ BwdListEntry tile(int32_t seq, int32_t t, int32_t tiles) const {
+    return BwdListEntry{seq, t, tiles, 1};
+  }
+  __device__ BwdListEntry pack(int32_t seq, int32_t n_seqs) const {
+    return BwdListEntry{seq, 0, 1, n_seqs};
+  }
+  __device__ bool keeps_pack(int32_t, int32_t keys) const { return keys > 0; }
+};
+
+// Lists the work of every sequence (list_sequences with BackwardLister); *count gets the number of
+// entries (at most `capacity`, which only invalid offsets reach) and *next_item is reset for the
+// backward kernel. (A template, as every kernel defined in a header here.)
 template <int kBlockN>
 __global__ void __launch_bounds__(kListThreads)
     build_bwd_work_list(const int32_t* cu_q, const int32_t* cu_k, int64_t batch, int64_t total_q,
@@ -20,21 +39,10 @@ __global__ void __launch_bounds__(kListThreads)
                         int32_t max_k, int32_t* device_check) {
   if (device_check != nullptr)
     check_offsets(cu_q, cu_k, batch, total_q, total_k, max_q, max_k, device_check);
+  static_assert(kBlockN == kBwdBlockN, "the backward's K tile");
   __shared__ int64_t scratch[32];
-  int64_t running = 0;
-  for (int64_t base = 0; base < batch; base += kListThreads) {
-    const int64_t b = base + threadIdx.x;
-    int32_t tiles = 0;
-    if (b < batch) {
-      const SeqBounds sb = seq_bounds(cu_q, cu_k, total_q, total_k, b, 1);
-      tiles = (sb.len_k + kBlockN - 1) / kBlockN;
-    }
-    int64_t round_total = 0;
-    const int64_t first = running + block_exclusive_scan(tiles, scratch, &round_total);
-    for (int32_t t = 0; t < tiles && first + t < capacity; ++t)
-      work[first + t] = BwdListEntry{static_cast<int32_t>(b), t, tiles};
-    running += round_total;
-  }
+  const int64_t running = list_sequences<kBwdPackRows, kBlockN>(
+      BackwardLister{}, cu_q, cu_k, batch, total_q, total_k, work, capacity, scratch);
   if (threadIdx.x == 0) {
     *count = static_cast<int32_t>(running < capacity ? running : capacity);
     *next_item = 0;
@@ -43,14 +51,17 @@ __global__ void __launch_bounds__(kListThreads)
 
 // One work item: the K tile n_block (kBwdBlockN keys) of one kv head of one sequence, with the
 // steps [m_first, m_end) (kBlockM query rows each) of each of the group's query heads that see any
-// of its keys.
+// of its keys; or (n_seqs > 1) the keys of the short sequences first_seq .. first_seq + n_seqs - 1
+// together (`seq` their bounds, n_block 0), whose steps walk all their rows.
 struct BwdItem {
   SeqBounds seq;
+  int32_t first_seq;
+  int32_t n_seqs;
   int32_t kv_head;
   int32_t n_block;
   int32_t m_first, m_end;
-  int32_t lse_row;  // padded_row of the sequence
-  int32_t valid;    // 0 ends the walk
+  int32_t sem_tile;  // first_sem_tile of the sequence
+  int32_t valid;     // 0 ends the walk
 
   __host__ __device__ __forceinline__ int32_t q_tiles() const { return m_end - m_first; }
 };
@@ -65,7 +76,16 @@ __host__ __device__ __forceinline__ BwdItem decode_bwd_item(const BwdArgs& a, in
   const int64_t slot = item / a.heads_kv;
   const BwdListEntry e = a.work[slot];
   const int32_t b = e.seq < 0 ? 0 : (e.seq >= a.batch ? static_cast<int32_t>(a.batch - 1) : e.seq);
-  w.seq = seq_bounds(a.cu_q, a.cu_k, a.total_q, a.total_k, b, 1);
+  const int64_t left = a.batch - b;
+  w.first_seq = b;
+  w.n_seqs = e.n_seqs < 1 ? 1 : (e.n_seqs > left ? static_cast<int32_t>(left) : e.n_seqs);
+  w.seq = seq_bounds(a.cu_q, a.cu_k, a.total_q, a.total_k, b, w.n_seqs);
+  if (w.n_seqs > 1) {
+    // Within the shared tile's bounds whatever the offsets (only invalid ones exceed them): the
+    // steps' per-row key ranges (kBwdPackRows rows) and the one K tile.
+    w.seq.len_q = min(w.seq.len_q, kBwdPackRows);
+    w.seq.len_k = min(w.seq.len_k, kBwdBlockN);
+  }
   const int32_t tiles = (w.seq.len_k + kBwdBlockN - 1) / kBwdBlockN;
   w.kv_head = static_cast<int32_t>(item - slot * a.heads_kv);
   w.n_block = e.n_block;
@@ -83,7 +103,7 @@ __host__ __device__ __forceinline__ BwdItem decode_bwd_item(const BwdArgs& a, in
   w.m_first = 0;
   if (w.n_block < 0 || w.n_block >= tiles) {
     w.m_first = w.m_end;  // only invalid offsets get here: nothing to walk
-  } else if (a.causal) {
+  } else if (a.causal && w.n_seqs == 1) {
     // The first row that sees the tile's first key.
     const int64_t first_row = static_cast<int64_t>(w.n_block) * kBwdBlockN - w.seq.causal_shift();
     if (first_row >= w.seq.len_q)
@@ -91,7 +111,7 @@ __host__ __device__ __forceinline__ BwdItem decode_bwd_item(const BwdArgs& a, in
     else if (first_row > 0)
       w.m_first = static_cast<int32_t>(first_row / kBlockM);
   }
-  w.lse_row = static_cast<int32_t>(padded_row(w.seq.q_start, b));
+  w.sem_tile = static_cast<int32_t>(first_sem_tile(w.seq.q_start, b));
   return w;
 }
 
@@ -140,7 +160,9 @@ __host__ __device__ __forceinline__ DqAdd dq_add_of_step(const BwdArgs& a, const
   constexpr bool kTwoTiles = kRowsPerStep == 2 * kBwdTileRows;
   const int32_t q_tile = m * (kRowsPerStep / kBwdTileRows) + (kTwoTiles ? group : 0);
   int32_t rows = max(0, min(kBwdTileRows, w.seq.len_q - q_tile * kBwdTileRows));
-  const int32_t rank = a.deterministic || (kTwoTiles && a.causal) ? dq_add_rank(a, w, q_tile) : 0;
+  // A shared tile's rows get dQ from that item alone: no order to keep.
+  const bool ranked = w.n_seqs == 1 && (a.deterministic || (kTwoTiles && a.causal));
+  const int32_t rank = ranked ? dq_add_rank(a, w, q_tile) : 0;
   if (kTwoTiles && rank < 0) rows = 0;
   return DqAdd{q_tile, rows, rank};
 }
@@ -156,7 +178,9 @@ __device__ __forceinline__ BwdItem warp_uniform(const BwdItem& w) {
   u.n_block = lane0(w.n_block);
   u.m_first = lane0(w.m_first);
   u.m_end = lane0(w.m_end);
-  u.lse_row = lane0(w.lse_row);
+  u.first_seq = lane0(w.first_seq);
+  u.n_seqs = lane0(w.n_seqs);
+  u.sem_tile = lane0(w.sem_tile);
   u.valid = lane0(w.valid);
   return u;
 }

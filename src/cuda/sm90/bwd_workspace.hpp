@@ -1,9 +1,11 @@
 // Layout of the backward's device workspace (see jfa_attention_backward_workspace_size): a header
-// (the work list's entry count and the item counter), the work list (one entry per K tile), the
-// per-row softmax terms of the preprocess (LSE in base 2 and D = rowsum(dO * O) - dLSE, each
-// [heads_q, row_len], the D rows right after the LSE rows) in a layout padded per sequence to
-// whole q tiles, one semaphore per q tile and head (deterministic mode), and the float32
-// accumulator of dQ.
+// (the work list's entry count and the item counter), the work list (one entry per K tile or per
+// tile shared by short sequences), the per-row softmax terms of the preprocess (LSE in base 2 and
+// D = rowsum(dO * O) - dLSE, each [heads_q, row_len] with row = query token, the D rows right
+// after the LSE rows, then both again one row later: row t + 1 holds token t, so that a step whose
+// first token is odd reads its terms from an even row), one semaphore per q tile of a sequence and
+// head (deterministic mode; numbered as if every sequence's rows were padded to whole q tiles), and
+// the float32 accumulator of dQ.
 #pragma once
 
 #include <cstddef>
@@ -18,8 +20,8 @@
 
 namespace jfa::sm90 {
 
-// Query rows of a q tile: the unit of the per-row arrays' padding, of the deterministic
-// semaphores and of a dQ reduction (a step of the kernel takes one or two q tiles).
+// Query rows of a q tile: the unit of the deterministic semaphores and of a dQ reduction (a step
+// of the kernel takes one or two q tiles).
 inline constexpr int kBwdTileRows = 64;
 inline constexpr int kBwdBlockN = 128;  // keys per backward work item (two consumer groups of 64)
 
@@ -43,23 +45,31 @@ JFA_HOST_DEVICE constexpr int64_t dq_acc_offset(int64_t total_q, int64_t head_di
          dq_chunk_offset(token, col % kDqPartCols);
 }
 
+// Short sequences share a work item: at most kBwdBlockN keys and kBwdPackRows query rows of
+// consecutive sequences, whose rows the item's steps walk together (a q row of the item then gets
+// dQ from that item only).
+inline constexpr int kBwdPackRows = 128;
+
 // One entry of the backward's work list: K tile n_block of sequence `seq`, which has n_tiles K
-// tiles; the tiles of one sequence are consecutive entries, n_block ascending.
+// tiles (the tiles of one sequence are consecutive entries, n_block ascending), or (n_seqs > 1)
+// one tile shared by the short sequences seq .. seq + n_seqs - 1 (n_block 0, n_tiles 1).
 struct BwdListEntry {
   int32_t seq;
   int32_t n_block;
   int32_t n_tiles;
+  int32_t n_seqs;
 };
 
-// First row of sequence b in the padded per-row arrays: a multiple of kBwdTileRows, with room for
-// the whole q tiles of every sequence before it (from its first token q_start).
-JFA_HOST_DEVICE constexpr int64_t padded_row(int64_t q_start, int64_t b) {
-  return (q_start + b * kBwdTileRows) / kBwdTileRows * kBwdTileRows;
+// Semaphore number of sequence b's first q tile (per head): the q tiles of every sequence before
+// it, counted as if each sequence's rows started on a whole q tile (from its first token q_start).
+JFA_HOST_DEVICE constexpr int64_t first_sem_tile(int64_t q_start, int64_t b) {
+  return (q_start + b * kBwdTileRows) / kBwdTileRows;
 }
 
 struct BwdWorkspaceLayout {
   int64_t list_capacity;  // entries: sum over sequences of ceil(len_k / kBwdBlockN)
-  int64_t row_len;        // padded rows per head of the per-row arrays
+  int64_t row_len;        // rows per head of the per-row arrays (total_q + 1, rounded up)
+  int64_t sem_tiles;      // semaphores per head
   size_t list, lse2, dpsum, sems, dq_acc, bytes;         // byte offsets, and the total
   size_t zeroed_bytes() const { return dq_acc - sems; }  // the semaphores, cleared per call
 };
@@ -71,16 +81,20 @@ constexpr BwdWorkspaceLayout backward_workspace_layout(int64_t total_q, int64_t 
                                                        int64_t head_dim) {
   BwdWorkspaceLayout w{};
   w.list_capacity = (total_k + kBwdBlockN - 1) / kBwdBlockN + batch;
-  w.row_len = static_cast<int64_t>(
-      align_up(static_cast<size_t>(total_q + kBwdTileRows * batch), kBwdTileRows));
+  // Every token and the shifted copy's last, in whole q tiles and at least a step of two (the
+  // preprocess writes every row, so that the TMA loads of a step that reaches past total_q read
+  // defined values).
+  w.row_len = static_cast<int64_t>(align_up(static_cast<size_t>(total_q + 1), kBwdTileRows));
+  if (w.row_len < 2 * kBwdTileRows) w.row_len = 2 * kBwdTileRows;
+  w.sem_tiles = first_sem_tile(total_q, batch) + 1;
   constexpr size_t kAlign = 256;
   w.list = 16;
   w.lse2 = align_up(w.list + sizeof(BwdListEntry) * static_cast<size_t>(w.list_capacity), kAlign);
   const size_t row_bytes = sizeof(float) * static_cast<size_t>(heads_q * w.row_len);
-  w.dpsum = w.lse2 + row_bytes;  // right after the LSE rows: one tensor map covers both
-  w.sems = align_up(w.dpsum + row_bytes, kAlign);
-  w.dq_acc = align_up(
-      w.sems + sizeof(int32_t) * static_cast<size_t>(heads_q * (w.row_len / kBwdTileRows)), kAlign);
+  w.dpsum = w.lse2 + row_bytes;  // right after the LSE rows: one tensor map covers all four
+  w.sems = align_up(w.dpsum + 3 * row_bytes, kAlign);
+  w.dq_acc =
+      align_up(w.sems + sizeof(int32_t) * static_cast<size_t>(heads_q * w.sem_tiles), kAlign);
   w.bytes = w.dq_acc + sizeof(float) * static_cast<size_t>(total_q * heads_q * head_dim);
   return w;
 }

@@ -16,10 +16,10 @@
 #include "cuda/sm90/device_facts.hpp"
 #include "cuda/sm90/fwd_kernel.cuh"
 #include "cuda/sm90/fwd_tensor_maps.hpp"
+#include "cuda/sm90/fwd_work_list.cuh"
 #include "cuda/sm90/launch_error.hpp"
 #include "cuda/sm90/offsets_check.hpp"
 #include "cuda/sm90/shared_memory_opt_in.hpp"
-#include "cuda/sm90/work_list.cuh"
 #include "cuda/sm90/workspace.hpp"
 
 namespace jfa::sm90 {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "cuda/sm90/shared_tile_keys.cuh"
 #include "cuda/sm90/work_items.cuh"
 #include "cuda/tlx/fragment.hpp"
 
@@ -17,8 +18,8 @@ struct RowKeys {
   int32_t lo[2], hi[2];
 };
 
-// The ranges of the rows row0 and row0 + 8 of the item (see AccumFragment::row). A shared tile
-// finds a row's sequence by binary search in cu_seqlens_q; rows past the last sequence see none.
+// The ranges of the rows row0 and row0 + 8 of the item (see AccumFragment::row); a shared tile's
+// rows from shared_tile_row_keys.
 __device__ __forceinline__ RowKeys row_key_ranges(const FwdArgs& a, const WorkItem& w,
                                                   int32_t row0) {
   RowKeys rk;
@@ -31,30 +32,11 @@ __device__ __forceinline__ RowKeys row_key_ranges(const FwdArgs& a, const WorkIt
         const int64_t last = static_cast<int64_t>(row) + w.seq.causal_shift() + 1;
         hi = last < 0 ? 0 : (last < hi ? static_cast<int32_t>(last) : hi);
       }
-    } else if (row >= w.seq.len_q) {
-      hi = 0;
     } else {
-      const int32_t token = w.seq.q_start + row;
-      int32_t first = w.first_seq, last = w.first_seq + w.n_seqs - 1;
-      while (first < last) {
-        const int32_t mid = (first + last + 1) / 2;
-        if (clamp_offset(__ldg(a.cu_q + mid), 0, a.total_q) <= token)
-          first = mid;
-        else
-          last = mid - 1;
-      }
-      const int32_t qs = clamp_offset(__ldg(a.cu_q + first), 0, a.total_q);
-      const int32_t qe = clamp_offset(__ldg(a.cu_q + first + 1), qs, a.total_q);
-      const int64_t k_end = static_cast<int64_t>(w.seq.k_start) + w.seq.len_k;
-      const int32_t ks = clamp_offset(__ldg(a.cu_k + first), w.seq.k_start, k_end);
-      const int32_t ke = clamp_offset(__ldg(a.cu_k + first + 1), ks, k_end);
-      lo = ks - w.seq.k_start;
-      hi = ke - w.seq.k_start;
-      if (a.causal) {
-        const int64_t last_key =
-            static_cast<int64_t>(lo) + (token - qs) + (ke - ks) - (qe - qs) + 1;
-        hi = last_key < lo ? lo : (last_key < hi ? static_cast<int32_t>(last_key) : hi);
-      }
+      const KeyRange r = shared_tile_row_keys(a.cu_q, a.cu_k, a.total_q, w.seq, w.first_seq,
+                                              w.n_seqs, a.causal != 0, row);
+      lo = r.lo;
+      hi = r.hi;
     }
     rk.lo[h] = lo;
     rk.hi[h] = hi;

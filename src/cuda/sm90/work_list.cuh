@@ -1,13 +1,12 @@
-// Work list of the sm90 forward, built on the device from cu_seqlens (no host read of offsets, so
-// the forward can be captured in a CUDA graph): sequence bounds, the K tiles a q tile visits, and
-// the kernel that lists the q tiles (one block of kListThreads threads), launched before the
-// attention kernel.
+// What the sm90 work lists are built from, on the device from cu_seqlens (no host read of offsets,
+// so a call can be captured in a CUDA graph): sequence bounds, the K tiles a q tile visits, the
+// checked mode's offset rules and the block-wide scan of the list kernels (one block of
+// kListThreads threads each, fwd_work_list.cuh and bwd_work_list.cuh).
 #pragma once
 
 #include <cstdint>
 
 #include "cuda/sm90/workspace.hpp"
-#include "cuda/tlx/grid_dependency.hpp"
 #include "jfa/jfa.h"
 
 namespace jfa::sm90 {
@@ -142,159 +141,6 @@ __device__ __forceinline__ int64_t block_exclusive_scan(int64_t value, int64_t* 
   __syncthreads();
   *total = scratch[31];
   return (warp > 0 ? scratch[warp - 1] : 0) + incl - value;
-}
-
-// Step 1, in sequence order: each warp takes 32 consecutive sequences and packs runs of short ones
-// greedily into shared tiles (at most kBlockM query and kBlockN key tokens each; runs do not cross
-// the warp's 32 sequences); every other sequence gets its q tiles, the last first. A warp without
-// short sequences lists them lane by lane; the others walk their sequences in order.
-// Step 2: heaviest sequences first (a counting sort of whole sequences on the K tiles of their
-// heaviest tile; the order inside a bucket is unspecified) from `list` into `work`; with `sort` 0,
-// step 1 writes `work` itself. Entries past `capacity` (only reachable with invalid offsets) are
-// dropped.
-template <int kBlockM, int kBlockN>
-__global__ void __launch_bounds__(kListThreads)
-    build_work_list(const int32_t* cu_q, const int32_t* cu_k, int64_t batch, int64_t total_q,
-                    int64_t total_k, int32_t causal, int32_t sort, WorkListEntry* list,
-                    WorkListEntry* work, int32_t* count, unsigned long long* next_item,
-                    int32_t capacity, int32_t max_q, int32_t max_k, int32_t* device_check) {
-  // The forward kernel may start now: it sets up its CTAs while the list is built.
-  tlx::allow_dependent_launch();
-  if (device_check != nullptr)
-    check_offsets(cu_q, cu_k, batch, total_q, total_k, max_q, max_k, device_check);
-  __shared__ int64_t scratch[32];
-  __shared__ int32_t bucket_next[kListThreads];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-  WorkListEntry* const step1_out = sort ? list : work;
-  int64_t running = 0;
-  for (int64_t base = 0; base < batch; base += kListThreads) {
-    const int64_t warp_base = base + 32 * warp;
-    const int64_t b = warp_base + lane;
-    const int valid = static_cast<int>(min(max(batch - warp_base, int64_t{0}), int64_t{32}));
-    int32_t len_q = 0, len_k = 0;
-    if (b < batch) {
-      const SeqBounds sb = seq_bounds(cu_q, cu_k, total_q, total_k, b, 1);
-      len_q = sb.len_q;
-      len_k = sb.len_k;
-    }
-    const bool short_seq = b < batch && len_q <= kBlockM && len_k <= kBlockN;
-    int32_t sum_q = len_q, sum_k = len_k;  // inclusive prefix sums over the warp's sequences
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int32_t xq = __shfl_up_sync(0xffffffffu, sum_q, d);
-      const int32_t xk = __shfl_up_sync(0xffffffffu, sum_k, d);
-      if (lane >= d) {
-        sum_q += xq;
-        sum_k += xk;
-      }
-    }
-    // Walks the warp's sequences (warp-uniform control flow); emit(index, entry, writer) stores
-    // an entry when `writer` is true. Returns the number of entries.
-    auto walk = [&](auto&& emit) {
-      int32_t n_out = 0;
-      int start = 0;
-      while (start < valid) {
-        const bool start_short = __shfl_sync(0xffffffffu, short_seq, start);
-        const int32_t start_len_q = __shfl_sync(0xffffffffu, len_q, start);
-        if (!start_short) {
-          const int32_t tiles = q_tile_count<kBlockM>(start_len_q);
-          for (int32_t t = lane; t < tiles; t += 32)
-            emit(n_out + t,
-                 WorkListEntry{static_cast<int32_t>(warp_base + start), tiles - 1 - t, 1}, true);
-          n_out += tiles;
-          ++start;
-          continue;
-        }
-        const int32_t before_q = start > 0 ? __shfl_sync(0xffffffffu, sum_q, start - 1) : 0;
-        const int32_t before_k = start > 0 ? __shfl_sync(0xffffffffu, sum_k, start - 1) : 0;
-        const bool fits = short_seq && sum_q - before_q <= kBlockM && sum_k - before_k <= kBlockN;
-        const uint32_t stop = __ballot_sync(0xffffffffu, !fits) & (~0u << start);
-        const int end = stop != 0 ? __ffs(stop) - 1 : 32;
-        const int32_t rows = __shfl_sync(0xffffffffu, sum_q, end - 1) - before_q;
-        if (rows > 0) {
-          emit(n_out, WorkListEntry{static_cast<int32_t>(warp_base + start), 0, end - start},
-               lane == 0);
-          ++n_out;
-        }
-        start = end;
-      }
-      return n_out;
-    };
-    // Without short sequences the lanes list their own sequences' tiles side by side (the walk
-    // would take the 32 sequences one after another).
-    const bool all_long = !__any_sync(0xffffffffu, short_seq);
-    const int32_t my_tiles = all_long && b < batch ? q_tile_count<kBlockM>(len_q) : 0;
-    int32_t tiles_through_me = my_tiles;  // inclusive prefix sum over the warp's lanes
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int32_t x = __shfl_up_sync(0xffffffffu, tiles_through_me, d);
-      if (lane >= d) tiles_through_me += x;
-    }
-    const int32_t mine = all_long ? __shfl_sync(0xffffffffu, tiles_through_me, 31)
-                                  : walk([](int32_t, WorkListEntry, bool) {});
-    int64_t round_total = 0;
-    const int64_t first =
-        running + block_exclusive_scan(lane == 0 ? mine : 0, scratch, &round_total);
-    const int64_t warp_first = __shfl_sync(0xffffffffu, first, 0);
-    if (all_long) {
-      const int64_t my_first = warp_first + tiles_through_me - my_tiles;
-      for (int32_t t = 0; t < my_tiles && my_first + t < capacity; ++t)
-        step1_out[my_first + t] = WorkListEntry{static_cast<int32_t>(b), my_tiles - 1 - t, 1};
-    } else {
-      walk([&](int32_t i, WorkListEntry t, bool writer) {
-        if (writer && warp_first + i < capacity) step1_out[warp_first + i] = t;
-      });
-    }
-    running += round_total;
-  }
-  const int32_t n = static_cast<int32_t>(running < capacity ? running : capacity);
-  __syncthreads();  // list complete
-
-  auto bucket_of = [&](const WorkListEntry& t) {
-    const int32_t b = t.seq < 0 ? 0 : (t.seq >= batch ? static_cast<int32_t>(batch - 1) : t.seq);
-    const int32_t n_seqs = t.n_seqs < 1 ? 1 : t.n_seqs;
-    const SeqBounds sb =
-        seq_bounds(cu_q, cu_k, total_q, total_k, b, n_seqs > batch - b ? batch - b : n_seqs);
-    const int32_t blocks =
-        tile_k_blocks<kBlockM, kBlockN>(sb, n_seqs > 1 ? 0 : t.m_block, causal && n_seqs == 1);
-    return blocks < kListThreads - 1 ? blocks : kListThreads - 1;
-  };
-  if (sort) {
-    bucket_next[threadIdx.x] = 0;
-    __syncthreads();
-    // Units: the q tiles of one sequence (consecutive in `list`) or one shared tile. A unit moves
-    // as a whole and keeps its inner order, so the tiles that share a sequence's K/V stay
-    // neighbours; its key is the cost of its first (heaviest) tile.
-    auto unit_starts = [&](int32_t i) {
-      return i == 0 || list[i].n_seqs > 1 || list[i - 1].n_seqs > 1 ||
-             list[i].seq != list[i - 1].seq;
-    };
-    auto unit_size = [&](int32_t i) {
-      int32_t len = 1;
-      while (i + len < n && !unit_starts(i + len)) ++len;
-      return len;
-    };
-    for (int32_t i = threadIdx.x; i < n; i += kListThreads)
-      if (unit_starts(i)) atomicAdd(&bucket_next[bucket_of(list[i])], unit_size(i));
-    __syncthreads();
-    // Thread t owns bucket kListThreads - 1 - t: heavier buckets come first.
-    const int bucket = kListThreads - 1 - threadIdx.x;
-    int64_t unused = 0;
-    const int32_t start =
-        static_cast<int32_t>(block_exclusive_scan(bucket_next[bucket], scratch, &unused));
-    bucket_next[bucket] = start;
-    __syncthreads();
-    for (int32_t i = threadIdx.x; i < n; i += kListThreads) {
-      if (!unit_starts(i)) continue;
-      const int32_t len = unit_size(i);
-      const int32_t to = atomicAdd(&bucket_next[bucket_of(list[i])], len);
-      for (int32_t e = 0; e < len; ++e) work[to + e] = list[i + e];
-    }
-  }
-  if (threadIdx.x == 0) {
-    *count = n;
-    *next_item = 0;  // the forward kernel's item counter
-  }
 }
 
 }  // namespace jfa::sm90

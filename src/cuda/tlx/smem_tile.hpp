@@ -64,4 +64,11 @@ JFA_DEVICE float2 ld_shared_f32x2(uint32_t addr) {
   return v;
 }
 
+// Two 32-bit words from an 8-byte-aligned shared-memory address.
+JFA_DEVICE uint2 ld_shared_u32x2(uint32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(addr) : "memory");
+  return v;
+}
+
 }  // namespace jfa::tlx
