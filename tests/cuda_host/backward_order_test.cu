@@ -5,7 +5,9 @@
 // adds to a q tile have ranks 0 .. n - 1 in the order the items are claimed, so that each add waits
 // only for items claimed before it (which keeps the persistent grid from waiting on an item no CTA
 // holds). Both step shapes (one q tile per step, and two, where a group's q tile may lie past the
-// sequence's end or before the rows that see the item's keys), both masks, cross lengths, GQA.
+// sequence's end or before the rows that see the item's keys), both masks, cross lengths, GQA; and
+// a tile shared by short sequences: one item per kv head walking all its rows, each row's dQ added
+// once and unranked.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -54,7 +56,8 @@ void check_order(const Case& c) {
     cu_q.push_back(cu_q.back() + c.lq[b]);
     cu_k.push_back(cu_k.back() + c.lk[b]);
   }
-  // The work list as build_bwd_work_list writes it: each sequence's K tiles, ascending.
+  // The work list as build_bwd_work_list writes it for sequences it does not pack into shared
+  // tiles (SharedTileItems below): each sequence's K tiles, ascending.
   std::vector<BwdListEntry> work;
   for (int32_t b = 0; b < batch; ++b) {
     const int32_t tiles = (c.lk[b] + kBwdBlockN - 1) / kBwdBlockN;
@@ -183,6 +186,73 @@ TEST(BackwardOrder, CausalCrossLengthsAtTheEdges) {
         ASSERT_NO_FATAL_FAILURE(check_order<kBwdTileRows>(c));
         ASSERT_NO_FATAL_FAILURE(check_order<2 * kBwdTileRows>(c));
       }
+}
+
+// A tile shared by short sequences (one list entry for sequences 1 .. 4): per kv head one item over
+// their keys together (n_block 0, from the first row, whatever the mask), whose steps add every
+// row of theirs to dQ exactly once, with rank 0 (no other item adds to those rows). An entry that
+// claims more sequences than the batch holds, or more rows than a shared tile, is clamped.
+template <int kBlockM>
+void check_shared_tile(bool causal, bool deterministic) {
+  const std::vector<int32_t> lq{200, 3, 0, 50, 90}, lk{130, 3, 9, 50, 60};
+  std::vector<int32_t> cu_q{0}, cu_k{0};
+  for (size_t b = 0; b < lq.size(); ++b) {
+    cu_q.push_back(cu_q.back() + lq[b]);
+    cu_k.push_back(cu_k.back() + lk[b]);
+  }
+  for (int32_t n_seqs : {4, 9}) {
+    const std::vector<BwdListEntry> work{{1, 0, 1, n_seqs}};
+    BwdArgs a{};
+    a.cu_q = cu_q.data();
+    a.cu_k = cu_k.data();
+    a.work = work.data();
+    a.batch = static_cast<int64_t>(lq.size());
+    a.total_q = cu_q.back();
+    a.total_k = cu_k.back();
+    a.heads_kv = 2;
+    a.group = 1;
+    a.heads_q = 2;
+    a.causal = causal ? 1 : 0;
+    a.deterministic = deterministic ? 1 : 0;
+    for (int64_t item = 0; item < a.heads_kv; ++item) {
+      const BwdItem w = jfa::sm90::decode_bwd_item<kBlockM>(a, item);
+      EXPECT_EQ(w.n_seqs, 4) << "sequences 1 .. 4 are all the batch has after the first";
+      EXPECT_EQ(w.first_seq, 1);
+      EXPECT_EQ(w.kv_head, item);
+      EXPECT_EQ(w.n_block, 0);
+      EXPECT_EQ(w.seq.q_start, 200);
+      EXPECT_EQ(w.seq.len_q, jfa::sm90::kBwdPackRows) << "143 rows, clamped to a shared tile";
+      EXPECT_EQ(w.seq.k_start, 130);
+      EXPECT_EQ(w.seq.len_k, 122);
+      EXPECT_EQ(w.m_first, 0);
+      EXPECT_EQ(w.m_end, (w.seq.len_q + kBlockM - 1) / kBlockM);
+      std::vector<int> added(static_cast<size_t>(w.seq.len_q), 0);
+      for (int32_t i = 0; i < w.q_tiles(); ++i) {
+        const int32_t m = jfa::sm90::walk_q_tile(a, w, i);
+        for (int group = 0; group < 2; ++group) {
+          const auto add = jfa::sm90::dq_add_of_step<kBlockM>(a, w, m, group);
+          EXPECT_EQ(add.rank, 0);
+          // With one q tile per step both groups add to it (halves of the columns or of the
+          // keys); with two, each group its own.
+          if (kBlockM == kBwdTileRows && group == 1) continue;
+          for (int32_t r = 0; r < add.rows; ++r) {
+            const int64_t row = int64_t{add.q_tile} * kBwdTileRows + r;
+            ASSERT_LT(row, w.seq.len_q);
+            ++added[static_cast<size_t>(row)];
+          }
+        }
+      }
+      for (int32_t r = 0; r < w.seq.len_q; ++r) EXPECT_EQ(added[static_cast<size_t>(r)], 1) << r;
+    }
+  }
+}
+
+TEST(BackwardOrder, SharedTileItems) {
+  for (bool causal : {false, true})
+    for (bool deterministic : {false, true}) {
+      check_shared_tile<kBwdTileRows>(causal, deterministic);
+      check_shared_tile<2 * kBwdTileRows>(causal, deterministic);
+    }
 }
 
 }  // namespace

@@ -34,21 +34,6 @@ __device__ __forceinline__ float row_dot(const T* x, const T* y) {
   return sum;
 }
 
-// The sequence that holds query token `token`: the last one starting at or before it (for valid
-// offsets, the one whose rows hold it).
-__device__ __forceinline__ int64_t sequence_of_token(const int32_t* cu_q, int64_t batch,
-                                                     int64_t total_q, int64_t token) {
-  int64_t lo = 0, hi = batch - 1;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (clamp_offset(__ldg(cu_q + mid), 0, total_q) <= token)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return lo;
-}
-
 // Block (t, h) fills rows [64 t, 64 t + 64) of head h, one per query token: rows past total_q add
 // nothing (LSE +inf: P = 0, and D = 0), and so does a row without keys (forward LSE -inf) or one
 // whose LSE is not finite although it sees keys (NaN, +inf, or -inf from scores below float32's
@@ -79,8 +64,9 @@ __global__ void __launch_bounds__(kPreprocessThreads)
         l2 = l * kLog2e;
         dp = d - (dlse != nullptr ? __ldg(dlse + h * total_q + token) : 0.f);
       } else if (device_check != nullptr && lane == 0 && batch > 0) {
-        const SeqBounds sb = seq_bounds(cu_q, cu_k, total_q, total_k,
-                                        sequence_of_token(cu_q, batch, total_q, token), 1);
+        const SeqBounds sb =
+            seq_bounds(cu_q, cu_k, total_q, total_k,
+                       sequence_holding_token<int64_t>(cu_q, 0, batch - 1, total_q, token), 1);
         const int64_t row = token - sb.q_start;
         const bool inside = row >= 0 && row < sb.len_q;
         const bool sees_key =

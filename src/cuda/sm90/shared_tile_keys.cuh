@@ -22,14 +22,8 @@ __device__ __forceinline__ KeyRange shared_tile_row_keys(const int32_t* cu_q, co
                                                          bool causal, int32_t row) {
   if (row < 0 || row >= tile.len_q) return KeyRange{0, 0};
   const int32_t token = tile.q_start + row;
-  int32_t first = first_seq, last = first_seq + n_seqs - 1;
-  while (first < last) {
-    const int32_t mid = (first + last + 1) / 2;
-    if (clamp_offset(__ldg(cu_q + mid), 0, total_q) <= token)
-      first = mid;
-    else
-      last = mid - 1;
-  }
+  const int32_t first =
+      sequence_holding_token<int32_t>(cu_q, first_seq, first_seq + n_seqs - 1, total_q, token);
   const int32_t qs = clamp_offset(__ldg(cu_q + first), 0, total_q);
   const int32_t qe = clamp_offset(__ldg(cu_q + first + 1), qs, total_q);
   const int64_t k_end = static_cast<int64_t>(tile.k_start) + tile.len_k;

@@ -48,6 +48,21 @@ __host__ __device__ __forceinline__ SeqBounds seq_bounds(const int32_t* cu_q, co
   return s;
 }
 
+// The last of sequences first .. last whose first query token (clamped into [0, total_q]) is at or
+// before `token` (for valid offsets, the one that holds it), or `first`: a binary search in cu_q.
+template <typename Index>
+__device__ __forceinline__ Index sequence_holding_token(const int32_t* cu_q, Index first,
+                                                        Index last, int64_t total_q, Index token) {
+  while (first < last) {
+    const Index mid = (first + last + 1) / 2;
+    if (clamp_offset(__ldg(cu_q + mid), 0, total_q) <= token)
+      first = mid;
+    else
+      last = mid - 1;
+  }
+  return first;
+}
+
 // Q tiles of a sequence of len_q query rows: the work list gives each its own entry, and the
 // item decode relies on that count.
 template <int kBlockM>
