@@ -17,7 +17,8 @@ namespace jfa::sm90 {
 // Where a group's staged dQ goes: its part of the accumulator tile (NULL: the group is done), the
 // bytes of its rows that hold queries (rows past the sequence's end are not added: on batches of
 // tiny sequences they would be most of the traffic), and in deterministic mode the q tile's
-// semaphore and the count it must reach first.
+// semaphore and the count it must reach first (none for a shared tile, whose rows get dQ from that
+// item alone).
 struct DqDestination {
   float* part;
   int32_t* sem;

@@ -22,8 +22,11 @@
 // A step's rows of LSE and D are those of its query tokens; the rows past the sequence's end (the
 // next sequence's, or past total_q), keys past its end and, under the causal mask, keys a query
 // does not see are set to P = 0 on the steps that hold any (StepMask); in a shared tile each row
-// sees its own sequence's keys. Offsets are not validated on the device; they are clamped so that
-// no access leaves the caller's buffers (results for invalid offsets are unspecified).
+// sees its own sequence's keys (the masks set P and dS to 0 after the MMAs: a NaN or infinite
+// input element of one sequence can reach the gradients of the other sequences of its shared tile,
+// and of the sequence before it, whose last q tile loads its first rows). Offsets are not validated
+// on the device; they are clamped so that no access leaves the caller's buffers (results for
+// invalid offsets are unspecified).
 #pragma once
 
 #include <cuda.h>

@@ -67,7 +67,7 @@ JFA_HOST_DEVICE constexpr int64_t first_sem_tile(int64_t q_start, int64_t b) {
 }
 
 struct BwdWorkspaceLayout {
-  int64_t list_capacity;  // entries: sum over sequences of ceil(len_k / kBwdBlockN)
+  int64_t list_capacity;  // entries, at least the K tiles and shared tiles of any offsets
   int64_t row_len;        // rows per head of the per-row arrays (total_q + 1, rounded up)
   int64_t sem_tiles;      // semaphores per head
   size_t list, lse2, dpsum, sems, dq_acc, bytes;         // byte offsets, and the total
@@ -81,9 +81,9 @@ constexpr BwdWorkspaceLayout backward_workspace_layout(int64_t total_q, int64_t 
                                                        int64_t head_dim) {
   BwdWorkspaceLayout w{};
   w.list_capacity = (total_k + kBwdBlockN - 1) / kBwdBlockN + batch;
-  // Every token and the shifted copy's last, in whole q tiles and at least a step of two (the
-  // preprocess writes every row, so that the TMA loads of a step that reaches past total_q read
-  // defined values).
+  // Every token and the shifted copy's last, in whole q tiles (at least two). The preprocess
+  // writes every row up to row_len, and TMA reads a row past it as zeros: a step that reaches past
+  // total_q reads defined values, which it masks as rows past its sequence's end.
   w.row_len = static_cast<int64_t>(align_up(static_cast<size_t>(total_q + 1), kBwdTileRows));
   if (w.row_len < 2 * kBwdTileRows) w.row_len = 2 * kBwdTileRows;
   w.sem_tiles = first_sem_tile(total_q, batch) + 1;

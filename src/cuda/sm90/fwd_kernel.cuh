@@ -15,7 +15,7 @@
 // (64, 1, rows): a tile of sequence b starts at token cu_seqlens[b] + row0. Keys past the end of a
 // sequence in its last K tile are masked; Q rows past the end are computed, and their part of an
 // O tile is clipped by the ragged output map (FwdArgs::out_ragged_rows). Short sequences share
-// tiles (work_list.cuh builds them, mask.cuh keeps each row to its own keys). Offsets are not
+// tiles (fwd_work_list.cuh builds them, mask.cuh keeps each row to its own keys). Offsets are not
 // validated on the device; they are clamped to [0, total] so that no access leaves the caller's
 // buffers (results for invalid offsets are unspecified).
 #pragma once
