@@ -81,7 +81,7 @@ struct RowTermsAt {
 
 __device__ __forceinline__ RowTermsAt row_terms_at(int32_t first_token, int32_t heads_q) {
   const int32_t odd = first_token & 1, col = first_token + odd;
-  return RowTermsAt{col & ~3, odd * 2 * heads_q, col & 3};
+  return RowTermsAt{col & ~3, odd * kShiftedRowTerms * heads_q, col & 3};
 }
 
 template <typename Cfg>

@@ -82,8 +82,8 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
       return fail(JFA_ERROR_CUDA, "tensor map encoding failed: %s", err.c_str());
     // The LSE rows of every head, then the D rows, then both shifted: one array
     // (bwd_workspace.hpp).
-    if (!encode_row_terms_map(lse2, lay.row_len, 4 * int64_t{p.heads_q}, Cfg::Shared::kRowTermsBox,
-                              &tm_rows, &err))
+    if (!encode_row_terms_map(lse2, lay.row_len, kRowTermArrays * int64_t{p.heads_q},
+                              Cfg::Shared::kRowTermsBox, &tm_rows, &err))
       return fail(JFA_ERROR_CUDA, "tensor map encoding failed: %s", err.c_str());
     if (const jfa_status s = opt_in_shared_memory<bwd_kernel<Cfg>>(Cfg::kSmemBytes, device.ordinal);
         s != JFA_SUCCESS)

@@ -82,7 +82,8 @@ __global__ void __launch_bounds__(kPreprocessThreads)
       lse2[h * row_len + token] = l2;
       dpsum[h * row_len + token] = dp;
       // The copy one row later (bwd_workspace.hpp), whose row 0 no step reads.
-      const int64_t shifted = 2 * static_cast<int64_t>(gridDim.y) * row_len + h * row_len + 1;
+      const int64_t shifted =
+          kShiftedRowTerms * static_cast<int64_t>(gridDim.y) * row_len + h * row_len + 1;
       if (token + 1 < row_len) {
         lse2[shifted + token] = l2;
         dpsum[shifted + token] = dp;

@@ -75,10 +75,10 @@ __host__ __device__ __forceinline__ BwdItem decode_bwd_item(const BwdArgs& a, in
   BwdItem w{};
   const int64_t slot = item / a.heads_kv;
   const BwdListEntry e = a.work[slot];
-  const int32_t b = e.seq < 0 ? 0 : (e.seq >= a.batch ? static_cast<int32_t>(a.batch - 1) : e.seq);
-  const int64_t left = a.batch - b;
-  w.first_seq = b;
-  w.n_seqs = e.n_seqs < 1 ? 1 : (e.n_seqs > left ? static_cast<int32_t>(left) : e.n_seqs);
+  const EntrySequences es = clamp_entry_sequences(e.seq, e.n_seqs, a.batch);
+  const int32_t b = es.first;
+  w.first_seq = es.first;
+  w.n_seqs = es.n;
   w.seq = seq_bounds(a.cu_q, a.cu_k, a.total_q, a.total_k, b, w.n_seqs);
   if (w.n_seqs > 1) {
     // Within the shared tile's bounds whatever the offsets (only invalid ones exceed them): the

@@ -66,6 +66,11 @@ JFA_HOST_DEVICE constexpr int64_t first_sem_tile(int64_t q_start, int64_t b) {
   return (q_start + b * kBwdTileRows) / kBwdTileRows;
 }
 
+// The per-row terms' arrays, each heads_q rows of row_len floats: LSE, D, and both shifted by one
+// row; the shifted LSE rows start at row kShiftedRowTerms * heads_q.
+inline constexpr int kRowTermArrays = 4;
+inline constexpr int kShiftedRowTerms = 2;
+
 struct BwdWorkspaceLayout {
   int64_t list_capacity;  // entries, at least the K tiles and shared tiles of any offsets
   int64_t row_len;        // rows per head of the per-row arrays (total_q + 1, rounded up)
@@ -92,7 +97,7 @@ constexpr BwdWorkspaceLayout backward_workspace_layout(int64_t total_q, int64_t 
   w.lse2 = align_up(w.list + sizeof(BwdListEntry) * static_cast<size_t>(w.list_capacity), kAlign);
   const size_t row_bytes = sizeof(float) * static_cast<size_t>(heads_q * w.row_len);
   w.dpsum = w.lse2 + row_bytes;  // right after the LSE rows: one tensor map covers all four
-  w.sems = align_up(w.dpsum + 3 * row_bytes, kAlign);
+  w.sems = align_up(w.lse2 + kRowTermArrays * row_bytes, kAlign);
   w.dq_acc =
       align_up(w.sems + sizeof(int32_t) * static_cast<size_t>(heads_q * w.sem_tiles), kAlign);
   w.bytes = w.dq_acc + sizeof(float) * static_cast<size_t>(total_q * heads_q * head_dim);

@@ -33,11 +33,10 @@ __device__ __forceinline__ WorkItem decode_item(const FwdArgs& a, int64_t item) 
   const int64_t tile = item / a.heads_q;
   w.head = static_cast<int32_t>(item - tile * a.heads_q);
   const WorkListEntry e = a.work[tile];
-  const int32_t b = e.seq < 0 ? 0 : (e.seq >= a.batch ? static_cast<int32_t>(a.batch - 1) : e.seq);
-  const int64_t left = a.batch - b;
-  w.first_seq = b;
-  w.n_seqs = e.n_seqs < 1 ? 1 : (e.n_seqs > left ? static_cast<int32_t>(left) : e.n_seqs);
-  w.seq = seq_bounds(a.cu_q, a.cu_k, a.total_q, a.total_k, b, w.n_seqs);
+  const EntrySequences es = clamp_entry_sequences(e.seq, e.n_seqs, a.batch);
+  w.first_seq = es.first;
+  w.n_seqs = es.n;
+  w.seq = seq_bounds(a.cu_q, a.cu_k, a.total_q, a.total_k, es.first, es.n);
   w.m_block = w.n_seqs > 1 ? 0 : e.m_block;
   if (kHeadMajorRuns && !a.causal && w.n_seqs == 1) {
     // The run holds m_block = tiles - 1 .. 0 at list entries run_first .. run_first + tiles - 1,

@@ -63,6 +63,22 @@ __device__ __forceinline__ Index sequence_holding_token(const int32_t* cu_q, Ind
   return first;
 }
 
+// The sequences first .. first + n - 1 that a work-list entry names (`seq` and its count n_seqs,
+// more than one for a shared tile), clamped into the batch: only invalid offsets make an entry
+// reach outside it.
+struct EntrySequences {
+  int32_t first, n;
+};
+
+__host__ __device__ __forceinline__ EntrySequences clamp_entry_sequences(int32_t seq,
+                                                                         int32_t n_seqs,
+                                                                         int64_t batch) {
+  const int32_t first = seq < 0 ? 0 : (seq >= batch ? static_cast<int32_t>(batch - 1) : seq);
+  const int64_t left = batch - first;
+  return EntrySequences{first,
+                        n_seqs < 1 ? 1 : (n_seqs > left ? static_cast<int32_t>(left) : n_seqs)};
+}
+
 // Q tiles of a sequence of len_q query rows: the work list gives each its own entry, and the
 // item decode relies on that count.
 template <int kBlockM>
