@@ -93,9 +93,12 @@ TEST(BackwardWorkspace, RegionsAreAlignedAndDisjoint) {
             EXPECT_EQ(lay.dpsum, lay.lse2 + row_bytes);
             EXPECT_LE(lay.dpsum + 3 * row_bytes, lay.sems);
             EXPECT_LE(lay.sems + sizeof(int32_t) * static_cast<size_t>(heads * lay.sem_tiles),
+                      lay.stored_rows);
+            EXPECT_LE(lay.stored_rows + sizeof(uint32_t) * static_cast<size_t>((total_q + 31) / 32),
                       lay.dq_acc);
             EXPECT_EQ(lay.dq_acc % 256, 0u);
-            // The semaphores are what is cleared (the preprocess clears the accumulator's rows).
+            // The semaphores and the stored rows' bits are what is cleared (the preprocess clears
+            // the accumulator's rows).
             EXPECT_EQ(lay.bytes,
                       lay.dq_acc + sizeof(float) * static_cast<size_t>(total_q * heads * d));
             EXPECT_EQ(lay.zeroed_bytes(), lay.dq_acc - lay.sems);

@@ -574,6 +574,27 @@ TEST(BackwardGpu, SharedTilesOfShortSequences) {
   });
 }
 
+// Shared tiles among long sequences (the mean length above one q tile, so head_dim 64 takes two q
+// tiles per step): their rows' dQ is stored, the other rows' added, also into strided layouts.
+TEST(BackwardGpu, SharedTilesAmongLongSequences) {
+  std::mt19937_64 rng(fresh_seed("shared tiles among long sequences"));
+  for_each_combination({0, 5}, [&](DType dtype, int d, bool causal) {
+    Case c;
+    for (int run = 0; run < (quick_mode() ? 3 : 8); ++run) {
+      for (int32_t len : random_lengths(rng, 6, 0, 40)) c.lq.push_back(len);
+      c.lq.push_back(std::uniform_int_distribution<int32_t>(450, 600)(rng));  // mean above 64
+    }
+    c.lk = c.lq;
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    c.head_dim = d;
+    c.dtype = dtype;
+    c.causal = causal;
+    c.strided = causal;
+    run_case(c);
+  });
+}
+
 // A loss that also uses the forward's LSE: dlse enters dq and dk (not dv); rows without keys
 // (lse = -inf) ignore it.
 TEST(BackwardGpu, LseGradient) {

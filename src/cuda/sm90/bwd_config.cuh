@@ -18,7 +18,7 @@ namespace jfa::sm90 {
 // bytes of its rows that hold queries (rows past the sequence's end are not added: on batches of
 // tiny sequences they would be most of the traffic), and in deterministic mode the q tile's
 // semaphore and the count it must reach first (none for a shared tile, whose rows get dQ from that
-// item alone).
+// item alone: a part without a semaphore is stored, not added, see bwd_dq_writer).
 struct DqDestination {
   float* part;
   int32_t* sem;

@@ -246,7 +246,9 @@ __device__ __forceinline__ void stage_dq(typename Cfg::Shared& s, const DqTile& 
 // K tiles (dq_add_rank): the q tile's semaphore counts the K tiles added, and each K tile waits
 // for the ones before it. The groups' parts belong to one q tile (one semaphore; with kKeys both
 // add to the same part, group 0's add completes first) or, with kRows, to two (two semaphores; a
-// part without bytes adds nothing and does not count).
+// part without bytes adds nothing and does not count). A shared tile's parts (no semaphore) are the
+// only dQ of their rows: they are copied, not added, and the preprocess leaves those rows uncleared
+// (with kKeys group 0's copy completes before group 1's add).
 template <typename Cfg>
 __device__ __forceinline__ void bwd_dq_writer(typename Cfg::Shared& s, const BwdArgs& a) {
   const bool leader = tlx::lane_is_leader();
@@ -267,19 +269,27 @@ __device__ __forceinline__ void bwd_dq_writer(typename Cfg::Shared& s, const Bwd
     if (leader) {
       constexpr bool kRows = Cfg::kDqSplit == DqSplit::kRows;
       const bool adds0 = d0.bytes > 0, adds1 = d1.bytes > 0;
+      const bool stores = d0.sem == nullptr;  // a shared tile's step (both parts alike)
       if (adds0) {
-        if (a.deterministic && d0.sem != nullptr)
-          while (load_acquire(d0.sem) < d0.target) __nanosleep(64);
-        tlx::bulk_reduce_add_f32(d0.part, s.dq[0], d0.bytes);
+        if (stores)
+          tlx::bulk_copy_to_global(d0.part, s.dq[0], d0.bytes);
+        else {
+          if (a.deterministic)
+            while (load_acquire(d0.sem) < d0.target) __nanosleep(64);
+          tlx::bulk_reduce_add_f32(d0.part, s.dq[0], d0.bytes);
+        }
       }
-      if (Cfg::kDqSplit == DqSplit::kKeys && a.deterministic) {
+      if (Cfg::kDqSplit == DqSplit::kKeys && (a.deterministic || stores)) {
         tlx::tma_store_commit();
         tlx::tma_store_wait<0>();
       }
       if (adds1) {
         if (kRows && a.deterministic && d1.sem != nullptr)
           while (load_acquire(d1.sem) < d1.target) __nanosleep(64);
-        tlx::bulk_reduce_add_f32(d1.part, s.dq[1], d1.bytes);
+        if (stores && Cfg::kDqSplit != DqSplit::kKeys)
+          tlx::bulk_copy_to_global(d1.part, s.dq[1], d1.bytes);
+        else
+          tlx::bulk_reduce_add_f32(d1.part, s.dq[1], d1.bytes);
       }
       tlx::tma_store_commit();
       tlx::tma_store_wait_read<0>();

@@ -52,12 +52,14 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
   auto* lse2 = reinterpret_cast<float*>(base + lay.lse2);
   auto* dpsum = reinterpret_cast<float*>(base + lay.dpsum);
   auto* sems = reinterpret_cast<int32_t*>(base + lay.sems);
+  auto* stored_rows = reinterpret_cast<uint32_t*>(base + lay.stored_rows);
   auto* dq_acc = reinterpret_cast<float*>(base + lay.dq_acc);
 
   cudaError_t e = cudaMemsetAsync(base + lay.sems, 0, lay.zeroed_bytes(), stream);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    return fail(JFA_ERROR_CUDA, "clearing the semaphores failed: %s", cudaGetErrorString(e));
+    return fail(JFA_ERROR_CUDA, "clearing the semaphores and stored-row bits failed: %s",
+                cudaGetErrorString(e));
   }
   CUtensorMap tm_q, tm_k, tm_v, tm_do, tm_rows, tm_dk, tm_dv;
   const int64_t key_ragged_rows = p.total_k + 1;  // <= INT32_MAX - 64 by the check above
@@ -91,7 +93,7 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
 
     build_bwd_work_list<kBwdBlockN><<<1, kListThreads, 0, stream>>>(
         p.cu_seqlens_q, p.cu_seqlens_k, p.batch, p.total_q, p.total_k, work, count, next_item,
-        lay.list_capacity, p.max_seqlen_q, p.max_seqlen_k, p.device_check);
+        lay.list_capacity, p.max_seqlen_q, p.max_seqlen_k, p.device_check, stored_rows);
     if (const jfa_status s = launch_error("work-list kernel"); s != JFA_SUCCESS) return s;
   } else if (const jfa_status s = check_offsets_alone(p, stream); s != JFA_SUCCESS) {
     return s;  // no keys: no list kernel checks the offsets
@@ -107,7 +109,7 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
         static_cast<const T*>(p.out), p.out_layout.token_stride, p.out_layout.head_stride,
         static_cast<const T*>(b.dout), b.dout_layout.token_stride, b.dout_layout.head_stride, p.lse,
         b.dlse, p.cu_seqlens_q, p.cu_seqlens_k, p.batch, p.total_q, p.total_k, p.causal ? 1 : 0,
-        lay.row_len, lse2, dpsum, dq_acc, p.device_check);
+        lay.row_len, lse2, dpsum, dq_acc, stored_rows, p.device_check);
     if (const jfa_status s = launch_error("backward preprocess"); s != JFA_SUCCESS) return s;
   }
 

@@ -39,14 +39,16 @@ __device__ __forceinline__ float row_dot(const T* x, const T* y) {
 // whose LSE is not finite although it sees keys (NaN, +inf, or -inf from scores below float32's
 // range), which the checked mode reports. The kernel masks the rows of a step past its sequence's
 // end, which hold the next sequence's terms. Each row is written twice, the second time into the
-// copy one row later. The rows of tokens also clear their row of the dQ accumulator.
+// copy one row later. The rows of tokens also clear their row of the dQ accumulator, except those
+// a shared tile stores (the stored rows).
 template <typename T, int kD>
 __global__ void __launch_bounds__(kPreprocessThreads)
     bwd_preprocess(const T* out, int64_t out_token_stride, int64_t out_head_stride, const T* dout,
                    int64_t dout_token_stride, int64_t dout_head_stride, const float* lse,
                    const float* dlse, const int32_t* cu_q, const int32_t* cu_k, int64_t batch,
                    int64_t total_q, int64_t total_k, int32_t causal, int64_t row_len, float* lse2,
-                   float* dpsum, float* dq_acc, int32_t* device_check) {
+                   float* dpsum, float* dq_acc, const uint32_t* stored_rows,
+                   int32_t* device_check) {
   const int64_t p0 = static_cast<int64_t>(blockIdx.x) * kBwdTileRows;
   const int64_t h = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -73,10 +75,12 @@ __global__ void __launch_bounds__(kPreprocessThreads)
             inside && sb.len_k > 0 && (causal == 0 || row + sb.causal_shift() >= 0);
         if (!(l < INFINITY) || sees_key) atomicOr(device_check, JFA_CHECK_RESULT_NOT_FINITE);
       }
-      // The token's row of the dQ accumulator starts at 0 (chunks of 4 floats stay together).
-      for (int c = 4 * lane; c < kD; c += 128)
-        *reinterpret_cast<float4*>(dq_acc + dq_acc_offset(total_q, kD, token, h, c)) =
-            make_float4(0.f, 0.f, 0.f, 0.f);
+      // The token's row of the dQ accumulator starts at 0 (chunks of 4 floats stay together),
+      // unless its shared tile stores it.
+      if (!is_stored_row(stored_rows, token))
+        for (int c = 4 * lane; c < kD; c += 128)
+          *reinterpret_cast<float4*>(dq_acc + dq_acc_offset(total_q, kD, token, h, c)) =
+              make_float4(0.f, 0.f, 0.f, 0.f);
     }
     if (lane == 0 && token < row_len) {
       lse2[h * row_len + token] = l2;

@@ -12,6 +12,39 @@
 
 namespace jfa::sm90 {
 
+// A list entry's sequences (clamp_entry_sequences) and their bounds taken together; a shared
+// tile's within kBwdPackRows query rows and one K tile whatever the offsets (only invalid ones
+// exceed them), as its steps' per-row key ranges and its one K tile need.
+struct BwdEntrySpan {
+  EntrySequences seqs;
+  SeqBounds bounds;
+};
+
+__host__ __device__ __forceinline__ BwdEntrySpan bwd_entry_span(const int32_t* cu_q,
+                                                                const int32_t* cu_k, int64_t batch,
+                                                                int64_t total_q, int64_t total_k,
+                                                                const BwdListEntry& e) {
+  BwdEntrySpan sp;
+  sp.seqs = clamp_entry_sequences(e.seq, e.n_seqs, batch);
+  sp.bounds = seq_bounds(cu_q, cu_k, total_q, total_k, sp.seqs.first, sp.seqs.n);
+  if (sp.seqs.n > 1) {
+    sp.bounds.len_q = min(sp.bounds.len_q, kBwdPackRows);
+    sp.bounds.len_k = min(sp.bounds.len_k, kBwdBlockN);
+  }
+  return sp;
+}
+
+// Marks tokens [first, first + rows) in the stored rows' bits (bwd_workspace.hpp), a word at a
+// time.
+__device__ __forceinline__ void mark_stored_rows(uint32_t* bits, int64_t first, int64_t rows) {
+  for (int64_t t = first; t < first + rows;) {
+    const int64_t word = t >> 5, end = min(first + rows, (word + 1) << 5);
+    const int lo = static_cast<int>(t & 31), n = static_cast<int>(end - t);
+    atomicOr(bits + word, (n == 32 ? ~0u : ((1u << n) - 1u)) << lo);
+    t = end;
+  }
+}
+
 // Backward entries: a sequence's K tiles, ascending, and tiles shared by short sequences (at most
 // kBwdBlockN keys and kBwdPackRows query rows) that hold keys (dK and dV are written for every key;
 // a run without keys has nothing to do, its rows' dQ stays 0).
@@ -30,21 +63,33 @@ struct BackwardLister {
 
 // Lists the work of every sequence (list_sequences with BackwardLister); *count gets the number of
 // entries (at most `capacity`, which only invalid offsets reach) and *next_item is reset for the
-// backward kernel. (A template, as every kernel defined in a header here.)
+// backward kernel. With `stored_rows` (cleared before), the rows of every shared tile are marked
+// there: their dQ is stored into the accumulator, not added. (A template, as every kernel defined
+// in a header here.)
 template <int kBlockN>
 __global__ void __launch_bounds__(kListThreads)
     build_bwd_work_list(const int32_t* cu_q, const int32_t* cu_k, int64_t batch, int64_t total_q,
                         int64_t total_k, BwdListEntry* work, int32_t* count,
                         unsigned long long* next_item, int64_t capacity, int32_t max_q,
-                        int32_t max_k, int32_t* device_check) {
+                        int32_t max_k, int32_t* device_check, uint32_t* stored_rows) {
   if (device_check != nullptr)
     check_offsets(cu_q, cu_k, batch, total_q, total_k, max_q, max_k, device_check);
   static_assert(kBlockN == kBwdBlockN, "the backward's K tile");
   __shared__ int64_t scratch[32];
   const int64_t running = list_sequences<kBwdPackRows, kBlockN>(
       BackwardLister{}, cu_q, cu_k, batch, total_q, total_k, work, capacity, scratch);
+  const int64_t n = running < capacity ? running : capacity;
+  if (stored_rows != nullptr) {
+    __syncthreads();  // every entry written
+    for (int64_t i = threadIdx.x; i < n; i += kListThreads) {
+      const BwdEntrySpan sp = bwd_entry_span(cu_q, cu_k, batch, total_q, total_k, work[i]);
+      // As the item walks them: none without keys (only invalid offsets give such a tile).
+      if (sp.seqs.n > 1 && sp.bounds.len_k > 0)
+        mark_stored_rows(stored_rows, sp.bounds.q_start, sp.bounds.len_q);
+    }
+  }
   if (threadIdx.x == 0) {
-    *count = static_cast<int32_t>(running < capacity ? running : capacity);
+    *count = static_cast<int32_t>(n);
     *next_item = 0;
   }
 }
@@ -75,17 +120,11 @@ __host__ __device__ __forceinline__ BwdItem decode_bwd_item(const BwdArgs& a, in
   BwdItem w{};
   const int64_t slot = item / a.heads_kv;
   const BwdListEntry e = a.work[slot];
-  const EntrySequences es = clamp_entry_sequences(e.seq, e.n_seqs, a.batch);
-  const int32_t b = es.first;
-  w.first_seq = es.first;
-  w.n_seqs = es.n;
-  w.seq = seq_bounds(a.cu_q, a.cu_k, a.total_q, a.total_k, b, w.n_seqs);
-  if (w.n_seqs > 1) {
-    // Within the shared tile's bounds whatever the offsets (only invalid ones exceed them): the
-    // steps' per-row key ranges (kBwdPackRows rows) and the one K tile.
-    w.seq.len_q = min(w.seq.len_q, kBwdPackRows);
-    w.seq.len_k = min(w.seq.len_k, kBwdBlockN);
-  }
+  const BwdEntrySpan sp = bwd_entry_span(a.cu_q, a.cu_k, a.batch, a.total_q, a.total_k, e);
+  const int32_t b = sp.seqs.first;
+  w.first_seq = sp.seqs.first;
+  w.n_seqs = sp.seqs.n;
+  w.seq = sp.bounds;
   const int32_t tiles = (w.seq.len_k + kBwdBlockN - 1) / kBwdBlockN;
   w.kv_head = static_cast<int32_t>(item - slot * a.heads_kv);
   w.n_block = e.n_block;

@@ -3,9 +3,10 @@
 // tile shared by short sequences), the per-row softmax terms of the preprocess (LSE in base 2 and
 // D = rowsum(dO * O) - dLSE, each [heads_q, row_len] with row = query token, the D rows right
 // after the LSE rows, then both again one row later: row t + 1 holds token t, so that a step whose
-// first token is odd reads its terms from an even row), one semaphore per q tile of a sequence and
-// head (deterministic mode; numbered as if every sequence's rows were padded to whole q tiles), and
-// the float32 accumulator of dQ.
+// first token is odd reads its terms from an even row), a bit per query token whose accumulator
+// row a shared tile stores (instead of adding to it, so that nothing clears it), one semaphore per
+// q tile of a sequence and head (deterministic mode; numbered as if every sequence's rows were
+// padded to whole q tiles), and the float32 accumulator of dQ.
 #pragma once
 
 #include <cstddef>
@@ -60,6 +61,12 @@ struct BwdListEntry {
   int32_t n_seqs;
 };
 
+// Whether query token t's accumulator row is stored by its shared tile, not added to (bit t % 32 of
+// word t / 32 of the stored rows; none without them).
+JFA_HOST_DEVICE constexpr bool is_stored_row(const uint32_t* bits, int64_t t) {
+  return bits != nullptr && ((bits[t >> 5] >> (t & 31)) & 1u);
+}
+
 // Semaphore number of sequence b's first q tile (per head): the q tiles of every sequence before
 // it, counted as if each sequence's rows started on a whole q tile (from its first token q_start).
 JFA_HOST_DEVICE constexpr int64_t first_sem_tile(int64_t q_start, int64_t b) {
@@ -75,8 +82,9 @@ struct BwdWorkspaceLayout {
   int64_t list_capacity;  // entries, at least the K tiles and shared tiles of any offsets
   int64_t row_len;        // rows per head of the per-row arrays (total_q + 1, rounded up)
   int64_t sem_tiles;      // semaphores per head
-  size_t list, lse2, dpsum, sems, dq_acc, bytes;         // byte offsets, and the total
-  size_t zeroed_bytes() const { return dq_acc - sems; }  // the semaphores, cleared per call
+  size_t list, lse2, dpsum, sems, stored_rows, dq_acc, bytes;  // byte offsets, and the total
+  // The semaphores and the stored rows' bits, cleared per call.
+  size_t zeroed_bytes() const { return dq_acc - sems; }
 };
 
 constexpr size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -98,8 +106,10 @@ constexpr BwdWorkspaceLayout backward_workspace_layout(int64_t total_q, int64_t 
   const size_t row_bytes = sizeof(float) * static_cast<size_t>(heads_q * w.row_len);
   w.dpsum = w.lse2 + row_bytes;  // right after the LSE rows: one tensor map covers all four
   w.sems = align_up(w.lse2 + kRowTermArrays * row_bytes, kAlign);
-  w.dq_acc =
+  w.stored_rows =
       align_up(w.sems + sizeof(int32_t) * static_cast<size_t>(heads_q * w.sem_tiles), kAlign);
+  w.dq_acc =
+      align_up(w.stored_rows + sizeof(uint32_t) * static_cast<size_t>((total_q + 31) / 32), kAlign);
   w.bytes = w.dq_acc + sizeof(float) * static_cast<size_t>(total_q * heads_q * head_dim);
   return w;
 }
