@@ -49,12 +49,12 @@ __global__ void __launch_bounds__(kListThreads)
   __syncthreads();  // list complete
 
   auto bucket_of = [&](const WorkListEntry& t) {
-    const int32_t b = t.seq < 0 ? 0 : (t.seq >= batch ? static_cast<int32_t>(batch - 1) : t.seq);
-    const int32_t n_seqs = t.n_seqs < 1 ? 1 : t.n_seqs;
-    const SeqBounds sb =
-        seq_bounds(cu_q, cu_k, total_q, total_k, b, n_seqs > batch - b ? batch - b : n_seqs);
+    const EntrySequences es = clamp_entry_sequences(t.seq, t.n_seqs, batch);
+    const SeqBounds sb = seq_bounds(cu_q, cu_k, total_q, total_k, es.first, es.n);
+    // Single or shared by the entry's own count (the clamp may leave a shared tile one sequence).
+    const bool shared = t.n_seqs > 1;
     const int32_t blocks =
-        tile_k_blocks<kBlockM, kBlockN>(sb, n_seqs > 1 ? 0 : t.m_block, causal && n_seqs == 1);
+        tile_k_blocks<kBlockM, kBlockN>(sb, shared ? 0 : t.m_block, causal && !shared);
     return blocks < kListThreads - 1 ? blocks : kListThreads - 1;
   };
   if (sort) {
