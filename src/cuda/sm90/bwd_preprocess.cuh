@@ -18,29 +18,39 @@ namespace jfa::sm90 {
 
 inline constexpr int kPreprocessThreads = 256;  // 8 warps, 8 rows each: one q tile
 
-// Sums x[i] * y[i] over one row of kD elements (lanes take pairs of elements), across the warp.
+// A lane's share of one row of kD elements: kD / 32 consecutive elements (8 or 4 bytes; the
+// supported strides keep them aligned), as packed pairs.
 template <typename T, int kD>
-__device__ __forceinline__ float row_dot(const T* x, const T* y) {
-  const int lane = threadIdx.x & 31;
-  float sum = 0.f;
-#pragma unroll
-  for (int i = 2 * lane; i < kD; i += 64) {
-    const float2 a = tlx::unpack2<T>(*reinterpret_cast<const uint32_t*>(x + i));
-    const float2 b = tlx::unpack2<T>(*reinterpret_cast<const uint32_t*>(y + i));
-    sum = fmaf(a.x, b.x, fmaf(a.y, b.y, sum));
-  }
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
-  return sum;
-}
+struct RowChunk {
+  static constexpr int kPairs = kD / 64;
+  uint32_t pair[kPairs];
 
-// Block (t, h) fills rows [64 t, 64 t + 64) of head h, one per query token: rows past total_q add
+  __device__ __forceinline__ void load(const T* row) {
+    const T* at = row + (kD / 32) * (threadIdx.x & 31);
+    if constexpr (kPairs == 2) {
+      const uint2 v = *reinterpret_cast<const uint2*>(at);
+      pair[0] = v.x;
+      pair[1] = v.y;
+    } else {
+      pair[0] = *reinterpret_cast<const uint32_t*>(at);
+    }
+  }
+  __device__ __forceinline__ void clear() {
+#pragma unroll
+    for (int i = 0; i < kPairs; ++i) pair[i] = 0;
+  }
+};
+
+// A block fills rows [64 t, 64 t + 64) of a head h, one per query token (a grid of (tiles, heads)
+// blocks, t and h from the block's linear index): rows past total_q add
 // nothing (LSE +inf: P = 0, and D = 0), and so does a row without keys (forward LSE -inf) or one
 // whose LSE is not finite although it sees keys (NaN, +inf, or -inf from scores below float32's
 // range), which the checked mode reports. The kernel masks the rows of a step past its sequence's
 // end, which hold the next sequence's terms. Each row is written twice, the second time into the
 // copy one row later. The rows of tokens also clear their row of the dQ accumulator, except those
-// a shared tile stores (the stored rows).
+// a shared tile stores (the stored rows). A warp issues the loads of all its rows before its first
+// sum: one row's loads at a time leave too few bytes in flight where no clearing writes fill the
+// time (batches of tiny sequences, whose rows are stored).
 template <typename T, int kD>
 __global__ void __launch_bounds__(kPreprocessThreads)
     bwd_preprocess(const T* out, int64_t out_token_stride, int64_t out_head_stride, const T* dout,
@@ -49,22 +59,56 @@ __global__ void __launch_bounds__(kPreprocessThreads)
                    int64_t total_q, int64_t total_k, int32_t causal, int64_t row_len, float* lse2,
                    float* dpsum, float* dq_acc, const uint32_t* stored_rows,
                    int32_t* device_check) {
-  const int64_t p0 = static_cast<int64_t>(blockIdx.x) * kBwdTileRows;
-  const int64_t h = blockIdx.y;
+  constexpr int kWarps = kPreprocessThreads / 32, kRows = kBwdTileRows / kWarps;
+  static_assert(kRows <= 32, "a lane per row for the LSE loads");
+  // Blocks start in order of their linear index; numbering the heads fastest has the blocks
+  // that run at a time read whole token rows of O and dO (heads x head_dim contiguous), where one
+  // head's blocks side by side would read a head_dim slice of each and revisit its DRAM pages
+  // for every other head.
+  const int64_t heads = gridDim.y;
+  const int64_t linear = blockIdx.x + static_cast<int64_t>(blockIdx.y) * gridDim.x;
+  const int64_t h = linear % heads;
+  const int64_t p0 = linear / heads * kBwdTileRows;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   constexpr float kLog2e = 1.4426950408889634f;
-  for (int i = warp; i < kBwdTileRows; i += kPreprocessThreads / 32) {
-    const int64_t token = p0 + i;
+  // The warp's rows are warp, warp + kWarps, ...; lane r < kRows loads row r's LSE and dLSE.
+  RowChunk<T, kD> o[kRows], g[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t token = p0 + warp + r * kWarps;
+    if (token < total_q) {
+      o[r].load(out + token * out_token_stride + h * out_head_stride);
+      g[r].load(dout + token * dout_token_stride + h * dout_head_stride);
+    } else {
+      o[r].clear();
+      g[r].clear();
+    }
+  }
+  float lse_lane = 0.f, dlse_lane = 0.f;
+  if (const int64_t token = p0 + warp + lane * kWarps; lane < kRows && token < total_q) {
+    lse_lane = __ldg(lse + h * total_q + token);
+    if (dlse != nullptr) dlse_lane = __ldg(dlse + h * total_q + token);
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t token = p0 + warp + r * kWarps;
+    float d = 0.f;
+#pragma unroll
+    for (int i = 0; i < RowChunk<T, kD>::kPairs; ++i) {
+      const float2 x = tlx::unpack2<T>(o[r].pair[i]), y = tlx::unpack2<T>(g[r].pair[i]);
+      d = fmaf(x.x, y.x, fmaf(x.y, y.y, d));
+    }
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) d += __shfl_xor_sync(0xffffffffu, d, m);
+    const float l = __shfl_sync(0xffffffffu, lse_lane, r);
+    const float dl = __shfl_sync(0xffffffffu, dlse_lane, r);
     float l2 = INFINITY, dp = 0.f;
     if (token < total_q) {
-      const float d = row_dot<T, kD>(out + token * out_token_stride + h * out_head_stride,
-                                     dout + token * dout_token_stride + h * dout_head_stride);
-      const float l = __ldg(lse + h * total_q + token);
       // A row without keys (LSE -inf; or any LSE the forward cannot have written) adds nothing,
       // whatever its dO and dLSE hold: P = 0 and D = 0 keep 0 * inf out of dS.
       if (isfinite(l)) {
         l2 = l * kLog2e;
-        dp = d - (dlse != nullptr ? __ldg(dlse + h * total_q + token) : 0.f);
+        dp = d - dl;
       } else if (device_check != nullptr && lane == 0 && batch > 0) {
         const SeqBounds sb =
             seq_bounds(cu_q, cu_k, total_q, total_k,
@@ -86,8 +130,7 @@ __global__ void __launch_bounds__(kPreprocessThreads)
       lse2[h * row_len + token] = l2;
       dpsum[h * row_len + token] = dp;
       // The copy one row later (bwd_workspace.hpp), whose row 0 no step reads.
-      const int64_t shifted =
-          kShiftedRowTerms * static_cast<int64_t>(gridDim.y) * row_len + h * row_len + 1;
+      const int64_t shifted = kShiftedRowTerms * heads * row_len + h * row_len + 1;
       if (token + 1 < row_len) {
         lse2[shifted + token] = l2;
         dpsum[shifted + token] = dp;
