@@ -16,9 +16,10 @@ namespace jfa::sm90 {
 
 // Where a group's staged dQ goes: its part of the accumulator tile (NULL: the group is done), the
 // bytes of its rows that hold queries (rows past the sequence's end are not added: on batches of
-// tiny sequences they would be most of the traffic), and in deterministic mode the q tile's
-// semaphore and the count it must reach first (none for a shared tile, whose rows get dQ from that
-// item alone: a part without a semaphore is stored, not added, see bwd_dq_writer).
+// tiny sequences they would be most of the traffic), and the q tile's semaphore with the count it
+// must reach first (waited for in deterministic mode). A shared tile's rows get dQ from that item
+// alone: its parts carry no semaphore, in every mode, and that is what tells the writer to copy
+// them instead of adding (bwd_dq_writer).
 struct DqDestination {
   float* part;
   int32_t* sem;

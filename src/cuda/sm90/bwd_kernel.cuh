@@ -234,7 +234,7 @@ __device__ __forceinline__ void stage_dq(typename Cfg::Shared& s, const DqTile& 
                                      w.n_seqs > 1 ? nullptr : a.sems + tile, add.rank,
                                      static_cast<uint32_t>(add.rows * kDqPartCols * sizeof(float))};
   }
-  tlx::fence_proxy_async_smem();  // the writer's bulk reduction reads it (async proxy)
+  tlx::fence_proxy_async_smem();  // the writer's bulk reduction or copy reads it (async proxy)
   __syncwarp();
   if (tlx::lane_is_leader()) s.dq_full[group].arrive();
   dq_phase ^= 1u;

@@ -1,6 +1,6 @@
 // Host side of one sm90 backward configuration: tensor maps, then in stream order the clearing of
-// the dQ accumulator and semaphores, the work-list kernel, the preprocess, the persistent backward
-// kernel and the conversion of dQ.
+// the semaphores and the stored rows' bits, the work-list kernel, the preprocess (which clears the
+// dQ accumulator's other rows), the persistent backward kernel and the conversion of dQ.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -99,7 +99,8 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
     return s;  // no keys: no list kernel checks the offsets
   }
 
-  // The per-row terms, and the rows of the dQ accumulator cleared (also with no keys: dq is 0);
+  // The per-row terms, and the dQ accumulator's rows cleared except those a shared tile stores
+  // (also with no keys: dq is 0);
   // after the offsets check, since that stores the checked mode's word the kernels from here on
   // add to.
   const dim3 tiles(static_cast<unsigned>(lay.row_len / kBwdTileRows),

@@ -3,10 +3,10 @@
 // tile shared by short sequences), the per-row softmax terms of the preprocess (LSE in base 2 and
 // D = rowsum(dO * O) - dLSE, each [heads_q, row_len] with row = query token, the D rows right
 // after the LSE rows, then both again one row later: row t + 1 holds token t, so that a step whose
-// first token is odd reads its terms from an even row), a bit per query token whose accumulator
-// row a shared tile stores (instead of adding to it, so that nothing clears it), one semaphore per
-// q tile of a sequence and head (deterministic mode; numbered as if every sequence's rows were
-// padded to whole q tiles), and the float32 accumulator of dQ.
+// first token is odd reads its terms from an even row), one semaphore per q tile of a sequence and
+// head (deterministic mode; numbered as if every sequence's rows were padded to whole q tiles), a
+// bit per query token whose accumulator row a shared tile stores (instead of adding to it, so that
+// nothing clears it), and the float32 accumulator of dQ.
 #pragma once
 
 #include <cstddef>
