@@ -809,6 +809,39 @@ TEST(BackwardGpuApi, CallerWorkspaceGivesTheSameGradients) {
       << "the caller's workspace changed the gradients";
 }
 
+// A stale workspace (every byte 0x7F: 3.4e38 as a float32 of the dQ accumulator) must not reach
+// the gradients where shared tiles copy their rows' dQ into the accumulator, whose rows the
+// preprocess then leaves uncleared: head_dim 64 with one-tile steps (the two groups' parts of one
+// q tile, copied then added) and with two-tile steps (one q tile per group), both without the
+// deterministic order.
+TEST(BackwardGpuApi, StaleWorkspaceDoesNotReachSharedTiles) {
+  std::mt19937_64 rng(fresh_seed("stale workspace, shared tiles"));
+  for (const bool two_tile_steps : {false, true}) {
+    SCOPED_TRACE(two_tile_steps ? "two-tile steps" : "one-tile steps");
+    Case c;
+    c.lq = random_lengths(rng, 40, 0, 40);
+    if (two_tile_steps) c.lq.push_back(3000);  // the mean length above one q tile
+    c.lk = c.lq;
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    c.head_dim = 64;
+    c.causal = two_tile_steps;
+    BackwardRunner runner(c, fresh_seed(describe(c).c_str()));
+    ASSERT_NO_FATAL_FAILURE(runner.upload_and_forward());
+    jfa_attention_backward_params p = runner.params();
+    size_t bytes = 0;
+    ASSERT_EQ(jfa_attention_backward_workspace_size(&p, &bytes), JFA_SUCCESS)
+        << jfa_last_error_message();
+    DeviceBuffer workspace(bytes);
+    JFA_CUDA_OK(cudaMemset(workspace.ptr, 0x7F, bytes));
+    p.forward.workspace = workspace.ptr;
+    p.forward.workspace_bytes = bytes;
+    Gradients g;
+    ASSERT_EQ(runner.run(&g, p), JFA_SUCCESS) << jfa_last_error_message();
+    runner.check(g);
+  }
+}
+
 // A kept jfa_workspace prepared for the forward is grown for the backward (which needs more) and
 // then serves both; a too-small caller workspace is rejected naming the backward's size query.
 TEST(BackwardGpuApi, KeptWorkspaceServesForwardAndBackward) {
