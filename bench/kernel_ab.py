@@ -8,7 +8,9 @@ bench/backward_peers.py's job.
         base=build/release/src/libjfa.so candidate=/tmp/other/src/libjfa.so
 
 A cell's figure is the median over the rounds of each process's median of --runs calls (events
-around one call, after --warmup calls). With two builds or more, a second table compares each
+around one call, after --warmup calls; with --kernel-times, the summed durations of the call's
+kernels and memsets as the CUDA profiler records them, which leave out the GPU's idle gaps between
+and around them). With two builds or more, a second table compares each
 build with the first round by round: the median of its time over the first build's in the same
 round, their range, and in how many rounds it was the faster. The GPU's speed drifts between
 rounds by more than a kernel step may change (a few percent); the ratio of a round's two processes,
@@ -76,8 +78,19 @@ def paired_table(rounds, cells):
     return "\n".join(lines)
 
 
+def per_call_ms(spans, runs):
+    """The GPU time of each of `runs` calls, in ms, from the (start, duration) pairs in µs of the
+    kernels and memsets they ran in order: every call runs the same number of them. None if the
+    count does not divide into the calls."""
+    if runs < 1 or not spans or len(spans) % runs:
+        return None
+    spans = sorted(spans)
+    k = len(spans) // runs
+    return [sum(d for _, d in spans[i * k:(i + 1) * k]) / 1000.0 for i in range(runs)]
+
+
 def time_cells(cli, cells, head_dim, dtype_name, runs, warmup, pass_name="backward",
-               heads_kv=None):
+               heads_kv=None, kernel_times=False):
     """In the child process: {cell: median ms}."""
     import torch
     sys.path.insert(0, os.path.join(HERE, "..", "python"))
@@ -110,6 +123,21 @@ def time_cells(cli, cells, head_dim, dtype_name, runs, warmup, pass_name="backwa
         for _ in range(warmup):
             call()
         torch.cuda.synchronize()
+        if kernel_times:
+            from torch.profiler import ProfilerActivity, profile
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(runs):
+                    call()
+                torch.cuda.synchronize()
+            spans = [(e.time_range.start, e.device_time) for e in prof.events()
+                     if e.device_type == torch.autograd.DeviceType.CUDA]
+            calls = per_call_ms(spans, runs)
+            if calls is None:
+                raise RuntimeError(f"{cell}: {len(spans)} kernels and memsets do not divide "
+                                   f"into {runs} calls")
+            result[cell] = statistics.median(calls)
+            del q, k, v, dout, out, lse
+            continue
         times = []
         for _ in range(runs):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -142,6 +170,9 @@ def main(argv=None):
     ap.add_argument("--heads-kv", type=int, default=None,
                     help=f"K/V heads (GQA), a divisor of the {W.HEADS} query heads (default "
                          f"{W.HEADS})")
+    ap.add_argument("--kernel-times", action="store_true",
+                    help="time the call's kernels under the CUDA profiler instead of events "
+                         "around the call")
     ap.add_argument("--json", help="write every round's figures to this file")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -158,7 +189,8 @@ def main(argv=None):
 
     if args.child:
         print(json.dumps(time_cells(args.cli, cells, args.head_dim, args.dtype, args.runs,
-                                    args.warmup, args.pass_name, args.heads_kv)))
+                                    args.warmup, args.pass_name, args.heads_kv,
+                                    args.kernel_times)))
         return 0
 
     if not args.builds:
@@ -181,6 +213,8 @@ def main(argv=None):
                    "--pass", args.pass_name]
             if args.heads_kv is not None:
                 cmd += ["--heads-kv", str(args.heads_kv)]
+            if args.kernel_times:
+                cmd.append("--kernel-times")
             p = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if p.returncode != 0:
                 sys.stderr.write(p.stderr)
@@ -200,7 +234,8 @@ def main(argv=None):
         print(paired)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"unit": "ms", "pass": args.pass_name, "head_dim": args.head_dim,
+            json.dump({"unit": "ms", "timing": "kernels" if args.kernel_times else "call",
+                       "pass": args.pass_name, "head_dim": args.head_dim,
                        "dtype": args.dtype, "heads_kv": args.heads_kv or W.HEADS, "rounds": rounds},
                       f, indent=1)
     return 0

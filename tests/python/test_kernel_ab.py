@@ -77,3 +77,14 @@ def test_paired_table_names_the_base_build_and_counts_rounds():
     assert table.splitlines()[0] == "| ÷ a, same round | W4 |"
     assert table.splitlines()[2] == "| b | 1.000 (0.500–1.500, 1/2 faster) |"
     assert kernel_ab.paired_table({"a": rounds["a"]}, ["W4"]) == ""
+
+
+def test_per_call_ms_sums_each_calls_kernels_in_start_order():
+    # Two calls of three kernels each, given out of order: (start µs, duration µs).
+    spans = [(30, 500.0), (0, 1000.0), (10, 2000.0), (130, 1500.0), (100, 1000.0), (110, 3000.0)]
+    assert kernel_ab.per_call_ms(spans, 2) == [3.5, 5.5]
+
+
+@pytest.mark.parametrize("spans, runs", [([], 2), ([(0, 1.0)] * 5, 2), ([(0, 1.0)], 0)])
+def test_per_call_ms_refuses_counts_that_do_not_divide_into_the_calls(spans, runs):
+    assert kernel_ab.per_call_ms(spans, runs) is None
