@@ -100,9 +100,8 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
   }
 
   // The per-row terms, and the dQ accumulator's rows cleared except those a shared tile stores
-  // (also with no keys: dq is 0);
-  // after the offsets check, since that stores the checked mode's word the kernels from here on
-  // add to.
+  // (also with no keys: dq is 0); after the offsets check, since that stores the checked mode's
+  // word the kernels from here on add to.
   const dim3 tiles(static_cast<unsigned>(lay.row_len / kBwdTileRows),
                    static_cast<unsigned>(p.heads_q));
   if (p.total_q > 0) {

@@ -1,7 +1,6 @@
 // The kernels around the sm90 backward's main kernel: the preprocess, which writes the per-row
 // terms the main kernel reads for each q tile (LSE in base 2, and D = rowsum(dO * O) - dLSE), one
-// row per query token, and the conversion of the float32 dQ accumulator
-// into dq.
+// row per query token, and the conversion of the float32 dQ accumulator into dq.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -42,10 +41,10 @@ struct RowChunk {
 };
 
 // A block fills rows [64 t, 64 t + 64) of a head h, one per query token (a grid of (tiles, heads)
-// blocks, t and h from the block's linear index): rows past total_q add
-// nothing (LSE +inf: P = 0, and D = 0), and so does a row without keys (forward LSE -inf) or one
-// whose LSE is not finite although it sees keys (NaN, +inf, or -inf from scores below float32's
-// range), which the checked mode reports. The kernel masks the rows of a step past its sequence's
+// blocks, t and h from the block's linear index): rows past total_q add nothing (LSE +inf: P = 0,
+// and D = 0), and so does a row without keys (forward LSE -inf) or one whose LSE is not finite
+// although it sees keys (NaN, +inf, or -inf from scores below float32's range), which the checked
+// mode reports. The kernel masks the rows of a step past its sequence's
 // end, which hold the next sequence's terms. Each row is written twice, the second time into the
 // copy one row later. The rows of tokens also clear their row of the dQ accumulator, except those
 // a shared tile stores (the stored rows). A warp issues the loads of all its rows before its first
