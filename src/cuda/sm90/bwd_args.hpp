@@ -34,6 +34,10 @@ struct BwdArgs {
   float scale_log2;  // softmax_scale * log2(e)
   int32_t causal;
   int32_t deterministic;
+  // dq itself (T): a shared tile's rows are written there directly (bwd_dq_writer).
+  void* dq;
+  int64_t dq_token_stride;
+  int64_t dq_head_stride;
 };
 
 }  // namespace jfa::sm90

@@ -16,15 +16,18 @@ namespace jfa::sm90 {
 
 // Where a group's staged dQ goes: its part of the accumulator tile (NULL: the group is done), the
 // bytes of its rows that hold queries (rows past the sequence's end are not added: on batches of
-// tiny sequences they would be most of the traffic), and the q tile's semaphore with the count it
-// must reach first (waited for in deterministic mode). A shared tile's rows get dQ from that item
-// alone: its parts carry no semaphore, in every mode, and that is what tells the writer to copy
-// them instead of adding (bwd_dq_writer).
+// tiny sequences they would be most of the traffic), the q tile's semaphore with the count it
+// must reach first (waited for in deterministic mode), and the part's head and first token. A
+// shared tile's rows get dQ from that item alone: its parts carry no semaphore, in every mode,
+// and that is what tells the writer to convert them straight into dq instead of adding them
+// (bwd_dq_writer).
 struct DqDestination {
   float* part;
   int32_t* sem;
   int32_t target;
   uint32_t bytes;
+  int32_t head;
+  int32_t first;
 };
 
 // The item's K and V tiles, rings of Q and dO tiles (kBlockM rows) with their LSE and D rows, two
@@ -90,9 +93,11 @@ struct BwdConfig {
   static constexpr int kSmemBytes = static_cast<int>(sizeof(Shared)) + kSmemAlignBytes;
   static_assert(kSmemBytes <= kMaxDynamicSmemBytes, "over the shared memory a CTA may opt in to");
 
-  // Warp group 0: one thread produces, warp 1 adds dQ; groups 1 and 2 consume, each the K tile's
-  // keys 64 g .. 64 g + 63.
+  // Warp group 0: one thread produces, warps 1 to 3 write dQ; groups 1 and 2 consume, each the K
+  // tile's keys 64 g .. 64 g + 63.
   static constexpr int kConsumerGroups = 2;
+  static constexpr int kDqWriterFirstThread = 32;
+  static constexpr int kDqWriterThreads = 96;
   static constexpr int kThreads = 128 * (1 + kConsumerGroups);
   static constexpr int kConsumerWarps = 4 * kConsumerGroups;
   // Over all keys, both groups' dS must be in shared memory first; over its own keys a group

@@ -1,6 +1,7 @@
 // Host side of one sm90 backward configuration: tensor maps, then in stream order the clearing of
 // the semaphores and the stored rows' bits, the work-list kernel, the preprocess (which clears the
-// dQ accumulator's other rows), the persistent backward kernel and the conversion of dQ.
+// dQ accumulator's other rows), the persistent backward kernel (which writes the stored rows of dq
+// itself) and the conversion of the other rows of dQ.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -139,6 +140,9 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
     a.scale_log2 = static_cast<float>(static_cast<double>(p.softmax_scale) * 1.4426950408889634);
     a.causal = p.causal ? 1 : 0;
     a.deterministic = b.deterministic ? 1 : 0;
+    a.dq = b.dq;
+    a.dq_token_stride = b.dq_layout.token_stride;
+    a.dq_head_stride = b.dq_layout.head_stride;
     const int64_t max_items = lay.list_capacity * p.heads_kv;
     const int grid = static_cast<int>(std::min<int64_t>(device.sm_count, max_items));
     bwd_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, tm_do,
@@ -147,12 +151,12 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
   }
 
   if (p.total_q > 0) {
-    const int64_t quads = p.total_q * p.heads_q * (Cfg::kD / 4);
-    const int64_t blocks = std::min<int64_t>((quads + kConvertThreads - 1) / kConvertThreads,
+    constexpr int kTokensPerBlock = kConvertThreads / 32;
+    const int64_t blocks = std::min<int64_t>((p.total_q + kTokensPerBlock - 1) / kTokensPerBlock,
                                              int64_t{device.sm_count} * 16);
     bwd_convert_dq<T, Cfg::kD><<<static_cast<unsigned>(blocks), kConvertThreads, 0, stream>>>(
         dq_acc, static_cast<T*>(b.dq), b.dq_layout.token_stride, b.dq_layout.head_stride, p.total_q,
-        p.heads_q, p.softmax_scale, p.device_check);
+        p.heads_q, p.softmax_scale, stored_rows, p.device_check);
     if (const jfa_status s = launch_error("dQ conversion"); s != JFA_SUCCESS) return s;
   }
   return JFA_SUCCESS;

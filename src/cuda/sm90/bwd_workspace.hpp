@@ -5,8 +5,8 @@
 // after the LSE rows, then both again one row later: row t + 1 holds token t, so that a step whose
 // first token is odd reads its terms from an even row), one semaphore per q tile of a sequence and
 // head (deterministic mode; numbered as if every sequence's rows were padded to whole q tiles), a
-// bit per query token whose accumulator row a shared tile stores (instead of adding to it, so that
-// nothing clears it), and the float32 accumulator of dQ.
+// bit per query token whose row of dq a shared tile stores (its accumulator row is then neither
+// cleared nor converted), and the float32 accumulator of dQ.
 #pragma once
 
 #include <cstddef>
@@ -61,8 +61,8 @@ struct BwdListEntry {
   int32_t n_seqs;
 };
 
-// Whether query token t's accumulator row is stored by its shared tile, not added to (bit t % 32 of
-// word t / 32 of the stored rows; none without them).
+// Whether query token t's row of dq is stored by its shared tile, without the accumulator (bit
+// t % 32 of word t / 32 of the stored rows; none without them).
 JFA_HOST_DEVICE constexpr bool is_stored_row(const uint32_t* bits, int64_t t) {
   return bits != nullptr && ((bits[t >> 5] >> (t & 31)) & 1u);
 }

@@ -36,6 +36,13 @@ struct alignas(8) MBarrier {
                  : "memory");
   }
 
+  // Arrives `count` times at once (for a warp whose other lanes are synchronized with this one).
+  JFA_DEVICE void arrive(uint32_t count) {
+    asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(&word)),
+                 "r"(count)
+                 : "memory");
+  }
+
   // Blocks until the phase of the given parity has completed. A fresh barrier is in phase 0, so
   // wait(1) returns at once and wait(0) waits for the first completion.
   JFA_DEVICE void wait(uint32_t parity) const {

@@ -57,6 +57,16 @@ JFA_DEVICE void st_shared_f32x2(uint32_t addr, float x, float y) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(x), "f"(y) : "memory");
 }
 
+// Four floats from a 16-byte-aligned shared-memory address.
+JFA_DEVICE float4 ld_shared_f32x4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+
 // Two floats from an 8-byte-aligned shared-memory address.
 JFA_DEVICE float2 ld_shared_f32x2(uint32_t addr) {
   float2 v;
