@@ -56,6 +56,9 @@ Useful TFLOP/s = the pass's factor x the forward's useful FLOPs (4 * head_dim * 
 pairs, counted exactly per sequence as bench/workloads.py does) / time; the factor is 2.5 for the
 backward and 3.5 for a step (forward 1 + backward 2.5). "÷ FA2" is varlen FA2's time over the
 method's (> 1: faster than varlen FA2). --chart draws the replays' TFLOP/s (bench/peers.py's chart).
+The JSON's gpu_clocks holds each GPU's SM clock and power draw through the measurements
+(bench/gpu_clocks.py; --merge keeps every run's under merged_from): the power limit lowers the
+clock under sustained work, so figures move from run to run with it.
 
 usage: python3 bench/backward_peers.py --lib build/gpu/src/libjfa.so [--cli build/gpu/tools/jfa]
            [--fa3-lib flash_attn_3.so] [--workloads W1,W2,W3,W4] [--dtypes fp16,bf16]
@@ -75,6 +78,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import call_overhead as co  # noqa: E402
+import gpu_clocks  # noqa: E402
 import peers  # noqa: E402
 import rounds  # noqa: E402
 import workloads as W  # noqa: E402
@@ -1165,9 +1169,10 @@ def merge_runs(paths, json_path, chart_path):
         return 1
     # What one run says of itself (its start, length, settings, chart) goes under merged_from.
     doc = {k: v for k, v in docs[0].items()
-           if k not in ("started_utc", "elapsed_s", "settings", "chart")}
+           if k not in ("started_utc", "elapsed_s", "settings", "chart", "gpu_clocks")}
     doc["merged_from"] = [{"file": os.path.basename(p), "started_utc": d.get("started_utc"),
-                           "elapsed_s": d.get("elapsed_s"), "settings": d.get("settings")}
+                           "elapsed_s": d.get("elapsed_s"), "settings": d.get("settings"),
+                           "gpu_clocks": d.get("gpu_clocks")}
                           for p, d in zip(paths, docs)]
     doc["workloads"] = {k: v for d in docs for k, v in d.get("workloads", {}).items()}
     doc["workload_errors"] = {k: v for d in docs for k, v in d.get("workload_errors", {}).items()}
@@ -1184,6 +1189,22 @@ def merge_runs(paths, json_path, chart_path):
     if chart_path:
         print(doc["chart"])
     return 0
+
+
+def clock_lines(summary):
+    """A line per GPU from gpu_clocks.summarize()'s summary (none without one)."""
+    lines = []
+    for index, g in ((summary or {}).get("gpus") or {}).items():
+        if not g.get("busy_samples"):
+            continue
+        clock, power = g["sm_clock_mhz"], g["power_w"]
+        capped = g.get("power_capped_share")
+        lines.append(f"GPU {index}: SM clock {clock['median']:.0f} MHz median, {clock['p10']:.0f} "
+                     f"10th percentile, {clock['min']:.0f} lowest; {power['median']:.0f} W median "
+                     f"of {g['power_limit_w'] or 0:.0f} W"
+                     + (f"; the power limit held the clock in {100 * capped:.0f}% of "
+                        f"{g['busy_samples']} busy samples" if capped is not None else ""))
+    return lines
 
 
 def main(argv=None):
@@ -1256,54 +1277,58 @@ def main(argv=None):
 
     for wid, err in doc["workload_errors"].items():
         print(f"{wid}: unavailable: {err}", flush=True)
-    co.warm_up_gpu(G, args.warm_seconds)
+    # The SM clock and power through the measurements (gpu_clocks.py: the power limit lowers the
+    # clock under sustained work, which moves every method's figures together).
+    with gpu_clocks.Sampler() as clocks:
+        co.warm_up_gpu(G, args.warm_seconds)
 
-    for wid, w, _ in loaded:
-        if w is None:
-            continue
-        for dtype in [d for d in args.dtype_names if d in w.spec.dtypes]:
-            t_case = time.perf_counter()
-            try:
-                bc = BwdCase(G, w, dtype)
-            except Exception as e:
-                print(f"[{wid} {dtype}] building the inputs failed: {G.short(e)}", flush=True)
-                torch.cuda.empty_cache()
+        for wid, w, _ in loaded:
+            if w is None:
                 continue
-            for causal in [c for c in args.masks if c in w.spec.causal]:
+            for dtype in [d for d in args.dtype_names if d in w.spec.dtypes]:
+                t_case = time.perf_counter()
                 try:
-                    t_ref = time.perf_counter()
-                    bc.reference(causal)
-                    print(f"[{wid} {dtype} {mask_name(causal)}] float64 reference on "
-                          f"{len(bc.case.sample)} sequences: {time.perf_counter() - t_ref:.1f} s",
-                          flush=True)
+                    bc = BwdCase(G, w, dtype)
                 except Exception as e:
-                    reason = f"reference failed: {G.short(e)}"
-                    print(f"[{wid} {dtype} {mask_name(causal)}] {reason}", flush=True)
-                    for pass_name in args.passes:
-                        for m in args.method_names:
-                            rec = _record(G, m, bc, causal,
-                                          TOLERANCE[dtype] * args.tolerance_scale, pass_name)
-                            rec.update(status="error", reason=reason)
-                            records.append(add_rates(rec))
+                    print(f"[{wid} {dtype}] building the inputs failed: {G.short(e)}", flush=True)
                     torch.cuda.empty_cache()
                     continue
+                for causal in [c for c in args.masks if c in w.spec.causal]:
+                    try:
+                        t_ref = time.perf_counter()
+                        bc.reference(causal)
+                        print(f"[{wid} {dtype} {mask_name(causal)}] float64 reference on "
+                              f"{len(bc.case.sample)} sequences: "
+                              f"{time.perf_counter() - t_ref:.1f} s", flush=True)
+                    except Exception as e:
+                        reason = f"reference failed: {G.short(e)}"
+                        print(f"[{wid} {dtype} {mask_name(causal)}] {reason}", flush=True)
+                        for pass_name in args.passes:
+                            for m in args.method_names:
+                                rec = _record(G, m, bc, causal,
+                                              TOLERANCE[dtype] * args.tolerance_scale, pass_name)
+                                rec.update(status="error", reason=reason)
+                                records.append(add_rates(rec))
+                        torch.cuda.empty_cache()
+                        continue
 
-                def report(rec):
-                    tag = f" r{rec['round']}" if args.rounds > 1 else ""
-                    print(progress_line(rec, tag), flush=True)
+                    def report(rec):
+                        tag = f" r{rec['round']}" if args.rounds > 1 else ""
+                        print(progress_line(rec, tag), flush=True)
 
-                for pass_name in args.passes:
-                    per_method = rounds.measure_rounds(
-                        args.method_names, args.rounds,
-                        lambda m: measure(G, ctx, m, bc, causal, opts, pass_name), report)
-                    records.extend(add_rates(combine_rounds(per_method[m]))
-                                   for m in args.method_names)
-            bc.release()
-            bc = None
-            torch.cuda.empty_cache()
-            print(f"[{wid} {dtype}] done in {time.perf_counter() - t_case:.1f} s", flush=True)
-            save()
+                    for pass_name in args.passes:
+                        per_method = rounds.measure_rounds(
+                            args.method_names, args.rounds,
+                            lambda m: measure(G, ctx, m, bc, causal, opts, pass_name), report)
+                        records.extend(add_rates(combine_rounds(per_method[m]))
+                                       for m in args.method_names)
+                bc.release()
+                bc = None
+                torch.cuda.empty_cache()
+                print(f"[{wid} {dtype}] done in {time.perf_counter() - t_case:.1f} s", flush=True)
+                save()
 
+    doc["gpu_clocks"] = clocks.summary()
     add_ratios(records)
     doc["table"] = format_tables(records, order)
     if args.chart:
@@ -1313,6 +1338,8 @@ def main(argv=None):
     if args.chart:
         print(doc["chart"] if doc["chart"].startswith("chart not written")
               else f"wrote {doc['chart']}")
+    for line in clock_lines(doc["gpu_clocks"]):
+        print(line)
     elapsed = time.perf_counter() - t_start
     print(f"\n{'wrote ' + args.json + ' ' if args.json else ''}({elapsed:.0f} s)")
     return 0 if any(w is not None for _, w, _ in loaded) else 1

@@ -407,6 +407,7 @@ def test_merge_joins_earlier_runs_into_one_table_and_document(tmp_path, capsys):
         path = tmp_path / f"run{i}.json"
         path.write_text(json.dumps({"title": "t", "started_utc": f"s{i}", "elapsed_s": i + 1.0,
                                     "chart": f"run{i}.png", "environment": {},
+                                    "gpu_clocks": {"gpus": {"0": {"samples": i}}},
                                     "settings": {"dtypes": [["fp16"], ["bf16"]][i]},
                                     "workloads": {"W1": "w"},
                                     "results": [bp.add_rates(r) for r in records]}))
@@ -420,7 +421,8 @@ def test_merge_joins_earlier_runs_into_one_table_and_document(tmp_path, capsys):
     assert [m["settings"]["dtypes"] for m in doc["merged_from"]] == [["fp16"], ["bf16"]]
     assert [(m["started_utc"], m["elapsed_s"]) for m in doc["merged_from"]] == [("s0", 1.0),
                                                                                 ("s1", 2.0)]
-    assert not {"settings", "started_utc", "elapsed_s", "chart"} & set(doc)
+    assert [m["gpu_clocks"]["gpus"]["0"]["samples"] for m in doc["merged_from"]] == [0, 1]
+    assert not {"settings", "started_utc", "elapsed_s", "chart", "gpu_clocks"} & set(doc)
     assert "bf16" in doc["table"] and "fp16" in doc["table"]
     assert "bf16" in capsys.readouterr().out
     empty = tmp_path / "empty.json"
@@ -457,3 +459,16 @@ def test_the_readme_backward_tables_are_those_of_the_results_file_it_cites():
     assert cited, "the backward section cites no results file"
     doc = json.loads((BENCH.parent / cited[0]).read_text())
     assert bp.readme_tables(doc["results"]) in section
+
+
+def test_clock_lines_say_the_clock_and_how_often_the_power_limit_held_it():
+    summary = {"gpus": {"0": {"samples": 4, "busy_samples": 3, "power_limit_w": 700.0,
+                              "sm_clock_mhz": {"median": 1830.0, "p10": 1560.0, "min": 1290.0,
+                                               "max": 1980.0},
+                              "power_w": {"median": 689.0, "max": 699.0},
+                              "power_capped_share": 2 / 3},
+                        "1": {"samples": 2, "busy_samples": 0, "power_limit_w": 700.0}}}
+    (line,) = bp.clock_lines(summary)
+    assert line.startswith("GPU 0: SM clock 1830 MHz median, 1560 10th percentile, 1290 lowest")
+    assert "689 W median of 700 W" in line and "67% of 3 busy samples" in line
+    assert bp.clock_lines(None) == []
