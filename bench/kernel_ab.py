@@ -131,21 +131,20 @@ def time_cells(cli, cells, head_dim, dtype_name, runs, warmup, pass_name="backwa
                 torch.cuda.synchronize()
             spans = [(e.time_range.start, e.device_time) for e in prof.events()
                      if e.device_type == torch.autograd.DeviceType.CUDA]
-            calls = per_call_ms(spans, runs)
-            if calls is None:
+            times = per_call_ms(spans, runs)
+            if times is None:
                 raise RuntimeError(f"{cell}: {len(spans)} kernels and memsets do not divide "
                                    f"into {runs} calls")
-            result[cell] = statistics.median(calls)
-            del q, k, v, dout, out, lse
-            continue
-        times = []
-        for _ in range(runs):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            call()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
+        else:
+            times = []
+            for _ in range(runs):
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                call()
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end))
         result[cell] = statistics.median(times)
         del q, k, v, dout, out, lse
     return result

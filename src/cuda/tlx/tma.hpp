@@ -49,14 +49,6 @@ JFA_DEVICE void bulk_reduce_add_f32(float* gmem_dst, const void* smem_src, uint3
       : "memory");
 }
 
-// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from shared to global memory,
-// in the issuing thread's bulk group (commit and wait as for stores).
-JFA_DEVICE void bulk_copy_to_global(void* gmem_dst, const void* smem_src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(gmem_dst),
-               "r"(smem_addr(smem_src)), "r"(bytes)
-               : "memory");
-}
-
 // Stores: the shared memory must have been written before with a fence_proxy_async_smem() in each
 // writing thread and a barrier; one thread issues, commits, and waits before the buffer is reused.
 JFA_DEVICE void tma_store_2d(const CUtensorMap* map, const void* smem_src, int32_t c0, int32_t c1) {
