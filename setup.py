@@ -118,13 +118,26 @@ class BinaryDistribution(Distribution):
 
 cmdclass = {"build_py": BuildPyWithLibrary}
 
-try:  # ctypes, no Python C API: tag wheels py3-none-<platform>
+# What pip runs to build a wheel (or its metadata): each needs bdist_wheel, which setuptools has
+# built in from 70.1 on and older ones take from the wheel package.
+WHEEL_COMMANDS = {"bdist_wheel", "dist_info", "editable_wheel"}
+
+try:
     try:
         from setuptools.command.bdist_wheel import bdist_wheel as _bdist_wheel
     except ImportError:
         from wheel.bdist_wheel import bdist_wheel as _bdist_wheel
+except ImportError:
+    if WHEEL_COMMANDS & set(sys.argv[1:]):
+        import setuptools
 
-    class BdistWheel(_bdist_wheel):
+        # Without it, setuptools fails later with "invalid command 'bdist_wheel'".
+        sys.exit(f"error: building jfa with setuptools {setuptools.__version__} needs the wheel "
+                 "package (setuptools >= 70.1 has it built in): pip install \"setuptools>=70.1\" "
+                 "(or pip install wheel) first, or let pip build in an isolated environment (no "
+                 "--no-build-isolation)")
+else:
+    class BdistWheel(_bdist_wheel):  # ctypes, no Python C API: tag wheels py3-none-<platform>
         def finalize_options(self):
             super().finalize_options()
             self.root_is_pure = False
@@ -134,7 +147,5 @@ try:  # ctypes, no Python C API: tag wheels py3-none-<platform>
             return "py3", "none", plat
 
     cmdclass["bdist_wheel"] = BdistWheel
-except ImportError:
-    pass
 
 setup(cmdclass=cmdclass, distclass=BinaryDistribution)

@@ -63,6 +63,9 @@ SPECS = [
     WorkloadSpec("W1-d64", "W1", 64, "W1 at head_dim 64"),
     WorkloadSpec("W3-d64", "W3", 64, "W3 at head_dim 64"),
     WorkloadSpec("W4-d64", "W4", 64, "W4 at head_dim 64"),
+    WorkloadSpec("W1-d192", "W1", 192, "W1 at head_dim 192"),
+    WorkloadSpec("W3-d192", "W3", 192, "W3 at head_dim 192"),
+    WorkloadSpec("W4-d192", "W4", 192, "W4 at head_dim 192"),
     WorkloadSpec("X1", "W1", 128, "cross attention: q lengths = W1, k lengths = W1 reversed",
                  cross="reverse"),
     WorkloadSpec("X2", "W1", 128, "cross attention: q = the last quarter of each W1 sequence "

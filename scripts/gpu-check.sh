@@ -10,7 +10,8 @@
 #
 # usage: scripts/gpu-check.sh OUTDIR
 # env:   BUILD_DIR (default build/gpu-check), PREBUILT=1 (use BUILD_DIR as built elsewhere, e.g.
-#        on a machine without a GPU, instead of building), SKIP_SANITIZERS=1, SKIP_BENCH=1, GPU_TEST_TIMEOUT
+#        on a machine without a GPU, instead of building), SKIP_PYTHON=1, SKIP_SANITIZERS=1,
+#        SKIP_BENCH=1, GPU_TEST_TIMEOUT
 #        (default 400), SANITIZER_TIMEOUT (default 600 per tool), CLI_TIMEOUT (seconds per run),
 #        PEERS_FULL=1 (the full peers run instead of --quick: both dtypes, all workloads, and the
 #        results JSON and chart <date>-h200.json/.png in OUTDIR), SKIP_PEERS=1,
@@ -58,12 +59,13 @@ note "ctest -L gpu" "$(grep -E 'tests passed|tests failed' "$OUT/ctest_gpu.log" 
 note "ctest -L cpu" "$(grep -E 'tests passed|tests failed' "$OUT/ctest_cpu.log" | tail -1)"
 
 LIB=$(find "$BUILD" -name 'libjfa.so' | head -1)
-if [ -n "$LIB" ] && python3 -c 'import torch, pytest' 2>/dev/null; then
+if [ -z "${SKIP_PYTHON:-}" ] && [ -n "$LIB" ] && python3 -c 'import torch, pytest' 2>/dev/null; then
   JFA_LIBRARY="$(realpath "$LIB")" PYTHONUNBUFFERED=1 timeout 600 python3 -m pytest tests/python -q -rs \
     >"$OUT/pytest.log" 2>&1
   note "pytest (torch + CUDA)" "rc=$? $(tail -1 "$OUT/pytest.log")"
   JFA_TORCH_OPS=ctypes JFA_LIBRARY="$(realpath "$LIB")" PYTHONUNBUFFERED=1 timeout 600 \
     python3 -m pytest tests/python/test_torch.py tests/python/test_torch_cuda_backward.py \
+    tests/python/test_torch_cuda_graph_backward.py \
     tests/python/test_readme.py -q -rs \
     >"$OUT/pytest_ctypes.log" 2>&1
   note "pytest (ctypes torch ops)" "rc=$? $(tail -1 "$OUT/pytest_ctypes.log")"

@@ -26,7 +26,7 @@ fi
 echo "== Python package tests (torch and CUDA tests report why they skip)"
 JFA_LIBRARY="$PWD/build/release/src/libjfa.so" python3 -m pytest tests/python -q -rs
 
-echo "== torch op library and torch tests on the CPU (skipped, with the reason, without torch)"
+echo "== torch op library and torch tests on the CPU (native ops, then JFA_TORCH_OPS=ctypes)"
 scripts/torch-cpu-tests.sh build/release
 
 echo "== the C ABI under libFuzzer with ASan and UBSan (${JFA_FUZZ_SECONDS:-120} s)"

@@ -1,10 +1,10 @@
 /* jfa — Jagged Flash Attention: the C ABI.
  *
- * Sequences are packed end to end (no padding) in tensors of shape [total, heads, head_dim] and
- * addressed by cumulative offsets ("cu_seqlens", B+1 int32, cu_seqlens[0] = 0,
- * cu_seqlens[B] = total). Every entry point that can fail returns a jfa_status; on failure
- * jfa_last_error_message() names the argument and the rule that was broken. No entry aborts the
- * process. */
+ * Sequences are packed end to end (no padding) in tensors of shape [total, heads, head_dim]
+ * (head_dim_v columns for v and out) and addressed by cumulative offsets ("cu_seqlens", B+1
+ * int32, cu_seqlens[0] = 0, cu_seqlens[B] = total). Every entry point that can fail returns a
+ * jfa_status; on failure jfa_last_error_message() names the argument and the rule that was broken.
+ * No entry aborts the process. */
 #ifndef JFA_JFA_H_
 #define JFA_JFA_H_
 
@@ -26,7 +26,8 @@ extern "C" {
 #define JFA_VERSION_PATCH 0
 #define JFA_VERSION_STRING "0.1.0"
 
-/* The largest head_dim any backend takes (the CUDA backend takes 64 and 128). */
+/* The largest head_dim any backend takes (the CUDA backend's forward takes 64, 128 and 192, its
+ * backward 64 and 128). */
 #define JFA_MAX_HEAD_DIM 512
 
 typedef enum jfa_status {
@@ -61,16 +62,24 @@ typedef struct jfa_tensor_layout {
 } jfa_tensor_layout;
 
 /* Parameters of the attention forward. Fill with jfa_attention_params_init() first, then set the
- * fields you need. */
+ * fields you need.
+ *
+ * The layout only grows: new fields go at the end (of this struct and of
+ * jfa_attention_backward_params), and every earlier size stays accepted, so that a caller built
+ * against an earlier jfa.h keeps working; the fields past the size it set take their defaults,
+ * and the library never reads or writes past that size. Accepted struct_size values of
+ * jfa_attention_params (the sizes on LP64 targets such as x86-64 and aarch64): 224 (0.1.0, up to
+ * device_check) and 232 (head_dim_v added). Of jfa_attention_backward_params: 344 (0.1.0, with a
+ * 224-byte forward) and 352 (with a 232-byte forward). */
 typedef struct jfa_attention_params {
-  /* sizeof(jfa_attention_params), set by jfa_attention_params_init: a struct that was not filled
-   * by it (uninitialised, zero-filled, or laid out by another version of this header) is
-   * rejected. */
+  /* The size of the layout the caller filled, set by jfa_attention_params_init: a struct that was
+   * not filled by it (uninitialised, zero-filled) or whose size is not one of the accepted ones
+   * above is rejected. */
   uint32_t struct_size;
   const void* q; /* [total_q, heads_q, head_dim] */
   const void* k; /* [total_k, heads_kv, head_dim] */
-  const void* v; /* [total_k, heads_kv, head_dim] */
-  void* out;     /* [total_q, heads_q, head_dim], same dtype as q */
+  const void* v; /* [total_k, heads_kv, head_dim_v] */
+  void* out;     /* [total_q, heads_q, head_dim_v], same dtype as q */
   float* lse;    /* optional, NULL or float32 [heads_q, total_q] contiguous: natural-log log-sum-exp
                     of the scaled scores of each row; -inf for a row with no keys */
 
@@ -82,10 +91,11 @@ typedef struct jfa_attention_params {
 
   int32_t heads_q;
   int32_t heads_kv; /* heads_q must be a multiple of heads_kv (GQA / MQA) */
-  int32_t head_dim;
+  int32_t head_dim; /* columns of q and k; v and out have head_dim_v (the last field) */
   jfa_dtype dtype;
 
-  /* Zero strides mean "packed": token_stride = heads * head_dim, head_stride = head_dim. */
+  /* Zero strides mean "packed": token_stride = heads * columns, head_stride = columns (head_dim
+   * for q and k, head_dim_v for v and out). */
   jfa_tensor_layout q_layout, k_layout, v_layout, out_layout;
 
   float softmax_scale; /* NaN (the default) means 1/sqrt(head_dim); |scale| <= 2.3e38 (its product
@@ -124,6 +134,15 @@ typedef struct jfa_attention_params {
    * JFA_ERROR_INVALID_ARGUMENT), fails on a score it cannot hold (see jfa_attention_forward; the
    * status says so), and stores 0 here (host memory) once the offsets pass its check. */
   int32_t* device_check;
+
+  /* ---- Added after 0.1.0 (a struct of the 0.1.0 size leaves these at their defaults) ---- */
+
+  /* Columns of v and out (and of dout and dv in the backward): 0 (the default) means head_dim.
+   * At most JFA_MAX_HEAD_DIM (JFA_ERROR_UNSUPPORTED above, JFA_ERROR_INVALID_ARGUMENT when
+   * negative); backends narrow the pairs (head_dim, head_dim_v) they take: the CPU backend any,
+   * the CUDA forward 192 with 128 besides equal sizes, the CUDA backward equal sizes only. The
+   * default softmax scale stays 1/sqrt(head_dim). */
+  int32_t head_dim_v;
 } jfa_attention_params;
 
 /* Bits of the word of jfa_attention_params::device_check: the rules offsets must follow, and one
@@ -153,13 +172,24 @@ JFA_API const char* jfa_device_check_message(int32_t word);
 /* Buffers a call writes (out and lse; dq, dk and dv for the backward) must not share an element
  * with any other buffer of the call, inputs and offsets included, not even in place (out == q):
  * JFA_ERROR_INVALID_ARGUMENT names both. Views that interleave in one tensor without sharing an
- * element (slots of a fused [total, n, heads, head_dim] buffer) are fine. */
+ * element (slots of a fused [total, n, heads, head_dim] buffer) are fine. Every pointer must be
+ * aligned to its element size (2 bytes for float16/bfloat16, 4 for float32, float and int32, 8 for
+ * double and int64), and each tensor's furthest element addressable in int64 (packed strides
+ * included): JFA_ERROR_INVALID_ARGUMENT names the buffer. */
 
 /* Semantics of a query row with no visible key (an empty key sequence, or causal with
  * len_q > len_k for its first len_q - len_k rows): its output is zeros and its LSE is -inf. */
 
-/* Fills every field with its default (and struct_size); JFA_ERROR_INVALID_ARGUMENT for NULL. */
-JFA_API jfa_status jfa_attention_params_init(jfa_attention_params* params);
+/* Fills every field of the layout of `struct_size` bytes (one of the accepted sizes, see
+ * jfa_attention_params) with its default and sets struct_size; it writes those bytes only.
+ * JFA_ERROR_INVALID_ARGUMENT for NULL or a size that is not accepted. */
+JFA_API jfa_status jfa_attention_params_init_sized(jfa_attention_params* params,
+                                                   size_t struct_size);
+/* Fills every field with its default (and struct_size). A macro, so that the size is the one of
+ * the header the caller is built with; the exported function of this name, which binaries built
+ * against jfa.h 0.1.0 call, fills the 0.1.0 layout. */
+#define jfa_attention_params_init(params) \
+  jfa_attention_params_init_sized((params), sizeof(jfa_attention_params))
 
 /* out = softmax(scale * q k^T [+ causal mask]) v, per sequence and head. On the CPU backend a
  * scaled score that float32 cannot hold (+inf or NaN: too large, or from a NaN or infinite q or k),
@@ -191,7 +221,7 @@ JFA_API jfa_status jfa_workspace_prepare(jfa_workspace* workspace, jfa_attention
 /* The float64 reference (the oracle of every test): host memory only, any dtype. Computes the
  * rows of the query tokens listed in q_tokens (n_tokens entries, each in [0, total_q)), or of every
  * token when q_tokens is NULL (then n_tokens must equal total_q). out: [n_tokens, heads_q,
- * head_dim] float64; lse: NULL or [heads_q, n_tokens] float64. params->out and params->lse are
+ * head_dim_v] float64; lse: NULL or [heads_q, n_tokens] float64. params->out and params->lse are
  * ignored. */
 JFA_API jfa_status jfa_attention_reference(const jfa_attention_params* params,
                                            const int64_t* q_tokens, int64_t n_tokens, double* out,
@@ -206,15 +236,18 @@ JFA_API jfa_status jfa_attention_reference(const jfa_attention_params* params,
  * out and the buffers for the gradients with respect to q, k and v. All in the dtype of q; zero
  * strides mean packed. Fill with jfa_attention_backward_params_init() first. */
 typedef struct jfa_attention_backward_params {
-  /* sizeof(jfa_attention_backward_params), set by jfa_attention_backward_params_init (which also
-   * fills `forward` with jfa_attention_params_init). */
+  /* The size of the layout the caller filled, set by jfa_attention_backward_params_init (which
+   * also fills `forward`): one of the accepted sizes (see jfa_attention_params), and forward's
+   * struct_size the forward size of the same release. New fields go at the end of this struct;
+   * since `forward` is embedded, a forward that grows moves every field after it, and the library
+   * reads each accepted size in its own layout. */
   uint32_t struct_size;
   jfa_attention_params forward;
-  const void* dout; /* [total_q, heads_q, head_dim] */
+  const void* dout; /* [total_q, heads_q, head_dim_v] */
   void* dq;         /* [total_q, heads_q, head_dim], every element written */
   void* dk; /* [total_k, heads_kv, head_dim], every element written; with GQA/MQA the sum over
                the query heads of each group. Keys no query sees get zeros. */
-  void* dv; /* [total_k, heads_kv, head_dim], as dk */
+  void* dv; /* [total_k, heads_kv, head_dim_v], as dk */
   jfa_tensor_layout dout_layout, dq_layout, dk_layout, dv_layout;
   /* Optional, NULL or float32 [heads_q, total_q] contiguous: the gradient of the loss with respect
    * to the forward's lse, where the loss uses it. */
@@ -223,9 +256,16 @@ typedef struct jfa_attention_backward_params {
   int deterministic;
 } jfa_attention_backward_params;
 
-/* Fills every field with its default (struct_size, forward's defaults); JFA_ERROR_INVALID_ARGUMENT
- * for NULL. */
-JFA_API jfa_status jfa_attention_backward_params_init(jfa_attention_backward_params* params);
+/* Fills every field of the layout of `struct_size` bytes (one of the accepted sizes, see
+ * jfa_attention_params) with its default, `forward` with the forward layout of that release
+ * included; it writes those bytes only. JFA_ERROR_INVALID_ARGUMENT for NULL or a size that is not
+ * accepted. */
+JFA_API jfa_status jfa_attention_backward_params_init_sized(jfa_attention_backward_params* params,
+                                                            size_t struct_size);
+/* Fills every field with its default (struct_size, forward's defaults); a macro, as
+ * jfa_attention_params_init. */
+#define jfa_attention_backward_params_init(params) \
+  jfa_attention_backward_params_init_sized((params), sizeof(jfa_attention_backward_params))
 
 /* dq, dk, dv of out = softmax(scale * q k^T [+ causal mask]) v given dout, per sequence and head.
  * Rows with no visible key contribute nothing. Backends: CPU (float32 accumulation, any dtype,
@@ -233,11 +273,13 @@ JFA_API jfa_status jfa_attention_backward_params_init(jfa_attention_backward_par
  * float32 accumulation; out and lse as the CUDA forward wrote them; a device workspace, see
  * jfa_attention_backward_workspace_size; no host read of the offsets, so the call can be captured
  * in a CUDA graph; deterministic = 0 accumulates dq with float32 reductions in an order that may
- * differ from run to run). Nothing is written when a call is rejected; on the CPU, scores that
- * float32 cannot hold (see jfa_attention_forward) give JFA_ERROR_UNSUPPORTED after which dq, dk and
- * dv are unspecified; on CUDA, the checked mode (forward.device_check) reports gradients that are
- * not finite. Like every backward that recomputes P = exp(scale q.k - lse), it loses precision
- * when |lse| is large (about 2^-24 |lse| absolute error in the exponent). */
+ * differ from run to run). Nothing is written when a call is rejected; on the CPU, an lse entry
+ * the forward cannot have written (NaN or +inf, or -inf in a row that sees a key) is
+ * JFA_ERROR_INVALID_ARGUMENT, and scores that float32 cannot hold (see jfa_attention_forward) give
+ * JFA_ERROR_UNSUPPORTED after which dq, dk and dv are unspecified; on CUDA, the checked mode
+ * (forward.device_check) reports gradients and lse rows that are not finite. Like every backward
+ * that recomputes P = exp(scale q.k - lse), it loses precision when |lse| is large (about 2^-24
+ * |lse| absolute error in the exponent). */
 JFA_API jfa_status jfa_attention_backward(const jfa_attention_backward_params* params);
 
 /* The bytes of forward.workspace that the CUDA backward needs for these sizes (reads total_q,
@@ -255,8 +297,8 @@ JFA_API jfa_status jfa_workspace_prepare_backward(jfa_workspace* workspace,
 
 /* The float64 reference backward (the oracle of the tests): host memory only, any dtype. Computes
  * the gradients from q, k, v, dout and dlse alone (the softmax recomputed in float64; forward.out
- * and forward.lse are ignored, and dq, dk, dv of params too). dq: [total_q, heads_q, head_dim], dk
- * and dv: [total_k, heads_kv, head_dim], packed float64. */
+ * and forward.lse are ignored, and dq, dk, dv of params too). dq: [total_q, heads_q, head_dim], dk:
+ * [total_k, heads_kv, head_dim] and dv: [total_k, heads_kv, head_dim_v], packed float64. */
 JFA_API jfa_status jfa_attention_backward_reference(const jfa_attention_backward_params* params,
                                                     double* dq, double* dk, double* dv);
 
@@ -266,11 +308,17 @@ JFA_API jfa_status jfa_attention_backward_reference(const jfa_attention_backward
 JFA_API jfa_status jfa_attention_flops(const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
                                        int64_t batch, int32_t heads_q, int32_t head_dim, int causal,
                                        double* flops);
+/* The same with a value head size of its own: 2 * pairs * heads_q * (head_dim + head_dim_v) (Q K^T
+ * and P V); head_dim_v 0 means head_dim, which gives jfa_attention_flops' count exactly. */
+JFA_API jfa_status jfa_attention_flops_v(const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
+                                         int64_t batch, int32_t heads_q, int32_t head_dim,
+                                         int32_t head_dim_v, int causal, double* flops);
 
 /* ---- Jagged utilities (host memory) ---------------------------------------------------------- */
 
 /* offsets[0] = 0, offsets[i+1] = offsets[i] + lengths[i]. Lengths must be >= 0 and the total must
- * fit in int32. */
+ * fit in int32. In place (offsets == lengths, batch + 1 elements) works; any other overlap of the
+ * two is JFA_ERROR_INVALID_ARGUMENT. */
 JFA_API jfa_status jfa_lengths_to_offsets(const int32_t* lengths, int64_t batch, int32_t* offsets);
 
 /* Checks offsets[0] == 0, non-decreasing, and offsets[batch] == total (skipped when total < 0). */
@@ -281,7 +329,8 @@ JFA_API jfa_status jfa_max_length(const int32_t* offsets, int64_t batch, int32_t
 
 /* Rows of row_elems elements of dtype. jagged: [offsets[batch], row_elems]; padded:
  * [batch, max_length, row_elems]. Rows of a sequence beyond max_length are an error; padded rows
- * past a sequence's end are set to padding_value (converted to dtype). */
+ * past a sequence's end are set to padding_value (converted to dtype). The output must not share
+ * memory with the input or the offsets (JFA_ERROR_INVALID_ARGUMENT names both). */
 JFA_API jfa_status jfa_jagged_to_padded(const void* jagged, const int32_t* offsets, int64_t batch,
                                         int64_t row_elems, jfa_dtype dtype, int32_t max_length,
                                         double padding_value, void* padded);

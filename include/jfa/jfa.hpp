@@ -56,7 +56,8 @@ inline bool cuda_available() { return jfa_cuda_available() != 0; }
 inline int cpu_thread_count() { return jfa_cpu_thread_count(); }
 inline std::size_t dtype_size(DType dtype) { return jfa_dtype_size(static_cast<jfa_dtype>(dtype)); }
 
-// A view of a jagged tensor [total, heads, head_dim]; strides in elements, 0 meaning packed.
+// A view of a jagged tensor [total, heads, head_dim]; strides in elements, 0 meaning packed. v and
+// out (dout and dv in the backward) may have a head_dim of their own (head_dim_v in jfa.h).
 struct JaggedTensor {
   void* data = nullptr;
   DType dtype = DType::kFloat16;
@@ -135,6 +136,7 @@ inline jfa_attention_params make_params(const JaggedTensor& q, const JaggedTenso
   p.heads_q = q.heads;
   p.heads_kv = k.heads;
   p.head_dim = q.head_dim;
+  p.head_dim_v = v.head_dim;
   p.dtype = static_cast<jfa_dtype>(q.dtype);
   p.q_layout = {q.token_stride, q.head_stride};
   p.k_layout = {k.token_stride, k.head_stride};
@@ -159,8 +161,19 @@ inline void check_views(const JaggedTensor& q, const JaggedTensor& k, const Jagg
     throw Error(Status::kInvalidArgument, "v must have the shape of k ([total_k, heads_kv, d])");
   if (out.total != q.total || out.heads != q.heads)
     throw Error(Status::kInvalidArgument, "out must have the shape of q ([total_q, heads_q, d])");
-  if (k.head_dim != q.head_dim || v.head_dim != q.head_dim || out.head_dim != q.head_dim)
-    throw Error(Status::kInvalidArgument, "q, k, v and out must have the same head_dim");
+  if (k.head_dim != q.head_dim)
+    throw Error(Status::kInvalidArgument, "q and k must have the same head_dim");
+  if (out.head_dim != v.head_dim)
+    throw Error(Status::kInvalidArgument, "out must have the head_dim of v (head_dim_v)");
+}
+
+// A view of out's shape (q's tokens and heads, v's head_dim) without data, for the references.
+inline JaggedTensor output_shape(const JaggedTensor& q, const JaggedTensor& v) {
+  JaggedTensor out = q;
+  out.data = nullptr;
+  out.head_dim = v.head_dim;
+  out.token_stride = out.head_stride = 0;
+  return out;
 }
 
 inline bool same_shape(const JaggedTensor& a, const JaggedTensor& b) {
@@ -192,10 +205,10 @@ inline jfa_attention_backward_params make_backward_params(
     const BackwardViews& grads, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
     int64_t batch, const AttentionOptions& options, bool deterministic) {
   check_views(q, k, v, out);
-  if (!same_shape(grads.dout, q) || !same_shape(grads.dq, q) || !same_shape(grads.dk, k) ||
+  if (!same_shape(grads.dout, out) || !same_shape(grads.dq, q) || !same_shape(grads.dk, k) ||
       !same_shape(grads.dv, v))
     throw Error(Status::kInvalidArgument,
-                "dout and dq must have the shape and dtype of q, dk and dv those of k and v");
+                "dout must have the shape and dtype of out, dq, dk and dv those of q, k and v");
   jfa_attention_backward_params p;
   check(jfa_attention_backward_params_init(&p));
   p.forward = make_params(q, k, v, out, cu_seqlens_q, cu_seqlens_k, batch, options);
@@ -223,8 +236,9 @@ inline void attention_backward(const JaggedTensor& q, const JaggedTensor& k, con
   check(jfa_attention_backward(&p));
 }
 
-// The float64 reference backward over host memory: packed dq [total_q, heads_q, d] and dk, dv
-// [total_k, heads_kv, d] from q, k, v, dout and dlse alone (out and the LSE are not read).
+// The float64 reference backward over host memory: packed dq [total_q, heads_q, d], dk
+// [total_k, heads_kv, d] and dv [total_k, heads_kv, d_v] from q, k, v, dout and dlse alone (out
+// and the LSE are not read).
 struct ReferenceGradients {
   std::vector<double> dq, dk, dv;
 };
@@ -233,37 +247,37 @@ inline ReferenceGradients attention_backward_reference(
     const JaggedTensor& q, const JaggedTensor& k, const JaggedTensor& v, const JaggedTensor& dout,
     const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k, int64_t batch,
     const AttentionOptions& options = {}, const float* dlse = nullptr) {
-  JaggedTensor none_q = q, none_k = k;
+  JaggedTensor none_q = q, none_k = k, none_v = v;
   none_q.data = nullptr;
   none_k.data = nullptr;
+  none_v.data = nullptr;
   jfa_attention_backward_params p =
-      make_backward_params(q, k, v, none_q, {dout, none_q, none_k, none_k, dlse}, cu_seqlens_q,
-                           cu_seqlens_k, batch, options, true);
+      make_backward_params(q, k, v, output_shape(q, v), {dout, none_q, none_k, none_v, dlse},
+                           cu_seqlens_q, cu_seqlens_k, batch, options, true);
   p.forward.device_check = nullptr;  // the reference has no checked mode
   ReferenceGradients g;
   g.dq.resize(static_cast<std::size_t>(q.total) * q.heads * q.head_dim);
   g.dk.resize(static_cast<std::size_t>(k.total) * k.heads * k.head_dim);
-  g.dv.resize(g.dk.size());
+  g.dv.resize(static_cast<std::size_t>(v.total) * v.heads * v.head_dim);
   check(jfa_attention_backward_reference(&p, g.dq.data(), g.dk.data(), g.dv.data()));
   return g;
 }
 
 // The float64 reference over host memory: rows of the given query tokens (every token when
-// q_tokens is nullopt; an empty list computes nothing). Returns out [n, heads_q, d]; fills lse
+// q_tokens is nullopt; an empty list computes nothing). Returns out [n, heads_q, d_v]; fills lse
 // [heads_q, n] when given.
 inline std::vector<double> attention_reference(
     const JaggedTensor& q, const JaggedTensor& k, const JaggedTensor& v,
     const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k, int64_t batch,
     const AttentionOptions& options = {}, std::optional<std::span<const int64_t>> q_tokens = {},
     std::vector<double>* lse = nullptr) {
-  JaggedTensor out_view = q;
-  out_view.data = nullptr;
+  const JaggedTensor out_view = output_shape(q, v);
   check_views(q, k, v, out_view);
   jfa_attention_params p =
       make_params(q, k, v, out_view, cu_seqlens_q, cu_seqlens_k, batch, options);
   p.device_check = nullptr;  // the reference has no checked mode
   const int64_t n = q_tokens ? static_cast<int64_t>(q_tokens->size()) : q.total;
-  std::vector<double> out(static_cast<std::size_t>(n) * q.heads * q.head_dim);
+  std::vector<double> out(static_cast<std::size_t>(n) * q.heads * v.head_dim);
   if (lse) lse->assign(static_cast<std::size_t>(n) * q.heads, 0.0);
   static const int64_t kNoToken = 0;  // a non-null list pointer for an empty selection
   const int64_t* tokens = q_tokens ? (q_tokens->empty() ? &kNoToken : q_tokens->data()) : nullptr;
@@ -271,16 +285,17 @@ inline std::vector<double> attention_reference(
   return out;
 }
 
+// The forward's FLOPs (jfa_attention_flops_v); head_dim_v 0 means head_dim.
 inline double attention_flops(std::span<const int32_t> cu_seqlens_q,
                               std::span<const int32_t> cu_seqlens_k, int32_t heads_q,
-                              int32_t head_dim, bool causal) {
+                              int32_t head_dim, bool causal, int32_t head_dim_v = 0) {
   if (cu_seqlens_q.empty() || cu_seqlens_k.size() != cu_seqlens_q.size())
     throw Error(Status::kInvalidArgument,
                 "cu_seqlens_q and cu_seqlens_k must both hold batch + 1 offsets");
   double flops = 0;
-  check(jfa_attention_flops(cu_seqlens_q.data(), cu_seqlens_k.data(),
-                            static_cast<int64_t>(cu_seqlens_q.size()) - 1, heads_q, head_dim,
-                            causal ? 1 : 0, &flops));
+  check(jfa_attention_flops_v(cu_seqlens_q.data(), cu_seqlens_k.data(),
+                              static_cast<int64_t>(cu_seqlens_q.size()) - 1, heads_q, head_dim,
+                              head_dim_v, causal ? 1 : 0, &flops));
   return flops;
 }
 

@@ -19,21 +19,31 @@ def flag(name: str, value) -> bool:
     raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
+def same_dtype(q_dtype, k_dtype, v_dtype) -> None:
+    """q, k and v of one dtype (numpy's or torch's)."""
+    for name, dtype in (("k", k_dtype), ("v", v_dtype)):
+        if dtype != q_dtype:
+            raise TypeError(
+                f"q, k and v must have the same dtype, got q {q_dtype} and {name} {dtype}")
+
+
 def qkv_shapes(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int]):
-    """Checks [total, heads, head_dim] shapes; returns (total_q, heads_q, total_k, heads_kv, d)."""
+    """Checks [total, heads, head_dim] shapes (v may have a head_dim of its own, head_dim_v);
+    returns (total_q, heads_q, total_k, heads_kv, d, d_v)."""
     for name, shape in (("q", q_shape), ("k", k_shape), ("v", v_shape)):
         if len(shape) != 3:
             raise ValueError(
                 f"{name} must have 3 dimensions [total, heads, head_dim], got shape {tuple(shape)}")
     total_q, heads_q, d = q_shape
     total_k, heads_kv, d_k = k_shape
-    if tuple(v_shape) != tuple(k_shape):
+    d_v = v_shape[2]
+    if tuple(v_shape[:2]) != tuple(k_shape[:2]):
         raise ValueError(
-            f"v must have the shape of k [total_k, heads_kv, head_dim], got k {tuple(k_shape)} "
-            f"and v {tuple(v_shape)}")
+            "v must have the shape of k but for its last dimension [total_k, heads_kv, "
+            f"head_dim_v], got k {tuple(k_shape)} and v {tuple(v_shape)}")
     if d_k != d:
         raise ValueError(
-            f"q, k and v must have the same head_dim (last dimension), got q {d} and k/v {d_k}")
+            f"q and k must have the same head_dim (last dimension), got q {d} and k {d_k}")
     if heads_q < 1 or heads_kv < 1:
         raise ValueError(f"heads must be >= 1, got heads_q={heads_q} (q) and heads_kv={heads_kv} (k, v)")
     if heads_q % heads_kv != 0:
@@ -42,7 +52,9 @@ def qkv_shapes(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence
             f"heads_q={heads_q} and heads_kv={heads_kv}")
     if d < 1:
         raise ValueError(f"head_dim must be >= 1, got {d}")
-    return total_q, heads_q, total_k, heads_kv, d
+    if d_v < 1:
+        raise ValueError(f"the head_dim of v (head_dim_v) must be >= 1, got {d_v}")
+    return total_q, heads_q, total_k, heads_kv, d, d_v
 
 
 def layout(name: str, shape: Sequence[int], strides: Sequence[int], how_to_fix: str) -> Tuple[int, int]:
@@ -70,14 +82,27 @@ def layout(name: str, shape: Sequence[int], strides: Sequence[int], how_to_fix: 
     return int(st), int(sh)
 
 
+def offsets_1d(name: str, shape: Sequence[int]) -> int:
+    """The number of entries of 1-D offsets (batch + 1)."""
+    if len(shape) != 1:
+        raise ValueError(f"{name} must be 1-D (batch + 1 offsets), got shape {tuple(shape)}")
+    return int(shape[0])
+
+
+def offsets_batch(name: str, n: int) -> int:
+    """The batch size of offsets with n >= 1 entries."""
+    if n < 1:
+        raise ValueError(f"{name} must hold batch + 1 >= 1 offsets, got {n} entries")
+    return n - 1
+
+
 def offsets_count(name_q: str, n_q: int, name_k: str, n_k: int) -> int:
     """The batch size from the lengths of the two offsets arrays."""
-    if n_q < 1:
-        raise ValueError(f"{name_q} must hold batch + 1 >= 1 offsets, got {n_q} entries")
+    batch = offsets_batch(name_q, n_q)
     if n_k != n_q:
         raise ValueError(
             f"{name_q} and {name_k} must have the same length (batch + 1), got {n_q} and {n_k}")
-    return n_q - 1
+    return batch
 
 
 def seqlen_hint(name: str, value) -> int:

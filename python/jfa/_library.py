@@ -66,6 +66,7 @@ class AttentionParams(ctypes.Structure):
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
         ("device_check", ctypes.POINTER(ctypes.c_int32)),
+        ("head_dim_v", ctypes.c_int32),  # after 0.1.0: columns of v and out, 0 = head_dim
     ]
 
 
@@ -94,11 +95,11 @@ _c_status = ctypes.c_int32
 
 # name: (restype, argtypes)
 _PROTOTYPES = {
-    "jfa_attention_params_init": (_c_status, [_P]),
+    "jfa_attention_params_init_sized": (_c_status, [_P, ctypes.c_size_t]),
     "jfa_attention_forward": (_c_status, [_P]),
     "jfa_attention_workspace_size": (_c_status, [_P, ctypes.POINTER(ctypes.c_size_t)]),
     "jfa_attention_reference": (_c_status, [_P, _c_int64_p, ctypes.c_int64, _c_double_p, _c_double_p]),
-    "jfa_attention_backward_params_init": (_c_status, [_B]),
+    "jfa_attention_backward_params_init_sized": (_c_status, [_B, ctypes.c_size_t]),
     "jfa_attention_backward": (_c_status, [_B]),
     "jfa_attention_backward_workspace_size": (_c_status, [_B, ctypes.POINTER(ctypes.c_size_t)]),
     "jfa_attention_backward_reference": (_c_status, [_B, _c_double_p, _c_double_p, _c_double_p]),
@@ -106,6 +107,11 @@ _PROTOTYPES = {
         _c_status,
         [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32,
          ctypes.c_int, _c_double_p],
+    ),
+    "jfa_attention_flops_v": (
+        _c_status,
+        [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32,
+         ctypes.c_int32, ctypes.c_int, _c_double_p],
     ),
     "jfa_lengths_to_offsets": (_c_status, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]),
     "jfa_validate_offsets": (_c_status, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]),
@@ -223,16 +229,16 @@ def call(name: str, *args) -> None:
 
 
 def new_params() -> AttentionParams:
-    """A jfa_attention_params filled by jfa_attention_params_init()."""
+    """A jfa_attention_params of this layout filled by jfa_attention_params_init_sized()."""
     p = AttentionParams()
-    call("jfa_attention_params_init", ctypes.byref(p))
+    call("jfa_attention_params_init_sized", ctypes.byref(p), ctypes.sizeof(p))
     return p
 
 
 def new_backward_params() -> BackwardParams:
-    """A jfa_attention_backward_params filled by jfa_attention_backward_params_init()."""
+    """A jfa_attention_backward_params filled by jfa_attention_backward_params_init_sized()."""
     p = BackwardParams()
-    call("jfa_attention_backward_params_init", ctypes.byref(p))
+    call("jfa_attention_backward_params_init_sized", ctypes.byref(p), ctypes.sizeof(p))
     return p
 
 

@@ -43,10 +43,7 @@ def offsets(name: str, x) -> np.ndarray:
     else:
         raise TypeError(
             f"{name} must be an int32 numpy array or a list of ints, got {type(x).__name__}")
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be 1-D (batch + 1 offsets), got shape {arr.shape}")
-    if arr.size < 1:
-        raise ValueError(f"{name} must hold batch + 1 >= 1 offsets, got 0 entries")
+    _checks.offsets_batch(name, _checks.offsets_1d(name, arr.shape))
     return np.ascontiguousarray(arr)
 
 
@@ -57,8 +54,7 @@ def _array(name: str, a) -> np.ndarray:
 
 
 def _layout(name: str, a: np.ndarray):
-    if a.ndim != 3:
-        raise ValueError(f"{name} must have 3 dimensions [total, heads, head_dim], got shape {a.shape}")
+    """(token_stride, head_stride) of a [total, heads, head_dim] array (_checks.qkv_shapes)."""
     if not a.flags.aligned:
         raise ValueError(f"{name} is not aligned to its element size; {_FIX}")
     item = a.itemsize
@@ -79,11 +75,9 @@ def build_params(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
 
     Returns (params, keep) where keep holds the arrays the pointers refer to."""
     q, k, v = _array("q", q), _array("k", k), _array("v", v)
-    total_q, heads_q, total_k, heads_kv, d = _checks.qkv_shapes(q.shape, k.shape, v.shape)
+    total_q, heads_q, total_k, heads_kv, d, d_v = _checks.qkv_shapes(q.shape, k.shape, v.shape)
     dtype = jfa_dtype("q", q)
-    for name, a in (("k", k), ("v", v)):
-        if a.dtype != q.dtype:
-            raise TypeError(f"q, k and v must have the same dtype, got q {q.dtype} and {name} {a.dtype}")
+    _checks.same_dtype(q.dtype, k.dtype, v.dtype)
     layouts = [_layout(name, a) for name, a in (("q", q), ("k", k), ("v", v))]
     cu_q = offsets("cu_seqlens_q", cu_seqlens_q)
     cu_k = cu_q if cu_seqlens_k is None else offsets("cu_seqlens_k", cu_seqlens_k)
@@ -93,7 +87,7 @@ def build_params(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     p.q, p.k, p.v = _ptr(q), _ptr(k), _ptr(v)
     p.cu_seqlens_q, p.cu_seqlens_k = _ptr(cu_q), _ptr(cu_k)
     p.batch, p.total_q, p.total_k = batch, total_q, total_k
-    p.heads_q, p.heads_kv, p.head_dim = heads_q, heads_kv, d
+    p.heads_q, p.heads_kv, p.head_dim, p.head_dim_v = heads_q, heads_kv, d, d_v
     p.dtype = dtype
     for field, (ts, hs) in zip(("q_layout", "k_layout", "v_layout"), layouts):
         lay = getattr(p, field)
@@ -112,11 +106,11 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c
                            causal, softmax_scale)
     return_lse = _checks.flag("return_lse", return_lse)
     q = keep[0]
-    out = np.empty((p.total_q, p.heads_q, p.head_dim), dtype=q.dtype)
+    out = np.empty((p.total_q, p.heads_q, p.head_dim_v), dtype=q.dtype)
     lse = np.empty((p.heads_q, p.total_q), dtype=np.float32) if return_lse else None
     p.out = _ptr(out)
-    p.out_layout.token_stride = p.heads_q * p.head_dim
-    p.out_layout.head_stride = p.head_dim
+    p.out_layout.token_stride = p.heads_q * p.head_dim_v
+    p.out_layout.head_stride = p.head_dim_v
     p.lse = _ptr(lse)
     call("jfa_attention_forward", ctypes.byref(p))
     del keep
@@ -127,7 +121,7 @@ def attention_reference(q, k, v, cu_seqlens_q, cu_seqlens_k=None, *, causal=Fals
                         softmax_scale=None, q_tokens=None, return_lse=False):
     """libjfa's float64 reference over numpy arrays (the oracle of the C++ tests).
 
-    Returns out float64 [n, heads_q, head_dim] for the query tokens listed in ``q_tokens`` (all
+    Returns out float64 [n, heads_q, head_dim_v] (v's head_dim) for the query tokens listed in ``q_tokens`` (all
     tokens when None), and lse float64 [heads_q, n] when ``return_lse``.
     """
     p, keep = build_params(q, k, v, cu_seqlens_q, cu_seqlens_k, None, None, causal, softmax_scale)
@@ -143,7 +137,7 @@ def attention_reference(q, k, v, cu_seqlens_q, cu_seqlens_k=None, *, causal=Fals
         n = tokens.size
         if n and (tokens.min() < 0 or tokens.max() >= p.total_q):
             raise ValueError(f"q_tokens must be in [0, total_q={p.total_q})")
-    out = np.empty((n, p.heads_q, p.head_dim), dtype=np.float64)
+    out = np.empty((n, p.heads_q, p.head_dim_v), dtype=np.float64)
     lse = np.empty((p.heads_q, n), dtype=np.float64) if return_lse else None
     tok_ptr = None if tokens is None else tokens.ctypes.data_as(ctypes.POINTER(ctypes.c_int64))
     out_ptr = out.ctypes.data_as(ctypes.POINTER(ctypes.c_double))

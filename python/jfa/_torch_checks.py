@@ -10,18 +10,31 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _FIX = "call .contiguous() on it"
 
 
+def _tensor(name: str, t) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _on_device(name: str, t: Tensor, device) -> None:
+    """t on the device of q."""
+    if t.device != device:
+        raise ValueError(f"{name} must be on the device of q ({device}), got {t.device}")
+
+
+def _contiguous(name: str, t: Tensor) -> None:
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous; {_FIX}")
+
+
 def check_inputs(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor):
     """Raises for what the library would refuse; returns the (token, head) strides of q, k, v."""
     for name, t in (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
                     ("cu_seqlens_k", cu_seqlens_k)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        _tensor(name, t)
     _checks.qkv_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
     if q.dtype not in FLOAT_DTYPES:
         raise TypeError(f"q must be float16, bfloat16 or float32, got {q.dtype}")
-    for name, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype:
-            raise TypeError(f"q, k and v must have the same dtype, got q {q.dtype} and {name} {t.dtype}")
+    _checks.same_dtype(q.dtype, k.dtype, v.dtype)
     if k.device != q.device or v.device != q.device:
         raise ValueError(
             f"q, k and v must be on the same device, got q on {q.device}, k on {k.device}, "
@@ -31,10 +44,8 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqle
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if t.dtype != torch.int32:
             raise TypeError(f"{name} must be an int32 tensor (batch + 1 offsets), got {t.dtype}")
-        if t.dim() != 1:
-            raise ValueError(f"{name} must be 1-D (batch + 1 offsets), got shape {tuple(t.shape)}")
-        if t.device != q.device:
-            raise ValueError(f"{name} must be on the device of q ({q.device}), got {t.device}")
+        _checks.offsets_1d(name, tuple(t.shape))
+        _on_device(name, t, q.device)
     _checks.offsets_count("cu_seqlens_q", cu_seqlens_q.shape[0], "cu_seqlens_k",
                           cu_seqlens_k.shape[0])
     return [layout(name, t) for name, t in (("q", q), ("k", k), ("v", v))]
@@ -54,11 +65,8 @@ def check_device_check(device_check, device) -> None:
     if device_check.numel() != 1:
         raise ValueError(f"device_check must have exactly one element, got shape "
                          f"{tuple(device_check.shape)}")
-    if not device_check.is_contiguous():
-        raise ValueError(f"device_check must be contiguous; {_FIX}")
-    if device_check.device != device:
-        raise ValueError(f"device_check must be on the device of q ({device}), got "
-                         f"{device_check.device}")
+    _contiguous("device_check", device_check)
+    _on_device("device_check", device_check, device)
 
 
 def layout(name: str, t: Tensor):
@@ -72,27 +80,28 @@ def check_backward_inputs(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out
     """The backward op's checks (those of the forward, then out, grad_out, lse and grad_lse);
     returns the (token, head) strides of q, k, v, out and grad_out."""
     layouts = check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    # out's shape: q's tokens and heads, v's head_dim (head_dim_v).
+    out_shape = (q.shape[0], q.shape[1], v.shape[2])
     for name, t in (("out", out), ("grad_out", grad_out)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if tuple(t.shape) != tuple(q.shape):
-            raise ValueError(f"{name} must have the shape of q {tuple(q.shape)}, got {tuple(t.shape)}")
+        _tensor(name, t)
+        if tuple(t.shape) != out_shape:
+            raise ValueError(f"{name} must have the shape of out [total_q, heads_q, head_dim_v] "
+                             f"{out_shape}, got {tuple(t.shape)}")
         if t.dtype != q.dtype:
             raise TypeError(f"{name} must have the dtype of q ({q.dtype}), got {t.dtype}")
-        if t.device != q.device:
-            raise ValueError(f"{name} must be on the device of q ({q.device}), got {t.device}")
+        _on_device(name, t, q.device)
         layouts.append(layout(name, t))
     heads_q, total_q = q.shape[1], q.shape[0]
     for name, t in (("lse", lse), ("grad_lse", grad_lse)):
         if t is None and name == "grad_lse":
             continue
+        _tensor(name, t)
         if t.dtype != torch.float32:
             raise TypeError(f"{name} must be float32, got {t.dtype}")
         if tuple(t.shape) != (heads_q, total_q):
             raise ValueError(f"{name} must have shape ({heads_q}, {total_q}) [heads_q, total_q] "
                              f"(the forward's with return_lse=True), got {tuple(t.shape)}")
-        if total_q > 0 and not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous; {_FIX}")
-        if t.device != q.device:
-            raise ValueError(f"{name} must be on the device of q ({q.device}), got {t.device}")
+        if total_q > 0:  # an empty one has no element to address
+            _contiguous(name, t)
+        _on_device(name, t, q.device)
     return layouts

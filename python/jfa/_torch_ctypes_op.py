@@ -28,13 +28,14 @@ _DTYPES = {torch.float16: DTYPE_FLOAT16, torch.bfloat16: DTYPE_BFLOAT16,
 SCHEMAS = {
     "jagged_attention_fwd":
         "jagged_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor "
-        "cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool causal, float? softmax_scale, bool "
-        "return_lse, bool deterministic=False, Tensor(a!)? device_check=None) -> (Tensor, Tensor)",
+        "cu_seqlens_k, SymInt? max_seqlen_q, SymInt? max_seqlen_k, bool causal, float? "
+        "softmax_scale, bool return_lse, bool deterministic=False, Tensor(a!)? device_check=None) "
+        "-> (Tensor, Tensor)",
     "jagged_attention_bwd":
         "jagged_attention_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor "
-        "lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool "
-        "causal, float? softmax_scale, Tensor? grad_lse, bool deterministic, Tensor(a!)? "
-        "device_check=None) -> (Tensor, Tensor, Tensor)",
+        "lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt? max_seqlen_q, SymInt? "
+        "max_seqlen_k, bool causal, float? softmax_scale, Tensor? grad_lse, bool deterministic, "
+        "Tensor(a!)? device_check=None) -> (Tensor, Tensor, Tensor)",
 }
 
 _LIBS = []  # the registrations live as long as their Library
@@ -51,8 +52,9 @@ def register() -> None:
 
 
 def jagged_attention_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
-                         cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
-                         causal: bool, softmax_scale: Optional[float], return_lse: bool,
+                         cu_seqlens_k: Tensor, max_seqlen_q: Optional[int],
+                         max_seqlen_k: Optional[int], causal: bool,
+                         softmax_scale: Optional[float], return_lse: bool,
                          deterministic: bool = False,
                          device_check: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """Jagged attention forward. Returns (out, lse); lse is empty unless return_lse.
@@ -60,8 +62,8 @@ def jagged_attention_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
     of the checked mode (jfa.h), written in stream order."""
     layouts = check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
     check_device_check(device_check, q.device)
-    total_q, heads_q, d = q.shape
-    out = torch.empty((total_q, heads_q, d), dtype=q.dtype, device=q.device)
+    total_q, heads_q, d_v = q.shape[0], q.shape[1], v.shape[2]
+    out = torch.empty((total_q, heads_q, d_v), dtype=q.dtype, device=q.device)
     lse = torch.empty((heads_q, total_q) if return_lse else (0,), dtype=torch.float32,
                       device=q.device)
     p = new_params()
@@ -69,7 +71,7 @@ def jagged_attention_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
                             max_seqlen_k, causal, softmax_scale, device_check)
     p.out = out.data_ptr()
     p.lse = lse.data_ptr() if return_lse else None
-    p.out_layout.token_stride, p.out_layout.head_stride = heads_q * d, d
+    p.out_layout.token_stride, p.out_layout.head_stride = heads_q * d_v, d_v
     if q.device.type != "cuda":
         call("jfa_attention_forward", ctypes.byref(p))
         return out, lse
@@ -99,7 +101,7 @@ def _fill_forward(p, q, k, v, cu_seqlens_q, cu_seqlens_k, layouts, max_seqlen_q,
     p.cu_seqlens_q, p.cu_seqlens_k = cu_q.data_ptr(), cu_k.data_ptr()
     p.batch = cu_q.shape[0] - 1
     p.total_q, p.total_k = total_q, k.shape[0]
-    p.heads_q, p.heads_kv, p.head_dim = heads_q, k.shape[1], d
+    p.heads_q, p.heads_kv, p.head_dim, p.head_dim_v = heads_q, k.shape[1], d, v.shape[2]
     p.dtype = _DTYPES[q.dtype]
     for field, (ts, hs) in zip(("q_layout", "k_layout", "v_layout"), layouts):
         lay = getattr(p, field)
@@ -115,7 +117,7 @@ def _fill_forward(p, q, k, v, cu_seqlens_q, cu_seqlens_k, layouts, max_seqlen_q,
 
 def jagged_attention_bwd(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                          lse: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
-                         max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                         max_seqlen_q: Optional[int], max_seqlen_k: Optional[int], causal: bool,
                          softmax_scale: Optional[float], grad_lse: Optional[Tensor],
                          deterministic: bool,
                          device_check: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:

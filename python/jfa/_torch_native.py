@@ -41,10 +41,10 @@ def load(torch) -> Tuple[str, str]:
 
 
 _TAGGED = re.compile(r"(TypeError|ValueError): (.*)", re.S)
-_STATUS = re.compile(r"jfa status (\d+): (.*)", re.S)
+_STATUS = re.compile(r"jfa status (\d+) in (\w+): (.*)", re.S)
 
 
-def translate(error: RuntimeError, function: str) -> Exception:
+def translate(error: RuntimeError) -> Exception:
     """The exception a native op's tagged message stands for (see src/torch/op_support.hpp): a
     TypeError, a ValueError or the JfaError of a library status; other errors as they are."""
     from ._errors import error_from_status
@@ -55,5 +55,5 @@ def translate(error: RuntimeError, function: str) -> Exception:
         return (TypeError if m.group(1) == "TypeError" else ValueError)(m.group(2))
     m = _STATUS.match(message)
     if m:
-        return error_from_status(int(m.group(1)), m.group(2), function)
+        return error_from_status(int(m.group(1)), m.group(3), m.group(2))
     return error

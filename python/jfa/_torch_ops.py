@@ -34,8 +34,8 @@ def _jagged_attention_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
                                device_check=None):
     check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
     check_device_check(device_check, q.device)
-    total_q, heads_q, d = q.shape
-    out = q.new_empty((total_q, heads_q, d))
+    total_q, heads_q = q.shape[0], q.shape[1]
+    out = q.new_empty((total_q, heads_q, v.shape[2]))  # v's head_dim (head_dim_v)
     lse = q.new_empty((heads_q, total_q) if return_lse else (0,), dtype=torch.float32)
     return out, lse
 
@@ -72,17 +72,19 @@ def _backward(ctx, grad_out, grad_lse):
         raise RuntimeError(NEEDS_LSE_MESSAGE)
     if grad_out is None:  # only the LSE is used
         grad_out = torch.zeros_like(out)
-    try:
-        dq, dk, dv = torch.ops.jfa.jagged_attention_bwd(
-            grad_out.contiguous(), q, k, v, out, lse, cu_q, cu_k, *ctx.args,
-            None if grad_lse is None else grad_lse.contiguous(), ctx.deterministic,
-            ctx.device_check)
-    except RuntimeError as e:
-        translated = _torch_native.translate(e, "jfa_attention_backward")
-        if translated is e:
-            raise
-        raise translated from None
+    dq, dk, dv = torch.ops.jfa.jagged_attention_bwd(
+        grad_out.contiguous(), q, k, v, out, lse, cu_q, cu_k, *ctx.args,
+        None if grad_lse is None else grad_lse.contiguous(), ctx.deterministic, ctx.device_check)
     return dq, dk, dv, None, None, None, None, None, None, None, None, None
+
+
+def _raise_translated(error: RuntimeError):
+    """Raises the exception that a native op's tagged error stands for (the error itself when it
+    carries no tag: those of the ctypes op are raised as they are)."""
+    translated = _torch_native.translate(error)
+    if translated is error:
+        raise error
+    raise translated from None
 
 
 def _register_autograd(name: str, backward, setup_context) -> None:
@@ -92,7 +94,13 @@ def _register_autograd(name: str, backward, setup_context) -> None:
     register_autograd refuses ops that write an argument, as a formula cannot know how a written
     tensor that needs a gradient changed; the word is int32 and never needs one, so the formula of
     the functional op holds. The bump skips a word left out (the dispatcher drops arguments equal
-    to their default) or None."""
+    to their default) or None.
+
+    The ADInplaceOrView kernel also turns the tagged errors of the native op (C++ cannot raise a
+    TypeError or a JfaError through the stable ABI) into the exceptions that the ctypes op raises,
+    so a direct call of torch.ops.jfa.* raises the same ones whichever kind is in use; the try
+    costs nothing when nothing is raised. Every call passes through that kernel, with or without
+    autograd, but one under torch.inference_mode() whose tensors are all inference tensors."""
     op = getattr(torch.ops.jfa, name).default
     word = next(i for i, a in enumerate(op._schema.arguments) if a.name == "device_check")
     after_view = torch._C._after_ADInplaceOrView_keyset
@@ -101,7 +109,10 @@ def _register_autograd(name: str, backward, setup_context) -> None:
     def ad_inplace_or_view(keyset, *args, **kwargs):
         if len(args) > word and args[word] is not None:
             bump(args[word])
-        return op.redispatch(keyset & after_view, *args, **kwargs)
+        try:
+            return op.redispatch(keyset & after_view, *args, **kwargs)
+        except RuntimeError as e:
+            _raise_translated(e)
 
     info = _library_autograd.Info(backward, setup_context)
     _LIB.impl(name, _library_autograd.make_autograd_impl(op, info), "Autograd", with_keyset=True)
@@ -140,8 +151,13 @@ def _offsets_tensor(name: str, x, device) -> Tensor:
     raise TypeError(f"{name} must be an int32 torch.Tensor (or a list of ints), got {type(x).__name__}")
 
 
-def _hint(name: str, value) -> int:
-    return value if type(value) is int else _checks.seqlen_hint(name, value)
+def _hint(name: str, value):
+    """A max_seqlen hint as the op takes it. A SymInt (torch.compile with dynamic shapes) passes
+    unchecked: comparing it would specialize the graph on its value; the kernel checks the int it
+    gets at run time."""
+    if type(value) is int or isinstance(value, torch.SymInt):
+        return value
+    return _checks.seqlen_hint(name, value)
 
 
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
@@ -169,9 +185,6 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c
                 out, lse = _FWD(*args, return_lse, False, device_check)
             if device_check is not None:
                 _bump_version(device_check)  # what the skipped ADInplaceOrView kernel does
-    except RuntimeError as e:
-        translated = _torch_native.translate(e, "jfa_attention_forward")
-        if translated is e:
-            raise
-        raise translated from None
+    except RuntimeError as e:  # the fast path skips the ADInplaceOrView kernel that translates
+        _raise_translated(e)
     return (out, lse) if return_lse else out

@@ -14,8 +14,9 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None
     """Exact softmax attention over packed variable-length sequences, differentiable in q, k and v
     (torch tensors).
 
-    Follows ``flash_attn_varlen_func``: ``q`` is ``[total_q, heads_q, head_dim]``, ``k`` and ``v``
-    are ``[total_k, heads_kv, head_dim]`` with ``heads_q`` a multiple of ``heads_kv`` (GQA/MQA),
+    Follows ``flash_attn_varlen_func``: ``q`` is ``[total_q, heads_q, head_dim]``, ``k``
+    ``[total_k, heads_kv, head_dim]`` and ``v`` ``[total_k, heads_kv, head_dim_v]`` (a value head
+    size of its own, by default ``head_dim``) with ``heads_q`` a multiple of ``heads_kv`` (GQA/MQA),
     and ``cu_seqlens_q`` / ``cu_seqlens_k`` hold ``batch + 1`` int32 offsets (``cu_seqlens_k``
     defaults to ``cu_seqlens_q``).
 
@@ -25,8 +26,10 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None
             backend). The last dimension must be contiguous; other strides are passed through.
         cu_seqlens_q, cu_seqlens_k: int32 offsets on the device of q (numpy: int32 arrays or
             lists of ints).
-        max_seqlen_q, max_seqlen_k: optional plain-int hints of the longest sequence (None =
-            unknown). They are never read from the offsets, so the call does not synchronize.
+        max_seqlen_q, max_seqlen_k: optional int hints of the longest sequence (None =
+            unknown). They are never read from the offsets, so the call does not synchronize;
+            under torch.compile with dynamic shapes they stay symbolic (a new value does not
+            recompile).
         causal: bottom-right aligned causal mask: query i sees key j iff j <= i + len_k - len_q.
         softmax_scale: defaults to 1/sqrt(head_dim).
         return_lse: also return the float32 log-sum-exp ``[heads_q, total_q]`` (natural log;
@@ -44,7 +47,7 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None
             raise), raises on scores it cannot hold, and stores 0.
 
     Returns:
-        ``out`` ``[total_q, heads_q, head_dim]`` of q's dtype, or ``(out, lse)``.
+        ``out`` ``[total_q, heads_q, head_dim_v]`` of q's dtype, or ``(out, lse)``.
 
     Raises:
         TypeError / ValueError naming the argument for bad types, devices, shapes or strides;
@@ -77,7 +80,7 @@ def attention_reference(q, k, v, cu_seqlens_q, cu_seqlens_k=None, *, causal=Fals
                         softmax_scale=None, q_tokens=None, return_lse=False):
     """libjfa's float64 reference over numpy arrays (float16/float32 inputs).
 
-    Returns ``out`` float64 ``[n, heads_q, head_dim]`` for the query tokens in ``q_tokens`` (all
+    Returns ``out`` float64 ``[n, heads_q, head_dim_v]`` for the query tokens in ``q_tokens`` (all
     when None), and ``lse`` float64 ``[heads_q, n]`` when ``return_lse``.
     """
     if any(_is_foreign_tensor(x) for x in (q, k, v)):

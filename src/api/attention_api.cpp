@@ -1,10 +1,10 @@
 // C entry points of the attention forward: validation, backend choice, dispatch.
 #include <cmath>
-#include <limits>
+#include <vector>
 
+#include "api/buffer_checks.hpp"
 #include "api/error.hpp"
-#include "api/memory_probe.hpp"
-#include "api/overlap.hpp"
+#include "api/params_layouts.hpp"
 #include "api/validate.hpp"
 #include "cpu/attention_cpu.hpp"
 #include "cpu/parallel.hpp"
@@ -13,37 +13,22 @@
 #include "cuda/sm90/workspace.hpp"
 #endif
 
+using jfa::detail::BufferView;
 using jfa::detail::fail;
 using jfa::detail::guarded;
 using jfa::detail::MemoryKind;
 using jfa::detail::Params;
 
-namespace {
-
-const char* backend_name(jfa_backend b) {
-  switch (b) {
-    case JFA_BACKEND_CPU:
-      return "cpu";
-    case JFA_BACKEND_CUDA:
-      return "cuda";
-    default:
-      return "auto";
-  }
-}
-
-}  // namespace
-
 extern "C" {
 
-jfa_status jfa_attention_params_init(jfa_attention_params* params) {
+jfa_status jfa_attention_params_init_sized(jfa_attention_params* params, size_t struct_size) {
   if (params == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "params must not be NULL");
   jfa::detail::clear_error();
-  *params = jfa_attention_params{};
-  params->struct_size = sizeof(jfa_attention_params);
-  params->dtype = JFA_DTYPE_FLOAT16;
-  params->softmax_scale = std::numeric_limits<float>::quiet_NaN();
-  params->backend = JFA_BACKEND_AUTO;
-  return JFA_SUCCESS;
+  return jfa::detail::write_default_params(params, struct_size);
+}
+
+jfa_status(jfa_attention_params_init)(jfa_attention_params* params) {
+  return jfa_attention_params_init_sized(params, sizeof(jfa::detail::AttentionParamsV1));
 }
 
 jfa_status jfa_attention_forward(const jfa_attention_params* params) {
@@ -51,29 +36,18 @@ jfa_status jfa_attention_forward(const jfa_attention_params* params) {
     Params p;
     jfa_status s = jfa::detail::build_params(params, &p);
     if (s != JFA_SUCCESS) return s;
-    const std::vector<jfa::detail::BufferView> buffers = jfa::detail::forward_buffers(p);
-    if ((s = jfa::detail::check_outputs_disjoint(buffers)) != JFA_SUCCESS) return s;
     MemoryKind kind;
-    if ((s = jfa::detail::locate_buffers(buffers, &kind)) != JFA_SUCCESS) return s;
+    if ((s = jfa::detail::check_call_buffers(jfa::detail::forward_buffers(p), &kind)) !=
+        JFA_SUCCESS)
+      return s;
     const jfa_backend backend = jfa::detail::resolve_backend(params->backend, kind);
-    if (backend == JFA_BACKEND_CPU) {
-      if (kind == MemoryKind::kDevice)
-        return fail(JFA_ERROR_INVALID_ARGUMENT,
-                    "backend=cpu needs host buffers, but the buffers are in device memory");
-      if ((s = jfa::detail::validate_host_offsets(p)) != JFA_SUCCESS) return s;
-      if (p.device_check != nullptr) *p.device_check = 0;  // checked on the host, valid
-      return jfa::detail::attention_forward_cpu(p);
-    }
-#ifndef JFA_WITH_CUDA
-    return fail(JFA_ERROR_BACKEND_UNAVAILABLE, "backend=%s: this libjfa was built without CUDA",
-                backend_name(backend));
-#else
-    if (kind == MemoryKind::kHost)
-      return fail(JFA_ERROR_INVALID_ARGUMENT,
-                  "backend=%s needs device buffers, but the buffers are in host memory",
-                  backend_name(backend));
-    return jfa::sm90::forward(p);
+    if ((s = jfa::detail::check_backend_side(backend, kind)) != JFA_SUCCESS) return s;
+#ifdef JFA_WITH_CUDA
+    if (backend == JFA_BACKEND_CUDA) return jfa::sm90::forward(p);
 #endif
+    if ((s = jfa::detail::validate_host_offsets(p)) != JFA_SUCCESS) return s;
+    if (p.device_check != nullptr) *p.device_check = 0;  // checked on the host, valid
+    return jfa::detail::attention_forward_cpu(p);
   });
 }
 
@@ -81,12 +55,13 @@ jfa_status jfa_attention_workspace_size(const jfa_attention_params* params, size
   return guarded([&] {
     if (params == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "params must not be NULL");
     if (bytes == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "bytes must not be NULL");
-    if (const jfa_status s = jfa::detail::check_struct_size(params); s != JFA_SUCCESS) return s;
-    if (const jfa_status s = jfa::detail::check_batch_and_total_q(params->batch, params->total_q);
+    jfa_attention_params p;  // the caller's params in the current layout
+    if (const jfa_status s = jfa::detail::read_params(params, &p); s != JFA_SUCCESS) return s;
+    if (const jfa_status s = jfa::detail::check_batch_and_total_q(p.batch, p.total_q);
         s != JFA_SUCCESS)
       return s;
 #ifdef JFA_WITH_CUDA
-    *bytes = jfa::sm90::forward_workspace_bytes(params->total_q, params->batch);
+    *bytes = jfa::sm90::forward_workspace_bytes(p.total_q, p.batch);
 #else
     *bytes = 0;
 #endif
@@ -102,12 +77,6 @@ jfa_status jfa_attention_reference(const jfa_attention_params* params, const int
     p.out = nullptr;
     p.lse = nullptr;
     if (s != JFA_SUCCESS) return s;
-    MemoryKind kind;
-    if ((s = jfa::detail::locate_buffers(jfa::detail::forward_buffers(p), &kind)) != JFA_SUCCESS)
-      return s;
-    if (kind == MemoryKind::kDevice)
-      return fail(JFA_ERROR_INVALID_ARGUMENT, "the reference needs host buffers");
-    if ((s = jfa::detail::validate_host_offsets(p)) != JFA_SUCCESS) return s;
     if (q_tokens == nullptr && n_tokens != p.total_q)
       return fail(JFA_ERROR_INVALID_ARGUMENT,
                   "n_tokens must equal total_q (%lld) when q_tokens is NULL, got %lld",
@@ -115,6 +84,17 @@ jfa_status jfa_attention_reference(const jfa_attention_params* params, const int
     if (n_tokens < 0)
       return fail(JFA_ERROR_INVALID_ARGUMENT, "n_tokens must be >= 0, got %lld",
                   static_cast<long long>(n_tokens));
+    // The reference's own arrays too: the rows' tokens, out [n_tokens, heads_q, head_dim_v] and
+    // lse [heads_q, n_tokens], in float64.
+    std::vector<BufferView> buffers = jfa::detail::forward_buffers(p);
+    buffers.push_back(
+        jfa::detail::array_view("q_tokens", q_tokens, n_tokens, sizeof(int64_t), false));
+    buffers.push_back(jfa::detail::packed_view("out", out, n_tokens, p.heads_q, p.head_dim_v,
+                                               sizeof(double), true));
+    buffers.push_back(
+        jfa::detail::packed_view("lse", lse, n_tokens, p.heads_q, 1, sizeof(double), true));
+    if ((s = jfa::detail::check_reference_buffers(buffers)) != JFA_SUCCESS) return s;
+    if ((s = jfa::detail::validate_host_offsets(p)) != JFA_SUCCESS) return s;
     if (q_tokens != nullptr) {
       for (int64_t i = 0; i < n_tokens; ++i) {
         if (q_tokens[i] < 0 || q_tokens[i] >= p.total_q)
@@ -133,8 +113,16 @@ jfa_status jfa_attention_reference(const jfa_attention_params* params, const int
 jfa_status jfa_attention_flops(const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
                                int64_t batch, int32_t heads_q, int32_t head_dim, int causal,
                                double* flops) {
+  return jfa_attention_flops_v(cu_seqlens_q, cu_seqlens_k, batch, heads_q, head_dim, head_dim,
+                               causal, flops);
+}
+
+jfa_status jfa_attention_flops_v(const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
+                                 int64_t batch, int32_t heads_q, int32_t head_dim,
+                                 int32_t head_dim_v, int causal, double* flops) {
   return guarded([&] {
     jfa_status s;
+    if ((s = jfa::detail::check_aligned("flops", flops, sizeof(double))) != JFA_SUCCESS) return s;
     if ((s = jfa::detail::validate_offsets_named(cu_seqlens_q, batch, -1, "cu_seqlens_q")) !=
         JFA_SUCCESS)
       return s;
@@ -143,6 +131,8 @@ jfa_status jfa_attention_flops(const int32_t* cu_seqlens_q, const int32_t* cu_se
       return s;
     if (heads_q <= 0 || head_dim <= 0)
       return fail(JFA_ERROR_INVALID_ARGUMENT, "heads_q and head_dim must be > 0");
+    if (head_dim_v < 0)
+      return fail(JFA_ERROR_INVALID_ARGUMENT, "head_dim_v must be > 0 (or 0 for head_dim)");
     if (flops == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "flops must not be NULL");
     double pairs = 0;
     for (int64_t b = 0; b < batch; ++b) {
@@ -161,7 +151,10 @@ jfa_status jfa_attention_flops(const int32_t* cu_seqlens_q, const int32_t* cu_se
         pairs += prefix(lk) - prefix(lk - lq);
       }
     }
-    *flops = 4.0 * pairs * heads_q * head_dim;
+    // Q K^T and P V, 2 FLOPs per multiply-add each; with equal sizes exactly 4 * pairs * heads *
+    // head_dim (the factors of two are exact).
+    const int64_t columns = int64_t{head_dim} + (head_dim_v == 0 ? head_dim : head_dim_v);
+    *flops = 2.0 * pairs * heads_q * static_cast<double>(columns);
     return JFA_SUCCESS;
   });
 }

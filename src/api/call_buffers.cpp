@@ -5,9 +5,11 @@
 namespace jfa::detail {
 namespace {
 
-BufferView tensor_view(const char* name, const void* base, int64_t total, int32_t heads,
+// A [total, heads, d] tensor of the call in its dtype: d is head_dim (q, k and their gradients) or
+// head_dim_v (v, out and theirs).
+BufferView tensor_view(const char* name, const void* base, int64_t total, int32_t heads, int32_t d,
                        const Params& p, const Layout& layout, bool written) {
-  return {name, base, total, heads, p.head_dim, layout, jfa_dtype_size(p.dtype), written};
+  return {name, base, total, heads, d, layout, jfa_dtype_size(p.dtype), written};
 }
 
 // The caller's workspace (if any): the CUDA path writes all of it.
@@ -23,12 +25,18 @@ BufferView array_view(const char* name, const void* base, int64_t n, size_t elem
   return {name, base, n, 1, 1, {1, 1}, element_bytes, written};
 }
 
+BufferView packed_view(const char* name, const void* base, int64_t total, int32_t heads, int32_t d,
+                       size_t element_bytes, bool written) {
+  return {name,          base,   total, heads, d, {static_cast<int64_t>(heads) * d, d},
+          element_bytes, written};
+}
+
 std::vector<BufferView> forward_buffers(const Params& p) {
-  return {tensor_view("out", p.out, p.total_q, p.heads_q, p, p.out_layout, true),
+  return {tensor_view("out", p.out, p.total_q, p.heads_q, p.head_dim_v, p, p.out_layout, true),
           array_view("lse", p.lse, p.total_q * p.heads_q, sizeof(float), true),
-          tensor_view("q", p.q, p.total_q, p.heads_q, p, p.q_layout, false),
-          tensor_view("k", p.k, p.total_k, p.heads_kv, p, p.k_layout, false),
-          tensor_view("v", p.v, p.total_k, p.heads_kv, p, p.v_layout, false),
+          tensor_view("q", p.q, p.total_q, p.heads_q, p.head_dim, p, p.q_layout, false),
+          tensor_view("k", p.k, p.total_k, p.heads_kv, p.head_dim, p, p.k_layout, false),
+          tensor_view("v", p.v, p.total_k, p.heads_kv, p.head_dim_v, p, p.v_layout, false),
           array_view("cu_seqlens_q", p.cu_seqlens_q, p.batch + 1, sizeof(int32_t), false),
           array_view("cu_seqlens_k", p.cu_seqlens_k, p.batch + 1, sizeof(int32_t), false),
           workspace_view(p),
@@ -38,10 +46,10 @@ std::vector<BufferView> forward_buffers(const Params& p) {
 std::vector<BufferView> backward_buffers(const BackwardParams& b) {
   const Params& p = b.fwd;
   std::vector<BufferView> v = {
-      tensor_view("dq", b.dq, p.total_q, p.heads_q, p, b.dq_layout, true),
-      tensor_view("dk", b.dk, p.total_k, p.heads_kv, p, b.dk_layout, true),
-      tensor_view("dv", b.dv, p.total_k, p.heads_kv, p, b.dv_layout, true),
-      tensor_view("dout", b.dout, p.total_q, p.heads_q, p, b.dout_layout, false),
+      tensor_view("dq", b.dq, p.total_q, p.heads_q, p.head_dim, p, b.dq_layout, true),
+      tensor_view("dk", b.dk, p.total_k, p.heads_kv, p.head_dim, p, b.dk_layout, true),
+      tensor_view("dv", b.dv, p.total_k, p.heads_kv, p.head_dim_v, p, b.dv_layout, true),
+      tensor_view("dout", b.dout, p.total_q, p.heads_q, p.head_dim_v, p, b.dout_layout, false),
       array_view("dlse", b.dlse, p.total_q * p.heads_q, sizeof(float), false)};
   for (BufferView f : forward_buffers(p)) {
     // The forward's outputs are inputs now; the workspace and the offsets check are written.

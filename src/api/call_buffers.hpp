@@ -26,6 +26,10 @@ struct BufferView {
 BufferView array_view(const char* name, const void* base, int64_t n, size_t element_bytes,
                       bool written);
 
+// A packed [total, heads, d] view.
+BufferView packed_view(const char* name, const void* base, int64_t total, int32_t heads, int32_t d,
+                       size_t element_bytes, bool written);
+
 // The buffers of a forward call (p validated) and of a backward call.
 std::vector<BufferView> forward_buffers(const Params& p);
 std::vector<BufferView> backward_buffers(const BackwardParams& b);

@@ -1,12 +1,18 @@
 // C entry points of the jagged utilities.
 #include <algorithm>
 #include <limits>
+#include <vector>
 
+#include "api/buffer_checks.hpp"
+#include "api/call_buffers.hpp"
 #include "api/enum_bits.hpp"
 #include "api/error.hpp"
+#include "api/overlap.hpp"
 #include "api/validate.hpp"
 #include "cpu/jagged_ops.hpp"
 
+using jfa::detail::array_view;
+using jfa::detail::BufferView;
 using jfa::detail::fail;
 using jfa::detail::guarded;
 
@@ -19,10 +25,11 @@ jfa_status check_dtype(const jfa_dtype& dtype) {
   return JFA_SUCCESS;
 }
 
-// Shared checks of the two copy directions.
-jfa_status check_copy(const void* src, const char* src_name, const int32_t* offsets, int64_t batch,
-                      int64_t row_elems, const jfa_dtype& dtype, int32_t max_length,
-                      const void* dst, const char* dst_name) {
+// Shared checks of the two copy directions: jagged [offsets[batch], row_elems] and padded
+// [batch, max_length, row_elems], the destination written.
+jfa_status check_copy(const void* jagged, const void* padded, bool to_padded,
+                      const int32_t* offsets, int64_t batch, int64_t row_elems,
+                      const jfa_dtype& dtype, int32_t max_length) {
   jfa_status s;
   if ((s = check_dtype(dtype)) != JFA_SUCCESS) return s;
   if (row_elems < 0)
@@ -43,10 +50,18 @@ jfa_status check_copy(const void* src, const char* src_name, const int32_t* offs
   }
   const bool empty = offsets[batch] == 0 && (batch == 0 || max_length == 0);
   if (!empty && row_elems > 0) {
-    if (src == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "%s must not be NULL", src_name);
-    if (dst == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "%s must not be NULL", dst_name);
+    if (jagged == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "jagged must not be NULL");
+    if (padded == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "padded must not be NULL");
   }
-  return JFA_SUCCESS;
+  // Every sequence fits in max_length, so the jagged rows are no more than the padded ones.
+  const size_t esize = jfa_dtype_size(dtype);
+  const std::vector<BufferView> buffers = {
+      array_view("jagged", jagged, static_cast<int64_t>(offsets[batch]) * row_elems, esize,
+                 !to_padded),
+      array_view("padded", padded, static_cast<int64_t>(padded_elems), esize, to_padded),
+      array_view("offsets", offsets, batch + 1, sizeof(int32_t), false)};
+  if ((s = jfa::detail::check_aligned(buffers)) != JFA_SUCCESS) return s;
+  return jfa::detail::check_outputs_disjoint(buffers);
 }
 
 }  // namespace
@@ -73,6 +88,15 @@ jfa_status jfa_lengths_to_offsets(const int32_t* lengths, int64_t batch, int32_t
     if (offsets == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "offsets must not be NULL");
     if (batch > 0 && lengths == nullptr)
       return fail(JFA_ERROR_INVALID_ARGUMENT, "lengths must not be NULL when batch > 0");
+    jfa_status s;
+    const std::vector<BufferView> buffers = {
+        array_view("offsets", offsets, batch + 1, sizeof(int32_t), true),
+        array_view("lengths", lengths, batch, sizeof(int32_t), false)};
+    if ((s = jfa::detail::check_aligned(buffers)) != JFA_SUCCESS) return s;
+    // In place (offsets == lengths, one element longer) works: each length is read before its
+    // slot is overwritten. Any other overlap would read lengths already overwritten.
+    if (offsets != lengths && (s = jfa::detail::check_outputs_disjoint(buffers)) != JFA_SUCCESS)
+      return s;
     int64_t total = 0;
     for (int64_t b = 0; b < batch; ++b) {
       if (lengths[b] < 0)
@@ -84,8 +108,13 @@ jfa_status jfa_lengths_to_offsets(const int32_t* lengths, int64_t batch, int32_t
                     "the sum of lengths overflows int32 at lengths[%lld]",
                     static_cast<long long>(b));
     }
-    offsets[0] = 0;
-    for (int64_t b = 0; b < batch; ++b) offsets[b + 1] = offsets[b] + lengths[b];
+    int32_t sum = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      const int32_t length = lengths[b];
+      offsets[b] = sum;
+      sum += length;
+    }
+    offsets[batch] = sum;
     return JFA_SUCCESS;
   });
 }
@@ -99,6 +128,9 @@ jfa_status jfa_max_length(const int32_t* offsets, int64_t batch, int32_t* max_le
   return guarded([&] {
     if (max_length == nullptr)
       return fail(JFA_ERROR_INVALID_ARGUMENT, "max_length must not be NULL");
+    if (const jfa_status s = jfa::detail::check_aligned("max_length", max_length, sizeof(int32_t));
+        s != JFA_SUCCESS)
+      return s;
     jfa_status s = jfa::detail::validate_offsets_named(offsets, batch, -1, "offsets");
     if (s != JFA_SUCCESS) return s;
     int32_t m = 0;
@@ -112,8 +144,8 @@ jfa_status jfa_jagged_to_padded(const void* jagged, const int32_t* offsets, int6
                                 int64_t row_elems, jfa_dtype dtype, int32_t max_length,
                                 double padding_value, void* padded) {
   return guarded([&] {
-    jfa_status s = check_copy(jagged, "jagged", offsets, batch, row_elems, dtype, max_length,
-                              padded, "padded");
+    jfa_status s = check_copy(jagged, padded, /*to_padded=*/true, offsets, batch, row_elems, dtype,
+                              max_length);
     if (s != JFA_SUCCESS) return s;
     jfa::detail::jagged_to_padded_cpu(jagged, offsets, batch, row_elems, dtype, max_length,
                                       padding_value, padded);
@@ -125,8 +157,8 @@ jfa_status jfa_padded_to_jagged(const void* padded, const int32_t* offsets, int6
                                 int64_t row_elems, jfa_dtype dtype, int32_t max_length,
                                 void* jagged) {
   return guarded([&] {
-    jfa_status s = check_copy(padded, "padded", offsets, batch, row_elems, dtype, max_length,
-                              jagged, "jagged");
+    jfa_status s = check_copy(jagged, padded, /*to_padded=*/false, offsets, batch, row_elems, dtype,
+                              max_length);
     if (s != JFA_SUCCESS) return s;
     jfa::detail::padded_to_jagged_cpu(padded, offsets, batch, row_elems, dtype, max_length, jagged);
     return JFA_SUCCESS;

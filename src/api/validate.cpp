@@ -3,8 +3,10 @@
 #include <cmath>
 #include <limits>
 
+#include "api/buffer_checks.hpp"
 #include "api/enum_bits.hpp"
 #include "api/error.hpp"
+#include "api/params_layouts.hpp"
 
 namespace jfa::detail {
 namespace {
@@ -13,13 +15,30 @@ constexpr int64_t kMaxTotal = std::numeric_limits<int32_t>::max();
 // A bound on |softmax_scale| under which its product with log2(e) stays finite in float32.
 constexpr float kMaxScale = std::numeric_limits<float>::max() / 1.443f;
 
+// The furthest element of a [total, heads, d] tensor with these strides must be addressable in
+// int64.
+jfa_status check_reach(const char* name, const Layout& layout, int64_t total, int32_t heads,
+                       int32_t d) {
+  const __int128 ts = layout.token_stride, hs = layout.head_stride;
+  const __int128 reach = (total > 0 ? (total - 1) * ts : 0) + (heads - 1) * hs + d;
+  if (reach > std::numeric_limits<int64_t>::max()) {
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "%s: strides times sizes overflow int64: token_stride=%lld head_stride=%lld for "
+                "[%lld, %d, %d]",
+                name, static_cast<long long>(layout.token_stride),
+                static_cast<long long>(layout.head_stride), static_cast<long long>(total), heads,
+                d);
+  }
+  return JFA_SUCCESS;
+}
+
 // A tensor [total, heads, d] with the given strides: every (token, head) row must be distinct and
 // the furthest element must be addressable in int64.
 jfa_status check_layout(const char* name, Layout& layout, int64_t total, int32_t heads, int32_t d) {
   if (layout.token_stride == 0 && layout.head_stride == 0) {
     layout.head_stride = d;
     layout.token_stride = static_cast<int64_t>(heads) * d;
-    return JFA_SUCCESS;
+    return check_reach(name, layout, total, heads, d);  // the sizes alone can overflow
   }
   if (layout.token_stride <= 0 || layout.head_stride <= 0) {
     return fail(JFA_ERROR_INVALID_ARGUMENT,
@@ -45,24 +64,10 @@ jfa_status check_layout(const char* name, Layout& layout, int64_t total, int32_t
                 static_cast<long long>(layout.head_stride), static_cast<long long>(total), heads,
                 d);
   }
-  const __int128 reach = (total > 0 ? (total - 1) * ts : 0) + (heads - 1) * hs + d;
-  if (reach > std::numeric_limits<int64_t>::max()) {
-    return fail(JFA_ERROR_INVALID_ARGUMENT, "%s: strides times sizes overflow int64", name);
-  }
-  return JFA_SUCCESS;
+  return check_reach(name, layout, total, heads, d);
 }
 
 }  // namespace
-
-jfa_status check_struct_size(const jfa_attention_params* in) {
-  if (in->struct_size != sizeof(jfa_attention_params))
-    return fail(JFA_ERROR_INVALID_ARGUMENT,
-                "params->struct_size is %u but this libjfa's jfa_attention_params has %zu bytes: "
-                "fill the struct with jfa_attention_params_init() first (an uninitialised or "
-                "zero-filled struct, or one from another version of jfa.h)",
-                static_cast<unsigned>(in->struct_size), sizeof(jfa_attention_params));
-  return JFA_SUCCESS;
-}
 
 jfa_status check_batch_and_total_q(int64_t batch, int64_t total_q) {
   if (batch < 0 || batch >= kMaxTotal)
@@ -74,9 +79,20 @@ jfa_status check_batch_and_total_q(int64_t batch, int64_t total_q) {
   return JFA_SUCCESS;
 }
 
-jfa_status build_params(const jfa_attention_params* in, Params* out, bool needs_output) {
-  if (in == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "params must not be NULL");
-  if (const jfa_status s = check_struct_size(in); s != JFA_SUCCESS) return s;
+namespace {
+// build_params of a struct already in the current layout (read_params' result).
+jfa_status build_current_params(const jfa_attention_params* in, Params* out, bool needs_output);
+}  // namespace
+
+jfa_status build_params(const jfa_attention_params* caller, Params* out, bool needs_output) {
+  if (caller == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "params must not be NULL");
+  jfa_attention_params current;
+  if (const jfa_status s = read_params(caller, &current); s != JFA_SUCCESS) return s;
+  return build_current_params(&current, out, needs_output);
+}
+
+namespace {
+jfa_status build_current_params(const jfa_attention_params* in, Params* out, bool needs_output) {
   Params p{};
   p.q = in->q;
   p.k = in->k;
@@ -91,6 +107,7 @@ jfa_status build_params(const jfa_attention_params* in, Params* out, bool needs_
   p.heads_q = in->heads_q;
   p.heads_kv = in->heads_kv;
   p.head_dim = in->head_dim;
+  p.head_dim_v = in->head_dim_v == 0 ? in->head_dim : in->head_dim_v;
   const int32_t dtype = enum_bits(in->dtype);
   const int32_t backend = enum_bits(in->backend);
   p.q_layout = {in->q_layout.token_stride, in->q_layout.head_stride};
@@ -109,8 +126,6 @@ jfa_status build_params(const jfa_attention_params* in, Params* out, bool needs_
   if (p.total_k < 0 || p.total_k > kMaxTotal)
     return fail(JFA_ERROR_INVALID_ARGUMENT, "total_k must be in [0, 2^31 - 1], got %lld",
                 static_cast<long long>(p.total_k));
-  if (p.device_check != nullptr && (reinterpret_cast<uintptr_t>(p.device_check) & 3u) != 0)
-    return fail(JFA_ERROR_INVALID_ARGUMENT, "device_check must be 4-byte aligned");
   // cu_seqlens[batch] is the end of the last sequence and must equal the totals: with no
   // sequence, no token (known without reading the offsets, which the CUDA path never does).
   if (p.batch == 0 && (p.total_q > 0 || p.total_k > 0))
@@ -130,6 +145,12 @@ jfa_status build_params(const jfa_attention_params* in, Params* out, bool needs_
     return fail(JFA_ERROR_INVALID_ARGUMENT, "head_dim must be > 0, got %d", p.head_dim);
   if (p.head_dim > kMaxHeadDim)
     return fail(JFA_ERROR_UNSUPPORTED, "head_dim %d is not supported (at most %d)", p.head_dim,
+                kMaxHeadDim);
+  if (in->head_dim_v < 0)
+    return fail(JFA_ERROR_INVALID_ARGUMENT, "head_dim_v must be > 0 (or 0 for head_dim), got %d",
+                in->head_dim_v);
+  if (p.head_dim_v > kMaxHeadDim)
+    return fail(JFA_ERROR_UNSUPPORTED, "head_dim_v %d is not supported (at most %d)", p.head_dim_v,
                 kMaxHeadDim);
   if (dtype != JFA_DTYPE_FLOAT16 && dtype != JFA_DTYPE_BFLOAT16 && dtype != JFA_DTYPE_FLOAT32)
     return fail(JFA_ERROR_INVALID_ARGUMENT,
@@ -176,25 +197,25 @@ jfa_status build_params(const jfa_attention_params* in, Params* out, bool needs_
     return s;
   if ((s = check_layout("k", p.k_layout, p.total_k, p.heads_kv, p.head_dim)) != JFA_SUCCESS)
     return s;
-  if ((s = check_layout("v", p.v_layout, p.total_k, p.heads_kv, p.head_dim)) != JFA_SUCCESS)
+  if ((s = check_layout("v", p.v_layout, p.total_k, p.heads_kv, p.head_dim_v)) != JFA_SUCCESS)
     return s;
   if (needs_output &&
-      (s = check_layout("out", p.out_layout, p.total_q, p.heads_q, p.head_dim)) != JFA_SUCCESS)
+      (s = check_layout("out", p.out_layout, p.total_q, p.heads_q, p.head_dim_v)) != JFA_SUCCESS)
     return s;
   *out = p;
   return JFA_SUCCESS;
 }
+}  // namespace
 
-jfa_status build_backward_params(const jfa_attention_backward_params* in, BackwardParams* out,
+jfa_status build_backward_params(const jfa_attention_backward_params* caller, BackwardParams* out,
                                  bool for_reference) {
-  if (in == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "params must not be NULL");
-  if (in->struct_size != sizeof(jfa_attention_backward_params))
-    return fail(JFA_ERROR_INVALID_ARGUMENT,
-                "params->struct_size is %u but this libjfa's jfa_attention_backward_params has %zu "
-                "bytes: fill the struct with jfa_attention_backward_params_init() first",
-                static_cast<unsigned>(in->struct_size), sizeof(jfa_attention_backward_params));
+  if (caller == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "params must not be NULL");
+  jfa_attention_backward_params current;
+  if (const jfa_status s = read_backward_params(caller, &current); s != JFA_SUCCESS) return s;
+  const jfa_attention_backward_params* in = &current;
   BackwardParams b{};
-  if (const jfa_status s = build_params(&in->forward, &b.fwd, !for_reference); s != JFA_SUCCESS)
+  if (const jfa_status s = build_current_params(&in->forward, &b.fwd, !for_reference);
+      s != JFA_SUCCESS)
     return s;
   const Params& p = b.fwd;
   b.dout = in->dout;
@@ -204,7 +225,7 @@ jfa_status build_backward_params(const jfa_attention_backward_params* in, Backwa
   if (p.total_q > 0 && b.dout == nullptr)
     return fail(JFA_ERROR_INVALID_ARGUMENT, "dout must not be NULL when total_q > 0");
   jfa_status s;
-  if ((s = check_layout("dout", b.dout_layout, p.total_q, p.heads_q, p.head_dim)) != JFA_SUCCESS)
+  if ((s = check_layout("dout", b.dout_layout, p.total_q, p.heads_q, p.head_dim_v)) != JFA_SUCCESS)
     return s;
   if (for_reference) {  // the reference reads q, k, v and dout only
     b.fwd.out = nullptr;
@@ -231,7 +252,7 @@ jfa_status build_backward_params(const jfa_attention_backward_params* in, Backwa
     return s;
   if ((s = check_layout("dk", b.dk_layout, p.total_k, p.heads_kv, p.head_dim)) != JFA_SUCCESS)
     return s;
-  if ((s = check_layout("dv", b.dv_layout, p.total_k, p.heads_kv, p.head_dim)) != JFA_SUCCESS)
+  if ((s = check_layout("dv", b.dv_layout, p.total_k, p.heads_kv, p.head_dim_v)) != JFA_SUCCESS)
     return s;
   *out = b;
   return JFA_SUCCESS;
@@ -240,6 +261,8 @@ jfa_status build_backward_params(const jfa_attention_backward_params* in, Backwa
 jfa_status validate_offsets_named(const int32_t* offsets, int64_t batch, int64_t total,
                                   const char* name) {
   if (offsets == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "%s must not be NULL", name);
+  if (const jfa_status s = check_aligned(name, offsets, sizeof(int32_t)); s != JFA_SUCCESS)
+    return s;
   if (batch < 0)
     return fail(JFA_ERROR_INVALID_ARGUMENT, "batch must be >= 0, got %lld",
                 static_cast<long long>(batch));

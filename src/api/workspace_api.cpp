@@ -5,6 +5,7 @@
 #include "api/enum_bits.hpp"
 #include "api/error.hpp"
 #include "api/memory_probe.hpp"
+#include "api/params_layouts.hpp"
 #include "jfa/jfa.h"
 #ifdef JFA_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -107,8 +108,10 @@ jfa_status jfa_workspace_prepare(jfa_workspace* workspace, jfa_attention_params*
     size_t needed = 0;  // also checks struct_size
     if (const jfa_status s = jfa_attention_workspace_size(params, &needed); s != JFA_SUCCESS)
       return s;
-    return point_at_workspace(workspace, needed, params->q != nullptr ? params->q : params->out,
-                              params->backend, &params->workspace, &params->workspace_bytes);
+    jfa_attention_params p;  // read in the current layout; workspace lies alike in every one
+    if (const jfa_status s = jfa::detail::read_params(params, &p); s != JFA_SUCCESS) return s;
+    return point_at_workspace(workspace, needed, p.q != nullptr ? p.q : p.out, p.backend,
+                              &params->workspace, &params->workspace_bytes);
   });
 }
 
@@ -121,9 +124,14 @@ jfa_status jfa_workspace_prepare_backward(jfa_workspace* workspace,
     if (const jfa_status s = jfa_attention_backward_workspace_size(params, &needed);
         s != JFA_SUCCESS)
       return s;
-    jfa_attention_params& f = params->forward;
-    return point_at_workspace(workspace, needed, f.q != nullptr ? f.q : params->dq, f.backend,
-                              &f.workspace, &f.workspace_bytes);
+    // Read in the current layout (dq lies elsewhere in the 0.1.0 one); forward.workspace and
+    // workspace_bytes lie alike in every layout (params_layouts.hpp).
+    jfa_attention_backward_params b;
+    if (const jfa_status s = jfa::detail::read_backward_params(params, &b); s != JFA_SUCCESS)
+      return s;
+    const jfa_attention_params& f = b.forward;
+    return point_at_workspace(workspace, needed, f.q != nullptr ? f.q : b.dq, f.backend,
+                              &params->forward.workspace, &params->forward.workspace_bytes);
   });
 }
 

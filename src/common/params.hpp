@@ -27,7 +27,8 @@ struct Params {
   int64_t total_k;
   int32_t heads_q;
   int32_t heads_kv;
-  int32_t head_dim;
+  int32_t head_dim;    // columns of q and k
+  int32_t head_dim_v;  // columns of v and out (and dout, dv)
   jfa_dtype dtype;
   Layout q_layout, k_layout, v_layout, out_layout;
   float softmax_scale;  // resolved: never NaN

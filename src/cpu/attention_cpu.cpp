@@ -28,20 +28,21 @@ struct WorkItem {
   double cost;
 };
 
-// Scratch tiles owned by one worker thread. Rows of q, v and o are `width` floats: head_dim
-// rounded up to kBlockCols, the extra columns staying zero.
+// Scratch tiles owned by one worker thread. Rows of q are `q_width` floats (head_dim rounded up
+// to kBlockCols), rows of v and o `v_width` (head_dim_v rounded up), the extra columns zero.
 struct Scratch {
-  explicit Scratch(int d)
-      : width((d + kBlockCols - 1) / kBlockCols * kBlockCols),
-        q(kRows * width),
+  Scratch(int d, int dv)
+      : q_width(round_up_to_block(d)),
+        v_width(round_up_to_block(dv)),
+        q(kRows * q_width),
         kt(static_cast<size_t>(d) * kCols),
-        v(static_cast<size_t>(kCols) * width),
+        v(static_cast<size_t>(kCols) * v_width),
         s(kRows * kCols),
-        o(kRows * width),
+        o(kRows * v_width),
         m(kRows),
         l(kRows),
         row(d) {}
-  int width;
+  int q_width, v_width;
   std::vector<float> q, kt, v, s, o, m, l, row;
 };
 
@@ -70,7 +71,7 @@ std::vector<WorkItem> make_work_items(const Params& p) {
 __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_tile(const Params& p,
                                                                           const WorkItem& item,
                                                                           Scratch& w) {
-  const int d = p.head_dim;
+  const int d = p.head_dim, dv = p.head_dim_v;
   const int64_t b = item.batch_index;
   const int32_t hq = item.head;
   const int32_t hk = hq / p.group_size();
@@ -81,9 +82,9 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_tile(const 
   const int rows = static_cast<int>(std::min<int64_t>(kRows, len_q - row0));
   const float q_scale = p.softmax_scale * std::numbers::log2e_v<float>;
 
-  const int width = w.width;
+  const int q_width = w.q_width, v_width = w.v_width;
   for (int i = 0; i < kRows; ++i) {
-    float* qi = &w.q[static_cast<size_t>(i) * width];
+    float* qi = &w.q[static_cast<size_t>(i) * q_width];
     if (i >= rows) {  // rows past the sequence end: zeros, so their scores stay finite
       std::fill(qi, qi + d, 0.0f);
       continue;
@@ -106,16 +107,16 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_tile(const 
       load_row_as_float(p.k, token * p.k_layout.token_stride + hk * p.k_layout.head_stride, d,
                         p.dtype, w.row.data());
       for (int c = 0; c < d; ++c) w.kt[static_cast<size_t>(c) * kCols + j] = w.row[c];
-      load_row_as_float(p.v, token * p.v_layout.token_stride + hk * p.v_layout.head_stride, d,
-                        p.dtype, &w.v[static_cast<size_t>(j) * width]);
+      load_row_as_float(p.v, token * p.v_layout.token_stride + hk * p.v_layout.head_stride, dv,
+                        p.dtype, &w.v[static_cast<size_t>(j) * v_width]);
     }
     if (cols < kCols) {  // a partial last tile: no stale keys or values from the previous tile
       for (int c = 0; c < d; ++c)
         std::fill(&w.kt[static_cast<size_t>(c) * kCols + cols], &w.kt[(c + 1) * size_t{kCols}],
                   0.0f);
-      std::fill(w.v.begin() + static_cast<size_t>(cols) * width, w.v.end(), 0.0f);
+      std::fill(w.v.begin() + static_cast<size_t>(cols) * v_width, w.v.end(), 0.0f);
     }
-    scores_tile(w.q.data(), w.kt.data(), w.s.data(), d, width);
+    scores_tile(w.q.data(), w.kt.data(), w.s.data(), d, q_width);
     for (int i = 0; i < kRows; ++i) {
       float* si = &w.s[static_cast<size_t>(i) * kCols];
       const int limit = i < rows ? static_cast<int>(std::clamp<int64_t>(
@@ -143,10 +144,10 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_tile(const 
       }
       w.m[i] = m_new;
       w.l[i] = w.l[i] * alpha + sum;
-      float* oi = &w.o[static_cast<size_t>(i) * width];
-      for (int c = 0; c < d; ++c) oi[c] *= alpha;
+      float* oi = &w.o[static_cast<size_t>(i) * v_width];
+      for (int c = 0; c < dv; ++c) oi[c] *= alpha;
     }
-    accumulate_pv(w.s.data(), w.v.data(), w.o.data(), width);
+    accumulate_pv(w.s.data(), w.v.data(), w.o.data(), v_width);
   }
 
   for (int i = 0; i < rows; ++i) {
@@ -156,8 +157,8 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_tile(const 
     if (!(l > 0) && key_limit(p.causal, row0 + i, len_q, len_k) > 0) return false;
     const float inv = l > 0 ? 1.0f / l : 0.0f;  // a row with no keys gives zeros
     const int64_t base = token * p.out_layout.token_stride + hq * p.out_layout.head_stride;
-    const float* oi = &w.o[static_cast<size_t>(i) * width];
-    for (int c = 0; c < d; ++c) store_from_float(p.out, base + c, p.dtype, oi[c] * inv);
+    const float* oi = &w.o[static_cast<size_t>(i) * v_width];
+    for (int c = 0; c < dv; ++c) store_from_float(p.out, base + c, p.dtype, oi[c] * inv);
     if (p.lse) {
       p.lse[hq * p.total_q + token] =
           l > 0 ? (w.m[i] + std::log2(l)) * std::numbers::ln2_v<float> : kNegInf;
@@ -166,10 +167,11 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_tile(const 
   return true;
 }
 
-// Threads worth using for `items` (see workers_for_flops).
-int workers_for(const std::vector<WorkItem>& items, int head_dim) {
+// Threads worth using for `items` (see workers_for_flops): 2 FLOPs per pair and column of Q K^T
+// and of P V.
+int workers_for(const std::vector<WorkItem>& items, const Params& p) {
   double flops = 0;
-  for (const WorkItem& item : items) flops += 4.0 * item.cost * head_dim;
+  for (const WorkItem& item : items) flops += 2.0 * item.cost * (p.head_dim + p.head_dim_v);
   return workers_for_flops(flops);
 }
 
@@ -177,10 +179,10 @@ int workers_for(const std::vector<WorkItem>& items, int head_dim) {
 
 jfa_status attention_forward_cpu(const Params& p) {
   const std::vector<WorkItem> items = make_work_items(p);
-  const int workers = workers_for(items, p.head_dim);
+  const int workers = workers_for(items, p);
   std::vector<Scratch> scratch;
   scratch.reserve(static_cast<size_t>(workers));
-  for (int w = 0; w < workers; ++w) scratch.emplace_back(p.head_dim);
+  for (int w = 0; w < workers; ++w) scratch.emplace_back(p.head_dim, p.head_dim_v);
   try {
     parallel_for(static_cast<int64_t>(items.size()), workers, [&](int64_t i, int worker) {
       if (!run_tile(p, items[i], scratch[worker])) throw ScoreOverflow();

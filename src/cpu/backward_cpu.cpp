@@ -40,14 +40,16 @@ inline void transpose_tile(const float* __restrict a, float* __restrict b) {
     for (int j = 0; j < kCols; ++j) b[j * kRows + i] = a[i * kCols + j];
 }
 
-// Scratch of one worker. Rows of q, k, v and the gradients are `width` floats: head_dim rounded up
-// to kBlockCols, the extra columns zero. Keys are padded to whole tiles with zero rows.
+// Scratch of one worker. Rows of q, k and their gradients are `width` floats (head_dim rounded up
+// to kBlockCols), rows of v, dout and dv `v_width` (head_dim_v rounded up), the extra columns
+// zero. Keys are padded to whole tiles with zero rows.
 struct UnitScratch {
-  explicit UnitScratch(int d)
-      : width((d + kBlockCols - 1) / kBlockCols * kBlockCols),
+  UnitScratch(int d, int dv)
+      : width(round_up_to_block(d)),
+        v_width(round_up_to_block(dv)),
         q(kRows * width),
         q_scaled(kRows * width),
-        dout(kRows * width),
+        dout(kRows * v_width),
         dq(kRows * width),
         s(kRows * kCols),
         dp(kRows * kCols),
@@ -55,10 +57,11 @@ struct UnitScratch {
         lse_log2(kRows),
         delta(kRows),
         limit(kRows),
-        row(d) {}
-  int width;
-  std::vector<float> k, v, kt, vt, dk,
-      dv;  // the unit's keys: [tiles * kCols][width], kt/vt [d][kCols]
+        row(dv) {}
+  int width, v_width;
+  // The unit's keys: k, dk [tiles * kCols][width], v, dv [tiles * kCols][v_width]; per tile kt
+  // [head_dim][kCols] and vt [head_dim_v][kCols].
+  std::vector<float> k, v, kt, vt, dk, dv;
   std::vector<float> q, q_scaled, dout, dq, s, dp, t, lse_log2, delta;
   std::vector<int> limit;
   std::vector<float> row;
@@ -80,10 +83,10 @@ void prepare_unit(const Params& p, const Unit& unit, UnitScratch& w) {
   const int64_t len_k = unit.key_hi - unit.key_lo;
   const size_t key_tiles = static_cast<size_t>((len_k + kCols - 1) / kCols);
   const size_t key_rows = key_tiles * kCols;
-  for (std::vector<float>* buffer : {&w.k, &w.v, &w.dk, &w.dv})
-    buffer->assign(key_rows * w.width, 0.0f);
+  for (std::vector<float>* buffer : {&w.k, &w.dk}) buffer->assign(key_rows * w.width, 0.0f);
+  for (std::vector<float>* buffer : {&w.v, &w.dv}) buffer->assign(key_rows * w.v_width, 0.0f);
   w.kt.assign(key_tiles * p.head_dim * kCols, 0.0f);
-  w.vt.assign(key_tiles * p.head_dim * kCols, 0.0f);
+  w.vt.assign(key_tiles * p.head_dim_v * kCols, 0.0f);
 }
 
 // Built for AVX2+FMA as well as the baseline; the loader picks the best the CPU has. Returns false
@@ -95,6 +98,7 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_unit(const 
                                                                           UnitScratch& w) {
   const Params& p = bp.fwd;
   const int d = p.head_dim, width = w.width;
+  const int d_v = p.head_dim_v, v_width = w.v_width;
   const int32_t group = p.group_size();
   const int64_t b = unit.b;
   const int32_t g = unit.g;
@@ -107,17 +111,15 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_unit(const 
   const float scale = p.softmax_scale, scale_log2 = scale * kLog2e;
   for (int64_t j = 0; j < len_k; ++j) {
     float* kj = &w.k[j * width];
-    float* vj = &w.v[j * width];
+    float* vj = &w.v[j * v_width];
     load_row_as_float(p.k, (k0 + j) * p.k_layout.token_stride + g * p.k_layout.head_stride, d,
                       p.dtype, kj);
-    load_row_as_float(p.v, (k0 + j) * p.v_layout.token_stride + g * p.v_layout.head_stride, d,
+    load_row_as_float(p.v, (k0 + j) * p.v_layout.token_stride + g * p.v_layout.head_stride, d_v,
                       p.dtype, vj);
     float* kt = &w.kt[(j / kCols) * d * kCols];
-    float* vt = &w.vt[(j / kCols) * d * kCols];
-    for (int c = 0; c < d; ++c) {
-      kt[c * kCols + j % kCols] = kj[c];
-      vt[c * kCols + j % kCols] = vj[c];
-    }
+    float* vt = &w.vt[(j / kCols) * d_v * kCols];
+    for (int c = 0; c < d; ++c) kt[c * kCols + j % kCols] = kj[c];
+    for (int c = 0; c < d_v; ++c) vt[c * kCols + j % kCols] = vj[c];
   }
   for (int32_t h = g * group; h < (g + 1) * group; ++h) {
     for (int64_t row0 = 0; row0 < len_q; row0 += kRows) {
@@ -139,7 +141,7 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_unit(const 
         w.limit[i] = static_cast<int>(std::min<int64_t>(visible, INT32_MAX));
         k_end = std::max(k_end, visible);
         float* qi = &w.q[i * width];
-        float* di = &w.dout[i * width];
+        float* di = &w.dout[i * v_width];
         load_row_as_float(p.q, token * p.q_layout.token_stride + h * p.q_layout.head_stride, d,
                           p.dtype, qi);
         // The scores from q scaled first, as the forward computes them (q.k alone may overflow
@@ -147,19 +149,19 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_unit(const 
         float* qsi = &w.q_scaled[i * width];
         for (int c = 0; c < d; ++c) qsi[c] = qi[c] * scale_log2;
         load_row_as_float(bp.dout,
-                          token * bp.dout_layout.token_stride + h * bp.dout_layout.head_stride, d,
+                          token * bp.dout_layout.token_stride + h * bp.dout_layout.head_stride, d_v,
                           p.dtype, di);
         load_row_as_float(p.out, token * p.out_layout.token_stride + h * p.out_layout.head_stride,
-                          d, p.dtype, w.row.data());
+                          d_v, p.dtype, w.row.data());
         // rowsum(dO o O), less the gradient of the LSE where given (d lse_i / d s_ij = P_ij).
-        w.delta[i] = dot(di, w.row.data(), d) - (bp.dlse ? bp.dlse[h * p.total_q + token] : 0.f);
+        w.delta[i] = dot(di, w.row.data(), d_v) - (bp.dlse ? bp.dlse[h * p.total_q + token] : 0.f);
         w.lse_log2[i] = lse * kLog2e;
       }
       for (int64_t key0 = 0; key0 < k_end; key0 += kCols) {
         const int64_t tile = key0 / kCols;
         // P = exp2(S * scale * log2(e) - LSE * log2(e)) on the visible keys, 0 elsewhere.
         scores_tile(w.q_scaled.data(), &w.kt[tile * d * kCols], w.s.data(), d, width);
-        scores_tile(w.dout.data(), &w.vt[tile * d * kCols], w.dp.data(), d, width);
+        scores_tile(w.dout.data(), &w.vt[tile * d_v * kCols], w.dp.data(), d_v, v_width);
         for (int i = 0; i < kRows; ++i) {
           float* si = &w.s[i * kCols];
           float* dpi = &w.dp[i * kCols];
@@ -174,9 +176,9 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_unit(const 
           std::fill(dpi + limit, dpi + kCols, 0.0f);
         }
         float* dk = &w.dk[key0 * width];
-        float* dv = &w.dv[key0 * width];
+        float* dv = &w.dv[key0 * v_width];
         transpose_tile(w.s.data(), w.t.data());
-        accumulate_pv(w.t.data(), w.dout.data(), dv, width);  // dV += P^T dO
+        accumulate_pv(w.t.data(), w.dout.data(), dv, v_width);  // dV += P^T dO
         transpose_tile(w.dp.data(), w.t.data());
         accumulate_pv(w.t.data(), w.q.data(), dk, width);                    // dK += scale dS^T Q
         accumulate_pv(w.dp.data(), &w.k[key0 * width], w.dq.data(), width);  // dQ += scale dS K
@@ -197,10 +199,8 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_unit(const 
   for (int64_t j = 0; j < len_k; ++j) {
     const int64_t at_k = (k0 + j) * bp.dk_layout.token_stride + g * bp.dk_layout.head_stride;
     const int64_t at_v = (k0 + j) * bp.dv_layout.token_stride + g * bp.dv_layout.head_stride;
-    for (int c = 0; c < d; ++c) {
-      store_from_float(bp.dk, at_k + c, p.dtype, w.dk[j * width + c]);
-      store_from_float(bp.dv, at_v + c, p.dtype, w.dv[j * width + c]);
-    }
+    for (int c = 0; c < d; ++c) store_from_float(bp.dk, at_k + c, p.dtype, w.dk[j * width + c]);
+    for (int c = 0; c < d_v; ++c) store_from_float(bp.dv, at_v + c, p.dtype, w.dv[j * v_width + c]);
   }
   return true;
 }
@@ -271,10 +271,12 @@ void sum_partial_dq(const BackwardParams& bp, const std::vector<Unit>& units, co
 
 jfa_status attention_backward_cpu(const BackwardParams& bp) {
   const Params& p = bp.fwd;
-  // 10 * head_dim FLOPs per (query, key) pair (an upper bound under the causal mask).
+  // 2 FLOPs per (query, key) pair and column of S and dQ, dK (head_dim) and of dP, dV (head_dim_v):
+  // 10 * head_dim with equal sizes (an upper bound under the causal mask).
+  const double flops_per_pair = 2.0 * (3.0 * p.head_dim + 2.0 * p.head_dim_v);
   double flops = 0;
   for (int64_t b = 0; b < p.batch; ++b)
-    flops += 10.0 * p.head_dim * p.heads_q *
+    flops += flops_per_pair * p.heads_q *
              static_cast<double>(p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b]) *
              static_cast<double>(p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b]);
   const int workers = workers_for_flops(flops);
@@ -283,7 +285,7 @@ jfa_status attention_backward_cpu(const BackwardParams& bp) {
   std::vector<float> partials(partial_floats);
   std::vector<UnitScratch> scratch;
   scratch.reserve(static_cast<size_t>(workers));
-  for (int w = 0; w < workers; ++w) scratch.emplace_back(p.head_dim);
+  for (int w = 0; w < workers; ++w) scratch.emplace_back(p.head_dim, p.head_dim_v);
   try {
     parallel_for(static_cast<int64_t>(units.size()), workers, [&](int64_t i, int worker) {
       prepare_unit(p, units[i], scratch[worker]);

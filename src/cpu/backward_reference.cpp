@@ -15,15 +15,16 @@ namespace jfa::detail {
 void attention_backward_reference_cpu(const BackwardParams& bp, double* dq, double* dk,
                                       double* dv) {
   const Params& p = bp.fwd;
-  const int32_t d = p.head_dim;
+  const int32_t d = p.head_dim, d_v = p.head_dim_v;  // columns of q, k and of v, out, dout
   const int32_t group = p.group_size();
   const double scale = p.softmax_scale;
   std::fill(dq, dq + p.total_q * p.heads_q * d, 0.0);
   std::fill(dk, dk + p.total_k * p.heads_kv * d, 0.0);
-  std::fill(dv, dv + p.total_k * p.heads_kv * d, 0.0);
-  auto load = [&](const void* base, const Layout& l, int64_t token, int32_t head, double* row) {
+  std::fill(dv, dv + p.total_k * p.heads_kv * d_v, 0.0);
+  auto load = [&](const void* base, const Layout& l, int64_t token, int32_t head, int32_t columns,
+                  double* row) {
     const int64_t at = token * l.token_stride + head * l.head_stride;
-    for (int32_t c = 0; c < d; ++c) row[c] = load_as_float(base, at + c, p.dtype);
+    for (int32_t c = 0; c < columns; ++c) row[c] = load_as_float(base, at + c, p.dtype);
   };
   // One unit per (sequence, kv head): it alone writes the dK/dV rows of that head and the dQ rows
   // of the query heads of its group.
@@ -32,18 +33,18 @@ void attention_backward_reference_cpu(const BackwardParams& bp, double* dq, doub
     const int32_t g = static_cast<int32_t>(unit % p.heads_kv);
     const int64_t q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
     const int64_t len_q = p.cu_seqlens_q[b + 1] - q0, len_k = p.cu_seqlens_k[b + 1] - k0;
-    std::vector<double> k(len_k * d), v(len_k * d), q(d), dout(d), o(d), prob(len_k);
+    std::vector<double> k(len_k * d), v(len_k * d_v), q(d), dout(d_v), o(d_v), prob(len_k);
     for (int64_t j = 0; j < len_k; ++j) {
-      load(p.k, p.k_layout, k0 + j, g, &k[j * d]);
-      load(p.v, p.v_layout, k0 + j, g, &v[j * d]);
+      load(p.k, p.k_layout, k0 + j, g, d, &k[j * d]);
+      load(p.v, p.v_layout, k0 + j, g, d_v, &v[j * d_v]);
     }
     for (int32_t h = g * group; h < (g + 1) * group; ++h) {
       for (int64_t i = 0; i < len_q; ++i) {
         int64_t visible = len_k;
         if (p.causal) visible = std::clamp<int64_t>(i + (len_k - len_q) + 1, 0, len_k);
         if (visible == 0) continue;  // a row with no keys: no gradient
-        load(p.q, p.q_layout, q0 + i, h, q.data());
-        load(bp.dout, bp.dout_layout, q0 + i, h, dout.data());
+        load(p.q, p.q_layout, q0 + i, h, d, q.data());
+        load(bp.dout, bp.dout_layout, q0 + i, h, d_v, dout.data());
         double m = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < visible; ++j) {
           double s = 0;
@@ -56,24 +57,24 @@ void attention_backward_reference_cpu(const BackwardParams& bp, double* dq, doub
         std::fill(o.begin(), o.end(), 0.0);
         for (int64_t j = 0; j < visible; ++j) {
           prob[j] /= sum;
-          for (int32_t c = 0; c < d; ++c) o[c] += prob[j] * v[j * d + c];
+          for (int32_t c = 0; c < d_v; ++c) o[c] += prob[j] * v[j * d_v + c];
         }
         // rowsum(dO o O), less the gradient of the LSE (d lse_i / d s_ij = P_ij).
         double delta = 0;
-        for (int32_t c = 0; c < d; ++c) delta += dout[c] * o[c];
+        for (int32_t c = 0; c < d_v; ++c) delta += dout[c] * o[c];
         if (bp.dlse != nullptr) delta -= bp.dlse[h * p.total_q + q0 + i];
         double* dq_row = dq + ((q0 + i) * p.heads_q + h) * d;
         for (int64_t j = 0; j < visible; ++j) {
           double dp = 0;
-          for (int32_t c = 0; c < d; ++c) dp += dout[c] * v[j * d + c];
+          for (int32_t c = 0; c < d_v; ++c) dp += dout[c] * v[j * d_v + c];
           const double ds = prob[j] * (dp - delta);
           double* dk_row = dk + ((k0 + j) * p.heads_kv + g) * d;
-          double* dv_row = dv + ((k0 + j) * p.heads_kv + g) * d;
+          double* dv_row = dv + ((k0 + j) * p.heads_kv + g) * d_v;
           for (int32_t c = 0; c < d; ++c) {
             dq_row[c] += scale * ds * k[j * d + c];
             dk_row[c] += scale * ds * q[c];
-            dv_row[c] += prob[j] * dout[c];
           }
+          for (int32_t c = 0; c < d_v; ++c) dv_row[c] += prob[j] * dout[c];
         }
       }
     }

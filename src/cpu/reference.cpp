@@ -13,7 +13,7 @@ namespace jfa::detail {
 
 void attention_reference_cpu(const Params& p, const int64_t* q_tokens, int64_t n_tokens,
                              double* out, double* lse) {
-  const int32_t d = p.head_dim;
+  const int32_t d = p.head_dim, dv = p.head_dim_v;
   const int32_t group = p.group_size();
   const int32_t* cu_q = p.cu_seqlens_q;
   const int32_t* cu_k = p.cu_seqlens_k;
@@ -30,7 +30,7 @@ void attention_reference_cpu(const Params& p, const int64_t* q_tokens, int64_t n
     std::vector<double> q(d), scores(static_cast<size_t>(visible));
     for (int32_t h = 0; h < p.heads_q; ++h) {
       const int32_t hk = h / group;
-      double* o = out + (row * p.heads_q + h) * d;
+      double* o = out + (row * p.heads_q + h) * dv;
       const int64_t q_base = t * p.q_layout.token_stride + h * p.q_layout.head_stride;
       for (int32_t c = 0; c < d; ++c) q[c] = load_as_float(p.q, q_base + c, p.dtype);
       double m = -std::numeric_limits<double>::infinity();
@@ -42,7 +42,7 @@ void attention_reference_cpu(const Params& p, const int64_t* q_tokens, int64_t n
         scores[j] = s * static_cast<double>(p.softmax_scale);
         m = std::max(m, scores[j]);
       }
-      std::fill(o, o + d, 0.0);
+      std::fill(o, o + dv, 0.0);
       if (visible == 0) {
         if (lse) lse[h * n_tokens + row] = -std::numeric_limits<double>::infinity();
         continue;
@@ -53,9 +53,9 @@ void attention_reference_cpu(const Params& p, const int64_t* q_tokens, int64_t n
         sum += w;
         const int64_t v_base =
             (cu_k[b] + j) * p.v_layout.token_stride + hk * p.v_layout.head_stride;
-        for (int32_t c = 0; c < d; ++c) o[c] += w * load_as_float(p.v, v_base + c, p.dtype);
+        for (int32_t c = 0; c < dv; ++c) o[c] += w * load_as_float(p.v, v_base + c, p.dtype);
       }
-      for (int32_t c = 0; c < d; ++c) o[c] /= sum;
+      for (int32_t c = 0; c < dv; ++c) o[c] /= sum;
       if (lse) lse[h * n_tokens + row] = m + std::log(sum);
     }
   });

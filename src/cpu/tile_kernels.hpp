@@ -16,6 +16,11 @@ inline constexpr int kCols = 64;  // keys per tile
 inline constexpr int kBlockRows = 4;
 inline constexpr int kBlockCols = 16;
 
+// A row of `columns` floats padded to whole register blocks (the micro-kernels' row stride).
+constexpr int round_up_to_block(int columns) {
+  return (columns + kBlockCols - 1) / kBlockCols * kBlockCols;
+}
+
 // Eight floats; the compiler maps it to one AVX register or two SSE registers. The helpers are
 // always inlined, so the ABI note GCC gives for such types does not apply.
 #pragma GCC diagnostic ignored "-Wpsabi"

@@ -9,19 +9,17 @@
 namespace jfa::torch_ops {
 namespace {
 
-// `t` must have the shape, dtype and device of `like` ([total, heads, head_dim]).
-void check_like(const char* name, const Tensor& t, const char* like_name, const Tensor& like) {
-  if (t.dim() != 3 || t.size(0) != like.size(0) || t.size(1) != like.size(1) ||
-      t.size(2) != like.size(2))
-    raise("ValueError", std::string(name) + " must have the shape of " + like_name + " " +
-                            shape_string(like) + ", got " + shape_string(t));
-  if (dtype_of(t) != dtype_of(like))
-    raise("TypeError", std::string(name) + " must have the dtype of " + like_name + " (" +
-                           dtype_string(dtype_of(like)) + "), got " + dtype_string(dtype_of(t)));
-  if (!(device_of(t) == device_of(like)))
-    raise("ValueError", std::string(name) + " must be on the device of " + like_name + " (" +
-                            device_string(device_of(like)) + "), got " +
-                            device_string(device_of(t)));
+// `t` must have the shape of out (q's tokens and heads, v's head_dim) and q's dtype and device.
+void check_like_out(const char* name, const Tensor& t, const Tensor& q, const Tensor& v) {
+  if (t.dim() != 3 || t.size(0) != q.size(0) || t.size(1) != q.size(1) || t.size(2) != v.size(2))
+    raise("ValueError", std::string(name) +
+                            " must have the shape of out [total_q, heads_q, head_dim_v] (" +
+                            std::to_string(q.size(0)) + ", " + std::to_string(q.size(1)) + ", " +
+                            std::to_string(v.size(2)) + "), got " + shape_string(t));
+  if (dtype_of(t) != dtype_of(q))
+    raise("TypeError", std::string(name) + " must have the dtype of q (" +
+                           dtype_string(dtype_of(q)) + "), got " + dtype_string(dtype_of(t)));
+  check_on_device(name, t, device_of(q));
 }
 
 // A float32 [heads_q, total_q] contiguous tensor on `device` (the LSE or its gradient).
@@ -37,22 +35,20 @@ void check_lse_like(const char* name, const Tensor& t, int64_t heads_q, int64_t 
                             shape_string(t));
   if (total_q > 0 && ((heads_q > 1 && t.stride(0) != total_q) || (total_q > 1 && t.stride(1) != 1)))
     raise("ValueError", std::string(name) + " must be contiguous; call .contiguous() on it");
-  if (!(device_of(t) == device))
-    raise("ValueError", std::string(name) + " must be on the device of q (" +
-                            device_string(device) + "), got " + device_string(device_of(t)));
+  check_on_device(name, t, device);
 }
 
 }  // namespace
 
 std::tuple<Tensor, Tensor, Tensor> jagged_attention_bwd(
     Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q,
-    Tensor cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, bool causal,
-    std::optional<double> softmax_scale, std::optional<Tensor> grad_lse, bool deterministic,
-    std::optional<Tensor> device_check) {
+    Tensor cu_seqlens_k, std::optional<int64_t> max_seqlen_q, std::optional<int64_t> max_seqlen_k,
+    bool causal, std::optional<double> softmax_scale, std::optional<Tensor> grad_lse,
+    bool deterministic, std::optional<Tensor> device_check) {
   ForwardCall call = prepare_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                      max_seqlen_k, causal, softmax_scale);
-  check_like("out", out, "q", q);
-  check_like("grad_out", grad_out, "q", q);
+  check_like_out("out", out, q, v);
+  check_like_out("grad_out", grad_out, q, v);
   const int64_t total_q = q.size(0), heads_q = q.size(1), d = q.size(2);
   check_lse_like("lse", lse, heads_q, total_q, call.device);
   if (grad_lse.has_value()) check_lse_like("grad_lse", *grad_lse, heads_q, total_q, call.device);
@@ -70,25 +66,26 @@ std::tuple<Tensor, Tensor, Tensor> jagged_attention_bwd(
   p.deterministic = deterministic ? 1 : 0;
   Tensor dq = empty({total_q, heads_q, d}, call.dtype, call.device);
   Tensor dk = empty({k.size(0), k.size(1), d}, call.dtype, call.device);
-  Tensor dv = empty({k.size(0), k.size(1), d}, call.dtype, call.device);
+  Tensor dv = empty({v.size(0), v.size(1), v.size(2)}, call.dtype, call.device);
   p.dq = dq.data_ptr();
   p.dk = dk.data_ptr();
   p.dv = dv.data_ptr();
   if (!call.on_cuda) {
-    check_status(jfa_attention_backward(&p));
+    check_status("jfa_attention_backward", jfa_attention_backward(&p));
     return {dq, dk, dv};
   }
   const CudaDeviceScope scope(call.device.index);
   p.forward.stream = current_cuda_stream(call.device.index);
   size_t workspace_bytes = 0;
-  check_status(jfa_attention_backward_workspace_size(&p, &workspace_bytes));
+  check_status("jfa_attention_backward_workspace_size",
+               jfa_attention_backward_workspace_size(&p, &workspace_bytes));
   // From torch's caching allocator, as the forward's: no device allocation on a warm path, and
   // graph-safe.
   const Tensor workspace =
       empty({static_cast<int64_t>(workspace_bytes)}, aoti_torch_dtype_uint8(), call.device);
   p.forward.workspace = workspace.data_ptr();
   p.forward.workspace_bytes = workspace_bytes;
-  check_status(jfa_attention_backward(&p));
+  check_status("jfa_attention_backward", jfa_attention_backward(&p));
   return {dq, dk, dv};
 }
 

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -17,12 +18,15 @@ void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
       raise("ValueError", std::string(names[i]) +
                               " must have 3 dimensions [total, heads, head_dim], got shape " +
                               shape_string(*ts[i]));
-  if (v.size(0) != k.size(0) || v.size(1) != k.size(1) || v.size(2) != k.size(2))
-    raise("ValueError", "v must have the shape of k [total_k, heads_kv, head_dim], got k " +
-                            shape_string(k) + " and v " + shape_string(v));
+  // v may have a head_dim of its own (head_dim_v): the shape of k but for its last dimension.
+  if (v.size(0) != k.size(0) || v.size(1) != k.size(1))
+    raise("ValueError",
+          "v must have the shape of k but for its last dimension [total_k, heads_kv, head_dim_v], "
+          "got k " +
+              shape_string(k) + " and v " + shape_string(v));
   if (k.size(2) != q.size(2))
-    raise("ValueError", "q, k and v must have the same head_dim (last dimension), got q " +
-                            std::to_string(q.size(2)) + " and k/v " + std::to_string(k.size(2)));
+    raise("ValueError", "q and k must have the same head_dim (last dimension), got q " +
+                            std::to_string(q.size(2)) + " and k " + std::to_string(k.size(2)));
   if (q.size(1) < 1 || k.size(1) < 1)
     raise("ValueError", "heads must be >= 1, got heads_q=" + std::to_string(q.size(1)) +
                             " (q) and heads_kv=" + std::to_string(k.size(1)) + " (k, v)");
@@ -31,6 +35,9 @@ void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
           "the heads of q must be a multiple of the heads of k and v (GQA/MQA), got heads_q=" +
               std::to_string(q.size(1)) + " and heads_kv=" + std::to_string(k.size(1)));
   if (q.size(2) < 1) raise("ValueError", "head_dim must be >= 1, got " + std::to_string(q.size(2)));
+  if (v.size(2) < 1)
+    raise("ValueError",
+          "the head_dim of v (head_dim_v) must be >= 1, got " + std::to_string(v.size(2)));
 }
 
 jfa_dtype jfa_dtype_of(int32_t dtype) {
@@ -49,22 +56,30 @@ Tensor dense_offsets(const char* name, const Tensor& t, DeviceId device) {
   if (t.dim() != 1)
     raise("ValueError",
           std::string(name) + " must be 1-D (batch + 1 offsets), got shape " + shape_string(t));
-  const DeviceId d = device_of(t);
-  if (!(d == device))
-    raise("ValueError", std::string(name) + " must be on the device of q (" +
-                            device_string(device) + "), got " + device_string(d));
+  check_on_device(name, t, device);
   if (t.size(0) <= 1 || t.stride(0) == 1) return t;
   AtenTensorHandle copy = nullptr;
   check_shim(aoti_torch_clone(t.get(), &copy), "clone of the offsets");
   return Tensor(copy);
 }
 
-int32_t seqlen_hint(const char* name, int64_t value) {
+// None (the hint left out) means unknown, as 0 does.
+int32_t seqlen_hint(const char* name, std::optional<int64_t> hint) {
+  const int64_t value = hint.value_or(0);
   if (value < 0 || value > std::numeric_limits<int32_t>::max())
     raise("ValueError", std::string(name) +
                             " must be in [0, 2^31 - 1] (0 or None = unknown), got " +
                             std::to_string(value));
   return static_cast<int32_t>(value);
+}
+
+// A double as Python's repr writes it (the shortest string that reads back), so the messages match
+// those of jfa._checks.
+std::string float_string(double value) {
+  if (std::isnan(value)) return "nan";
+  char buffer[32];
+  const auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
+  return std::string(buffer, result.ptr);
 }
 
 }  // namespace
@@ -114,6 +129,13 @@ std::string dtype_string(int32_t dtype) {
   return "dtype code " + std::to_string(dtype);
 }
 
+void check_on_device(const char* name, const Tensor& t, DeviceId device) {
+  const DeviceId d = device_of(t);
+  if (!(d == device))
+    raise("ValueError", std::string(name) + " must be on the device of q (" +
+                            device_string(device) + "), got " + device_string(d));
+}
+
 jfa_tensor_layout layout_of(const char* name, const Tensor& t) {
   const int64_t total = t.size(0), heads = t.size(1), d = t.size(2);
   if (total == 0) return {heads * d, d};
@@ -161,10 +183,7 @@ int32_t* device_check_word(const std::optional<Tensor>& device_check, DeviceId d
     raise("ValueError", "device_check must have exactly one element, got shape " + shape_string(t));
   if (!t.is_contiguous())
     raise("ValueError", "device_check must be contiguous; call .contiguous() on it");
-  const DeviceId d = device_of(t);
-  if (!(d == device))
-    raise("ValueError", "device_check must be on the device of q (" + device_string(device) +
-                            "), got " + device_string(d));
+  check_on_device("device_check", t, device);
   return static_cast<int32_t*>(t.data_ptr());
 }
 
@@ -184,10 +203,10 @@ void* current_cuda_stream(int32_t device_index) {
   return stream;
 }
 
-void check_status(jfa_status status) {
+void check_status(const char* function, jfa_status status) {
   if (status != JFA_SUCCESS)
-    throw std::runtime_error("jfa status " + std::to_string(static_cast<int>(status)) + ": " +
-                             jfa_last_error_message());
+    throw std::runtime_error("jfa status " + std::to_string(static_cast<int>(status)) + " in " +
+                             function + ": " + jfa_last_error_message());
 }
 
 CudaDeviceScope::CudaDeviceScope(int32_t index) {
@@ -202,7 +221,8 @@ CudaDeviceScope::~CudaDeviceScope() {
 
 ForwardCall prepare_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                             const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
-                            int64_t max_seqlen_q, int64_t max_seqlen_k, bool causal,
+                            std::optional<int64_t> max_seqlen_q,
+                            std::optional<int64_t> max_seqlen_k, bool causal,
                             std::optional<double> softmax_scale) {
   check_qkv(q, k, v);
   const int32_t dtype = dtype_of(q);
@@ -245,7 +265,7 @@ ForwardCall prepare_forward(const Tensor& q, const Tensor& k, const Tensor& v,
       raise("ValueError",
             "softmax_scale must be finite in float32 (or None for "
             "1/sqrt(head_dim)), got " +
-                std::to_string(s));
+                float_string(s));
     p.softmax_scale = static_cast<float>(s);
   }
 
@@ -261,6 +281,7 @@ ForwardCall prepare_forward(const Tensor& q, const Tensor& k, const Tensor& v,
   p.heads_q = static_cast<int32_t>(heads_q);
   p.heads_kv = static_cast<int32_t>(k.size(1));
   p.head_dim = static_cast<int32_t>(d);
+  p.head_dim_v = static_cast<int32_t>(v.size(2));
   p.dtype = jdtype;
   p.causal = causal ? 1 : 0;
   p.backend = on_cuda ? JFA_BACKEND_CUDA : JFA_BACKEND_CPU;

@@ -1,7 +1,8 @@
 // What the torch ops share: argument checks whose errors carry a tag that the Python layer turns
-// into the matching exception ("TypeError: ", "ValueError: ", or "jfa status N: " for a status of
-// the library), tensor metadata through the stable ABI's C shim, the forward's parameters from the
-// op's arguments, and torch's current CUDA stream.
+// into the matching exception ("TypeError: ", "ValueError: ", or "jfa status N in FUNCTION: " for a
+// status of the library), as C++ cannot raise a TypeError or a JfaError through the stable ABI;
+// tensor metadata through the stable ABI's C shim, the forward's parameters from the op's
+// arguments, and torch's current CUDA stream.
 #pragma once
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
@@ -20,7 +21,8 @@ using torch::stable::Tensor;
 
 [[noreturn]] void raise(const char* kind, const std::string& message);
 void check_shim(AOTITorchError e, const char* what);
-void check_status(jfa_status status);
+// `function`: the libjfa entry point, named in the message as the ctypes op's JfaError names it.
+void check_status(const char* function, jfa_status status);
 
 std::string shape_string(const Tensor& t);
 
@@ -33,6 +35,8 @@ DeviceId device_of(const Tensor& t);
 std::string device_string(DeviceId d);
 int32_t dtype_of(const Tensor& t);
 std::string dtype_string(int32_t dtype);
+// `t` (named `name`) on `device`, the device of q.
+void check_on_device(const char* name, const Tensor& t, DeviceId device);
 
 // [total, heads, head_dim] strides in elements as the C ABI takes them (the rules of
 // jfa._checks.layout): the last dimension contiguous, strides of size-1 and empty dimensions
@@ -53,7 +57,8 @@ struct ForwardCall {
 };
 ForwardCall prepare_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                             const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
-                            int64_t max_seqlen_q, int64_t max_seqlen_k, bool causal,
+                            std::optional<int64_t> max_seqlen_q,
+                            std::optional<int64_t> max_seqlen_k, bool causal,
                             std::optional<double> softmax_scale);
 
 // The word of the checked mode (jfa_attention_params::device_check): NULL

@@ -15,16 +15,17 @@ using torch::stable::Tensor;
 // deterministic anyway. `device_check`: the word of the checked mode (jfa.h), written by the call
 // in stream order.
 std::tuple<Tensor, Tensor> jagged_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q,
-                                                Tensor cu_seqlens_k, int64_t max_seqlen_q,
-                                                int64_t max_seqlen_k, bool causal,
+                                                Tensor cu_seqlens_k,
+                                                std::optional<int64_t> max_seqlen_q,
+                                                std::optional<int64_t> max_seqlen_k, bool causal,
                                                 std::optional<double> softmax_scale,
                                                 bool return_lse, bool deterministic,
                                                 std::optional<Tensor> device_check);
 
 std::tuple<Tensor, Tensor, Tensor> jagged_attention_bwd(
     Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q,
-    Tensor cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, bool causal,
-    std::optional<double> softmax_scale, std::optional<Tensor> grad_lse, bool deterministic,
-    std::optional<Tensor> device_check);
+    Tensor cu_seqlens_k, std::optional<int64_t> max_seqlen_q, std::optional<int64_t> max_seqlen_k,
+    bool causal, std::optional<double> softmax_scale, std::optional<Tensor> grad_lse,
+    bool deterministic, std::optional<Tensor> device_check);
 
 }  // namespace jfa::torch_ops

@@ -4,6 +4,8 @@
 // (jfa._torch_ops); the kernels are in forward_op.cpp and backward_op.cpp. device_check, the
 // word of the checked mode that both calls write, is marked (a!): torch must know of the write to
 // keep it through functionalization (torch.compile) and to order it with other uses of the word.
+// The max_seqlen hints are SymInt, so torch.compile(dynamic=True) keeps them symbolic instead of
+// compiling a graph per value; a kernel gets them as plain ints (None: unknown).
 #include <torch/csrc/stable/library.h>
 
 #include "torch/ops.hpp"
@@ -11,13 +13,14 @@
 STABLE_TORCH_LIBRARY(jfa, m) {
   m.def(
       "jagged_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor "
-      "cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool causal, float? softmax_scale, bool "
-      "return_lse, bool deterministic=False, Tensor(a!)? device_check=None) -> (Tensor, Tensor)");
+      "cu_seqlens_k, SymInt? max_seqlen_q, SymInt? max_seqlen_k, bool causal, float? "
+      "softmax_scale, bool return_lse, bool deterministic=False, Tensor(a!)? device_check=None) "
+      "-> (Tensor, Tensor)");
   m.def(
       "jagged_attention_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor "
-      "lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool "
-      "causal, float? softmax_scale, Tensor? grad_lse, bool deterministic, Tensor(a!)? "
-      "device_check=None) -> (Tensor, Tensor, Tensor)");
+      "lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt? max_seqlen_q, SymInt? "
+      "max_seqlen_k, bool causal, float? softmax_scale, Tensor? grad_lse, bool deterministic, "
+      "Tensor(a!)? device_check=None) -> (Tensor, Tensor, Tensor)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(jfa, CPU, m) {

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -120,6 +122,56 @@ INSTANTIATE_TEST_SUITE_P(
         Rule{"negative_hint", [](Fixture& f) { f.p.max_seqlen_k = -1; }, kInvalid,
              "max_seqlen_k must be >= 0"}),
     [](const ::testing::TestParamInfo<Rule>& info) { return std::string(info.param.name); });
+
+// Packed strides (0, 0) follow from the sizes, and sizes alone can put the last element beyond
+// int64: rejected like explicit strides, before any buffer is read (the pointers here point
+// nowhere) or anything is allocated.
+TEST(Validation, PackedSizesOverflowingInt64) {
+  // Distinct addresses that point nowhere, and offsets that agree with the totals: only the sizes
+  // are wrong.
+  auto nowhere = [](int i) { return reinterpret_cast<void*>(uintptr_t{1} << (20 + i)); };
+  constexpr int32_t kMax = std::numeric_limits<int32_t>::max();
+  const int32_t all[2] = {0, kMax}, one[2] = {0, 1};
+  jfa_attention_params p;
+  jfa_attention_params_init(&p);
+  p.q = nowhere(0);
+  p.k = nowhere(1);
+  p.v = nowhere(2);
+  p.out = nowhere(3);
+  p.cu_seqlens_q = all;
+  p.cu_seqlens_k = one;
+  p.batch = 1;
+  p.total_q = kMax;
+  p.total_k = 1;
+  p.heads_q = p.heads_kv = 1 << 24;
+  p.head_dim = 512;
+  p.backend = JFA_BACKEND_CPU;
+  auto expect_overflow = [](jfa_status s, const char* name) {
+    EXPECT_EQ(s, JFA_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(jfa_last_error_message())
+                  .find(std::string(name) + ": strides times sizes overflow int64"),
+              std::string::npos)
+        << jfa_last_error_message();
+  };
+  expect_overflow(jfa_attention_forward(&p), "q");
+  std::vector<double> rows(4);
+  expect_overflow(jfa_attention_reference(&p, nullptr, p.total_q, rows.data(), nullptr), "q");
+  jfa_attention_backward_params b;
+  jfa_attention_backward_params_init(&b);
+  b.forward = p;
+  b.forward.lse = static_cast<float*>(nowhere(4));
+  b.dout = nowhere(5);
+  b.dq = nowhere(6);
+  b.dk = nowhere(7);
+  b.dv = nowhere(8);
+  expect_overflow(jfa_attention_backward(&b), "q");
+  // The keys' tensors alone (q fits).
+  p.cu_seqlens_q = one;
+  p.cu_seqlens_k = all;
+  p.total_q = 1;
+  p.total_k = kMax;
+  expect_overflow(jfa_attention_forward(&p), "k");
+}
 
 TEST(Validation, NullParams) {
   EXPECT_EQ(jfa_attention_forward(nullptr), JFA_ERROR_INVALID_ARGUMENT);
@@ -284,7 +336,7 @@ TEST(Validation, StructNotFilledByInit) {
     EXPECT_EQ(jfa_attention_workspace_size(&raw, &bytes), JFA_ERROR_INVALID_ARGUMENT);
     double out = 0;
     EXPECT_EQ(jfa_attention_reference(&raw, nullptr, 0, &out, nullptr), JFA_ERROR_INVALID_ARGUMENT);
-    f.p.struct_size -= 8;  // a smaller struct of another version
+    f.p.struct_size -= 4;  // neither the current size nor an earlier one
     EXPECT_EQ(jfa_attention_forward(&f.p), JFA_ERROR_INVALID_ARGUMENT);
   }
   EXPECT_EQ(jfa_attention_params_init(nullptr), JFA_ERROR_INVALID_ARGUMENT);

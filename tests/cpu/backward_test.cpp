@@ -6,8 +6,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/jagged_batch.hpp"
@@ -243,14 +245,15 @@ TEST(Backward, EmptyBatch) {
 
 // A valid backward call on host buffers, to be broken one rule at a time.
 struct BackwardCall {
-  JaggedBatch b = make({3, 5}, {4, 2}, 2, 1, 16, DType::kFloat32, 7);
+  JaggedBatch b;
   HostBuffer out = b.make_output(), dout = b.make_output(), dq = b.make_output();
   HostBuffer dk = HostBuffer(b.dtype, b.total_k() * b.heads_kv * b.head_dim);
   HostBuffer dv = dk;
   std::vector<float> lse = std::vector<float>(static_cast<size_t>(b.total_q()) * b.heads_q, 0.f);
   jfa_attention_backward_params p{};
 
-  BackwardCall() {
+  BackwardCall() : BackwardCall(make({3, 5}, {4, 2}, 2, 1, 16, DType::kFloat32, 7)) {}
+  explicit BackwardCall(JaggedBatch batch) : b(std::move(batch)) {
     std::mt19937_64 rng(11);
     jfa::tools::fill_normal(dout, rng);
     jfa::AttentionOptions options;
@@ -374,6 +377,57 @@ TEST(Backward, CxxOptionsCarryTheCheckedModeWord) {
                                     cxx.b.cu_k.data(), cxx.b.batch(), options);
   EXPECT_EQ(word, -1);
   EXPECT_EQ(jfa::device_check_message(JFA_OFFSETS_Q_DECREASING), "cu_seqlens_q decreases");
+}
+
+// The CPU backward reads the forward's LSE from host memory: an entry the forward cannot have
+// written (NaN, +inf, or -inf in a row that sees a key) is rejected before anything is written,
+// checked-mode word included, naming the entry; -inf in a row that sees no key is what the forward
+// writes there.
+TEST(Backward, LseTheForwardCannotHaveWrittenIsRejected) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  struct Bad {
+    float value;
+    const char* shown;
+  };
+  for (const Bad& bad : {Bad{nan, "nan"}, Bad{inf, "inf"}, Bad{-inf, "-inf"}}) {
+    SCOPED_TRACE(bad.shown);
+    BackwardCall call;  // every row sees a key
+    int32_t word = -1;
+    call.p.forward.device_check = &word;
+    call.lse[1 * call.b.total_q() + 4] = bad.value;  // head 1, token 4 (row 1 of sequence 1)
+    EXPECT_EQ(jfa_attention_backward(&call.p), JFA_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(jfa_last_error_message())
+                  .find(std::string("lse of head 1, token 4 is ") + bad.shown + ":"),
+              std::string::npos)
+        << jfa_last_error_message();
+    EXPECT_TRUE(call.untouched()) << "a rejected call wrote a gradient";
+    EXPECT_EQ(word, -1);
+  }
+  // Causal with more queries than keys: the first rows of sequence 1 see no key.
+  jfa::AttentionOptions causal;
+  causal.causal = true;
+  BackwardCall call(make({3, 4}, {3, 2}, 2, 1, 16, DType::kFloat32, 9));
+  causal.lse = call.lse.data();
+  call.cxx_forward(causal);
+  call.p.forward.causal = 1;
+  const size_t no_key = 1 * call.b.total_q() + 4;  // head 1, token 4: row 1 of sequence 1
+  ASSERT_EQ(call.lse[no_key], -inf);
+  jfa_attention_backward_params p = call.p;
+  EXPECT_EQ(jfa_attention_backward(&p), JFA_SUCCESS) << jfa_last_error_message();
+  EXPECT_FALSE(call.untouched());
+  for (const float bad : {nan, inf}) {
+    BackwardCall again(make({3, 4}, {3, 2}, 2, 1, 16, DType::kFloat32, 9));
+    causal.lse = again.lse.data();
+    again.cxx_forward(causal);
+    again.p.forward.causal = 1;
+    again.lse[no_key] = bad;
+    EXPECT_EQ(jfa_attention_backward(&again.p), JFA_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(jfa_last_error_message()).find("lse of head 1, token 4 is "),
+              std::string::npos)
+        << jfa_last_error_message();
+    EXPECT_TRUE(again.untouched());
+  }
 }
 
 TEST(Backward, RulesOfTheCEntry) {

@@ -45,6 +45,33 @@ TEST(JaggedUtils, LengthsToOffsetsRejectsNegativeAndOverflow) {
   EXPECT_NE(std::string(jfa_last_error_message()).find("overflows int32"), std::string::npos);
 }
 
+// In place (offsets == lengths, the array one element longer than the lengths) is supported;
+// any other overlap of the two is rejected, with nothing written.
+TEST(JaggedUtils, LengthsToOffsetsInPlace) {
+  std::vector<int32_t> buffer = {3, 0, 4, -1};
+  ASSERT_EQ(jfa_lengths_to_offsets(buffer.data(), 3, buffer.data()), JFA_SUCCESS)
+      << jfa_last_error_message();
+  EXPECT_EQ(buffer, (std::vector<int32_t>{0, 3, 3, 7}));
+  buffer = {5, -1};
+  ASSERT_EQ(jfa_lengths_to_offsets(buffer.data(), 1, buffer.data()), JFA_SUCCESS);
+  EXPECT_EQ(buffer, (std::vector<int32_t>{0, 5}));
+  int32_t only = -1;
+  ASSERT_EQ(jfa_lengths_to_offsets(&only, 0, &only), JFA_SUCCESS);
+  EXPECT_EQ(only, 0);
+
+  for (const int shift : {1, -1}) {
+    SCOPED_TRACE(shift);
+    std::vector<int32_t> partial = {-9, 3, 0, 4, -9};
+    const std::vector<int32_t> before = partial;
+    EXPECT_EQ(jfa_lengths_to_offsets(partial.data() + 1, 3, partial.data() + 1 + shift),
+              JFA_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(jfa_last_error_message()).find("offsets and lengths share memory"),
+              std::string::npos)
+        << jfa_last_error_message();
+    EXPECT_EQ(partial, before);
+  }
+}
+
 TEST(JaggedUtils, ValidateOffsetsNamesTheBrokenRule) {
   EXPECT_EQ(status_of([] {
               jfa::validate_offsets(std::vector<int32_t>{1, 2});
@@ -106,6 +133,51 @@ TEST_P(PaddedRoundTrip, JaggedToPaddedAndBackIsIdentity) {
 
 INSTANTIATE_TEST_SUITE_P(AllDtypes, PaddedRoundTrip,
                          ::testing::Values(DType::kFloat16, DType::kBFloat16, DType::kFloat32));
+
+// The copies read one buffer while writing the other: an output sharing memory with the input or
+// the offsets is rejected, naming both, with nothing written.
+TEST(JaggedUtils, CopiesRejectOverlappingBuffers) {
+  // jagged [3, 2] and padded [2, 2, 2] float32 rows.
+  std::vector<int32_t> offsets = {0, 2, 3};
+  std::vector<float> buffer(16);
+  for (size_t i = 0; i < buffer.size(); ++i) buffer[i] = static_cast<float>(i);
+  const std::vector<float> before = buffer;
+  auto expect_rejected = [&](jfa_status s, const char* written, const char* other) {
+    EXPECT_EQ(s, JFA_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(jfa_last_error_message())
+                  .find(std::string(written) + " and " + other + " share memory"),
+              std::string::npos)
+        << jfa_last_error_message();
+    EXPECT_EQ(buffer, before) << "a rejected call wrote its output";
+  };
+  float* b = buffer.data();
+  expect_rejected(jfa_jagged_to_padded(b, offsets.data(), 2, 2, JFA_DTYPE_FLOAT32, 2, 0.0, b),
+                  "padded", "jagged");
+  expect_rejected(jfa_jagged_to_padded(b + 5, offsets.data(), 2, 2, JFA_DTYPE_FLOAT32, 2, 0.0, b),
+                  "padded", "jagged");
+  expect_rejected(jfa_padded_to_jagged(b, offsets.data(), 2, 2, JFA_DTYPE_FLOAT32, 2, b), "jagged",
+                  "padded");
+  expect_rejected(jfa_padded_to_jagged(b + 3, offsets.data(), 2, 2, JFA_DTYPE_FLOAT32, 2, b + 8),
+                  "jagged", "padded");
+  // The output over the offsets it reads.
+  std::vector<int32_t> words(16, 0);
+  words[1] = 2;
+  words[2] = 3;
+  const std::vector<int32_t> words_before = words;
+  EXPECT_EQ(
+      jfa_jagged_to_padded(b, words.data(), 2, 2, JFA_DTYPE_FLOAT32, 2, 0.0, words.data() + 2),
+      JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("padded and offsets share memory"),
+            std::string::npos)
+      << jfa_last_error_message();
+  EXPECT_EQ(words, words_before);
+  // Adjacent buffers do not overlap.
+  EXPECT_EQ(jfa_jagged_to_padded(b, offsets.data(), 2, 2, JFA_DTYPE_FLOAT32, 2, 0.0, b + 6),
+            JFA_SUCCESS)
+      << jfa_last_error_message();
+  EXPECT_EQ(std::vector<float>(buffer.begin() + 6, buffer.begin() + 14),
+            (std::vector<float>{0, 1, 2, 3, 4, 5, 0, 0}));
+}
 
 TEST(JaggedUtils, PaddedRejectsSequencesLongerThanMaxLength) {
   const std::vector<int32_t> offsets = {0, 3, 8};

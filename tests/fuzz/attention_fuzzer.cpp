@@ -6,10 +6,16 @@
 // - every call returns a jfa_status that is one of the enumerators;
 // - a rejected forward writes nothing (the output keeps its poison), unless it failed while
 //   computing (scores beyond float32), which leaves the outputs unspecified;
-// - an accepted forward on moderate inputs writes every output element, all finite.
+// - an accepted forward on moderate inputs writes every output element, all finite;
+// - the jagged utilities in place or on overlapping buffers: lengths_to_offsets in place gives what
+//   it gives into a separate buffer, any other overlap (and a misaligned buffer) is rejected with
+//   nothing written;
+// - packed tensors whose sizes reach beyond int64 are rejected before any buffer is read.
 #include <fuzzer/FuzzedDataProvider.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -127,10 +133,15 @@ void fuzz_attention(FuzzedDataProvider& in) {
                                            : in.ConsumeIntegralInRange<int32_t>(0, 6);
   const int32_t d = in.ConsumeBool() ? in.ConsumeIntegralInRange<int32_t>(1, 40)
                                      : in.ConsumeIntegralInRange<int32_t>(-2, 600);
+  // The value head size: mostly the default (0, head_dim), sometimes its own, small or wild.
+  const int32_t head_dim_v = in.ConsumeIntegralInRange<int>(0, 3) != 0 ? 0
+                             : in.ConsumeBool() ? in.ConsumeIntegralInRange<int32_t>(1, 40)
+                                                : in.ConsumeIntegralInRange<int32_t>(-2, 600);
+  const int32_t dv = head_dim_v == 0 ? d : head_dim_v;  // columns of v, out, dout and dv
   const int32_t dtype =
       in.ConsumeBool() ? in.ConsumeIntegralInRange<int32_t>(0, 2) : in.ConsumeIntegral<int32_t>();
   const jfa_tensor_layout lq = make_layout(in, heads_q, d), lk = make_layout(in, heads_kv, d),
-                          lv = make_layout(in, heads_kv, d), lo = make_layout(in, heads_q, d);
+                          lv = make_layout(in, heads_kv, dv), lo = make_layout(in, heads_q, dv);
   const bool moderate = in.ConsumeBool();
   float scale = std::numeric_limits<float>::quiet_NaN();
   if (!moderate && in.ConsumeBool()) scale = in.ConsumeFloatingPoint<float>();
@@ -140,8 +151,8 @@ void fuzz_attention(FuzzedDataProvider& in) {
   const size_t es = dtype == JFA_DTYPE_FLOAT32 ? 4 : 2;
   const int64_t nq = span_elements(total_q, heads_q, d, lq);
   const int64_t nk = span_elements(total_k, heads_kv, d, lk);
-  const int64_t nv = span_elements(total_k, heads_kv, d, lv);
-  const int64_t no = span_elements(total_q, heads_q, d, lo);
+  const int64_t nv = span_elements(total_k, heads_kv, dv, lv);
+  const int64_t no = span_elements(total_q, heads_q, dv, lo);
   const int64_t nlse = total_q > 0 && heads_q > 0 ? total_q * heads_q : 0;
   if (nlse > kMaxElements) return;
   // Inputs: small values (fp16/bf16 bit patterns of moderate numbers, or floats in [-4, 4]).
@@ -180,6 +191,7 @@ void fuzz_attention(FuzzedDataProvider& in) {
   p.heads_q = heads_q;
   p.heads_kv = heads_kv;
   p.head_dim = d;
+  p.head_dim_v = head_dim_v;
   set_enum(&p.dtype, dtype);
   p.q_layout = lq;
   p.k_layout = lk;
@@ -192,11 +204,14 @@ void fuzz_attention(FuzzedDataProvider& in) {
   set_enum(&p.backend,
            in.ConsumeBool() ? JFA_BACKEND_CPU : in.ConsumeIntegralInRange<int32_t>(-1, 3));
   if (in.ConsumeIntegralInRange<int>(0, 31) == 0) p.struct_size = in.ConsumeIntegral<uint32_t>();
+  // The 0.1.0 layout ends before head_dim_v, which then takes its default, as drawn here.
+  if (head_dim_v == 0 && in.ConsumeIntegralInRange<int>(0, 15) == 0)
+    p.struct_size = offsetof(jfa_attention_params, head_dim_v);
 
   // A buffer the parameters describe but that was too large to allocate here: skip the call
   // rather than hand the library a buffer smaller than the parameters say.
-  if ((total_q > 0 && heads_q > 0 && d > 0 && (!nq || !no)) ||
-      (total_k > 0 && heads_kv > 0 && d > 0 && (!nk || !nv)))
+  if ((total_q > 0 && heads_q > 0 && ((d > 0 && !nq) || (dv > 0 && !no))) ||
+      (total_k > 0 && heads_kv > 0 && ((d > 0 && !nk) || (dv > 0 && !nv))))
     return;
 
   size_t ws = 0;
@@ -210,7 +225,7 @@ void fuzz_attention(FuzzedDataProvider& in) {
   } else if (s == JFA_SUCCESS && moderate && dtype != JFA_DTYPE_FLOAT16) {
     // float32 and bf16 inputs here are all in [-4, 4]: every output element is finite (the
     // poison, all ones, is a NaN in both).
-    require_finite(out, es, total_q, heads_q, d, lo,
+    require_finite(out, es, total_q, heads_q, dv, lo,
                    "an accepted call left an output element unwritten or NaN");
   }
   // The backward on the forward's result (or on a rejected one: then it must reject too): gradient
@@ -250,13 +265,13 @@ void fuzz_attention(FuzzedDataProvider& in) {
     }
   }
   // The float64 reference on a few rows when the problem is small.
-  if (total_q > 0 && total_k >= 0 && heads_q > 0 && d > 0 && total_q <= 256 && total_k <= 256 &&
-      total_q * (total_k + 1) * heads_q * d < (1 << 16)) {
+  if (total_q > 0 && total_k >= 0 && heads_q > 0 && d > 0 && dv > 0 && total_q <= 256 &&
+      total_k <= 256 && total_q * (total_k + 1) * heads_q * (d + dv) < (1 << 16)) {
     const int64_t n = in.ConsumeIntegralInRange<int64_t>(-1, 3);
     std::vector<int64_t> tokens(static_cast<size_t>(n > 0 ? n : 0));
     for (int64_t& t : tokens) t = in.ConsumeIntegralInRange<int64_t>(-1, total_q);
     const int64_t rows = n > 0 ? n : total_q;
-    std::vector<double> ref(static_cast<size_t>(rows * heads_q * d + 1));
+    std::vector<double> ref(static_cast<size_t>(rows * heads_q * dv + 1));
     std::vector<double> ref_lse(static_cast<size_t>(rows * heads_q + 1));
     require(valid_status(jfa_attention_reference(&p, n > 0 ? tokens.data() : nullptr,
                                                  n > 0 ? n : total_q, ref.data(), ref_lse.data())),
@@ -289,13 +304,153 @@ void fuzz_jagged_utils(FuzzedDataProvider& in) {
           "padded_to_jagged status");
 }
 
+// jfa_lengths_to_offsets in place (offsets == lengths) gives what it gives into its own buffer;
+// an output overlapping the lengths otherwise is rejected with nothing written.
+void fuzz_lengths_aliasing(FuzzedDataProvider& in) {
+  const int64_t batch = in.ConsumeIntegralInRange<int64_t>(0, 8);
+  // The lengths at arena[1 ..], the output at arena[1 + shift ..] (batch + 1 entries).
+  std::vector<int32_t> arena(static_cast<size_t>(batch) + 3, -7);
+  for (int64_t b = 0; b < batch; ++b)
+    arena[1 + b] = in.ConsumeBool() ? in.ConsumeIntegralInRange<int32_t>(0, 100)
+                                    : in.ConsumeIntegral<int32_t>();
+  const int shift = in.ConsumeIntegralInRange<int>(-1, 1);
+  std::vector<int32_t> expected(static_cast<size_t>(batch) + 1, -7);
+  const jfa_status apart = jfa_lengths_to_offsets(arena.data() + 1, batch, expected.data());
+  require(valid_status(apart), "lengths_to_offsets status");
+  const std::vector<int32_t> before = arena;
+  const jfa_status s = jfa_lengths_to_offsets(arena.data() + 1, batch, arena.data() + 1 + shift);
+  require(valid_status(s), "lengths_to_offsets in place status");
+  // Lengths [1, 1 + batch) and offsets [1 + shift, 2 + shift + batch) of the arena.
+  const bool overlap = shift != 0 && batch > 0 && shift < batch;
+  if (overlap) {
+    require(s == JFA_ERROR_INVALID_ARGUMENT, "overlapping lengths and offsets accepted");
+  } else {
+    require(s == apart, "lengths_to_offsets in place differs in status");
+  }
+  if (s != JFA_SUCCESS) {
+    require(arena == before, "a rejected lengths_to_offsets wrote its output");
+    return;
+  }
+  require(std::equal(expected.begin(), expected.end(), arena.begin() + 1 + shift),
+          "lengths_to_offsets in place differs from the copy");
+}
+
+// The jagged <-> padded copies with both buffers placed anywhere in one arena: overlapping or
+// misaligned buffers are rejected with nothing written; otherwise the call writes exactly what it
+// writes into separate buffers.
+void fuzz_copy_aliasing(FuzzedDataProvider& in) {
+  const int64_t batch = in.ConsumeIntegralInRange<int64_t>(0, 4);
+  std::vector<int32_t> lengths(static_cast<size_t>(batch));
+  int32_t longest = 0;
+  for (int32_t& l : lengths) {
+    l = in.ConsumeIntegralInRange<int32_t>(0, 6);
+    longest = std::max(longest, l);
+  }
+  std::vector<int32_t> cu(static_cast<size_t>(batch) + 1);
+  require(jfa_lengths_to_offsets(lengths.data(), batch, cu.data()) == JFA_SUCCESS,
+          "lengths_to_offsets of valid lengths");
+  const int64_t row = in.ConsumeIntegralInRange<int64_t>(0, 4);
+  const int32_t max_len = longest + in.ConsumeIntegralInRange<int32_t>(0, 2);
+  const jfa_dtype dtype = static_cast<jfa_dtype>(in.ConsumeIntegralInRange<int32_t>(0, 2));
+  const double padding = in.ConsumeIntegralInRange<int32_t>(-4, 4) / 2.0;
+  const bool to_padded = in.ConsumeBool();
+  const size_t es = jfa_dtype_size(dtype);
+  const size_t jagged_bytes = static_cast<size_t>(cu.back() * row) * es;
+  const size_t padded_bytes = static_cast<size_t>(batch * max_len * row) * es;
+  std::vector<unsigned char> arena(jagged_bytes + padded_bytes + 16);
+  for (size_t i = 0; i < arena.size(); ++i) arena[i] = static_cast<unsigned char>(i * 37 + 11);
+  const size_t at_jagged = in.ConsumeIntegralInRange<size_t>(0, arena.size() - jagged_bytes);
+  const size_t at_padded = in.ConsumeIntegralInRange<size_t>(0, arena.size() - padded_bytes);
+  // The same call on separate copies of the inputs (vector storage is aligned; never NULL).
+  std::vector<unsigned char> jagged(arena.begin() + at_jagged,
+                                    arena.begin() + at_jagged + jagged_bytes);
+  std::vector<unsigned char> padded(arena.begin() + at_padded,
+                                    arena.begin() + at_padded + padded_bytes);
+  jagged.resize(jagged_bytes + 4);
+  padded.resize(padded_bytes + 4);
+  auto call = [&](unsigned char* j, unsigned char* p) {
+    return to_padded ? jfa_jagged_to_padded(j, cu.data(), batch, row, dtype, max_len, padding, p)
+                     : jfa_padded_to_jagged(p, cu.data(), batch, row, dtype, max_len, j);
+  };
+  require(call(jagged.data(), padded.data()) == JFA_SUCCESS, "a copy between separate buffers");
+  const bool overlap = jagged_bytes > 0 && padded_bytes > 0 &&
+                       at_jagged < at_padded + padded_bytes && at_padded < at_jagged + jagged_bytes;
+  const bool misaligned =
+      (jagged_bytes > 0 && at_jagged % es != 0) || (padded_bytes > 0 && at_padded % es != 0);
+  std::vector<unsigned char> expected = arena;
+  const std::vector<unsigned char>& written = to_padded ? padded : jagged;
+  std::copy_n(written.begin(), to_padded ? padded_bytes : jagged_bytes,
+              expected.begin() + (to_padded ? at_padded : at_jagged));
+  const std::vector<unsigned char> before = arena;
+  const jfa_status s = call(arena.data() + at_jagged, arena.data() + at_padded);
+  if (overlap || misaligned) {
+    require(s == JFA_ERROR_INVALID_ARGUMENT, "overlapping or misaligned copy buffers accepted");
+    require(arena == before, "a rejected copy wrote its output");
+  } else {
+    require(s == JFA_SUCCESS, "a copy between disjoint aligned buffers rejected");
+    require(arena == expected, "a copy wrote other than its output");
+  }
+}
+
+// Packed strides (0, 0) follow from the sizes; sizes whose tensors reach beyond int64 are rejected
+// before any buffer is read, so pointers that point nowhere are safe here.
+void fuzz_packed_overflow(FuzzedDataProvider& in) {
+  const int64_t total_q = in.ConsumeIntegralInRange<int64_t>(0, INT32_MAX);
+  const int64_t total_k = in.ConsumeIntegralInRange<int64_t>(0, INT32_MAX);
+  const int32_t heads_kv = in.ConsumeIntegralInRange<int32_t>(1, 1 << 24);
+  const int32_t heads_q = heads_kv * in.ConsumeIntegralInRange<int32_t>(1, INT32_MAX / heads_kv);
+  const int32_t d = in.ConsumeIntegralInRange<int32_t>(1, JFA_MAX_HEAD_DIM);
+  auto overflows = [d](int64_t total, int32_t heads) {
+    const __int128 elements = __int128{total > 0 ? total : 1} * heads * d;
+    return elements > std::numeric_limits<int64_t>::max();
+  };
+  // A call that validation accepts would read the pointers.
+  if (!overflows(total_q, heads_q) && !overflows(total_k, heads_kv)) return;
+  void* nowhere = reinterpret_cast<void*>(uintptr_t{1} << 16);
+  const int32_t cu_q[2] = {0, static_cast<int32_t>(total_q)};
+  const int32_t cu_k[2] = {0, static_cast<int32_t>(total_k)};
+  jfa_attention_params p;
+  require(jfa_attention_params_init(&p) == JFA_SUCCESS, "init");
+  p.q = p.k = p.v = p.out = nowhere;
+  p.lse = in.ConsumeBool() ? static_cast<float*>(nowhere) : nullptr;
+  p.cu_seqlens_q = cu_q;
+  p.cu_seqlens_k = cu_k;
+  p.batch = 1;
+  p.total_q = total_q;
+  p.total_k = total_k;
+  p.heads_q = heads_q;
+  p.heads_kv = heads_kv;
+  p.head_dim = d;
+  set_enum(&p.dtype, in.ConsumeIntegralInRange<int32_t>(0, 2));
+  set_enum(&p.backend, in.ConsumeIntegralInRange<int32_t>(0, 1));
+  auto rejected = [](jfa_status s) {
+    return s == JFA_ERROR_INVALID_ARGUMENT &&
+           std::strstr(jfa_last_error_message(), "strides times sizes overflow int64") != nullptr;
+  };
+  require(rejected(jfa_attention_forward(&p)), "a forward reaching beyond int64 accepted");
+  double row[1];
+  require(rejected(jfa_attention_reference(&p, nullptr, total_q, row, nullptr)),
+          "a reference reaching beyond int64 accepted");
+  jfa_attention_backward_params b;
+  require(jfa_attention_backward_params_init(&b) == JFA_SUCCESS, "backward init");
+  b.forward = p;
+  b.forward.lse = static_cast<float*>(nowhere);
+  b.dout = b.dq = b.dk = b.dv = nowhere;
+  require(rejected(jfa_attention_backward(&b)), "a backward reaching beyond int64 accepted");
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider in(data, size);
-  if (in.ConsumeIntegralInRange<int>(0, 7) == 0)
+  if (in.ConsumeIntegralInRange<int>(0, 7) == 0) {
     fuzz_jagged_utils(in);
-  else
+    fuzz_lengths_aliasing(in);
+    fuzz_copy_aliasing(in);
+  } else {
     fuzz_attention(in);
+  }
+  // On the bytes left (none left: sizes that fit, so nothing is called).
+  fuzz_packed_overflow(in);
   return 0;
 }

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <string>
@@ -34,12 +35,13 @@ using jfa::tools::JaggedBatch;
 
 namespace {
 
-constexpr int kHeadDims[] = {64, 128};
+constexpr int kHeadDims[] = {64, 128, 192};
 constexpr size_t kGuardBytes = 4096;  // poisoned bytes before and after every output buffer
 
 struct Case {
   std::vector<int32_t> lq, lk;
   int32_t heads_q = 2, heads_kv = 2, head_dim = 64;
+  int32_t head_dim_v = 0;  // columns of v and out; 0: head_dim
   DType dtype = DType::kFloat16;
   bool causal = false;
   bool with_lse = true;
@@ -49,6 +51,8 @@ struct Case {
   float scale = std::numeric_limits<float>::quiet_NaN();
   bool integer_qk = false;  // q and k rounded to integers in [-2, 2]: exact scores, exact ties
   float qk_gain = 1.f;      // q and k multiplied by it (bf16 scores beyond float32)
+
+  int32_t dv() const { return head_dim_v == 0 ? head_dim : head_dim_v; }
 };
 
 // q or k as the case asks: integers in [-2, 2] (so that huge scales pick the same keys as the
@@ -64,8 +68,8 @@ void shape_values(HostBuffer& x, const Case& c) {
 
 std::string describe(const Case& c) {
   char buf[256];
-  std::snprintf(buf, sizeof buf, "%s d=%d hq=%d hkv=%d causal=%d batch=%zu pad=%lld lse=%d",
-                jfa::tools::dtype_name(c.dtype), c.head_dim, c.heads_q, c.heads_kv,
+  std::snprintf(buf, sizeof buf, "%s d=%d dv=%d hq=%d hkv=%d causal=%d batch=%zu pad=%lld lse=%d",
+                jfa::tools::dtype_name(c.dtype), c.head_dim, c.dv(), c.heads_q, c.heads_kv,
                 c.causal ? 1 : 0, c.lq.size(), static_cast<long long>(c.token_pad),
                 c.with_lse ? 1 : 0);
   return buf;
@@ -92,7 +96,8 @@ struct DeviceRun {
 class AttentionRunner {
  public:
   explicit AttentionRunner(const Case& c, uint64_t seed) : c_(c) {
-    b_ = jfa::tools::make_batch(c.lq, c.lk, c.heads_q, c.heads_kv, c.head_dim, c.dtype, seed);
+    b_ = jfa::tools::make_batch(c.lq, c.lk, c.heads_q, c.heads_kv, c.head_dim, c.dtype, seed,
+                                c.head_dim_v);
     if (c.integer_qk || c.qk_gain != 1.f) {
       shape_values(b_.q, c);
       shape_values(b_.k, c);
@@ -100,8 +105,8 @@ class AttentionRunner {
     es_ = jfa::dtype_size(c.dtype);
     q_host_ = with_padding(b_.q, b_.total_q(), c.heads_q, c.head_dim, c.token_pad);
     k_host_ = with_padding(b_.k, b_.total_k(), c.heads_kv, c.head_dim, c.token_pad);
-    v_host_ = with_padding(b_.v, b_.total_k(), c.heads_kv, c.head_dim, c.token_pad);
-    out_elems_ = b_.total_q() * (c.heads_q * c.head_dim + c.token_pad);
+    v_host_ = with_padding(b_.v, b_.total_k(), c.heads_kv, c.dv(), c.token_pad);
+    out_elems_ = b_.total_q() * (c.heads_q * c.dv() + c.token_pad);
   }
 
   jfa_attention_params params(const void* q, const void* k, const void* v, void* out, float* lse,
@@ -109,13 +114,13 @@ class AttentionRunner {
     jfa_attention_params p =
         jfa::tools::call_params({q, k, v, out, lse, cu_q, cu_k},
                                 {b_.batch(), b_.total_q(), b_.total_k(), c_.heads_q, c_.heads_kv,
-                                 c_.head_dim, static_cast<jfa_dtype>(c_.dtype)});
+                                 c_.head_dim, static_cast<jfa_dtype>(c_.dtype), c_.head_dim_v});
     const int64_t qts = c_.heads_q * c_.head_dim + c_.token_pad;
     const int64_t kts = c_.heads_kv * c_.head_dim + c_.token_pad;
     p.q_layout = {qts, c_.head_dim};
     p.k_layout = {kts, c_.head_dim};
-    p.v_layout = {kts, c_.head_dim};
-    p.out_layout = {qts, c_.head_dim};
+    p.v_layout = {c_.heads_kv * c_.dv() + c_.token_pad, c_.dv()};
+    p.out_layout = {c_.heads_q * c_.dv() + c_.token_pad, c_.dv()};
     p.softmax_scale = c_.scale;
     p.causal = c_.causal ? 1 : 0;
     p.device_check = device_check_;
@@ -190,8 +195,8 @@ class AttentionRunner {
       ASSERT_EQ(bytes[r.out_bytes.size() - kGuardBytes + i], 0xFF)
           << "write after the output buffer";
     }
-    const int64_t row_elems = c_.heads_q * c_.head_dim;
-    const int64_t qts = row_elems + c_.token_pad;
+    const int64_t row_elems = c_.heads_q * c_.dv();
+    const int64_t qts = row_elems + c_.token_pad;        // out's token stride
     HostBuffer out(c_.dtype, b_.total_q() * row_elems);  // packed copy of the result
     for (int64_t t = 0; t < b_.total_q(); ++t) {
       const unsigned char* row = bytes + kGuardBytes + t * qts * es_;
@@ -319,6 +324,50 @@ TEST(AttentionGpu, EdgeLengthsAllDtypesHeadDimsMasks) {
       }
 }
 
+// head_dim 192 with v and out of 128 columns (the forward's one pair of unequal sizes), as the
+// d192 cases above: both dtypes and masks, edge lengths (0 and 1 included), cross lengths under
+// GQA, MQA with a strided layout and no LSE, random batches.
+TEST(AttentionGpu, HeadDim192Value128MatchesReference) {
+  for (DType dt : {DType::kFloat16, DType::kBFloat16})
+    for (bool causal : {false, true}) {
+      Case c;
+      c.head_dim = 192;
+      c.head_dim_v = 128;
+      c.dtype = dt;
+      c.causal = causal;
+      c.lq = c.lk = kEdgeLengths;
+      c.heads_q = c.heads_kv = 3;
+      run_case(c);
+      c.lq = {1, 100, 300, 0, 64, 129, 5, 250};
+      c.lk = {200, 17, 300, 50, 0, 64, 260, 129};
+      c.heads_q = 8;
+      c.heads_kv = 2;
+      c.hints = true;
+      run_case(c);
+      c.lq = c.lk = {0, 1, 2, 77, 130, 1};
+      c.heads_q = 4;
+      c.heads_kv = 1;
+      c.token_pad = 8;
+      c.with_lse = false;
+      c.hints = false;
+      run_case(c);
+    }
+  std::mt19937_64 rng(fresh_seed("d192/128 random batches"));
+  for (int i = 0; i < (quick_mode() ? 2 : 8); ++i) {
+    Case c;
+    c.head_dim = 192;
+    c.head_dim_v = 128;
+    c.dtype = i % 2 ? DType::kBFloat16 : DType::kFloat16;
+    c.causal = i % 4 >= 2;
+    const int n = 1 + static_cast<int>(rng() % 12);
+    c.lq = random_lengths(rng, n, 0, 400);
+    c.lk = i % 3 ? c.lq : random_lengths(rng, n, 0, 400);
+    c.heads_kv = 1 + static_cast<int>(rng() % 3);
+    c.heads_q = c.heads_kv * (1 + static_cast<int>(rng() % 3));
+    run_case(c, false);
+  }
+}
+
 TEST(AttentionGpu, DifferentQueryAndKeyLengthsGqa) {
   for (DType dt : {DType::kFloat16, DType::kBFloat16})
     for (int d : kHeadDims)
@@ -362,7 +411,7 @@ TEST(AttentionGpu, RandomBatchesFreshSeeds) {
     c.lk = (rng() % 2) ? c.lq : random_lengths(rng, batch, 0, 400);
     c.heads_kv = std::uniform_int_distribution<int>(1, 3)(rng);
     c.heads_q = c.heads_kv * std::uniform_int_distribution<int>(1, 3)(rng);
-    c.head_dim = kHeadDims[rng() % 2];
+    c.head_dim = kHeadDims[rng() % std::size(kHeadDims)];
     c.dtype = (rng() % 2) ? DType::kFloat16 : DType::kBFloat16;
     c.causal = rng() % 2;
     c.hints = rng() % 2;

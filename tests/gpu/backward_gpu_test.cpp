@@ -1051,6 +1051,7 @@ TEST(BackwardGpu, GraphReplaysWithNewLengths) {
 TEST(BackwardGpuApi, UnsupportedCombinationsAreReported) {
   Case c;
   c.lq = c.lk = {10};
+  c.heads_q = c.heads_kv = 3;  // 384 elements a token: room for two heads of 192
   c.head_dim = 128;
   BackwardRunner runner(c, fresh_seed("backward unsupported"));
   ASSERT_NO_FATAL_FAILURE(runner.upload_and_forward());
@@ -1059,7 +1060,7 @@ TEST(BackwardGpuApi, UnsupportedCombinationsAreReported) {
   // head_dim 96 over the strides of the 128-wide buffers, so every view stays inside them.
   jfa_attention_backward_params p = runner.params();
   p.forward.head_dim = 96;
-  const jfa_tensor_layout wide = {2 * 128, 128};
+  const jfa_tensor_layout wide = {3 * 128, 128};
   p.forward.q_layout = p.forward.k_layout = p.forward.v_layout = p.forward.out_layout = wide;
   p.dout_layout = p.dq_layout = p.dk_layout = p.dv_layout = wide;
   EXPECT_EQ(runner.run(&g, p), JFA_ERROR_UNSUPPORTED);
@@ -1067,6 +1068,22 @@ TEST(BackwardGpuApi, UnsupportedCombinationsAreReported) {
       << jfa_last_error_message();
   JFA_CUDA_OK(cudaDeviceSynchronize());
   EXPECT_TRUE(all_poison(runner.download_gradients())) << "head_dim 96 wrote a gradient";
+
+  // head_dim 192 has a forward kernel but no backward one yet: two heads of 192 over the three of
+  // 128 of each token.
+  p = runner.params();
+  p.forward.head_dim = 192;
+  p.forward.heads_q = p.forward.heads_kv = 2;
+  const jfa_tensor_layout wide192 = {3 * 128, 192};
+  p.forward.q_layout = p.forward.k_layout = p.forward.v_layout = p.forward.out_layout = wide192;
+  p.dout_layout = p.dq_layout = p.dk_layout = p.dv_layout = wide192;
+  EXPECT_EQ(runner.run(&g, p), JFA_ERROR_UNSUPPORTED);
+  EXPECT_NE(
+      std::string(jfa_last_error_message()).find("the CUDA backward takes head_dim 64 and 128"),
+      std::string::npos)
+      << jfa_last_error_message();
+  JFA_CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_TRUE(all_poison(runner.download_gradients())) << "head_dim 192 wrote a gradient";
 
   // float32 (a CPU dtype): twice the bytes of an element, so half the tokens.
   for (jfa_backend backend : {JFA_BACKEND_AUTO, JFA_BACKEND_CUDA}) {
@@ -1079,6 +1096,29 @@ TEST(BackwardGpuApi, UnsupportedCombinationsAreReported) {
     JFA_CUDA_OK(cudaDeviceSynchronize());
     EXPECT_TRUE(all_poison(runner.download_gradients())) << "float32 wrote a gradient";
   }
+}
+
+// head_dim 192 with value head size 128 has a forward kernel but no backward one: the sizes
+// arrive in the backward's Params and are reported, nothing written. The buffers are those of a
+// 192/192 forward, so the 128 columns of v, out, dout and dv stay inside them.
+TEST(BackwardGpuApi, HeadDim192Value128IsUnsupported) {
+  Case c;
+  c.lq = c.lk = {10, 0, 3};
+  c.head_dim = 192;
+  BackwardRunner runner(c, fresh_seed("backward 192/128 unsupported"));
+  ASSERT_NO_FATAL_FAILURE(runner.upload_and_forward());
+  Gradients g;
+  jfa_attention_backward_params p = runner.params();
+  p.forward.head_dim_v = 128;
+  const jfa_tensor_layout wide = {2 * 192, 192};  // packed 192-column rows of 2 heads
+  p.forward.q_layout = p.forward.k_layout = p.forward.v_layout = p.forward.out_layout = wide;
+  p.dout_layout = p.dq_layout = p.dk_layout = p.dv_layout = wide;
+  EXPECT_EQ(runner.run(&g, p), JFA_ERROR_UNSUPPORTED);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("head_dim 192 with value head size 128"),
+            std::string::npos)
+      << jfa_last_error_message();
+  JFA_CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_TRUE(all_poison(runner.download_gradients())) << "192/128 wrote a gradient";
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 
 #include "common/params.hpp"
+#include "common/status.hpp"
 #include "cuda/sm90/choices.hpp"
 #include "cuda/sm90/device_facts.hpp"
 #include "cuda/sm90/fwd_launch.cuh"
@@ -29,13 +30,25 @@ jfa_status forward_with(const jfa::detail::Params& p, const jfa::sm90::DeviceFac
     return half ? run_forward<FwdConfig<__half, 64, 3, 128, Choices>>(p, device, launch)
                 : run_forward<FwdConfig<__nv_bfloat16, 64, 3, 128, Choices>>(p, device, launch);
   }
-  const int keys =
-      v.d128_keys != 0 ? v.d128_keys : jfa::sm90::head_dim_128_keys(p.total_q, p.batch, p.causal);
-  if (keys == 160)
-    return half ? run_forward<FwdConfig<__half, 128, 2, 160, Choices>>(p, device, launch)
-                : run_forward<FwdConfig<__nv_bfloat16, 128, 2, 160, Choices>>(p, device, launch);
-  return half ? run_forward<FwdConfig<__half, 128, 2, 128, Choices>>(p, device, launch)
-              : run_forward<FwdConfig<__nv_bfloat16, 128, 2, 128, Choices>>(p, device, launch);
+  if (p.head_dim == 128) {
+    const int keys =
+        v.d128_keys != 0 ? v.d128_keys : jfa::sm90::head_dim_128_keys(p.total_q, p.batch, p.causal);
+    if (keys == 160)
+      return half ? run_forward<FwdConfig<__half, 128, 2, 160, Choices>>(p, device, launch)
+                  : run_forward<FwdConfig<__nv_bfloat16, 128, 2, 160, Choices>>(p, device, launch);
+    return half ? run_forward<FwdConfig<__half, 128, 2, 128, Choices>>(p, device, launch)
+                : run_forward<FwdConfig<__nv_bfloat16, 128, 2, 128, Choices>>(p, device, launch);
+  }
+  if (p.head_dim == 192 && p.head_dim_v == 128)
+    return half
+               ? run_forward<FwdConfig<__half, 192, 2, 64, Choices, 128>>(p, device, launch)
+               : run_forward<FwdConfig<__nv_bfloat16, 192, 2, 64, Choices, 128>>(p, device, launch);
+  if (p.head_dim == 192 && p.head_dim_v == 192)
+    return half ? run_forward<FwdConfig<__half, 192, 2, 64, Choices>>(p, device, launch)
+                : run_forward<FwdConfig<__nv_bfloat16, 192, 2, 64, Choices>>(p, device, launch);
+  // A size without a variant must fail the test, never run another size's kernel.
+  return jfa::detail::fail(JFA_ERROR_INTERNAL, "no kernel variant for head_dim %d / %d", p.head_dim,
+                           p.head_dim_v);
 }
 
 }  // namespace jfa::gpu_test

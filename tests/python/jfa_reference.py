@@ -8,9 +8,10 @@ import numpy as np
 def attention_ref(q, k, v, cu_q, cu_k=None, *, causal=False, softmax_scale=None):
     """Explicit softmax per sequence and head, in float64.
 
-    q [total_q, hq, d], k/v [total_k, hkv, d]; query head h reads kv head h // (hq // hkv).
+    q [total_q, hq, d], k [total_k, hkv, d], v [total_k, hkv, d_v]; query head h reads kv head
+    h // (hq // hkv).
     Causal is bottom-right aligned: query i sees key j iff j <= i + len_k - len_q. A row that sees
-    no key gives zeros and lse -inf. Returns (out [total_q, hq, d], lse [hq, total_q]).
+    no key gives zeros and lse -inf. Returns (out [total_q, hq, d_v], lse [hq, total_q]).
     """
     q = np.asarray(q, dtype=np.float64)
     k = np.asarray(k, dtype=np.float64)
@@ -20,7 +21,7 @@ def attention_ref(q, k, v, cu_q, cu_k=None, *, causal=False, softmax_scale=None)
     total_q, hq, d = q.shape
     group = hq // k.shape[1]
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
-    out = np.zeros((total_q, hq, d))
+    out = np.zeros((total_q, hq, v.shape[2]))
     lse = np.full((hq, total_q), -np.inf)
     for b in range(len(cu_q) - 1):
         qs, qe, ks, ke = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]

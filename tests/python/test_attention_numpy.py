@@ -16,18 +16,18 @@ HEADS = [(4, 4), (4, 2), (6, 1)]
 TOL = {np.float32: dict(atol=2e-5, rtol=2e-5), np.float16: dict(atol=2e-3, rtol=2e-3)}
 
 
-def _inputs(rng, lengths_q, lengths_k, hq, hkv, d, dtype):
+def _inputs(rng, lengths_q, lengths_k, hq, hkv, d, dtype, d_v=None):
     lengths_k = lengths_q if lengths_k is None else lengths_k
     cu_q, cu_k = offsets(lengths_q), offsets(lengths_k)
     q = rng.standard_normal((cu_q[-1], hq, d)).astype(dtype)
     k = rng.standard_normal((cu_k[-1], hkv, d)).astype(dtype)
-    v = rng.standard_normal((cu_k[-1], hkv, d)).astype(dtype)
+    v = rng.standard_normal((cu_k[-1], hkv, d if d_v is None else d_v)).astype(dtype)
     return q, k, v, cu_q, cu_k
 
 
 def _check(out, lse, q, k, v, cu_q, cu_k, causal, scale=None):
     ref_out, ref_lse = attention_ref(q, k, v, cu_q, cu_k, causal=causal, softmax_scale=scale)
-    assert out.shape == q.shape and out.dtype == q.dtype
+    assert out.shape == (q.shape[0], q.shape[1], v.shape[2]) and out.dtype == q.dtype
     assert np.isfinite(out).all()
     np.testing.assert_allclose(out.astype(np.float64), ref_out, **TOL[q.dtype.type])
     assert lse.shape == (q.shape[1], q.shape[0]) and lse.dtype == np.float32
@@ -135,3 +135,38 @@ def test_library_reference_agrees(rng):
     rows = [0, 22, 5]
     part = jfa.attention_reference(q, k, v, cu_q, cu_k, causal=True, q_tokens=rows)
     np.testing.assert_allclose(part, ref_out[rows], atol=1e-12, rtol=1e-12)
+
+
+# (head_dim, head_dim_v): v and out with a head size of their own.
+HEAD_DIMS_V = [(192, 128), (32, 64), (8, 3), (1, 5)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dims", HEAD_DIMS_V, ids=lambda d: f"d{d[0]}-dv{d[1]}")
+def test_head_dim_v_matches_reference(rng, dtype, causal, dims):
+    d, d_v = dims
+    q, k, v, cu_q, cu_k = _inputs(rng, [5, 0, 33, 1, 70], [9, 4, 0, 1, 64], 4, 2, d, dtype, d_v)
+    out, lse = jfa.jagged_attention(q, k, v, cu_q, cu_k, causal=causal, return_lse=True)
+    assert out.shape == (q.shape[0], 4, d_v)
+    _check(out, lse, q, k, v, cu_q, cu_k, causal)
+    # The default scale is 1/sqrt(head_dim) of q and k.
+    scaled = jfa.jagged_attention(q, k, v, cu_q, cu_k, causal=causal, softmax_scale=d ** -0.5)
+    np.testing.assert_array_equal(out, scaled)
+    scale = float(np.float32(d ** -0.5))  # as the library holds it, so both use the same one
+    ref = jfa.attention_reference(q, k, v, cu_q, cu_k, causal=causal, softmax_scale=scale)
+    assert ref.shape == (q.shape[0], 4, d_v)
+    want = attention_ref(q, k, v, cu_q, cu_k, causal=causal, softmax_scale=scale)[0]
+    np.testing.assert_allclose(ref, want, atol=1e-12, rtol=1e-12)
+
+
+def test_head_dim_v_shape_rules(rng):
+    q, k, v, cu, _ = _inputs(rng, [3, 4], None, 2, 2, 8, np.float32, 5)
+    with pytest.raises(ValueError, match="v must have the shape of k but for its last dimension"):
+        jfa.jagged_attention(q, k, v[:, :1], cu)
+    with pytest.raises(ValueError, match="v must have the shape of k but for its last dimension"):
+        jfa.jagged_attention(q, k, v[:6], cu)
+    with pytest.raises(ValueError, match="q and k must have the same head_dim"):
+        jfa.jagged_attention(q, k[:, :, :4], v, cu)
+    with pytest.raises(ValueError, match="head_dim_v"):
+        jfa.jagged_attention(q, k, v[:, :, :0], cu)

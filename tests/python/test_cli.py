@@ -68,3 +68,52 @@ def test_check_covers_the_backward():
     quiet = subprocess.run([_cli(), "check", "--backend", "cpu", "--cases", "3", "--no-backward"],
                            capture_output=True, text=True, timeout=300)
     assert quiet.returncode == 0 and "bwd" not in quiet.stdout and "backward:" not in quiet.stdout
+
+
+def test_cuda_backend_without_a_gpu_is_a_usage_error():
+    if jfa.cuda_available():
+        pytest.skip(f"the loaded libjfa ({jfa.library_path()}) has a usable CUDA backend: "
+                    "--backend cuda runs")
+    r = subprocess.run([_cli(), "bench", "--backend", "cuda", "--lengths", "4"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "backend cuda" in r.stderr and "see 'jfa bench --help'" in r.stderr, r.stderr
+    assert "problem" not in r.stdout  # rejected before the batch was built
+
+
+def test_empty_batch_has_nothing_to_time():
+    r = _bench("--lengths", "0,0")
+    assert r.returncode == 0, r.stderr
+    assert "nothing to time" in r.stdout and "speedup" not in r.stdout, r.stdout
+    j = _bench("--lengths", "0,0", "--json")
+    lines = [json.loads(line) for line in j.stdout.splitlines()]
+    assert j.returncode == 0 and [line["layout"] for line in lines] == ["jagged", "padded"]
+    assert all(line["median_ms"] is None and line["repeats"] == 0 for line in lines), j.stdout
+    assert "speedup_vs_padded" not in lines[0]
+
+
+def test_head_dim_v():
+    """--head-dim-v gives v and the output a head size of their own (checked against the
+    reference, counted in the FLOPs); it defaults to --head-dim; out of range is a usage error."""
+    args = ["--lengths", "40,7", "--heads", "2", "--head-dim", "48", "--repeats", "1",
+            "--warmup", "0", "--no-padded"]
+    r = _bench(*args, "--head-dim-v", "20", "--check")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "head_dim 48/20" in r.stdout and "check: PASS" in r.stdout, r.stdout
+    split = json.loads(_bench(*args, "--head-dim-v", "20", "--json").stdout.splitlines()[0])
+    same = json.loads(_bench(*args, "--json").stdout.splitlines()[0])
+    assert (split["head_dim"], split["head_dim_v"]) == (48, 20)
+    assert (same["head_dim"], same["head_dim_v"]) == (48, 48)
+    assert split["useful_gflop"] == pytest.approx(same["useful_gflop"] * (48 + 20) / 96)
+    bad = _bench("--lengths", "4", "--head-dim-v", "0")
+    assert bad.returncode == 2 and "--head-dim-v: 0 is outside [1, 512]" in bad.stderr, bad.stderr
+    assert "problem" not in bad.stdout
+
+
+def test_check_draws_head_dim_v_on_the_cpu():
+    r = subprocess.run([_cli(), "check", "--backend", "cpu"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    split = [line for line in r.stdout.splitlines() if line.startswith("case")
+             and "/" in line.split("d=")[1].split()[0]]
+    assert split and all("ok" in line for line in split), r.stdout

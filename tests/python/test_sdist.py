@@ -1,5 +1,6 @@
 """The source distribution carries what setup.py needs to build libjfa with CMake."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -39,9 +40,10 @@ def test_sdist_holds_the_cmake_project(tmp_path):
                    "src/cuda/tlx/wgmma_ops.inc", "src/torch/registration.cpp",
                    "src/torch/CMakeLists.txt", "python/jfa/__init__.py", "setup.py"]:
         assert needed in names, f"{needed} missing from the source distribution"
-    # Every source file the library's CMake build names travels too.
-    listed = (ROOT / "src" / "CMakeLists.txt").read_text()
-    for token in listed.split():
-        token = token.strip("()\"")
-        if token.endswith((".cpp", ".cu")):
+    # Every source file the library's CMake build names travels too, and the templates it
+    # generates sources from (configure_file inputs); generated names (${...}) are not sources.
+    listed = "\n".join(line.partition("#")[0]
+                        for line in (ROOT / "src" / "CMakeLists.txt").read_text().splitlines())
+    for token in re.findall(r"[\w./${}-]+\.(?:cpp|cu|in)(?![\w.])", listed):
+        if "${" not in token:
             assert f"src/{token}" in names, f"src/{token} missing from the source distribution"

@@ -33,14 +33,15 @@ def _offsets(lengths, device):
     return torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32, device=device)
 
 
-def _inputs(seed, lengths_q, lengths_k, hq, hkv, d, dtype, device):
+def _inputs(seed, lengths_q, lengths_k, hq, hkv, d, dtype, device, d_v=None):
     g = torch.Generator(device="cpu").manual_seed(seed)
     lengths_k = lengths_q if lengths_k is None else lengths_k
     cu_q, cu_k = _offsets(lengths_q, device), _offsets(lengths_k, device)
     tq, tk = int(sum(lengths_q)), int(sum(lengths_k))
     q = torch.randn((tq, hq, d), generator=g).to(device=device, dtype=dtype)
     k = torch.randn((tk, hkv, d), generator=g).to(device=device, dtype=dtype)
-    v = torch.randn((tk, hkv, d), generator=g).to(device=device, dtype=dtype)
+    v = torch.randn((tk, hkv, d if d_v is None else d_v), generator=g).to(device=device,
+                                                                          dtype=dtype)
     return q, k, v, cu_q, cu_k
 
 
@@ -354,6 +355,70 @@ def test_cpu_backward_op_opcheck(seed):
                                   test_utils=("test_schema", "test_faketensor"))
 
 
+# (head_dim, head_dim_v): v, out, grad_out and dv with a head size of their own.
+HEAD_DIMS_V = [(192, 128), (32, 64), (8, 3), (1, 5)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16],
+                         ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dims", HEAD_DIMS_V, ids=lambda d: f"d{d[0]}-dv{d[1]}")
+def test_cpu_head_dim_v_forward_and_gradients(seed, dtype, causal, dims):
+    d, d_v = dims
+    lq, lk = [5, 0, 33, 1, 70], [9, 4, 0, 1, 64]
+    q, k, v, cu_q, cu_k = _inputs(seed, lq, lk, 4, 2, d, dtype, "cpu", d_v)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    out, lse = jfa.jagged_attention(q, k, v, cu_q, cu_k, causal=causal, return_lse=True)
+    assert out.dtype == dtype and out.shape == (q.shape[0], 4, d_v)
+    ref_out, ref_lse = attention_ref(*(t.detach().double().numpy() for t in (q, k, v)),
+                                     cu_q.numpy(), cu_k.numpy(), causal=causal)
+    _compare(out.detach(), lse.detach(), torch.from_numpy(ref_out).float(),
+             torch.from_numpy(ref_lse).float(), dtype)
+    g = torch.Generator().manual_seed(seed + 1)
+    grad_out = torch.randn(out.shape, generator=g).to(dtype)
+    grad_lse = torch.randn(lse.shape, generator=g)
+    loss = (out.float() * grad_out.float()).sum()
+    (loss + torch.where(torch.isfinite(lse), lse * grad_lse, 0).sum()).backward()
+    want = _reference_with_grads(q, k, v, cu_q, cu_k, causal, grad_out, grad_lse)
+    for name, got, ref in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), want):
+        assert got.dtype == dtype and got.shape == ref.shape, name
+        err = ((got.double() - ref).norm() / ref.norm()).item()
+        assert err <= GRAD_TOL[dtype], f"{name}: relative error {err}"
+
+
+def test_cpu_head_dim_v_opcheck_and_compile(seed):
+    """Both ops' fake kernels give v's head_dim to out and dv (opcheck), and a compiled training
+    step (aot_eager traces the fake kernels) equals the eager one."""
+    q, k, v, cu, _ = _inputs(seed, [3, 0, 6], None, 2, 1, 16, torch.float32, "cpu", 24)
+    for return_lse in (False, True):
+        torch.library.opcheck(torch.ops.jfa.jagged_attention_fwd.default,
+                              (q, k, v, cu, cu, 0, 0, True, None, return_lse),
+                              test_utils=("test_schema", "test_faketensor"))
+    out, lse = jfa.jagged_attention(q, k, v, cu, causal=True, return_lse=True)
+    args = (torch.randn_like(out), q, k, v, out, lse, cu, cu, 0, 0, True, None, None, False)
+    torch.library.opcheck(torch.ops.jfa.jagged_attention_bwd.default, args,
+                          test_utils=("test_schema", "test_faketensor"))
+    with pytest.raises(ValueError, match=r"grad_out must have the shape of out .* \(9, 2, 24\)"):
+        torch.ops.jfa.jagged_attention_bwd(torch.randn_like(q), *args[1:])
+
+    def f(q, k, v, cu):
+        return jfa.jagged_attention(q, k, v, cu, causal=True)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    results = []
+    for fn in (f, compiled):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out = fn(*leaves, cu)
+        assert out.shape == (9, 2, 24)
+        out.square().sum().backward()
+        assert leaves[2].grad.shape == v.shape
+        results.append([out.detach()] + [t.grad for t in leaves])
+    for eager, traced in zip(*results):
+        torch.testing.assert_close(traced, eager)
+
+
 @pytest.mark.parametrize("with_word", [False, True], ids=["plain", "offsets-check"])
 def test_cpu_compile_fullgraph_training_step(seed, with_word):
     """A compiled forward with autograd: the backward op is in the traced graph and the gradients
@@ -489,16 +554,17 @@ def test_cpu_device_check_errors(seed):
                                          "meta"):
         jfa.jagged_attention(q, k, v, cu, device_check=torch.empty(1, dtype=torch.int32,
                                                                     device="meta"))
-    # The ops check too (the native op in C++, with the same messages), forward and backward.
+    # The ops check too (the native op in C++, with the same messages and exceptions), forward and
+    # backward.
     out, lse = jfa.jagged_attention(q, k, v, cu, return_lse=True)
     calls = (lambda w: torch.ops.jfa.jagged_attention_fwd(q, k, v, cu, cu, 0, 0, False, None,
                                                            False, False, w),
              lambda w: torch.ops.jfa.jagged_attention_bwd(out, q, k, v, out, lse, cu, cu, 0, 0,
                                                           False, None, None, False, w))
     for call in calls:
-        with pytest.raises((TypeError, RuntimeError), match="device_check must be an int32"):
+        with pytest.raises(TypeError, match="device_check must be an int32"):
             call(torch.zeros(1, dtype=torch.int64))
-        with pytest.raises((ValueError, RuntimeError), match="device_check must have exactly one"):
+        with pytest.raises(ValueError, match="device_check must have exactly one"):
             call(torch.zeros(2, dtype=torch.int32))
     # libjfa refuses a word inside a buffer of the call.
     with pytest.raises(jfa.JfaInvalidArgumentError, match="device_check"):
@@ -703,3 +769,155 @@ def test_errors_name_the_argument_through_every_path(seed):
         jfa.jagged_attention(q, k, v, cu, causal="yes")
     with pytest.raises(TypeError, match="return_lse must be a bool"):
         jfa.jagged_attention(q, k, v, cu, return_lse=1)
+
+
+def _direct_call_cases(seed):
+    """(id, call, exception type, message) for bad arguments of torch.ops.jfa.* called directly:
+    every kind of op raises exactly these (the native op's C++ errors are translated on the way
+    out)."""
+    q, k, v, cu, _ = _inputs(seed, [2, 3], None, 2, 2, 8, torch.float32, "cpu")
+    out, lse = jfa.jagged_attention(q, k, v, cu, return_lse=True)
+
+    def fwd(q=q, k=k, v=v, cu_q=cu, cu_k=cu, hint_q=0, hint_k=0, scale=None, word=None):
+        return lambda: torch.ops.jfa.jagged_attention_fwd(q, k, v, cu_q, cu_k, hint_q, hint_k,
+                                                          False, scale, True, False, word)
+
+    def bwd(grad_out=out, lse=lse, hint_q=0, scale=None, cu_q=cu):
+        return lambda: torch.ops.jfa.jagged_attention_bwd(grad_out, q, k, v, out, lse, cu_q, cu,
+                                                          hint_q, 0, False, scale, None, False)
+
+    meta = torch.empty(k.shape, device="meta")
+    return [
+        ("q-dtype", fwd(q=q.double(), k=k.double(), v=v.double()), TypeError,
+         "q must be float16, bfloat16 or float32, got torch.float64"),
+        ("k-dtype", fwd(k=k.half()), TypeError,
+         "q, k and v must have the same dtype, got q torch.float32 and k torch.float16"),
+        ("k-device", fwd(k=meta), ValueError,
+         "q, k and v must be on the same device, got q on cpu, k on meta, v on cpu"),
+        ("q-shape", fwd(q=q[:, 0]), ValueError,
+         "q must have 3 dimensions [total, heads, head_dim], got shape (5, 8)"),
+        ("v-shape", fwd(v=v[:, :1]), ValueError,
+         "v must have the shape of k but for its last dimension [total_k, heads_kv, head_dim_v], "
+         "got k (5, 2, 8) and v (5, 1, 8)"),
+        ("k-stride", fwd(k=k.transpose(1, 2).contiguous().transpose(1, 2)), ValueError,
+         "k: the last dimension (head_dim) must be contiguous (stride 1 element), got stride 2; "
+         "call .contiguous() on it"),
+        ("offsets-dtype", fwd(cu_q=cu.long()), TypeError,
+         "cu_seqlens_q must be an int32 tensor (batch + 1 offsets), got torch.int64"),
+        ("offsets-dim", fwd(cu_k=cu[None]), ValueError,
+         "cu_seqlens_k must be 1-D (batch + 1 offsets), got shape (1, 3)"),
+        ("offsets-length", fwd(cu_k=cu[:2]), ValueError,
+         "cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got 3 and 2"),
+        ("negative-hint", fwd(hint_q=-1), ValueError,
+         "max_seqlen_q must be in [0, 2^31 - 1] (0 or None = unknown), got -1"),
+        ("hint-too-big", fwd(hint_k=2**31), ValueError,
+         "max_seqlen_k must be in [0, 2^31 - 1] (0 or None = unknown), got 2147483648"),
+        ("scale-inf", fwd(scale=math.inf), ValueError,
+         "softmax_scale must be finite in float32 (or None for 1/sqrt(head_dim)), got inf"),
+        ("scale-beyond-float32", fwd(scale=-1e39), ValueError,
+         "softmax_scale must be finite in float32 (or None for 1/sqrt(head_dim)), got -1e+39"),
+        ("scale-nan", fwd(scale=math.nan), ValueError,
+         "softmax_scale must be finite in float32 (or None for 1/sqrt(head_dim)), got nan"),
+        ("word-dtype", fwd(word=torch.zeros(1, dtype=torch.int64)), TypeError,
+         "device_check must be an int32 tensor (one element), got torch.int64"),
+        ("word-shape", fwd(word=torch.zeros(2, dtype=torch.int32)), ValueError,
+         "device_check must have exactly one element, got shape (2,)"),
+        ("offsets-values", fwd(cu_q=cu + 1), jfa.JfaInvalidArgumentError, None),
+        ("bwd-grad-shape", bwd(grad_out=out[:4]), ValueError,
+         "grad_out must have the shape of out [total_q, heads_q, head_dim_v] (5, 2, 8), got "
+         "(4, 2, 8)"),
+        ("bwd-lse-dtype", bwd(lse=lse.double()), TypeError,
+         "lse must be float32, got torch.float64"),
+        ("bwd-lse-shape", bwd(lse=lse[:, :4]), ValueError,
+         "lse must have shape (2, 5) [heads_q, total_q] (the forward's with return_lse=True), got "
+         "(2, 4)"),
+        ("bwd-negative-hint", bwd(hint_q=-3), ValueError,
+         "max_seqlen_q must be in [0, 2^31 - 1] (0 or None = unknown), got -3"),
+        ("bwd-scale", bwd(scale=math.inf), ValueError,
+         "softmax_scale must be finite in float32 (or None for 1/sqrt(head_dim)), got inf"),
+        ("bwd-offsets-values", bwd(cu_q=cu + 1), jfa.JfaInvalidArgumentError, None),
+    ]
+
+
+def test_direct_op_calls_raise_the_same_errors_whichever_kind(seed):
+    """torch.ops.jfa.* called directly, with or without autograd, raise the TypeError, ValueError
+    or JfaError that jfa.jagged_attention documents, with the same messages, native or ctypes."""
+    for case, call, kind, message in _direct_call_cases(seed):
+        for grad in (False, True):
+            with torch.set_grad_enabled(grad), pytest.raises(Exception) as info:
+                call()
+            assert type(info.value) is kind, (case, jfa.torch_ops_kind(), info.value)
+            if message is not None:
+                assert str(info.value) == message, case
+            else:  # a status of libjfa, named after the entry point
+                function = "jfa_attention_" + ("backward" if case.startswith("bwd") else "forward")
+                assert str(info.value).startswith(f"{function}: cu_seqlens_q[0] must be 0"), case
+    # None hints (unknown, as 0) are taken by the ops themselves too.
+    q, k, v, cu, _ = _inputs(seed, [2, 3], None, 2, 2, 8, torch.float32, "cpu")
+    out, lse = torch.ops.jfa.jagged_attention_fwd(q, k, v, cu, cu, None, None, True, None, True)
+    torch.testing.assert_close(out, jfa.jagged_attention(q, k, v, cu, causal=True))
+    torch.ops.jfa.jagged_attention_bwd(out, q, k, v, out, lse, cu, cu, None, None, True, None,
+                                       None, False)
+
+
+def test_direct_op_calls_under_inference_mode(seed):
+    """Under torch.inference_mode(), a direct call whose tensors are all inference tensors (made
+    under it) skips the kernel that translates the native op's errors: the native op raises a
+    RuntimeError whose message is the tag ("TypeError: ", "ValueError: " or "jfa status N in
+    FUNCTION: ") and the message. With any other tensor among the inputs the call raises as
+    elsewhere; so does the ctypes op always, and jfa.jagged_attention in every mode."""
+    native = jfa.torch_ops_kind() == "native"
+    outside = {case: c for case, *c in _direct_call_cases(seed)}
+    with torch.inference_mode():
+        inside = {case: c for case, *c in _direct_call_cases(seed)}
+        for case, tag in (("q-dtype", "TypeError"), ("negative-hint", "ValueError"),
+                          ("bwd-lse-shape", "ValueError")):
+            call, kind, message = outside[case]
+            with pytest.raises(kind) as info:
+                call()
+            assert type(info.value) is kind and str(info.value) == message, case
+            call, kind, message = inside[case]
+            with pytest.raises(RuntimeError if native else kind) as info:
+                call()
+            assert str(info.value) == (f"{tag}: {message}" if native else message), case
+        call, kind, _ = inside["offsets-values"]
+        function = "jfa_attention_forward"
+        with pytest.raises(RuntimeError if native else kind,
+                           match=f"^jfa status 1 in {function}: " if native else f"^{function}: "):
+            call()
+        q, k, v, cu, _ = _inputs(seed, [2, 3], None, 2, 2, 8, torch.float32, "cpu")
+        assert q.is_inference() and cu.is_inference()
+        with pytest.raises(TypeError, match=r"^q must be float16, bfloat16 or float32"):
+            jfa.jagged_attention(q.double(), k.double(), v.double(), cu)
+        with pytest.raises(ValueError, match=r"^max_seqlen_q must be in \[0, 2\^31 - 1\]"):
+            jfa.jagged_attention(q, k, v, cu, max_seqlen_q=-1)
+        with pytest.raises(jfa.JfaInvalidArgumentError, match=r"cu_seqlens_q\[0\] must be 0"):
+            jfa.jagged_attention(q, k, v, cu + 1)
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["jagged_attention", "op"])
+def test_cpu_compile_dynamic_hints_compile_once(seed, direct):
+    """torch.compile(dynamic=True, fullgraph=True) with a new max_seqlen hint on every call: the
+    hints are SymInt in the op schemas, so one graph serves every value (no recompilation), forward
+    and backward, and the results are those of eager calls."""
+    q, k, v, cu, _ = _inputs(seed, [5, 0, 12, 3], None, 2, 1, 8, torch.float32, "cpu")
+
+    def f(q, k, v, cu, m):
+        if direct:
+            return torch.ops.jfa.jagged_attention_fwd(q * 1.0, k, v, cu, cu, m, m, True, None,
+                                                      True)[0]
+        return jfa.jagged_attention(q * 1.0, k, v, cu, max_seqlen_q=m, max_seqlen_k=m,
+                                    causal=True)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, dynamic=True, backend="aot_eager")
+    with torch._dynamo.config.patch(recompile_limit=2, fail_on_recompile_limit_hit=True):
+        for m in range(12, 24):  # 12 values, each an upper bound of the lengths
+            grads = []
+            for fn in (f, compiled):
+                leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+                out = fn(*leaves, cu, m)
+                out.square().sum().backward()
+                grads.append([out] + [t.grad for t in leaves])
+            for eager, traced in zip(*grads):
+                torch.testing.assert_close(traced, eager)

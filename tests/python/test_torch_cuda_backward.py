@@ -162,6 +162,36 @@ def test_cuda_gradients_match_float64_autograd(seed, dtype, head_dim, causal, he
 
 @DTYPES
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("heads", [(8, 8), (8, 2)], ids=["mha", "gqa"])
+def test_cuda_forward_head_dim_192_value_128_matches_float64(seed, dtype, causal, heads):
+    """The forward's (192, 128) pair (v and out with 128 columns) against a float64 reference;
+    its backward is not built, and says so."""
+    from jfa_reference import attention_ref
+
+    lq, lk = CASES["cross"]
+    g = torch.Generator().manual_seed(seed)
+    tq, tk = sum(lq), sum(lk)
+    q, k, v = (torch.randn(shape, generator=g).to("cuda", dtype)
+               for shape in ((tq, heads[0], 192), (tk, heads[1], 192), (tk, heads[1], 128)))
+    cu_q, cu_k = _offsets(lq), _offsets(lk)
+    out, lse = jfa.jagged_attention(q, k, v, cu_q, cu_k, causal=causal, return_lse=True)
+    assert out.shape == (tq, heads[0], 128) and out.dtype == dtype
+    ref_out, ref_lse = attention_ref(*(t.double().cpu().numpy() for t in (q, k, v)),
+                                     cu_q.cpu().numpy(), cu_k.cpu().numpy(), causal=causal)
+    tol = {torch.float16: 4e-3, torch.bfloat16: 3e-2}[dtype]
+    torch.testing.assert_close(out.double().cpu(), torch.from_numpy(ref_out), atol=tol, rtol=tol)
+    seen = torch.from_numpy(np.isfinite(ref_lse))
+    assert torch.equal(torch.isfinite(lse.cpu()), seen)
+    torch.testing.assert_close(lse.double().cpu()[seen], torch.from_numpy(ref_lse)[seen],
+                               atol=1e-3, rtol=1e-4)
+    leaves = [t.requires_grad_(True) for t in (q, k, v)]
+    out = jfa.jagged_attention(*leaves, cu_q, cu_k, causal=causal)
+    with pytest.raises(jfa.JfaUnsupportedError):
+        out.sum().backward()
+
+
+@DTYPES
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_cuda_gradients_of_the_lse_alone(seed, dtype, causal):
     """A loss that reads only the LSE: the op gets no gradient for out (zeros), dv is zero."""
     lq, lk = CASES["cross"]
@@ -438,6 +468,62 @@ def test_cuda_compile_fullgraph_training_step(seed, dtype):
             opt.zero_grad(set_to_none=True)
     for (name, pe), pc in zip(eager.named_parameters(), model.parameters()):
         torch.testing.assert_close(pc, pe, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_cuda_compile_dynamic_hints_compile_once(seed):
+    """A new max_seqlen hint on every call of a function compiled with dynamic shapes: one graph
+    serves them all (the hints are SymInt in the op schemas) and the kernels get each value; the
+    output and the gradients (deterministic backward) equal eager ones."""
+    q, k, v, cu, _ = _inputs(seed, [40, 0, 129, 7], None, 8, 2, 64, torch.float16)
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed + 1)).to(q)
+
+    def forward(q, k, v, cu, m):
+        return jfa.jagged_attention(q, k, v, cu, max_seqlen_q=m, max_seqlen_k=m, causal=True,
+                                    deterministic=True)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(forward, fullgraph=True, dynamic=True)
+    with torch._dynamo.config.patch(recompile_limit=2, fail_on_recompile_limit_hit=True):
+        for m in range(129, 141):
+            got, want = ((out, *torch.autograd.grad(out, (q, k, v), grad_out))
+                         for out in (compiled(q, k, v, cu, m), forward(q, k, v, cu, m)))
+            for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+                torch.testing.assert_close(a, b, msg=lambda e, name=name, m=m: f"{name} {m}: {e}")
+
+
+# ---- errors -------------------------------------------------------------------------------------
+
+def test_cuda_direct_op_calls_raise_the_documented_errors(seed):
+    """torch.ops.jfa.* called directly with an argument on the wrong device or a dtype the kernel
+    does not take: the TypeError, ValueError or JfaError of jfa.jagged_attention, whichever kind of
+    op is in use."""
+    q, k, v, cu, _ = (t.detach() for t in _inputs(seed, [5, 9], None, 2, 2, 64, torch.float16))
+    out, lse = torch.ops.jfa.jagged_attention_fwd(q, k, v, cu, cu, None, None, False, None, True)
+
+    def fwd(q=q, k=k, v=v, cu=cu, word=None):
+        return torch.ops.jfa.jagged_attention_fwd(q, k, v, cu, cu, 0, 0, False, None, True, False,
+                                                  word)
+
+    def bwd(lse=lse):
+        return torch.ops.jfa.jagged_attention_bwd(out, q, k, v, out, lse, cu, cu, 0, 0, False,
+                                                  None, None, False)
+
+    cases = [
+        (lambda: fwd(cu=cu.cpu()), ValueError,
+         r"cu_seqlens_q must be on the device of q \(cuda:0\), got cpu$"),
+        (lambda: fwd(word=torch.zeros(1, dtype=torch.int32)), ValueError,
+         r"device_check must be on the device of q \(cuda:0\), got cpu$"),
+        (lambda: bwd(lse=lse.cpu()), ValueError,
+         r"lse must be on the device of q \(cuda:0\), got cpu$"),
+        (lambda: fwd(q=q.double(), k=k.double(), v=v.double()), TypeError,
+         r"q must be float16, bfloat16 or float32, got torch.float64$"),
+        (lambda: fwd(q=q.float(), k=k.float(), v=v.float()), jfa.JfaUnsupportedError,
+         "float32 is not supported on CUDA"),
+    ]
+    for call, kind, message in cases:
+        with pytest.raises(kind, match=message) as info:
+            call()
+        assert type(info.value) is kind, (jfa.torch_ops_kind(), info.value)
 
 
 # ---- opcheck ------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ struct BenchOptions {
   int heads = 16;
   int heads_kv = 0;  // 0: same as heads
   int head_dim = 128;
+  int head_dim_v = 0;  // 0: same as head_dim
   int progress_s = 5;
   DType dtype = DType::kFloat16;
   bool causal = false;
@@ -94,6 +95,7 @@ void print_json(const Workload& w, const tools::JaggedBatch& batch, const BenchO
         .add("heads", batch.heads_q)
         .add("heads_kv", batch.heads_kv)
         .add("head_dim", batch.head_dim)
+        .add("head_dim_v", batch.value_dim())
         .add("total_q", batch.total_q())
         .add("total_k", batch.total_k())
         .add("max_seqlen_q", int64_t{max_length(batch.cu_q)})
@@ -108,7 +110,7 @@ void print_json(const Workload& w, const tools::JaggedBatch& batch, const BenchO
         .add("repeats", static_cast<int64_t>(m->timing.ms.size()))
         .add("warmup", int64_t{o.warmup})
         .add("version", version());
-    if (m == &c.jagged && c.padded) line.add("speedup_vs_padded", c.speedup());
+    if (m == &c.jagged && c.padded && c.timed()) line.add("speedup_vs_padded", c.speedup());
     if (m == &c.jagged && c.check) {
       line.add("check_rows", c.check->rows)
           .add("check_rel_error", c.check->rel_error)
@@ -120,6 +122,10 @@ void print_json(const Workload& w, const tools::JaggedBatch& batch, const BenchO
 }
 
 void print_table(const Runner& runner, const Comparison& c) {
+  if (!c.timed()) {
+    std::printf("\nnothing to time: the batch has no query tokens\n");
+    return;
+  }
   std::printf("\n%-14s %-8s %12s %12s %16s %12s %12s\n", "method", "layout", "median ms", "min ms",
               "useful TFLOP/s", "q tokens", "k tokens");
   std::vector<const Measurement*> measured = {&c.jagged};
@@ -165,8 +171,10 @@ int bench_main(std::span<const std::string> args) {
   parser.add_int("--heads", "H", "query heads (default 16)", &o.heads, 1, 65536);
   parser.add_int("--heads-kv", "H", "key/value heads, dividing --heads (default: --heads)",
                  &o.heads_kv, 1, 65536);
-  parser.add_int("--head-dim", "D", "head dimension (default 128)", &o.head_dim, 1,
+  parser.add_int("--head-dim", "D", "head dimension of q and k (default 128)", &o.head_dim, 1,
                  JFA_MAX_HEAD_DIM);
+  parser.add_int("--head-dim-v", "D", "head dimension of v and the output (default: --head-dim)",
+                 &o.head_dim_v, 1, JFA_MAX_HEAD_DIM);
   parser.add_dtype("element type (default fp16; fp32 on the CPU only)", &o.dtype);
   parser.add_flag("--causal", "causal mask (bottom-right aligned when q/k lengths differ)",
                   &o.causal);
@@ -195,6 +203,7 @@ int bench_main(std::span<const std::string> args) {
   if (!parser.parse(args)) return 0;
 
   if (o.heads_kv == 0) o.heads_kv = o.heads;
+  if (o.head_dim_v == 0) o.head_dim_v = o.head_dim;
   if (o.heads % o.heads_kv != 0) {
     throw UsageError(strprintf("--heads-kv: %d does not divide --heads %d (GQA needs a multiple)",
                                o.heads_kv, o.heads));
@@ -213,14 +222,16 @@ int bench_main(std::span<const std::string> args) {
                                tools::dtype_name(o.dtype), runner->backend_name()));
   }
   // Before any buffer is allocated.
-  if (std::string supported; !runner->supports_head_dim(o.head_dim, &supported)) {
-    throw UsageError(strprintf("--head-dim: %d is not supported by the %s backend (it takes %s)",
-                               o.head_dim, runner->backend_name(), supported.c_str()));
+  if (std::string supported; !runner->supports_head_dims(o.head_dim, o.head_dim_v, &supported)) {
+    throw UsageError(
+        strprintf("--head-dim %d --head-dim-v %d: not supported by the %s backend (it takes %s)",
+                  o.head_dim, o.head_dim_v, runner->backend_name(), supported.c_str()));
   }
   if (o.warmup < 0) o.warmup = runner->backend() == Backend::kCpu ? 1 : 3;
 
-  const tools::JaggedBatch batch = tools::make_batch(w.lengths_q, w.lengths_k, o.heads, o.heads_kv,
-                                                     o.head_dim, o.dtype, w.data_seed);
+  const tools::JaggedBatch batch =
+      tools::make_batch(w.lengths_q, w.lengths_k, o.heads, o.heads_kv, o.head_dim, o.dtype,
+                        w.data_seed, o.head_dim_v);
   CompareOptions options;
   options.config.causal = o.causal;
   options.warmup = o.warmup;
@@ -235,10 +246,11 @@ int bench_main(std::span<const std::string> args) {
                 w.description.c_str());
     std::printf(
         "problem  B=%lld, %s query tokens, %s key tokens, heads %d/%d (q/kv), head_dim "
-        "%d, %s, %s\n",
+        "%s, %s, %s\n",
         static_cast<long long>(batch.batch()), with_commas(batch.total_q()).c_str(),
-        with_commas(batch.total_k()).c_str(), o.heads, o.heads_kv, o.head_dim,
-        tools::dtype_name(o.dtype), o.causal ? "causal" : "non-causal");
+        with_commas(batch.total_k()).c_str(), o.heads, o.heads_kv,
+        head_dims_string(o.head_dim, o.head_dim_v).c_str(), tools::dtype_name(o.dtype),
+        o.causal ? "causal" : "non-causal");
     std::printf("backend  %s: %s; median of %s after %s\n", runner->backend_name(),
                 runner->device().c_str(), count_of(o.repeats, "run").c_str(),
                 count_of(o.warmup, "warm-up run").c_str());

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <random>
@@ -26,6 +27,7 @@ constexpr int kSampledTokensPerSequence = 16;
 struct Case {
   std::vector<int32_t> lengths_q, lengths_k;
   int32_t heads_q = 1, heads_kv = 1, head_dim = 64;
+  int32_t head_dim_v = 0;  // 0: head_dim
   DType dtype = DType::kFloat16;
   bool causal = false;
   std::string note;  // what an edge case is about
@@ -68,7 +70,8 @@ int32_t random_length(std::mt19937_64& rng) {
   return static_cast<int32_t>(1 + rng() % 300);
 }
 
-Case random_case(std::mt19937_64& rng) {
+// takes_any_head_dim_v: the backend takes any head_dim_v (the CPU), so random cases draw some.
+Case random_case(std::mt19937_64& rng, bool takes_any_head_dim_v) {
   Case c;
   const int64_t batch = rng() % 20 == 0 ? 0 : static_cast<int64_t>(1 + rng() % 8);
   const bool cross = rng() % 10 < 3;
@@ -85,9 +88,13 @@ Case random_case(std::mt19937_64& rng) {
   static constexpr int32_t kGroups[] = {1, 1, 2, 4};
   c.heads_kv = kKvHeads[rng() % 4];
   c.heads_q = c.heads_kv * kGroups[rng() % 4];
-  static constexpr int32_t kHeadDims[] = {32, 64, 96, 128};
-  c.head_dim = kHeadDims[rng() % 4];
+  static constexpr int32_t kHeadDims[] = {32, 64, 96, 128, 192, 256};
+  c.head_dim = kHeadDims[rng() % std::size(kHeadDims)];
   c.causal = rng() % 2 == 0;
+  // Now and then a value head size of its own: 192/128 (a pair the CUDA forward has too) or a
+  // random one; backends that do not take the pair report it as unsupported.
+  if (takes_any_head_dim_v && rng() % 4 == 0)
+    c.head_dim_v = c.head_dim == 192 && rng() % 2 ? 128 : static_cast<int32_t>(1 + rng() % 256);
   return c;
 }
 
@@ -95,7 +102,7 @@ double reference_cost(const Case& c) {
   double pairs = 0;
   for (size_t b = 0; b < c.lengths_q.size(); ++b)
     pairs += static_cast<double>(c.lengths_q[b]) * c.lengths_k[b];
-  return pairs * c.heads_q * c.head_dim;
+  return pairs * c.heads_q * (c.head_dim + (c.head_dim_v == 0 ? c.head_dim : c.head_dim_v)) / 2;
 }
 
 std::string describe_lengths(const Case& c) {
@@ -120,7 +127,8 @@ int check_main(std::span<const std::string> args) {
   ArgParser parser("jfa check",
                    "Runs edge cases and random problems (empty batches, zero-length and "
                    "length-1 sequences, lengths\noff tile multiples, cross attention, GQA/MQA, "
-                   "causal or not, head_dim 32/64/96/128, every dtype of\nthe backend) and "
+                   "causal or not, head_dim 32 to 256, on the CPU also v with a head_dim of its "
+                   "own,\nevery dtype of the backend) and "
                    "compares the output and the log-sum-exp with the float64 reference, then the "
                    "gradients of\nthe backward (where the reference is affordable). Outputs are "
                    "poisoned with NaN before each\nrun, so anything left unwritten fails.");
@@ -163,6 +171,8 @@ int check_main(std::span<const std::string> args) {
   std::fflush(stdout);
 
   const std::vector<Case> edges = edge_cases();
+  std::string unused;
+  const bool takes_any_head_dim_v = runner->supports_head_dims(64, 5, &unused);
   std::map<DType, Worst> worst;
   double worst_lse = 0;
   int failed = 0, unsupported = 0;
@@ -172,17 +182,19 @@ int check_main(std::span<const std::string> args) {
   const Stopwatch wall;
   for (int i = 0; i < cases; ++i) {
     std::mt19937_64 rng(seed ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(i + 1)));
-    Case c = i < static_cast<int>(edges.size()) ? edges[static_cast<size_t>(i)] : random_case(rng);
+    Case c = i < static_cast<int>(edges.size()) ? edges[static_cast<size_t>(i)]
+                                                : random_case(rng, takes_any_head_dim_v);
     c.dtype = dtypes[static_cast<size_t>(i) % dtypes.size()];
 
-    const tools::JaggedBatch batch = tools::make_batch(c.lengths_q, c.lengths_k, c.heads_q,
-                                                       c.heads_kv, c.head_dim, c.dtype, rng());
+    const tools::JaggedBatch batch = tools::make_batch(
+        c.lengths_q, c.lengths_k, c.heads_q, c.heads_kv, c.head_dim, c.dtype, rng(), c.head_dim_v);
     const bool full = reference_cost(c) <= kFullReferenceBudget;
     const std::vector<int64_t> tokens =
         full ? all_tokens(batch) : sample_tokens(batch, kSampledTokensPerSequence, rng());
     const std::string head =
-        strprintf("case %3d  %s %-10s h=%d/%d d=%-3d B=%-2lld", i, tools::dtype_name(c.dtype),
-                  c.causal ? "causal" : "non-causal", c.heads_q, c.heads_kv, c.head_dim,
+        strprintf("case %3d  %s %-10s h=%d/%d d=%-7s B=%-2lld", i, tools::dtype_name(c.dtype),
+                  c.causal ? "causal" : "non-causal", c.heads_q, c.heads_kv,
+                  head_dims_string(c.head_dim, batch.value_dim()).c_str(),
                   static_cast<long long>(batch.batch()));
     const std::string tail =
         "  " + describe_lengths(c) + (c.note.empty() ? "" : "  (" + c.note + ")");

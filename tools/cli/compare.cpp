@@ -6,8 +6,8 @@ namespace jfa::cli {
 
 Comparison compare(Runner& runner, const tools::JaggedBatch& batch, const CompareOptions& options) {
   Comparison result;
-  const double flops =
-      attention_flops(batch.cu_q, batch.cu_k, batch.heads_q, batch.head_dim, options.config.causal);
+  const double flops = attention_flops(batch.cu_q, batch.cu_k, batch.heads_q, batch.head_dim,
+                                       options.config.causal, batch.value_dim());
 
   Progress progress(options.progress_interval_s);
   runner.upload(batch, options.config);
@@ -21,9 +21,14 @@ Comparison compare(Runner& runner, const tools::JaggedBatch& batch, const Compar
         batch, options.config.causal, out, nullptr,
         sample_tokens(batch, options.check_tokens_per_sequence, options.check_seed));
   }
+  // Without query tokens a call does no work: its time would be the call's overhead alone, and a
+  // ratio of two such times says nothing of the layouts.
+  const bool work = batch.total_q() > 0;
   result.jagged.layout = "jagged";
-  progress.phase("jagged layout", options.warmup + options.repeats);
-  result.jagged.timing = runner.time(options.warmup, options.repeats, progress);
+  if (work) {
+    progress.phase("jagged layout", options.warmup + options.repeats);
+    result.jagged.timing = runner.time(options.warmup, options.repeats, progress);
+  }
   result.jagged.useful_flops = flops;
   result.jagged.tokens_q = batch.total_q();
   result.jagged.tokens_k = batch.total_k();
@@ -33,8 +38,10 @@ Comparison compare(Runner& runner, const tools::JaggedBatch& batch, const Compar
     runner.upload(padded, options.config);
     Measurement m;
     m.layout = "padded";
-    progress.phase("padded layout", options.warmup + options.repeats);
-    m.timing = runner.time(options.warmup, options.repeats, progress);
+    if (work) {
+      progress.phase("padded layout", options.warmup + options.repeats);
+      m.timing = runner.time(options.warmup, options.repeats, progress);
+    }
     m.useful_flops = flops;
     m.tokens_q = padded.total_q();
     m.tokens_k = padded.total_k();

@@ -37,10 +37,12 @@ struct CompareOptions {
 
 struct Comparison {
   Measurement jagged;
-  std::optional<Measurement> padded;
+  std::optional<Measurement> padded;  // untimed (no samples) when jagged is
   std::optional<CheckReport> check;
 
-  // Padded median time over jagged median time.
+  // Whether anything was timed: a batch without query tokens has nothing to time.
+  bool timed() const { return !jagged.timing.ms.empty(); }
+  // Padded median time over jagged median time (NaN when nothing was timed).
   double speedup() const { return padded ? padded->median_ms() / jagged.median_ms() : 0.0; }
 };
 

@@ -20,9 +20,10 @@ class CpuRunner final : public Runner {
 
   bool supports(DType) const override { return true; }
 
-  bool supports_head_dim(int head_dim, std::string* supported) const override {
-    *supported = strprintf("1 to %d", JFA_MAX_HEAD_DIM);
-    return head_dim >= 1 && head_dim <= JFA_MAX_HEAD_DIM;
+  bool supports_head_dims(int head_dim, int head_dim_v, std::string* supported) const override {
+    *supported = strprintf("1 to %d each", JFA_MAX_HEAD_DIM);
+    return head_dim >= 1 && head_dim <= JFA_MAX_HEAD_DIM && head_dim_v >= 1 &&
+           head_dim_v <= JFA_MAX_HEAD_DIM;
   }
 
   void upload(const tools::JaggedBatch& batch, const RunConfig& config) override {
@@ -71,7 +72,7 @@ class CpuRunner final : public Runner {
       view.token_stride = view.head_stride = 0;  // the buffers are packed
       return view;
     };
-    const BackwardViews views{like(call_.q, dout), like(call_.q, grads->dq),
+    const BackwardViews views{like(call_.out, dout), like(call_.q, grads->dq),
                               like(call_.k, grads->dk), like(call_.v, grads->dv)};
     attention_backward(call_.q, call_.k, call_.v, call_.out, views, call_.cu_seqlens_q,
                        call_.cu_seqlens_k, call_.batch, call_.options);

@@ -100,10 +100,12 @@ class DeviceRunner final : public Runner {
   // float32 is a CPU-only dtype of the library.
   bool supports(DType dtype) const override { return dtype != DType::kFloat32; }
 
-  // The head dims the Hopper kernels are built for.
-  bool supports_head_dim(int head_dim, std::string* supported) const override {
-    *supported = "64 or 128";
-    return head_dim == 64 || head_dim == 128;
+  // The head dims the Hopper kernels are built for (the library's message names the sizes a
+  // build left out, and those of the backward).
+  bool supports_head_dims(int head_dim, int head_dim_v, std::string* supported) const override {
+    *supported = "64, 128 or 192 with head_dim_v equal, or 192 with head_dim_v 128";
+    if (head_dim_v == head_dim) return head_dim == 64 || head_dim == 128 || head_dim == 192;
+    return head_dim == 192 && head_dim_v == 128;
   }
 
   void upload(const tools::JaggedBatch& batch, const RunConfig& config) override {
@@ -114,7 +116,7 @@ class DeviceRunner final : public Runner {
     v_ = DeviceBuffer::copy_of(batch.v.data(), batch.v.bytes.size());
     cu_q_ = DeviceBuffer::copy_of(batch.cu_q.data(), batch.cu_q.size() * sizeof(int32_t));
     cu_k_ = DeviceBuffer::copy_of(batch.cu_k.data(), batch.cu_k.size() * sizeof(int32_t));
-    out_ = DeviceBuffer(static_cast<size_t>(batch.total_q()) * batch.heads_q * batch.head_dim *
+    out_ = DeviceBuffer(static_cast<size_t>(batch.total_q()) * batch.heads_q * batch.value_dim() *
                         dtype_size(batch.dtype));
     lse_ = DeviceBuffer(
         config.with_lse ? static_cast<size_t>(batch.total_q()) * batch.heads_q * sizeof(float) : 0);
@@ -192,7 +194,7 @@ class DeviceRunner final : public Runner {
       view.data = data.get();
       return view;
     };
-    const BackwardViews views{on(call_.q, d_dout), on(call_.q, dq), on(call_.k, dk),
+    const BackwardViews views{on(call_.out, d_dout), on(call_.q, dq), on(call_.k, dk),
                               on(call_.v, dv)};
     attention_backward(call_.q, call_.k, call_.v, call_.out, views, call_.cu_seqlens_q,
                        call_.cu_seqlens_k, call_.batch, call_.options);

@@ -58,6 +58,11 @@ std::string format_flops_rate(double flops_per_second) {
   return strprintf("%.0f FLOP/s", flops_per_second);
 }
 
+std::string head_dims_string(int head_dim, int head_dim_v) {
+  return head_dim_v == head_dim ? std::to_string(head_dim)
+                                : std::to_string(head_dim) + "/" + std::to_string(head_dim_v);
+}
+
 std::string format_list(std::span<const int32_t> values, size_t limit) {
   std::string out = "[";
   const size_t n = values.size();

@@ -21,6 +21,9 @@ std::string with_commas(int64_t value);
 // A rate in FLOP/s with a unit that keeps 3-4 significant digits: "45.2 GFLOP/s", "612 TFLOP/s".
 std::string format_flops_rate(double flops_per_second);
 
+// The head sizes of q.k and of v: "128", or "192/128" where they differ.
+std::string head_dims_string(int head_dim, int head_dim_v);
+
 // "[128, 4096, 512, 2048]"; with more than `limit` entries the middle is elided.
 std::string format_list(std::span<const int32_t> values, size_t limit = 8);
 

@@ -28,12 +28,14 @@ tools::JaggedBatch make_padded(const tools::JaggedBatch& jagged) {
   p.heads_q = jagged.heads_q;
   p.heads_kv = jagged.heads_kv;
   p.head_dim = jagged.head_dim;
+  p.head_dim_v = jagged.head_dim_v;
   p.dtype = jagged.dtype;
   const int64_t q_row = static_cast<int64_t>(jagged.heads_q) * jagged.head_dim;
-  const int64_t kv_row = static_cast<int64_t>(jagged.heads_kv) * jagged.head_dim;
+  const int64_t k_row = static_cast<int64_t>(jagged.heads_kv) * jagged.head_dim;
+  const int64_t v_row = static_cast<int64_t>(jagged.heads_kv) * jagged.value_dim();
   p.q = pad(jagged.q, jagged.cu_q, q_row, max_q);
-  p.k = pad(jagged.k, jagged.cu_k, kv_row, max_k);
-  p.v = pad(jagged.v, jagged.cu_k, kv_row, max_k);
+  p.k = pad(jagged.k, jagged.cu_k, k_row, max_k);
+  p.v = pad(jagged.v, jagged.cu_k, v_row, max_k);
   return p;
 }
 

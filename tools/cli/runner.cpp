@@ -18,9 +18,10 @@ AttentionCall make_host_call(const tools::JaggedBatch& batch, const RunConfig& c
   AttentionCall call;
   call.q = host_view(batch.q, batch.total_q(), batch.heads_q, batch.head_dim);
   call.k = host_view(batch.k, batch.total_k(), batch.heads_kv, batch.head_dim);
-  call.v = host_view(batch.v, batch.total_k(), batch.heads_kv, batch.head_dim);
-  call.out = call.q;
+  call.v = host_view(batch.v, batch.total_k(), batch.heads_kv, batch.value_dim());
+  call.out = call.q;  // q's tokens and heads, v's columns
   call.out.data = nullptr;
+  call.out.head_dim = batch.value_dim();
   call.cu_seqlens_q = batch.cu_q.data();
   call.cu_seqlens_k = batch.cu_k.data();
   call.batch = batch.batch();
@@ -55,7 +56,13 @@ std::unique_ptr<Runner> make_runner(BackendChoice choice) {
     case BackendChoice::kCpu:
       return make_cpu_runner();
     case BackendChoice::kCuda:
-      return make_device_runner();
+      // Asked for on the command line: a build or machine without it is a usage error (exit 2).
+      try {
+        return make_device_runner();
+      } catch (const Error& e) {
+        if (e.status() != Status::kBackendUnavailable) throw;
+        throw UsageError(e.what());
+      }
     default:
       return device_runner_available() ? make_device_runner() : make_cpu_runner();
   }

@@ -52,8 +52,9 @@ class Runner {
   // What runs the work, for humans: "CPU (2 threads)", "NVIDIA H200 (sm_90, 132 SMs, ...)".
   virtual std::string device() const = 0;
   virtual bool supports(DType dtype) const = 0;
-  // Whether the backend takes this head_dim; `supported` gets the values it takes, for messages.
-  virtual bool supports_head_dim(int head_dim, std::string* supported) const = 0;
+  // Whether the backend takes these head sizes (q and k, v and out); `supported` gets the values
+  // it takes, for messages.
+  virtual bool supports_head_dims(int head_dim, int head_dim_v, std::string* supported) const = 0;
 
   // Makes `batch` the current problem and allocates its output. The runner may keep pointers into
   // `batch`, which must outlive the runner or the next upload().
@@ -67,7 +68,7 @@ class Runner {
   // The output of the last run into host memory; lse (when not null) gets [heads_q, total_q].
   virtual void download(tools::HostBuffer* out, std::vector<float>* lse) = 0;
   // The backward of the last run (uploaded with with_lse) for the output gradient `dout` (host,
-  // [total_q, heads_q, head_dim]); the gradients are poisoned before the call, so anything left
+  // [total_q, heads_q, head_dim_v]); the gradients are poisoned before the call, so anything left
   // unwritten is caught, and copied to host memory after it.
   virtual void backward(const tools::HostBuffer& dout, Gradients* grads) = 0;
   // Forgets the current problem and frees its buffers.
@@ -82,7 +83,7 @@ std::unique_ptr<Runner> make_device_runner();
 bool device_runner_available();
 
 // auto: the device runner when available, else the CPU runner; cpu and cuda as asked (cuda
-// throws jfa::Error when it is not available).
+// throws UsageError when it is not available: the command line asked for what is not there).
 std::unique_ptr<Runner> make_runner(BackendChoice choice);
 
 // The CPU path's thread count: the hardware threads, capped by JFA_NUM_THREADS.

@@ -53,7 +53,7 @@ CheckReport check_against_reference(const tools::JaggedBatch& batch, bool causal
                      : attention_reference(call.q, call.k, call.v, call.cu_seqlens_q,
                                            call.cu_seqlens_k, call.batch, call.options, tokens,
                                            lse != nullptr ? &ref_lse : nullptr);
-  const int64_t row_elems = static_cast<int64_t>(batch.heads_q) * batch.head_dim;
+  const int64_t row_elems = static_cast<int64_t>(batch.heads_q) * batch.value_dim();
   report.rel_error = tokens.empty() ? 0.0 : tools::relative_error(out, ref, tokens, row_elems);
 
   if (lse != nullptr && !tokens.empty()) {
@@ -92,26 +92,26 @@ CheckReport check_against_reference(const tools::JaggedBatch& batch, bool causal
 BackwardReport check_backward_against_reference(const tools::JaggedBatch& batch, bool causal,
                                                 const tools::HostBuffer& dout,
                                                 const Gradients& grads) {
-  auto view = [&](const tools::HostBuffer& b, bool keys) {
+  // Columns: head_dim for q, k and their gradients, head_dim_v for v, dout and dv.
+  auto view = [&](const tools::HostBuffer& b, bool keys, int32_t d) {
     return JaggedTensor{const_cast<void*>(b.data()),
                         batch.dtype,
                         keys ? batch.total_k() : batch.total_q(),
                         keys ? batch.heads_kv : batch.heads_q,
-                        batch.head_dim,
+                        d,
                         0,
                         0};
   };
+  const int32_t d = batch.head_dim, d_v = batch.value_dim();
   AttentionOptions options;
   options.causal = causal;
   const ReferenceGradients ref = attention_backward_reference(
-      view(batch.q, false), view(batch.k, true), view(batch.v, true), view(dout, false),
-      batch.cu_q.data(), batch.cu_k.data(), batch.batch(), options);
+      view(batch.q, false, d), view(batch.k, true, d), view(batch.v, true, d_v),
+      view(dout, false, d_v), batch.cu_q.data(), batch.cu_k.data(), batch.batch(), options);
   BackwardReport r;
-  const int64_t q_row = int64_t{batch.heads_q} * batch.head_dim;
-  const int64_t k_row = int64_t{batch.heads_kv} * batch.head_dim;
-  r.dq_error = tools::relative_error(grads.dq, ref.dq, {}, q_row);
-  r.dk_error = tools::relative_error(grads.dk, ref.dk, {}, k_row);
-  r.dv_error = tools::relative_error(grads.dv, ref.dv, {}, k_row);
+  r.dq_error = tools::relative_error(grads.dq, ref.dq, {}, int64_t{batch.heads_q} * d);
+  r.dk_error = tools::relative_error(grads.dk, ref.dk, {}, int64_t{batch.heads_kv} * d);
+  r.dv_error = tools::relative_error(grads.dv, ref.dv, {}, int64_t{batch.heads_kv} * d_v);
   const double tol = tools::tolerance(batch.dtype);
   r.passed = r.dq_error <= tol && r.dk_error <= tol && r.dv_error <= tol;
   if (!r.passed)

@@ -22,6 +22,7 @@ struct CallShape {
   int64_t batch, total_q, total_k;
   int32_t heads_q, heads_kv, head_dim;
   jfa_dtype dtype;
+  int32_t head_dim_v = 0;  // 0: head_dim
 };
 
 inline jfa_attention_params call_params(const CallBuffers& b, const CallShape& s) {
@@ -41,6 +42,7 @@ inline jfa_attention_params call_params(const CallBuffers& b, const CallShape& s
   p.heads_kv = s.heads_kv;
   p.head_dim = s.head_dim;
   p.dtype = s.dtype;
+  p.head_dim_v = s.head_dim_v;
   return p;
 }
 

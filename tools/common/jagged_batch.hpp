@@ -50,22 +50,24 @@ struct JaggedBatch {
   std::vector<int32_t> lengths_q, lengths_k;
   std::vector<int32_t> cu_q, cu_k;
   int32_t heads_q = 0, heads_kv = 0, head_dim = 0;
+  int32_t head_dim_v = 0;  // columns of v and out; 0 means head_dim
   DType dtype = DType::kFloat16;
   HostBuffer q, k, v;
 
   int64_t total_q() const { return cu_q.back(); }
   int64_t total_k() const { return cu_k.back(); }
   int64_t batch() const { return static_cast<int64_t>(lengths_q.size()); }
+  int32_t value_dim() const { return head_dim_v == 0 ? head_dim : head_dim_v; }
 
   JaggedTensor q_view() { return {q.data(), dtype, total_q(), heads_q, head_dim, 0, 0}; }
   JaggedTensor k_view() { return {k.data(), dtype, total_k(), heads_kv, head_dim, 0, 0}; }
-  JaggedTensor v_view() { return {v.data(), dtype, total_k(), heads_kv, head_dim, 0, 0}; }
-  HostBuffer make_output() const { return HostBuffer(dtype, total_q() * heads_q * head_dim); }
+  JaggedTensor v_view() { return {v.data(), dtype, total_k(), heads_kv, value_dim(), 0, 0}; }
+  HostBuffer make_output() const { return HostBuffer(dtype, total_q() * heads_q * value_dim()); }
 };
 
 inline JaggedBatch make_batch(std::vector<int32_t> lengths_q, std::vector<int32_t> lengths_k,
                               int32_t heads_q, int32_t heads_kv, int32_t head_dim, DType dtype,
-                              uint64_t seed) {
+                              uint64_t seed, int32_t head_dim_v = 0) {
   JaggedBatch b;
   b.lengths_q = std::move(lengths_q);
   b.lengths_k = std::move(lengths_k);
@@ -74,11 +76,12 @@ inline JaggedBatch make_batch(std::vector<int32_t> lengths_q, std::vector<int32_
   b.heads_q = heads_q;
   b.heads_kv = heads_kv;
   b.head_dim = head_dim;
+  b.head_dim_v = head_dim_v;
   b.dtype = dtype;
   std::mt19937_64 rng(seed);
   b.q = HostBuffer(dtype, b.total_q() * heads_q * head_dim);
   b.k = HostBuffer(dtype, b.total_k() * heads_kv * head_dim);
-  b.v = HostBuffer(dtype, b.total_k() * heads_kv * head_dim);
+  b.v = HostBuffer(dtype, b.total_k() * heads_kv * b.value_dim());
   fill_normal(b.q, rng);
   fill_normal(b.k, rng);
   fill_normal(b.v, rng);

@@ -21,7 +21,7 @@ jfa_status backward(const jfa::detail::BackwardParams& b) {
   using jfa::detail::fail;
   const jfa::detail::Params& p = b.fwd;
   const DeviceFacts* facts = nullptr;
-  if (const jfa_status s = check_supported(p, &facts); s != JFA_SUCCESS) return s;
+  if (const jfa_status s = check_supported(p, Pass::kBackward, &facts); s != JFA_SUCCESS) return s;
   const TensorArg tensors[] = {{b.dout, &b.dout_layout, "dout"},
                                {b.dq, &b.dq_layout, "dq"},
                                {b.dk, &b.dk_layout, "dk"},
@@ -34,6 +34,7 @@ jfa_status backward(const jfa::detail::BackwardParams& b) {
   if (b.dlse != nullptr && (reinterpret_cast<uintptr_t>(b.dlse) & 3u) != 0)
     return fail(JFA_ERROR_INVALID_ARGUMENT, "dlse must be 4-byte aligned");
   const bool half = p.dtype == JFA_DTYPE_FLOAT16;
+#ifdef JFA_SM90_BUILT_D64
   if (p.head_dim == 64) {
     // Steps of two q tiles, unless the sequences are at most one tile long on average: then the
     // second tile would be mostly padding. The shapes decide, not the max_seqlen_q hint, so that
@@ -46,8 +47,14 @@ jfa_status backward(const jfa::detail::BackwardParams& b) {
     return half ? backward_shape<__half, 64, 2 * kBwdTileRows>(b, *facts)
                 : backward_shape<__nv_bfloat16, 64, 2 * kBwdTileRows>(b, *facts);
   }
-  return half ? backward_shape<__half, 128, kBwdTileRows>(b, *facts)
-              : backward_shape<__nv_bfloat16, 128, kBwdTileRows>(b, *facts);
+#endif
+#ifdef JFA_SM90_BUILT_D128
+  if (p.head_dim == 128)
+    return half ? backward_shape<__half, 128, kBwdTileRows>(b, *facts)
+                : backward_shape<__nv_bfloat16, 128, kBwdTileRows>(b, *facts);
+#endif
+  (void)half;
+  return fail(JFA_ERROR_INTERNAL, "no backward kernel for head_dim %d", p.head_dim);
 }
 
 }  // namespace jfa::sm90

@@ -46,6 +46,9 @@ inline constexpr LaunchChoices kShippedLaunch{/*sort_work_list=*/false, /*depend
 // - head_dim 128: K tiles of 160 keys without the causal mask on long sequences (fewer softmax
 //   passes and barrier hand-overs per FLOP), else 128 (160 leaves more of each diagonal tile
 //   masked, and holds one Q tile only, which short items need two of).
+// - head_dim 192 (q.k; v 192 or 128): two consumer groups, K tiles of 64 keys, which is what lets
+//   the Q tile, a two-stage K/V ring and the O staging tiles share the 227 KB (one Q stage at
+//   v 192, two at v 128). Not yet tuned by measurement.
 inline constexpr int64_t kShortMeanQueryTokens = 128;
 
 constexpr bool short_on_average(int64_t total_q, int64_t batch) {

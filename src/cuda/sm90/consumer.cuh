@@ -25,14 +25,14 @@ using ProbTile = tlx::AFragment<typename Cfg::Element, Cfg::kBlockN>;
 // What a consumer thread carries through an item.
 template <typename Cfg>
 struct ConsumerState {
-  tlx::AccumFragment<Cfg::kD> o;
+  tlx::AccumFragment<Cfg::kDv> o;
   OnlineSoftmax softmax;
 };
 
 // S = Q K^T for this warp group's 64 rows (SS wgmma).
 template <typename Cfg>
 __device__ __forceinline__ void gemm_qk(ScoreTile<Cfg>& s, const typename Cfg::QTile& q,
-                                        const typename Cfg::KVTile& k, int group) {
+                                        const typename Cfg::KTile& k, int group) {
   using T = typename Cfg::Element;
   const uint64_t q_desc =
       tlx::make_desc_sw128(q.box_addr(0) + group * 64 * tlx::kSwizzleBytes, 16, 1024);
@@ -42,7 +42,7 @@ __device__ __forceinline__ void gemm_qk(ScoreTile<Cfg>& s, const typename Cfg::Q
   for (int kk = 0; kk < Cfg::kD / 16; ++kk) {
     tlx::wgmma_ss<T, Cfg::kBlockN, 0>(
         s.reg, tlx::desc_advance(q_desc, (kk / 4) * Cfg::QTile::kBoxBytes + (kk % 4) * 32),
-        tlx::desc_advance(k_desc, (kk / 4) * Cfg::KVTile::kBoxBytes + (kk % 4) * 32),
+        tlx::desc_advance(k_desc, (kk / 4) * Cfg::KTile::kBoxBytes + (kk % 4) * 32),
         kk > 0 ? 1u : 0u);
   }
   tlx::wgmma_commit();
@@ -50,15 +50,15 @@ __device__ __forceinline__ void gemm_qk(ScoreTile<Cfg>& s, const typename Cfg::Q
 
 // O += P V: P from registers, V [kBlockN x D] read as an MN-major B (RS wgmma).
 template <typename Cfg>
-__device__ __forceinline__ void gemm_pv(tlx::AccumFragment<Cfg::kD>& o, const ProbTile<Cfg>& p,
-                                        const typename Cfg::KVTile& v) {
+__device__ __forceinline__ void gemm_pv(tlx::AccumFragment<Cfg::kDv>& o, const ProbTile<Cfg>& p,
+                                        const typename Cfg::VTile& v) {
   using T = typename Cfg::Element;
-  const uint64_t v_desc = tlx::make_desc_sw128(v.box_addr(0), Cfg::KVTile::kBoxBytes, 1024);
+  const uint64_t v_desc = tlx::make_desc_sw128(v.box_addr(0), Cfg::VTile::kBoxBytes, 1024);
   tlx::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk)
-    tlx::wgmma_rs<T, Cfg::kD, 1>(o.reg, p.reg[kk],
-                                 tlx::desc_advance(v_desc, kk * 16 * tlx::kSwizzleBytes), 1u);
+    tlx::wgmma_rs<T, Cfg::kDv, 1>(o.reg, p.reg[kk],
+                                  tlx::desc_advance(v_desc, kk * 16 * tlx::kSwizzleBytes), 1u);
   tlx::wgmma_commit();
 }
 

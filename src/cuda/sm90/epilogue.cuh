@@ -22,13 +22,13 @@ namespace jfa::sm90 {
 
 // `no_keys`: no row of the item sees a key (O is zero, LSE -inf; mask.keys not loaded).
 template <typename Cfg>
-__device__ __forceinline__ void epilogue(const tlx::AccumFragment<Cfg::kD>& o,
+__device__ __forceinline__ void epilogue(const tlx::AccumFragment<Cfg::kDv>& o,
                                          const OnlineSoftmax& softmax, typename Cfg::Shared& s,
                                          const CUtensorMap* tm_o, const FwdArgs& a,
                                          const WorkItem& w, int group, const ItemMask& mask,
                                          bool no_keys) {
   using T = typename Cfg::Element;
-  using Frag = tlx::AccumFragment<Cfg::kD>;
+  using Frag = tlx::AccumFragment<Cfg::kDv>;
   const RaggedRowsStore out{Cfg::kEpilogueBarrier0 + group, threadIdx.x % 128 == 0};
   const int64_t first = static_cast<int64_t>(w.seq.q_start) + w.m_block * Cfg::kBlockM + group * 64;
   const int64_t end = static_cast<int64_t>(w.seq.q_start) + w.seq.len_q;

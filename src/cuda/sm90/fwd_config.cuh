@@ -28,15 +28,18 @@ __device__ __forceinline__ Shared& shared_layout(unsigned char* smem_raw) {
 inline constexpr int kItemSlots = 4;  // work items the producer has claimed ahead (dynamic items)
 
 // Shared memory of a CTA: Q tiles (kQStages), K and V rings (kStages), one staging tile of O per
-// consumer group, and the barriers of the rings and of the item hand-over.
-template <typename T, int kBlockM, int kBlockN, int kD, int kGroups, int kStages, int kQStages>
+// consumer group, and the barriers of the rings and of the item hand-over. Q and K have kD
+// columns, V and O kDv.
+template <typename T, int kBlockM, int kBlockN, int kD, int kDv, int kGroups, int kStages,
+          int kQStages>
 struct FwdShared {
   using QTile = tlx::SwizzledTile<T, kBlockM, kD>;
-  using KVTile = tlx::SwizzledTile<T, kBlockN, kD>;
-  using OTile = tlx::SwizzledTile<T, 64, kD>;  // one group's rows of O, staged for the TMA store
+  using KTile = tlx::SwizzledTile<T, kBlockN, kD>;
+  using VTile = tlx::SwizzledTile<T, kBlockN, kDv>;
+  using OTile = tlx::SwizzledTile<T, 64, kDv>;  // one group's rows of O, staged for the TMA store
   QTile q[kQStages];
-  KVTile k[kStages];
-  KVTile v[kStages];
+  KTile k[kStages];
+  VTile v[kStages];
   OTile o[kGroups];
   // The small members last, so that no 1024-byte-aligned tile follows them.
   tlx::MBarrier q_full[kQStages], q_empty[kQStages];
@@ -46,29 +49,34 @@ struct FwdShared {
 };
 
 // kGroups consumer warp groups of 64 rows each, K tiles of kKeys keys (choices.hpp says which
-// shape serves which batch), compile-time choices `Choices` (a KernelChoices).
-template <typename T, int kHeadDim, int kGroups, int kKeys, typename Choices = ShippedKernel>
+// shape serves which batch), compile-time choices `Choices` (a KernelChoices), q.k over kHeadDim
+// columns and v, out over kHeadDimV.
+template <typename T, int kHeadDim, int kGroups, int kKeys, typename Choices = ShippedKernel,
+          int kHeadDimV = kHeadDim>
 struct FwdConfig {
   static_assert(kGroups == 2 || kGroups == 3, "two or three consumer warp groups");
   // Sizes with wgmma wrappers (tools/gen_wgmma_ops.py) and a power-of-two number of partial row
   // maxima and sums in the softmax (8 from 64 keys up).
-  static_assert(kKeys == 128 || kKeys == 160, "K tiles of 128 or 160 keys");
+  static_assert(kKeys == 64 || kKeys == 128 || kKeys == 160, "K tiles of 64, 128 or 160 keys");
+  static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0, "head sizes in 128-byte boxes");
   using Element = T;
   using Kernel = Choices;
   static constexpr int kD = kHeadDim;
+  static constexpr int kDv = kHeadDimV;
   static constexpr int kConsumerGroups = kGroups;
   static constexpr int kBlockM = 64 * kConsumerGroups;
   static constexpr int kBlockN = kKeys;
   static constexpr int kStages = kv_stages(kHeadDim);
 
   template <int kQ>
-  using SharedWith = FwdShared<T, kBlockM, kBlockN, kD, kGroups, kStages, kQ>;
+  using SharedWith = FwdShared<T, kBlockM, kBlockN, kD, kDv, kGroups, kStages, kQ>;
   static constexpr int kQStagesThatFit =
       sizeof(SharedWith<2>) + kSmemAlignBytes <= kMaxDynamicSmemBytes ? 2 : 1;
   static constexpr int kQStages = kQStagesCap < kQStagesThatFit ? kQStagesCap : kQStagesThatFit;
   using Shared = SharedWith<kQStages>;
   using QTile = typename Shared::QTile;
-  using KVTile = typename Shared::KVTile;
+  using KTile = typename Shared::KTile;
+  using VTile = typename Shared::VTile;
   using OTile = typename Shared::OTile;
   static constexpr int kSmemBytes = static_cast<int>(sizeof(Shared)) + kSmemAlignBytes;
   static_assert(kSmemBytes <= kMaxDynamicSmemBytes, "over the shared memory a CTA may opt in to");

@@ -43,21 +43,39 @@ int keys_at_head_dim_128(const jfa::detail::Params& p) {
 
 jfa_status forward(const jfa::detail::Params& p) {
   const DeviceFacts* facts_ptr = nullptr;
-  if (const jfa_status s = check_supported(p, &facts_ptr); s != JFA_SUCCESS) return s;
+  if (const jfa_status s = check_supported(p, Pass::kForward, &facts_ptr); s != JFA_SUCCESS)
+    return s;
   const DeviceFacts& facts = *facts_ptr;
   const bool half = p.dtype == JFA_DTYPE_FLOAT16;
+#ifdef JFA_SM90_BUILT_D64
   if (p.head_dim == 64) {
     if (groups_at_head_dim_64(p) == 2)
-      return half ? forward_shape<__half, 64, 2, 128>(p, facts)
-                  : forward_shape<__nv_bfloat16, 64, 2, 128>(p, facts);
-    return half ? forward_shape<__half, 64, 3, 128>(p, facts)
-                : forward_shape<__nv_bfloat16, 64, 3, 128>(p, facts);
+      return half ? forward_shape<__half, 64, 2, 128, 64>(p, facts)
+                  : forward_shape<__nv_bfloat16, 64, 2, 128, 64>(p, facts);
+    return half ? forward_shape<__half, 64, 3, 128, 64>(p, facts)
+                : forward_shape<__nv_bfloat16, 64, 3, 128, 64>(p, facts);
   }
-  if (keys_at_head_dim_128(p) == 160)
-    return half ? forward_shape<__half, 128, 2, 160>(p, facts)
-                : forward_shape<__nv_bfloat16, 128, 2, 160>(p, facts);
-  return half ? forward_shape<__half, 128, 2, 128>(p, facts)
-              : forward_shape<__nv_bfloat16, 128, 2, 128>(p, facts);
+#endif
+#ifdef JFA_SM90_BUILT_D128
+  if (p.head_dim == 128) {
+    if (keys_at_head_dim_128(p) == 160)
+      return half ? forward_shape<__half, 128, 2, 160, 128>(p, facts)
+                  : forward_shape<__nv_bfloat16, 128, 2, 160, 128>(p, facts);
+    return half ? forward_shape<__half, 128, 2, 128, 128>(p, facts)
+                : forward_shape<__nv_bfloat16, 128, 2, 128, 128>(p, facts);
+  }
+#endif
+#ifdef JFA_SM90_BUILT_D192
+  // K tiles of 64 keys: Q, the two-stage K/V ring and the O staging tiles fill the shared memory.
+  if (p.head_dim == 192 && p.head_dim_v == 128)
+    return half ? forward_shape<__half, 192, 2, 64, 128>(p, facts)
+                : forward_shape<__nv_bfloat16, 192, 2, 64, 128>(p, facts);
+  if (p.head_dim == 192)
+    return half ? forward_shape<__half, 192, 2, 64, 192>(p, facts)
+                : forward_shape<__nv_bfloat16, 192, 2, 64, 192>(p, facts);
+#endif
+  (void)half;
+  return jfa::detail::fail(JFA_ERROR_INTERNAL, "no forward kernel for head_dim %d", p.head_dim);
 }
 
 }  // namespace jfa::sm90

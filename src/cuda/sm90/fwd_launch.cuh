@@ -45,7 +45,7 @@ jfa_status run_forward(const jfa::detail::Params& p, const DeviceFacts& device,
                          &err) ||
       !encode_qkv_map<T>(k, total_k, heads_kv, Cfg::kD, no_keys ? p.q_layout : p.k_layout,
                          Cfg::kBlockN, &tm_k, &err) ||
-      !encode_qkv_map<T>(v, total_k, heads_kv, Cfg::kD, no_keys ? p.q_layout : p.v_layout,
+      !encode_qkv_map<T>(v, total_k, heads_kv, Cfg::kDv, no_keys ? p.q_layout : p.v_layout,
                          Cfg::kBlockN, &tm_v, &err))
     return fail(JFA_ERROR_CUDA, "tensor map encoding failed: %s", err.c_str());
   // Row coordinates of the output map reach total_q + 64 (a tile past an item's end): int32.
@@ -53,7 +53,7 @@ jfa_status run_forward(const jfa::detail::Params& p, const DeviceFacts& device,
   if (ragged_rows + 64 > INT32_MAX)
     return fail(JFA_ERROR_UNSUPPORTED, "%lld query tokens: the CUDA backend takes at most %lld",
                 static_cast<long long>(p.total_q), static_cast<long long>(INT32_MAX - 65));
-  if (!encode_out_map<T>(p.out, p.total_q, ragged_rows, p.heads_q, Cfg::kD, p.out_layout, &tm_o,
+  if (!encode_out_map<T>(p.out, p.total_q, ragged_rows, p.heads_q, Cfg::kDv, p.out_layout, &tm_o,
                          &err))
     return fail(JFA_ERROR_CUDA, "output tensor map encoding failed: %s", err.c_str());
 

@@ -8,6 +8,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/sm90/fwd_config.cuh"
 #include "cuda/sm90/scheduler.cuh"
@@ -23,14 +24,14 @@ __device__ __forceinline__ void producer_loop(typename Cfg::Shared& s, const CUt
   using Ring = tlx::PipelineState<Cfg::kStages>;
   Ring ks, vs;
   tlx::PipelineState<Cfg::kQStages> qs;
-  auto load_kv = [&](const CUtensorMap* map, tlx::MBarrier* full, tlx::MBarrier* empty,
-                     typename Cfg::KVTile* tiles, Ring& st, const WorkItem& w, int32_t kv_head,
-                     int it) {
+  auto load_kv = [&](const CUtensorMap* map, tlx::MBarrier* full, tlx::MBarrier* empty, auto* tiles,
+                     Ring& st, const WorkItem& w, int32_t kv_head, int it) {
+    using Tile = std::remove_pointer_t<decltype(tiles)>;
     const int32_t row = w.seq.k_start + (w.n_blocks - 1 - it) * Cfg::kBlockN;
     empty[st.stage].wait_suspended(st.phase ^ 1u);
-    full[st.stage].arrive_expect_tx(Cfg::KVTile::kBytes);
+    full[st.stage].arrive_expect_tx(Tile::kBytes);
 #pragma unroll
-    for (int bx = 0; bx < kBoxes; ++bx)
+    for (int bx = 0; bx < Tile::kBoxes; ++bx)
       tlx::tma_load_3d(map, &full[st.stage], tiles[st.stage].box(bx), bx * 64, kv_head, row);
     st.advance();
   };

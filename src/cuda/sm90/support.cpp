@@ -6,14 +6,15 @@
 #include <cstdint>
 
 #include "common/status.hpp"
+#include "cuda/sm90/head_sizes.hpp"
 
 namespace jfa::sm90 {
 namespace {
 
 constexpr const char* kSupported =
-    "the CUDA backend supports fp16 and bf16, head_dim 64 or 128, softmax_scale > 0, tensors "
-    "16-byte aligned with token and head strides that are multiples of 8 elements, on compute "
-    "capability 9.0 (Hopper) GPUs";
+    "the CUDA backend supports fp16 and bf16, softmax_scale > 0, tensors 16-byte aligned with "
+    "token and head strides that are multiples of 8 elements, on compute capability 9.0 (Hopper) "
+    "GPUs";
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 bool stride_ok(const jfa::detail::Layout& l) {
@@ -51,7 +52,7 @@ jfa_status check_tensors_supported(const TensorArg* tensors, int n) {
   return JFA_SUCCESS;
 }
 
-jfa_status check_supported(const jfa::detail::Params& p, const DeviceFacts** facts_out) {
+jfa_status check_supported(const jfa::detail::Params& p, Pass pass, const DeviceFacts** facts_out) {
   using jfa::detail::fail;
   int device = 0;
   const cudaError_t e = cudaGetDevice(&device);
@@ -68,8 +69,18 @@ jfa_status check_supported(const jfa::detail::Params& p, const DeviceFacts** fac
                 facts.major, facts.minor, kSupported);
   if (p.dtype != JFA_DTYPE_FLOAT16 && p.dtype != JFA_DTYPE_BFLOAT16)
     return fail(JFA_ERROR_UNSUPPORTED, "dtype float32 is not supported on CUDA; %s", kSupported);
-  if (p.head_dim != 64 && p.head_dim != 128)
-    return fail(JFA_ERROR_UNSUPPORTED, "head_dim %d is not built; %s", p.head_dim, kSupported);
+  if (!has_kernels(pass, p.head_dim, p.head_dim_v)) {
+    const char* what = pass == Pass::kForward ? "forward" : "backward";
+    if (p.head_dim == p.head_dim_v)
+      return fail(JFA_ERROR_UNSUPPORTED,
+                  "head_dim %d: the CUDA %s takes head_dim %s (head_dim / value head size) in "
+                  "this build",
+                  p.head_dim, what, built_head_sizes(pass).c_str());
+    return fail(JFA_ERROR_UNSUPPORTED,
+                "head_dim %d with value head size %d: the CUDA %s takes head_dim %s (head_dim / "
+                "value head size) in this build",
+                p.head_dim, p.head_dim_v, what, built_head_sizes(pass).c_str());
+  }
   if (!(p.softmax_scale > 0.f))
     return fail(JFA_ERROR_UNSUPPORTED, "softmax_scale %g is not supported; %s",
                 static_cast<double>(p.softmax_scale), kSupported);

@@ -5,6 +5,7 @@
 
 #include "common/params.hpp"
 #include "cuda/sm90/device_facts.hpp"
+#include "cuda/sm90/head_sizes.hpp"
 #include "jfa/jfa.h"
 
 namespace jfa::sm90 {
@@ -19,9 +20,10 @@ struct TensorArg {
   const char* name;
 };
 
-// Checks the current device and the forward's parameters (q, k, v, out and lse); on success
-// *facts is the current device's. Returns the status and sets the message otherwise.
-jfa_status check_supported(const jfa::detail::Params& p, const DeviceFacts** facts);
+// Checks the current device and the forward's parameters (q, k, v, out and lse) for the pass (its
+// head sizes); on success *facts is the current device's. Returns the status and sets the message
+// otherwise.
+jfa_status check_supported(const jfa::detail::Params& p, Pass pass, const DeviceFacts** facts);
 
 // The alignment and stride rules of check_supported for further tensors.
 jfa_status check_tensors_supported(const TensorArg* tensors, int n);
