@@ -69,8 +69,9 @@ typedef struct jfa_tensor_layout {
  * against an earlier jfa.h keeps working; the fields past the size it set take their defaults,
  * and the library never reads or writes past that size. Accepted struct_size values of
  * jfa_attention_params (the sizes on LP64 targets such as x86-64 and aarch64): 224 (0.1.0, up to
- * device_check) and 232 (head_dim_v added). Of jfa_attention_backward_params: 344 (0.1.0, with a
- * 224-byte forward) and 352 (with a 232-byte forward). */
+ * device_check), 232 (head_dim_v added) and 248 (window_left, window_right, softcap and sinks
+ * added). Of jfa_attention_backward_params: 344 (0.1.0, with a 224-byte forward), 352 (with a
+ * 232-byte forward) and 376 (with a 248-byte forward; dsinks added). */
 typedef struct jfa_attention_params {
   /* The size of the layout the caller filled, set by jfa_attention_params_init: a struct that was
    * not filled by it (uninitialised, zero-filled) or whose size is not one of the accepted ones
@@ -143,6 +144,27 @@ typedef struct jfa_attention_params {
    * the CUDA forward 192 with 128 besides equal sizes, the CUDA backward equal sizes only. The
    * default softmax scale stays 1/sqrt(head_dim). */
   int32_t head_dim_v;
+
+  /* ---- Added after head_dim_v (an earlier struct size leaves these at their defaults) ---- */
+
+  /* Local (sliding-window) attention, bottom-right aligned as the causal mask: query i of a
+   * sequence sees key j iff i + len_k - len_q - window_left <= j <= i + len_k - len_q +
+   * window_right. -1 (the default) leaves that side unbounded; other negative values are
+   * JFA_ERROR_INVALID_ARGUMENT. causal is window_right = 0 and wins: with causal set, the right
+   * bound is 0 whatever window_right holds. CPU backend only for now: the CUDA backend rejects a
+   * bounded window other than causal's (JFA_ERROR_UNSUPPORTED). */
+  int32_t window_left;
+  int32_t window_right;
+  /* Score soft-capping: 0 (the default) is off; a cap c > 0 maps every scaled score s to
+   * c * tanh(s / c) before the softmax. Negative, NaN or infinite: JFA_ERROR_INVALID_ARGUMENT.
+   * CPU backend only for now (CUDA: JFA_ERROR_UNSUPPORTED). */
+  float softcap;
+  /* Optional attention sinks: NULL (the default) or float32 [heads_q], host memory, finite: a
+   * logit per query head that joins the softmax denominator of each of its rows,
+   * p_ij = exp(s_ij) / (exp(sinks[h]) + sum_j exp(s_ij)); it carries no value. The LSE includes
+   * it, lse = log(exp(sinks[h]) + sum_j exp(s_ij)), so a row that sees no key has out 0 and
+   * lse = sinks[h]. CPU backend only for now (CUDA: JFA_ERROR_UNSUPPORTED). */
+  const float* sinks;
 } jfa_attention_params;
 
 /* Bits of the word of jfa_attention_params::device_check: the rules offsets must follow, and one
@@ -177,8 +199,9 @@ JFA_API const char* jfa_device_check_message(int32_t word);
  * double and int64), and each tensor's furthest element addressable in int64 (packed strides
  * included): JFA_ERROR_INVALID_ARGUMENT names the buffer. */
 
-/* Semantics of a query row with no visible key (an empty key sequence, or causal with
- * len_q > len_k for its first len_q - len_k rows): its output is zeros and its LSE is -inf. */
+/* Semantics of a query row with no visible key (an empty key sequence, causal with len_q > len_k
+ * for its first len_q - len_k rows, or a window that holds no key of its sequence): its output is
+ * zeros and its LSE is -inf, or sinks[h] when sinks are given. */
 
 /* Fills every field of the layout of `struct_size` bytes (one of the accepted sizes, see
  * jfa_attention_params) with its default and sets struct_size; it writes those bytes only.
@@ -191,13 +214,13 @@ JFA_API jfa_status jfa_attention_params_init_sized(jfa_attention_params* params,
 #define jfa_attention_params_init(params) \
   jfa_attention_params_init_sized((params), sizeof(jfa_attention_params))
 
-/* out = softmax(scale * q k^T [+ causal mask]) v, per sequence and head. On the CPU backend a
- * scaled score that float32 cannot hold (+inf or NaN: too large, or from a NaN or infinite q or k),
- * or a row whose every score is -inf, gives JFA_ERROR_UNSUPPORTED, after which out and lse are
- * unspecified. The CUDA backend takes any positive scale (up to 2.3e38) whose scores q.k are finite
- * in float32 (out is accurate; an LSE beyond float32 is +-inf); what it cannot compute, it reports
- * in the checked mode (JFA_CHECK_RESULT_NOT_FINITE of device_check) and not in the status, which is
- * returned before the kernels run. Non-finite values of v reach out. */
+/* out = softmax(softcap(scale * q k^T) [+ causal mask, window] [+ sink]) v, per sequence and head.
+ * On the CPU backend a scaled score that float32 cannot hold (+inf or NaN: too large, or from a NaN
+ * or infinite q or k), or a row whose every score is -inf, gives JFA_ERROR_UNSUPPORTED, after which
+ * out and lse are unspecified. The CUDA backend takes any positive scale (up to 2.3e38) whose
+ * scores q.k are finite in float32 (out is accurate; an LSE beyond float32 is +-inf); what it
+ * cannot compute, it reports in the checked mode (JFA_CHECK_RESULT_NOT_FINITE of device_check) and
+ * not in the status, which is returned before the kernels run. Non-finite values of v reach out. */
 JFA_API jfa_status jfa_attention_forward(const jfa_attention_params* params);
 
 /* The bytes of params->workspace that jfa_attention_forward needs for these sizes: it reads
@@ -254,6 +277,14 @@ typedef struct jfa_attention_backward_params {
   const float* dlse;
   /* Nonzero: bit-identical gradients from run to run. The CPU backend always is. */
   int deterministic;
+
+  /* ---- Added after head_dim_v (an earlier struct size leaves this NULL) ---- */
+
+  /* Optional, NULL or float32 [heads_q]: the gradient of the loss with respect to forward.sinks,
+   * summed over the batch: dsinks[h] = -sum over the rows i of head h of p_sink_i (dO_i . O_i -
+   * dlse_i), with p_sink_i = exp(sinks[h] - lse_i). Every element written. NULL with sinks set:
+   * no sink gradient is written; set without sinks: JFA_ERROR_INVALID_ARGUMENT. */
+  float* dsinks;
 } jfa_attention_backward_params;
 
 /* Fills every field of the layout of `struct_size` bytes (one of the accepted sizes, see
@@ -267,14 +298,15 @@ JFA_API jfa_status jfa_attention_backward_params_init_sized(jfa_attention_backwa
 #define jfa_attention_backward_params_init(params) \
   jfa_attention_backward_params_init_sized((params), sizeof(jfa_attention_backward_params))
 
-/* dq, dk, dv of out = softmax(scale * q k^T [+ causal mask]) v given dout, per sequence and head.
- * Rows with no visible key contribute nothing. Backends: CPU (float32 accumulation, any dtype,
+/* dq, dk, dv (and dsinks) of out = softmax(softcap(scale * q k^T) [+ causal mask, window]
+ * [+ sink]) v given dout, per sequence and head. Rows with no visible key contribute nothing to dq,
+ * dk and dv (to dsinks, their dlse). Backends: CPU (float32 accumulation, any dtype,
  * always deterministic) and CUDA (Hopper, the forward's dtypes, head_dims and alignment rules;
  * float32 accumulation; out and lse as the CUDA forward wrote them; a device workspace, see
  * jfa_attention_backward_workspace_size; no host read of the offsets, so the call can be captured
  * in a CUDA graph; deterministic = 0 accumulates dq with float32 reductions in an order that may
  * differ from run to run). Nothing is written when a call is rejected; on the CPU, an lse entry
- * the forward cannot have written (NaN or +inf, or -inf in a row that sees a key) is
+ * the forward cannot have written (NaN or +inf, or -inf in a row that sees a key or has a sink) is
  * JFA_ERROR_INVALID_ARGUMENT, and scores that float32 cannot hold (see jfa_attention_forward) give
  * JFA_ERROR_UNSUPPORTED after which dq, dk and dv are unspecified; on CUDA, the checked mode
  * (forward.device_check) reports gradients and lse rows that are not finite. Like every backward
@@ -301,6 +333,11 @@ JFA_API jfa_status jfa_workspace_prepare_backward(jfa_workspace* workspace,
  * [total_k, heads_kv, head_dim] and dv: [total_k, heads_kv, head_dim_v], packed float64. */
 JFA_API jfa_status jfa_attention_backward_reference(const jfa_attention_backward_params* params,
                                                     double* dq, double* dk, double* dv);
+/* The same, and the gradient of the sinks: dsinks NULL or float64 [heads_q] (zeros without
+ * forward.sinks); params->dsinks is ignored. */
+JFA_API jfa_status
+jfa_attention_backward_reference_sinks(const jfa_attention_backward_params* params, double* dq,
+                                       double* dk, double* dv, double* dsinks);
 
 /* Useful floating-point operations of the forward, 4 * pairs * heads_q * head_dim, from host
  * offsets. pairs: len_q * len_k per sequence; causal: half of that for equal lengths (the usual

@@ -113,6 +113,12 @@ struct AttentionOptions {
   // Optional checked mode: one int32 in the memory of the tensors (jfa_attention_params::
   // device_check); device_check_message() says what a word read back reports.
   int32_t* device_check = nullptr;
+  // Local attention (jfa_attention_params::window_left/right): -1 unbounded; causal wins over
+  // window_right. CPU backend only for now.
+  int32_t window_left = -1;
+  int32_t window_right = -1;
+  float softcap = 0.0f;          // 0: off; c > 0 maps scores s to c tanh(s / c)
+  const float* sinks = nullptr;  // optional float32 [heads_q], host memory
 };
 
 inline std::string device_check_message(int32_t word) { return jfa_device_check_message(word); }
@@ -149,6 +155,10 @@ inline jfa_attention_params make_params(const JaggedTensor& q, const JaggedTenso
   p.backend = static_cast<jfa_backend>(options.backend);
   p.stream = options.stream;
   p.device_check = options.device_check;
+  p.window_left = options.window_left;
+  p.window_right = options.window_right;
+  p.softcap = options.softcap;
+  p.sinks = options.sinks;
   return p;
 }
 
@@ -198,6 +208,7 @@ inline void attention(const JaggedTensor& q, const JaggedTensor& k, const Jagged
 struct BackwardViews {
   JaggedTensor dout, dq, dk, dv;
   const float* dlse = nullptr;  // optional: the gradient with respect to the forward's LSE
+  float* dsinks = nullptr;      // optional float32 [heads_q]: the gradient of options.sinks
 };
 
 inline jfa_attention_backward_params make_backward_params(
@@ -217,6 +228,7 @@ inline jfa_attention_backward_params make_backward_params(
   p.dk = grads.dk.data;
   p.dv = grads.dv.data;
   p.dlse = grads.dlse;
+  p.dsinks = grads.dsinks;
   p.dout_layout = {grads.dout.token_stride, grads.dout.head_stride};
   p.dq_layout = {grads.dq.token_stride, grads.dq.head_stride};
   p.dk_layout = {grads.dk.token_stride, grads.dk.head_stride};
@@ -238,9 +250,9 @@ inline void attention_backward(const JaggedTensor& q, const JaggedTensor& k, con
 
 // The float64 reference backward over host memory: packed dq [total_q, heads_q, d], dk
 // [total_k, heads_kv, d] and dv [total_k, heads_kv, d_v] from q, k, v, dout and dlse alone (out
-// and the LSE are not read).
+// and the LSE are not read), and dsinks [heads_q] (zeros without sinks).
 struct ReferenceGradients {
-  std::vector<double> dq, dk, dv;
+  std::vector<double> dq, dk, dv, dsinks;
 };
 
 inline ReferenceGradients attention_backward_reference(
@@ -251,15 +263,17 @@ inline ReferenceGradients attention_backward_reference(
   none_q.data = nullptr;
   none_k.data = nullptr;
   none_v.data = nullptr;
-  jfa_attention_backward_params p =
-      make_backward_params(q, k, v, output_shape(q, v), {dout, none_q, none_k, none_v, dlse},
-                           cu_seqlens_q, cu_seqlens_k, batch, options, true);
+  jfa_attention_backward_params p = make_backward_params(
+      q, k, v, output_shape(q, v), {dout, none_q, none_k, none_v, dlse, nullptr}, cu_seqlens_q,
+      cu_seqlens_k, batch, options, true);
   p.forward.device_check = nullptr;  // the reference has no checked mode
   ReferenceGradients g;
   g.dq.resize(static_cast<std::size_t>(q.total) * q.heads * q.head_dim);
   g.dk.resize(static_cast<std::size_t>(k.total) * k.heads * k.head_dim);
   g.dv.resize(static_cast<std::size_t>(v.total) * v.heads * v.head_dim);
-  check(jfa_attention_backward_reference(&p, g.dq.data(), g.dk.data(), g.dv.data()));
+  g.dsinks.resize(static_cast<std::size_t>(q.heads));
+  check(jfa_attention_backward_reference_sinks(&p, g.dq.data(), g.dk.data(), g.dv.data(),
+                                               g.dsinks.data()));
   return g;
 }
 

@@ -43,9 +43,13 @@ jfa_status jfa_attention_forward(const jfa_attention_params* params) {
     const jfa_backend backend = jfa::detail::resolve_backend(params->backend, kind);
     if ((s = jfa::detail::check_backend_side(backend, kind)) != JFA_SUCCESS) return s;
 #ifdef JFA_WITH_CUDA
-    if (backend == JFA_BACKEND_CUDA) return jfa::sm90::forward(p);
+    if (backend == JFA_BACKEND_CUDA) {
+      if ((s = jfa::detail::check_cuda_features(p)) != JFA_SUCCESS) return s;
+      return jfa::sm90::forward(p);
+    }
 #endif
     if ((s = jfa::detail::validate_host_offsets(p)) != JFA_SUCCESS) return s;
+    if ((s = jfa::detail::validate_host_sinks(p)) != JFA_SUCCESS) return s;
     if (p.device_check != nullptr) *p.device_check = 0;  // checked on the host, valid
     return jfa::detail::attention_forward_cpu(p);
   });
@@ -95,6 +99,7 @@ jfa_status jfa_attention_reference(const jfa_attention_params* params, const int
         jfa::detail::packed_view("lse", lse, n_tokens, p.heads_q, 1, sizeof(double), true));
     if ((s = jfa::detail::check_reference_buffers(buffers)) != JFA_SUCCESS) return s;
     if ((s = jfa::detail::validate_host_offsets(p)) != JFA_SUCCESS) return s;
+    if ((s = jfa::detail::validate_host_sinks(p)) != JFA_SUCCESS) return s;
     if (q_tokens != nullptr) {
       for (int64_t i = 0; i < n_tokens; ++i) {
         if (q_tokens[i] < 0 || q_tokens[i] >= p.total_q)

@@ -42,9 +42,13 @@ jfa_status jfa_attention_backward(const jfa_attention_backward_params* params) {
     const jfa_backend backend = jfa::detail::resolve_backend(params->forward.backend, kind);
     if ((s = jfa::detail::check_backend_side(backend, kind)) != JFA_SUCCESS) return s;
 #ifdef JFA_WITH_CUDA
-    if (backend == JFA_BACKEND_CUDA) return jfa::sm90::backward(b);
+    if (backend == JFA_BACKEND_CUDA) {
+      if ((s = jfa::detail::check_cuda_features(b.fwd)) != JFA_SUCCESS) return s;
+      return jfa::sm90::backward(b);
+    }
 #endif
     if ((s = jfa::detail::validate_host_offsets(b.fwd)) != JFA_SUCCESS) return s;
+    if ((s = jfa::detail::validate_host_sinks(b.fwd)) != JFA_SUCCESS) return s;
     if ((s = jfa::detail::check_host_lse(b.fwd)) != JFA_SUCCESS) return s;
     if (b.fwd.device_check != nullptr) *b.fwd.device_check = 0;  // checked on the host, valid
     return jfa::detail::attention_backward_cpu(b);
@@ -84,6 +88,12 @@ jfa_status jfa_attention_backward_workspace_size(const jfa_attention_backward_pa
 
 jfa_status jfa_attention_backward_reference(const jfa_attention_backward_params* params, double* dq,
                                             double* dk, double* dv) {
+  return jfa_attention_backward_reference_sinks(params, dq, dk, dv, nullptr);
+}
+
+jfa_status jfa_attention_backward_reference_sinks(const jfa_attention_backward_params* params,
+                                                  double* dq, double* dk, double* dv,
+                                                  double* dsinks) {
   return guarded([&] {
     BackwardParams b;
     jfa_status s = jfa::detail::build_backward_params(params, &b, /*for_reference=*/true);
@@ -99,9 +109,11 @@ jfa_status jfa_attention_backward_reference(const jfa_attention_backward_params*
                                                sizeof(double), true));
     buffers.push_back(jfa::detail::packed_view("dv", dv, p.total_k, p.heads_kv, p.head_dim_v,
                                                sizeof(double), true));
+    buffers.push_back(jfa::detail::array_view("dsinks", dsinks, p.heads_q, sizeof(double), true));
     if ((s = jfa::detail::check_reference_buffers(buffers)) != JFA_SUCCESS) return s;
     if ((s = jfa::detail::validate_host_offsets(p)) != JFA_SUCCESS) return s;
-    jfa::detail::attention_backward_reference_cpu(b, dq, dk, dv);
+    if ((s = jfa::detail::validate_host_sinks(p)) != JFA_SUCCESS) return s;
+    jfa::detail::attention_backward_reference_cpu(b, dq, dk, dv, dsinks);
     return JFA_SUCCESS;
   });
 }

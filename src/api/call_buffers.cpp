@@ -39,6 +39,7 @@ std::vector<BufferView> forward_buffers(const Params& p) {
           tensor_view("v", p.v, p.total_k, p.heads_kv, p.head_dim_v, p, p.v_layout, false),
           array_view("cu_seqlens_q", p.cu_seqlens_q, p.batch + 1, sizeof(int32_t), false),
           array_view("cu_seqlens_k", p.cu_seqlens_k, p.batch + 1, sizeof(int32_t), false),
+          array_view("sinks", p.sinks, p.heads_q, sizeof(float), false),
           workspace_view(p),
           array_view("device_check", p.device_check, 1, sizeof(int32_t), true)};
 }
@@ -50,7 +51,8 @@ std::vector<BufferView> backward_buffers(const BackwardParams& b) {
       tensor_view("dk", b.dk, p.total_k, p.heads_kv, p.head_dim, p, b.dk_layout, true),
       tensor_view("dv", b.dv, p.total_k, p.heads_kv, p.head_dim_v, p, b.dv_layout, true),
       tensor_view("dout", b.dout, p.total_q, p.heads_q, p.head_dim_v, p, b.dout_layout, false),
-      array_view("dlse", b.dlse, p.total_q * p.heads_q, sizeof(float), false)};
+      array_view("dlse", b.dlse, p.total_q * p.heads_q, sizeof(float), false),
+      array_view("dsinks", b.dsinks, p.heads_q, sizeof(float), true)};
   for (BufferView f : forward_buffers(p)) {
     // The forward's outputs are inputs now; the workspace and the offsets check are written.
     f.written = f.base != nullptr && (f.base == p.workspace || f.base == p.device_check);

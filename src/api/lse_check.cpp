@@ -4,7 +4,7 @@
 #include <limits>
 
 #include "common/status.hpp"
-#include "cpu/key_limit.hpp"
+#include "common/visibility.hpp"
 
 namespace jfa::detail {
 
@@ -18,12 +18,14 @@ jfa_status check_host_lse(const Params& p) {
       for (int64_t i = 0; i < len_q; ++i) {
         const float lse = p.lse[h * p.total_q + q0 + i];
         if (std::isfinite(lse)) continue;
-        const bool sees_key = key_limit(p.causal, i, len_q, len_k) > 0;
+        // A sink joins every row's sum, so with sinks no LSE is -inf.
+        const bool sees_key = sees_any_key(p.window, i, len_q, len_k) || p.sinks != nullptr;
         if (lse == -kInf && !sees_key) continue;
-        return fail(JFA_ERROR_INVALID_ARGUMENT,
-                    "lse of head %d, token %lld is %g: the backward needs the forward's LSE, "
-                    "finite in every row that sees a key (-inf only in rows that see none)",
-                    h, static_cast<long long>(q0 + i), static_cast<double>(lse));
+        return fail(
+            JFA_ERROR_INVALID_ARGUMENT,
+            "lse of head %d, token %lld is %g: the backward needs the forward's LSE, "
+            "finite in every row that sees a key or has a sink (-inf only in rows that see none)",
+            h, static_cast<long long>(q0 + i), static_cast<double>(lse));
       }
   }
   return JFA_SUCCESS;

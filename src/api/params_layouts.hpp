@@ -53,9 +53,37 @@ struct AttentionBackwardParamsV1 {
   int deterministic;
 };
 
+// jfa_attention_params with head_dim_v, before the window, softcap and sinks: V1 and head_dim_v.
+struct AttentionParamsV2 {
+  AttentionParamsV1 v1;
+  int32_t head_dim_v;
+};
+
+// jfa_attention_backward_params of that release, embedding the V2 forward.
+struct AttentionBackwardParamsV2 {
+  uint32_t struct_size;
+  AttentionParamsV2 forward;
+  const void* dout;
+  void* dq;
+  void* dk;
+  void* dv;
+  jfa_tensor_layout dout_layout, dq_layout, dk_layout, dv_layout;
+  const float* dlse;
+  int deterministic;
+};
+
+// The bytes of each earlier forward layout that hold fields: V2's tail padding lies where the
+// current struct has window_left, so it must not be read as such.
+inline constexpr size_t kFieldBytesV1 = sizeof(AttentionParamsV1);
+inline constexpr size_t kFieldBytesV2 = offsetof(AttentionParamsV2, head_dim_v) + sizeof(int32_t);
+static_assert(kFieldBytesV2 == offsetof(jfa_attention_params, window_left));
+static_assert(offsetof(AttentionBackwardParamsV2, forward) ==
+              offsetof(jfa_attention_backward_params, forward));
+static_assert(sizeof(AttentionBackwardParamsV2) < sizeof(jfa_attention_backward_params));
+
 // The 0.1.0 forward is a prefix of the current one, and the backward's `forward` starts at the
-// same offset in both, so the fields a workspace call writes (forward.workspace,
-// forward.workspace_bytes) lie at the same place in either layout.
+// same offset in every layout, so the fields a workspace call writes (forward.workspace,
+// forward.workspace_bytes) lie at the same place in each layout.
 static_assert(sizeof(AttentionParamsV1) == offsetof(jfa_attention_params, head_dim_v));
 static_assert(offsetof(AttentionParamsV1, device_check) ==
               offsetof(jfa_attention_params, device_check));

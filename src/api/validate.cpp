@@ -115,6 +115,9 @@ jfa_status build_current_params(const jfa_attention_params* in, Params* out, boo
   p.v_layout = {in->v_layout.token_stride, in->v_layout.head_stride};
   p.out_layout = {in->out_layout.token_stride, in->out_layout.head_stride};
   p.causal = in->causal != 0;
+  p.window = resolve_window(p.causal, in->window_left, in->window_right);
+  p.softcap = in->softcap;
+  p.sinks = in->sinks;
   p.max_seqlen_q = in->max_seqlen_q;
   p.max_seqlen_k = in->max_seqlen_k;
   p.stream = in->stream;
@@ -192,6 +195,15 @@ jfa_status build_current_params(const jfa_attention_params* in, Params* out, boo
     p.softmax_scale = in->softmax_scale;
   }
 
+  if (in->window_left < -1 || in->window_right < -1)
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "window_left and window_right must be >= 0, or -1 for unbounded, got "
+                "window_left=%d window_right=%d",
+                in->window_left, in->window_right);
+  if (!(in->softcap >= 0.0f) || !std::isfinite(in->softcap))
+    return fail(JFA_ERROR_INVALID_ARGUMENT, "softcap must be finite and >= 0 (0 = off), got %g",
+                static_cast<double>(in->softcap));
+
   jfa_status s;
   if ((s = check_layout("q", p.q_layout, p.total_q, p.heads_q, p.head_dim)) != JFA_SUCCESS)
     return s;
@@ -222,14 +234,19 @@ jfa_status build_backward_params(const jfa_attention_backward_params* caller, Ba
   b.dout_layout = {in->dout_layout.token_stride, in->dout_layout.head_stride};
   b.dlse = in->dlse;
   b.deterministic = in->deterministic != 0;
+  b.dsinks = in->dsinks;
+  if (b.dsinks != nullptr && p.sinks == nullptr)
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "dsinks is set but forward.sinks is NULL: there is no sink to differentiate");
   if (p.total_q > 0 && b.dout == nullptr)
     return fail(JFA_ERROR_INVALID_ARGUMENT, "dout must not be NULL when total_q > 0");
   jfa_status s;
   if ((s = check_layout("dout", b.dout_layout, p.total_q, p.heads_q, p.head_dim_v)) != JFA_SUCCESS)
     return s;
-  if (for_reference) {  // the reference reads q, k, v and dout only
+  if (for_reference) {  // the reference reads q, k, v, dout, dlse and sinks only
     b.fwd.out = nullptr;
     b.fwd.lse = nullptr;
+    b.dsinks = nullptr;
     *out = b;
     return JFA_SUCCESS;
   }
@@ -297,6 +314,31 @@ jfa_status check_hint(const int32_t* offsets, int64_t batch, int32_t hint, const
   return JFA_SUCCESS;
 }
 }  // namespace
+
+jfa_status validate_host_sinks(const Params& p) {
+  if (p.sinks == nullptr) return JFA_SUCCESS;
+  for (int32_t h = 0; h < p.heads_q; ++h)
+    if (!std::isfinite(p.sinks[h]))
+      return fail(JFA_ERROR_INVALID_ARGUMENT, "sinks[%d] is %g: sinks must be finite", h,
+                  static_cast<double>(p.sinks[h]));
+  return JFA_SUCCESS;
+}
+
+jfa_status check_cuda_features(const Params& p) {
+  if (p.window.left != -1 || (p.window.right != -1 && !p.causal))
+    return fail(JFA_ERROR_UNSUPPORTED,
+                "the CUDA backend does not take sliding windows yet (window_left=%d, "
+                "window_right=%d; only the causal mask): use the CPU backend",
+                p.window.left, p.window.right);
+  if (p.softcap != 0.0f)
+    return fail(JFA_ERROR_UNSUPPORTED,
+                "the CUDA backend does not take softcap yet (softcap=%g): use the CPU backend",
+                static_cast<double>(p.softcap));
+  if (p.sinks != nullptr)
+    return fail(JFA_ERROR_UNSUPPORTED,
+                "the CUDA backend does not take attention sinks yet: use the CPU backend");
+  return JFA_SUCCESS;
+}
 
 jfa_status validate_host_offsets(const Params& p) {
   jfa_status s;

@@ -31,4 +31,11 @@ jfa_status validate_offsets_named(const int32_t* offsets, int64_t batch, int64_t
 // Host-side checks of both offsets arrays and the max-length hints.
 jfa_status validate_host_offsets(const Params& p);
 
+// Sinks in host memory must be finite.
+jfa_status validate_host_sinks(const Params& p);
+
+// JFA_ERROR_UNSUPPORTED naming the feature when the call asks the CUDA backend for what it does
+// not compute yet: a window other than the causal mask, softcap or sinks.
+jfa_status check_cuda_features(const Params& p);
+
 }  // namespace jfa::detail

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/visibility.hpp"
 #include "jfa/jfa.h"
 
 namespace jfa::detail {
@@ -33,6 +34,11 @@ struct Params {
   Layout q_layout, k_layout, v_layout, out_layout;
   float softmax_scale;  // resolved: never NaN
   bool causal;
+  // The keys each row sees (common/visibility.hpp): causal folded in, so window.right is 0 under
+  // it; -1 unbounded.
+  Window window;
+  float softcap;         // 0: off, else the cap c of c * tanh(s / c)
+  const float* sinks;    // nullable, [heads_q]
   int32_t max_seqlen_q;  // hint, 0 = unknown
   int32_t max_seqlen_k;
   void* stream;
@@ -54,6 +60,7 @@ struct BackwardParams {
   Layout dout_layout, dq_layout, dk_layout, dv_layout;
   const float* dlse;  // nullable, [heads_q, total_q]
   bool deterministic;
+  float* dsinks;  // nullable, [heads_q]; only with fwd.sinks
 };
 
 }  // namespace jfa::detail

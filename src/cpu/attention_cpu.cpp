@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "common/float_convert.hpp"
-#include "cpu/key_limit.hpp"
+#include "common/visibility.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/score_overflow.hpp"
 #include "cpu/tile_kernels.hpp"
@@ -54,8 +54,10 @@ std::vector<WorkItem> make_work_items(const Params& p) {
     const int64_t tiles = (len_q + kRows - 1) / kRows;
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t last_row = std::min(len_q, (t + 1) * kRows) - 1;
-      const double cost = static_cast<double>(kRows) *
-                          static_cast<double>(key_limit(p.causal, last_row, len_q, len_k) + kCols);
+      const int64_t keys =
+          std::max<int64_t>(0, key_end(p.window, last_row, len_q, len_k) -
+                                   first_visible_key(p.window, t * kRows, len_q, len_k));
+      const double cost = static_cast<double>(kRows) * static_cast<double>(keys + kCols);
       for (int32_t h = 0; h < p.heads_q; ++h)
         items.push_back({b, h, static_cast<int32_t>(t), cost});
     }
@@ -80,7 +82,10 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_tile(const 
   const int64_t len_k = p.cu_seqlens_k[b + 1] - k_start;
   const int64_t row0 = static_cast<int64_t>(item.q_tile) * kRows;
   const int rows = static_cast<int>(std::min<int64_t>(kRows, len_q - row0));
-  const float q_scale = p.softmax_scale * std::numbers::log2e_v<float>;
+  // Scores in base 2: the scale and log2(e) folded into q, or under softcap the scale alone, with
+  // cap tanh(s / cap) log2(e) applied to each score.
+  const float cap = p.softcap;
+  const float q_scale = cap > 0 ? p.softmax_scale : p.softmax_scale * std::numbers::log2e_v<float>;
 
   const int q_width = w.q_width, v_width = w.v_width;
   for (int i = 0; i < kRows; ++i) {
@@ -98,8 +103,10 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_tile(const 
   std::fill(w.m.begin(), w.m.end(), kNegInf);
   std::fill(w.l.begin(), w.l.end(), 0.0f);
 
-  const int64_t k_end = key_limit(p.causal, row0 + rows - 1, len_q, len_k);
-  for (int64_t k0 = 0; k0 < k_end; k0 += kCols) {
+  // The keys any row of the tile sees (the bounds grow with the row).
+  const int64_t k_begin = first_visible_key(p.window, row0, len_q, len_k);
+  const int64_t k_end = key_end(p.window, row0 + rows - 1, len_q, len_k);
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += kCols) {
     const int cols = static_cast<int>(std::min<int64_t>(kCols, k_end - k0));
     // K transposed to [d][kCols] so the score loop runs along keys.
     for (int j = 0; j < cols; ++j) {
@@ -119,26 +126,36 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_tile(const 
     scores_tile(w.q.data(), w.kt.data(), w.s.data(), d, q_width);
     for (int i = 0; i < kRows; ++i) {
       float* si = &w.s[static_cast<size_t>(i) * kCols];
-      const int limit = i < rows ? static_cast<int>(std::clamp<int64_t>(
-                                       key_limit(p.causal, row0 + i, len_q, len_k) - k0, 0, cols))
-                                 : 0;
-      std::fill(si + limit, si + kCols, 0.0f);  // hidden keys weigh nothing in P V
-      if (limit == 0) continue;
+      // The row's visible keys of this tile: [start, limit).
+      int start = 0, limit = 0;
+      if (i < rows) {
+        start = static_cast<int>(
+            std::clamp<int64_t>(first_visible_key(p.window, row0 + i, len_q, len_k) - k0, 0, cols));
+        limit = static_cast<int>(
+            std::clamp<int64_t>(key_end(p.window, row0 + i, len_q, len_k) - k0, 0, cols));
+        limit = std::max(start, limit);
+      }
+      std::fill(si, si + start, 0.0f);  // hidden keys weigh nothing in P V
+      std::fill(si + limit, si + kCols, 0.0f);
+      if (limit == start) continue;
+      if (cap > 0)
+        for (int j = start; j < limit; ++j)
+          si[j] = cap * std::tanh(si[j] / cap) * std::numbers::log2e_v<float>;
       float tile_max = kNegInf;
       bool unrepresentable = false;  // +inf or NaN (std::max would pass over a NaN)
-      for (int j = 0; j < limit; ++j) {
+      for (int j = start; j < limit; ++j) {
         tile_max = std::max(tile_max, si[j]);
         unrepresentable |= !(si[j] < std::numeric_limits<float>::infinity());
       }
       if (unrepresentable) return false;
       if (tile_max == kNegInf) {  // every visible score of the tile -inf: weights of 0
-        std::fill(si, si + limit, 0.0f);
+        std::fill(si + start, si + limit, 0.0f);
         continue;
       }
       const float m_new = std::max(w.m[i], tile_max);
       const float alpha = std::exp2(w.m[i] - m_new);  // 0 on the first visible tile
       float sum = 0;
-      for (int j = 0; j < limit; ++j) {
+      for (int j = start; j < limit; ++j) {
         si[j] = std::exp2(si[j] - m_new);
         sum += si[j];
       }
@@ -150,18 +167,26 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_tile(const 
     accumulate_pv(w.s.data(), w.v.data(), w.o.data(), v_width);
   }
 
+  // The sink joins each row's sum (in base 2), as one more logit with no value.
+  const float sink_log2 = p.sinks ? p.sinks[hq] * std::numbers::log2e_v<float> : kNegInf;
   for (int i = 0; i < rows; ++i) {
     const int64_t token = q_start + row0 + i;
-    const float l = w.l[i];
+    float l = w.l[i], m = w.m[i], o_scale = 1.0f;
     // A row that sees keys but whose scores were all -inf (beyond float32): not representable.
-    if (!(l > 0) && key_limit(p.causal, row0 + i, len_q, len_k) > 0) return false;
-    const float inv = l > 0 ? 1.0f / l : 0.0f;  // a row with no keys gives zeros
+    if (!(l > 0) && sees_any_key(p.window, row0 + i, len_q, len_k)) return false;
+    if (p.sinks) {
+      const float m_new = std::max(m, sink_log2);
+      o_scale = l > 0 ? std::exp2(m - m_new) : 0.0f;
+      l = l * o_scale + std::exp2(sink_log2 - m_new);
+      m = m_new;
+    }
+    const float inv = l > 0 ? o_scale / l : 0.0f;  // a row with no keys gives zeros
     const int64_t base = token * p.out_layout.token_stride + hq * p.out_layout.head_stride;
     const float* oi = &w.o[static_cast<size_t>(i) * v_width];
     for (int c = 0; c < dv; ++c) store_from_float(p.out, base + c, p.dtype, oi[c] * inv);
     if (p.lse) {
       p.lse[hq * p.total_q + token] =
-          l > 0 ? (w.m[i] + std::log2(l)) * std::numbers::ln2_v<float> : kNegInf;
+          l > 0 ? (m + std::log2(l)) * std::numbers::ln2_v<float> : kNegInf;
     }
   }
   return true;

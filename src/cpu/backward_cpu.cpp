@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "common/float_convert.hpp"
-#include "cpu/key_limit.hpp"
+#include "common/visibility.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/score_overflow.hpp"
 #include "cpu/tile_kernels.hpp"
@@ -56,6 +56,7 @@ struct UnitScratch {
         t(kRows * kCols),
         lse_log2(kRows),
         delta(kRows),
+        start(kRows),
         limit(kRows),
         row(dv) {}
   int width, v_width;
@@ -63,7 +64,7 @@ struct UnitScratch {
   // [head_dim][kCols] and vt [head_dim_v][kCols].
   std::vector<float> k, v, kt, vt, dk, dv;
   std::vector<float> q, q_scaled, dout, dq, s, dp, t, lse_log2, delta;
-  std::vector<int> limit;
+  std::vector<int> start, limit;  // each row's visible keys of the unit: [start, limit)
   std::vector<float> row;
 };
 
@@ -109,6 +110,10 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_unit(const 
   const int64_t key_lo = unit.key_lo;
   const int64_t k0 = p.cu_seqlens_k[b] + key_lo, len_k = unit.key_hi - key_lo;
   const float scale = p.softmax_scale, scale_log2 = scale * kLog2e;
+  // Under softcap the scores are cap tanh(scale q.k / cap): q takes the scale alone, and the
+  // chain rule's 1 - tanh^2 joins dS.
+  const float cap = p.softcap;
+  const float q_factor = cap > 0 ? scale : scale_log2;
   for (int64_t j = 0; j < len_k; ++j) {
     float* kj = &w.k[j * width];
     float* vj = &w.v[j * v_width];
@@ -128,18 +133,22 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_unit(const 
       std::fill(w.q_scaled.begin(), w.q_scaled.end(), 0.0f);
       std::fill(w.dout.begin(), w.dout.end(), 0.0f);
       std::fill(w.dq.begin(), w.dq.end(), 0.0f);
-      int64_t k_end = 0;  // keys any row of the tile sees
+      int64_t k_begin = len_k, k_end = 0;  // keys any row of the tile sees
       for (int i = 0; i < kRows; ++i) {
-        w.limit[i] = 0;
+        w.start[i] = w.limit[i] = 0;
         if (i >= rows) continue;
         const int64_t token = q0 + row0 + i;
         const float lse = p.lse[h * p.total_q + token];
         // The row's visible keys of the sequence, then of this unit's block.
-        const int64_t visible =
-            std::clamp<int64_t>(key_limit(p.causal, row0 + i, len_q, seq_len_k) - key_lo, 0, len_k);
-        if (visible == 0 || !std::isfinite(lse)) continue;  // a row with no keys adds nothing
-        w.limit[i] = static_cast<int>(std::min<int64_t>(visible, INT32_MAX));
-        k_end = std::max(k_end, visible);
+        const int64_t first = std::clamp<int64_t>(
+            first_visible_key(p.window, row0 + i, len_q, seq_len_k) - key_lo, 0, len_k);
+        const int64_t end =
+            std::clamp<int64_t>(key_end(p.window, row0 + i, len_q, seq_len_k) - key_lo, 0, len_k);
+        if (end <= first || !std::isfinite(lse)) continue;  // a row with no keys adds nothing
+        w.start[i] = static_cast<int>(first);
+        w.limit[i] = static_cast<int>(end);
+        k_begin = std::min(k_begin, first);
+        k_end = std::max(k_end, end);
         float* qi = &w.q[i * width];
         float* di = &w.dout[i * v_width];
         load_row_as_float(p.q, token * p.q_layout.token_stride + h * p.q_layout.head_stride, d,
@@ -147,7 +156,7 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_unit(const 
         // The scores from q scaled first, as the forward computes them (q.k alone may overflow
         // where the scaled score does not); dK takes q as it is.
         float* qsi = &w.q_scaled[i * width];
-        for (int c = 0; c < d; ++c) qsi[c] = qi[c] * scale_log2;
+        for (int c = 0; c < d; ++c) qsi[c] = qi[c] * q_factor;
         load_row_as_float(bp.dout,
                           token * bp.dout_layout.token_stride + h * bp.dout_layout.head_stride, d_v,
                           p.dtype, di);
@@ -157,7 +166,7 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_unit(const 
         w.delta[i] = dot(di, w.row.data(), d_v) - (bp.dlse ? bp.dlse[h * p.total_q + token] : 0.f);
         w.lse_log2[i] = lse * kLog2e;
       }
-      for (int64_t key0 = 0; key0 < k_end; key0 += kCols) {
+      for (int64_t key0 = k_begin / kCols * kCols; key0 < k_end; key0 += kCols) {
         const int64_t tile = key0 / kCols;
         // P = exp2(S * scale * log2(e) - LSE * log2(e)) on the visible keys, 0 elsewhere.
         scores_tile(w.q_scaled.data(), &w.kt[tile * d * kCols], w.s.data(), d, width);
@@ -165,13 +174,23 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_unit(const 
         for (int i = 0; i < kRows; ++i) {
           float* si = &w.s[i * kCols];
           float* dpi = &w.dp[i * kCols];
-          const int limit = static_cast<int>(std::clamp<int64_t>(w.limit[i] - key0, 0, kCols));
-          for (int j = 0; j < limit; ++j) {
+          const int start = static_cast<int>(std::clamp<int64_t>(w.start[i] - key0, 0, kCols));
+          const int limit =
+              std::max(start, static_cast<int>(std::clamp<int64_t>(w.limit[i] - key0, 0, kCols)));
+          for (int j = start; j < limit; ++j) {
+            float slope = 1.0f;  // d score / d (scale q.k)
+            if (cap > 0) {
+              const float t = std::tanh(si[j] / cap);
+              si[j] = cap * t * kLog2e;
+              slope = 1.0f - t * t;
+            }
             // +inf or NaN cannot be represented; -inf is a weight of 0.
             if (!(si[j] < std::numeric_limits<float>::infinity())) return false;
             si[j] = std::exp2(si[j] - w.lse_log2[i]);
-            dpi[j] = si[j] * (dpi[j] - w.delta[i]) * scale;  // scale * dS
+            dpi[j] = si[j] * (dpi[j] - w.delta[i]) * slope * scale;  // scale * dS
           }
+          std::fill(si, si + start, 0.0f);
+          std::fill(dpi, dpi + start, 0.0f);
           std::fill(si + limit, si + kCols, 0.0f);
           std::fill(dpi + limit, dpi + kCols, 0.0f);
         }
@@ -267,6 +286,33 @@ void sum_partial_dq(const BackwardParams& bp, const std::vector<Unit>& units, co
   });
 }
 
+// dsinks[h] = -sum over the rows of head h of p_sink (rowsum(dO o O) - dLSE), p_sink =
+// exp(sink - lse): rows that see no key count too (p_sink = 1, O = 0). The sum runs in float64, in
+// row order, one head per task.
+void sink_gradients(const BackwardParams& bp) {
+  const Params& p = bp.fwd;
+  const int d_v = p.head_dim_v;
+  parallel_for(
+      p.heads_q, workers_for_flops(4.0 * p.total_q * p.heads_q * d_v), [&](int64_t task, int) {
+        const int32_t h = static_cast<int32_t>(task);
+        std::vector<float> o(d_v), dout(d_v);
+        double sum = 0;
+        for (int64_t token = 0; token < p.total_q; ++token) {
+          const double lse = p.lse[h * p.total_q + token];
+          load_row_as_float(p.out, token * p.out_layout.token_stride + h * p.out_layout.head_stride,
+                            d_v, p.dtype, o.data());
+          load_row_as_float(bp.dout,
+                            token * bp.dout_layout.token_stride + h * bp.dout_layout.head_stride,
+                            d_v, p.dtype, dout.data());
+          double delta = 0;
+          for (int c = 0; c < d_v; ++c) delta += double{dout[c]} * o[c];
+          if (bp.dlse != nullptr) delta -= bp.dlse[h * p.total_q + token];
+          sum -= std::exp(double{p.sinks[h]} - lse) * delta;
+        }
+        bp.dsinks[h] = static_cast<float>(sum);
+      });
+}
+
 }  // namespace
 
 jfa_status attention_backward_cpu(const BackwardParams& bp) {
@@ -295,6 +341,7 @@ jfa_status attention_backward_cpu(const BackwardParams& bp) {
     return score_overflow_status();
   }
   if (partial_floats > 0) sum_partial_dq(bp, units, partials.data(), workers);
+  if (bp.dsinks != nullptr) sink_gradients(bp);
   return JFA_SUCCESS;
 }
 

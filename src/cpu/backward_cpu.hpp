@@ -7,8 +7,10 @@
 namespace jfa::detail {
 
 // Float64 oracle over host memory (offsets already validated): packed float64 gradients
-// dq [total_q, heads_q, d], dk and dv [total_k, heads_kv, d], from q, k, v and dout alone.
-void attention_backward_reference_cpu(const BackwardParams& p, double* dq, double* dk, double* dv);
+// dq [total_q, heads_q, d], dk and dv [total_k, heads_kv, d], from q, k, v, dout and dlse alone;
+// dsinks (nullable) [heads_q], zeros without sinks.
+void attention_backward_reference_cpu(const BackwardParams& p, double* dq, double* dk, double* dv,
+                                      double* dsinks);
 
 // Float32 accumulation from the forward's out and LSE, threads over (sequence, kv head); the
 // result does not depend on the number of threads. JFA_ERROR_UNSUPPORTED when a scaled score is

@@ -394,8 +394,8 @@ void copy_v1_fields(const From& f, To& t) {
 TEST(StructSize, TheSizesOfEachRelease) {
   EXPECT_EQ(sizeof(ParamsV1), 224u);
   EXPECT_EQ(sizeof(BackwardParamsV1), 344u);
-  EXPECT_EQ(sizeof(jfa_attention_params), 232u);
-  EXPECT_EQ(sizeof(jfa_attention_backward_params), 352u);
+  EXPECT_EQ(sizeof(jfa_attention_params), 248u);  // head_dim_v, then window, softcap, sinks
+  EXPECT_EQ(sizeof(jfa_attention_backward_params), 376u);
 }
 
 TEST(StructSize, InitialisersWriteTheirLayoutOnly) {
@@ -411,7 +411,9 @@ TEST(StructSize, InitialisersWriteTheirLayoutOnly) {
   EXPECT_TRUE(std::isnan(old_b->forward.softmax_scale));
   jfa_attention_params p;
   EXPECT_EQ(jfa_attention_params_init_sized(&p, sizeof(ParamsV1) + 4), JFA_ERROR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(jfa_last_error_message()).find("232, or 224"), std::string::npos)
+  EXPECT_NE(
+      std::string(jfa_last_error_message()).find("232 with head_dim_v as its last field; or 224"),
+      std::string::npos)
       << jfa_last_error_message();
   ASSERT_EQ(jfa_attention_params_init(&p), JFA_SUCCESS);  // the macro: this header's layout
   EXPECT_EQ(p.struct_size, sizeof(jfa_attention_params));
@@ -530,7 +532,8 @@ TEST(StructSize, OtherSizesAreRejectedNamingTheAcceptedOnes) {
   Call c;
   for (uint32_t size : {0u, 1u, 228u, 240u}) {
     c.p.struct_size = size;
-    expect_failure(c.p, JFA_ERROR_INVALID_ARGUMENT, "(232, or 224 as in jfa.h 0.1.0)");
+    expect_failure(c.p, JFA_ERROR_INVALID_ARGUMENT,
+                   "(248; 232 with head_dim_v as its last field; or 224 as in jfa.h 0.1.0)");
     size_t bytes = 0;
     EXPECT_EQ(jfa_attention_workspace_size(&c.p, &bytes), JFA_ERROR_INVALID_ARGUMENT);
   }
@@ -539,7 +542,9 @@ TEST(StructSize, OtherSizesAreRejectedNamingTheAcceptedOnes) {
   for (uint32_t size : {0u, 232u, 348u, 400u}) {
     b.struct_size = size;
     EXPECT_EQ(jfa_attention_backward(&b), JFA_ERROR_INVALID_ARGUMENT);
-    EXPECT_NE(std::string(jfa_last_error_message()).find("(352, or 344 as in jfa.h 0.1.0)"),
+    EXPECT_NE(std::string(jfa_last_error_message())
+                  .find("(376; 352 with a forward whose last field is head_dim_v; or 344 as in "
+                        "jfa.h 0.1.0)"),
               std::string::npos)
         << jfa_last_error_message();
     size_t bytes = 0;

@@ -1088,3 +1088,76 @@ TEST(AttentionGpuApi, BackwardOnDeviceBuffersRuns) {
 }
 
 }  // namespace
+
+// Sliding windows, softcap and sinks are CPU-only for now: the CUDA forward rejects each with
+// JFA_ERROR_UNSUPPORTED naming it, before anything is written; causal with any window_right is the
+// causal mask, which it takes. The workspace query answers as without them.
+TEST(AttentionGpu, RejectsWindowSoftcapAndSinks) {
+  const int32_t total = 10, heads = 2, d = 64;
+  const std::vector<int32_t> cu = {0, 4, 10};
+  const size_t elems = static_cast<size_t>(total) * heads * d;
+  DeviceBuffer q(elems * 2), k(elems * 2), v(elems * 2), out(elems * 2), cu_dev(cu.size() * 4),
+      sinks(heads * 4);
+  ASSERT_EQ(cudaMemset(q.ptr, 0, elems * 2), cudaSuccess);
+  ASSERT_EQ(cudaMemset(k.ptr, 0, elems * 2), cudaSuccess);
+  ASSERT_EQ(cudaMemset(v.ptr, 0, elems * 2), cudaSuccess);
+  ASSERT_EQ(cudaMemset(sinks.ptr, 0, heads * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(cu_dev.ptr, cu.data(), cu.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  auto params = [&] {
+    jfa_attention_params p;
+    jfa_attention_params_init(&p);
+    p.q = q.ptr;
+    p.k = k.ptr;
+    p.v = v.ptr;
+    p.out = out.ptr;
+    p.cu_seqlens_q = p.cu_seqlens_k = cu_dev.as<int32_t>();
+    p.batch = 2;
+    p.total_q = p.total_k = total;
+    p.heads_q = p.heads_kv = heads;
+    p.head_dim = d;
+    p.dtype = JFA_DTYPE_FLOAT16;
+    p.backend = JFA_BACKEND_CUDA;
+    return p;
+  };
+  struct Case {
+    const char* feature;
+    void (*set)(jfa_attention_params&, void*);
+  };
+  const Case cases[] = {
+      {"sliding windows", [](jfa_attention_params& p, void*) { p.window_left = 8; }},
+      {"sliding windows", [](jfa_attention_params& p, void*) { p.window_right = 0; }},
+      {"sliding windows",
+       [](jfa_attention_params& p, void*) {
+         p.causal = 1;
+         p.window_left = 0;
+       }},
+      {"softcap", [](jfa_attention_params& p, void*) { p.softcap = 30.0f; }},
+      {"sinks", [](jfa_attention_params& p, void* s) { p.sinks = static_cast<const float*>(s); }},
+  };
+  size_t plain_bytes = 0;
+  {
+    const jfa_attention_params p = params();
+    ASSERT_EQ(jfa_attention_workspace_size(&p, &plain_bytes), JFA_SUCCESS);
+  }
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.feature);
+    ASSERT_EQ(cudaMemset(out.ptr, 0x5A, elems * 2), cudaSuccess);
+    jfa_attention_params p = params();
+    c.set(p, sinks.ptr);
+    EXPECT_EQ(jfa_attention_forward(&p), JFA_ERROR_UNSUPPORTED);
+    EXPECT_NE(std::string(jfa_last_error_message()).find(c.feature), std::string::npos)
+        << jfa_last_error_message();
+    std::vector<unsigned char> back(elems * 2);
+    ASSERT_EQ(cudaMemcpy(back.data(), out.ptr, back.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_TRUE(std::all_of(back.begin(), back.end(), [](unsigned char x) { return x == 0x5A; }))
+        << "out was written";
+    size_t bytes = 1;
+    EXPECT_EQ(jfa_attention_workspace_size(&p, &bytes), JFA_SUCCESS);
+    EXPECT_EQ(bytes, plain_bytes);
+  }
+  jfa_attention_params p = params();
+  p.causal = 1;
+  p.window_right = 5;  // causal wins: the causal mask
+  EXPECT_EQ(jfa_attention_forward(&p), JFA_SUCCESS) << jfa_last_error_message();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}

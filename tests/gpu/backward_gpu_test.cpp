@@ -1122,3 +1122,65 @@ TEST(BackwardGpuApi, HeadDim192Value128IsUnsupported) {
 }
 
 }  // namespace
+
+// The CUDA backward rejects sliding windows, softcap and sinks (CPU-only for now) with
+// JFA_ERROR_UNSUPPORTED naming the feature, and writes none of dq, dk, dv or dsinks.
+TEST(BackwardGpu, RejectsWindowSoftcapAndSinks) {
+  const int32_t total = 10, heads = 2, d = 64;
+  const std::vector<int32_t> cu = {0, 4, 10};
+  const size_t elems = static_cast<size_t>(total) * heads * d;
+  DeviceBuffer q(elems * 2), k(elems * 2), v(elems * 2), out(elems * 2), dout(elems * 2),
+      dq(elems * 2), dk(elems * 2), dv(elems * 2), lse(total * heads * 4), cu_dev(cu.size() * 4),
+      sinks(heads * 4), dsinks(heads * 4);
+  for (const DeviceBuffer* b : {&q, &k, &v, &out, &dout, &lse, &sinks})
+    ASSERT_EQ(cudaMemset(b->ptr, 0, b->bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(cu_dev.ptr, cu.data(), cu.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  struct Case {
+    const char* feature;
+    int32_t left, right;
+    float softcap;
+    bool sinks;
+  };
+  for (const Case& c :
+       {Case{"sliding windows", 3, -1, 0, false}, Case{"sliding windows", -1, 2, 0, false},
+        Case{"softcap", -1, -1, 5, false}, Case{"sinks", -1, -1, 0, true}}) {
+    SCOPED_TRACE(c.feature);
+    for (const DeviceBuffer* b : {&dq, &dk, &dv, &dsinks})
+      ASSERT_EQ(cudaMemset(b->ptr, 0x5A, b->bytes), cudaSuccess);
+    jfa_attention_backward_params b;
+    jfa_attention_backward_params_init(&b);
+    jfa_attention_params& p = b.forward;
+    p.q = q.ptr;
+    p.k = k.ptr;
+    p.v = v.ptr;
+    p.out = out.ptr;
+    p.lse = lse.as<float>();
+    p.cu_seqlens_q = p.cu_seqlens_k = cu_dev.as<int32_t>();
+    p.batch = 2;
+    p.total_q = p.total_k = total;
+    p.heads_q = p.heads_kv = heads;
+    p.head_dim = d;
+    p.dtype = JFA_DTYPE_FLOAT16;
+    p.backend = JFA_BACKEND_CUDA;
+    p.window_left = c.left;
+    p.window_right = c.right;
+    p.softcap = c.softcap;
+    p.sinks = c.sinks ? sinks.as<float>() : nullptr;
+    b.dout = dout.ptr;
+    b.dq = dq.ptr;
+    b.dk = dk.ptr;
+    b.dv = dv.ptr;
+    b.dsinks = c.sinks ? dsinks.as<float>() : nullptr;
+    EXPECT_EQ(jfa_attention_backward(&b), JFA_ERROR_UNSUPPORTED);
+    EXPECT_NE(std::string(jfa_last_error_message()).find(c.feature), std::string::npos)
+        << jfa_last_error_message();
+    size_t bytes = 0;
+    EXPECT_EQ(jfa_attention_backward_workspace_size(&b, &bytes), JFA_SUCCESS);
+    for (const DeviceBuffer* g : {&dq, &dk, &dv, &dsinks}) {
+      std::vector<unsigned char> back(g->bytes);
+      ASSERT_EQ(cudaMemcpy(back.data(), g->ptr, back.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_TRUE(std::all_of(back.begin(), back.end(), [](unsigned char x) { return x == 0x5A; }))
+          << "a gradient was written";
+    }
+  }
+}
