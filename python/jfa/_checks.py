@@ -128,3 +128,27 @@ def scale_value(value: Optional[float]) -> float:
         raise ValueError("softmax_scale must be finite in float32 (or None for 1/sqrt(head_dim)), "
                          f"got {value}")
     return value
+
+
+def window(window_size):
+    """(left, right) of a window_size pair: ints >= 0, or -1 for unbounded."""
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise TypeError(f"window_size must be a pair (left, right) of ints, got {window_size!r}")
+    out = []
+    for side, x in zip(("left", "right"), window_size):
+        if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+            raise TypeError(f"window_size {side} must be an int, got {type(x).__name__}")
+        if x < -1 or x > INT32_MAX:
+            raise ValueError(f"window_size {side} must be >= 0, or -1 for unbounded, got {x}")
+        out.append(int(x))
+    return tuple(out)
+
+
+def softcap_value(softcap):
+    """A softcap as a float: 0 (off) or a finite cap > 0."""
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
+    value = float(softcap)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"softcap must be finite and >= 0 (0 = off), got {value}")
+    return value

@@ -67,6 +67,11 @@ class AttentionParams(ctypes.Structure):
         ("workspace_bytes", ctypes.c_size_t),
         ("device_check", ctypes.POINTER(ctypes.c_int32)),
         ("head_dim_v", ctypes.c_int32),  # after 0.1.0: columns of v and out, 0 = head_dim
+        # after head_dim_v: local attention (-1 unbounded), softcap (0 off), sinks (NULL or [heads_q])
+        ("window_left", ctypes.c_int32),
+        ("window_right", ctypes.c_int32),
+        ("softcap", ctypes.c_float),
+        ("sinks", ctypes.c_void_p),
     ]
 
 
@@ -86,6 +91,7 @@ class BackwardParams(ctypes.Structure):
         ("dv_layout", TensorLayout),
         ("dlse", ctypes.c_void_p),
         ("deterministic", ctypes.c_int),
+        ("dsinks", ctypes.c_void_p),  # after head_dim_v: NULL or float32 [heads_q]
     ]
 
 
@@ -103,6 +109,8 @@ _PROTOTYPES = {
     "jfa_attention_backward": (_c_status, [_B]),
     "jfa_attention_backward_workspace_size": (_c_status, [_B, ctypes.POINTER(ctypes.c_size_t)]),
     "jfa_attention_backward_reference": (_c_status, [_B, _c_double_p, _c_double_p, _c_double_p]),
+    "jfa_attention_backward_reference_sinks": (
+        _c_status, [_B, _c_double_p, _c_double_p, _c_double_p, _c_double_p]),
     "jfa_attention_flops": (
         _c_status,
         [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32,

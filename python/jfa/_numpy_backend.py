@@ -69,8 +69,26 @@ def _ptr(a: Optional[np.ndarray]):
     return None if a is None else a.ctypes.data
 
 
+def sinks_array(sinks, heads_q: int) -> Optional[np.ndarray]:
+    """None, or the sinks as a contiguous float32 [heads_q] array (from an array or a list)."""
+    if sinks is None:
+        return None
+    if _checks_is_torch(sinks):
+        raise TypeError("sinks must be a numpy array (or a list of floats) for numpy inputs")
+    arr = np.asarray(sinks)
+    if arr.dtype.kind not in "fiu":
+        raise TypeError(f"sinks must hold floats, got {arr.dtype}")
+    if arr.shape != (heads_q,):
+        raise ValueError(f"sinks must have shape [heads_q] = ({heads_q},), got {arr.shape}")
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def _checks_is_torch(x) -> bool:
+    return type(x).__module__.split(".")[0] == "torch"
+
+
 def build_params(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                 softmax_scale):
+                 softmax_scale, window_size=(-1, -1), softcap=0.0, sinks=None):
     """Checks everything and fills a jfa_attention_params (out and lse left NULL).
 
     Returns (params, keep) where keep holds the arrays the pointers refer to."""
@@ -96,14 +114,18 @@ def build_params(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     p.causal = 1 if _checks.flag("causal", causal) else 0
     p.max_seqlen_q = _checks.seqlen_hint("max_seqlen_q", max_seqlen_q)
     p.max_seqlen_k = _checks.seqlen_hint("max_seqlen_k", max_seqlen_k)
+    p.window_left, p.window_right = _checks.window(window_size)
+    p.softcap = _checks.softcap_value(softcap)
+    sinks = sinks_array(sinks, heads_q)
+    p.sinks = _ptr(sinks)
     p.backend = BACKEND_CPU
-    return p, (q, k, v, cu_q, cu_k)
+    return p, (q, k, v, cu_q, cu_k, sinks)
 
 
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-              softmax_scale, return_lse):
+              softmax_scale, return_lse, window_size=(-1, -1), softcap=0.0, sinks=None):
     p, keep = build_params(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                           causal, softmax_scale)
+                           causal, softmax_scale, window_size, softcap, sinks)
     return_lse = _checks.flag("return_lse", return_lse)
     q = keep[0]
     out = np.empty((p.total_q, p.heads_q, p.head_dim_v), dtype=q.dtype)
@@ -118,13 +140,15 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c
 
 
 def attention_reference(q, k, v, cu_seqlens_q, cu_seqlens_k=None, *, causal=False,
-                        softmax_scale=None, q_tokens=None, return_lse=False):
+                        softmax_scale=None, q_tokens=None, return_lse=False,
+                        window_size=(-1, -1), softcap=0.0, sinks=None):
     """libjfa's float64 reference over numpy arrays (the oracle of the C++ tests).
 
     Returns out float64 [n, heads_q, head_dim_v] (v's head_dim) for the query tokens listed in ``q_tokens`` (all
     tokens when None), and lse float64 [heads_q, n] when ``return_lse``.
     """
-    p, keep = build_params(q, k, v, cu_seqlens_q, cu_seqlens_k, None, None, causal, softmax_scale)
+    p, keep = build_params(q, k, v, cu_seqlens_q, cu_seqlens_k, None, None, causal, softmax_scale,
+                           window_size, softcap, sinks)
     return_lse = _checks.flag("return_lse", return_lse)
     if q_tokens is None:
         tokens = None

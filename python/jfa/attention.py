@@ -10,7 +10,8 @@ __all__ = ["jagged_attention", "attention_reference"]
 
 def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None,
                      max_seqlen_k=None, *, causal=False, softmax_scale=None, return_lse=False,
-                     deterministic=False, device_check=None):
+                     deterministic=False, device_check=None, window_size=(-1, -1), softcap=0.0,
+                     sinks=None):
     """Exact softmax attention over packed variable-length sequences, differentiable in q, k and v
     (torch tensors).
 
@@ -45,6 +46,16 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None
             stream order and the call does not wait for them: read the word after a
             synchronization. The CPU backend checks the offsets on the host anyway (invalid ones
             raise), raises on scores it cannot hold, and stores 0.
+        window_size: ``(left, right)`` local attention as in ``flash_attn_varlen_func``, bottom-right
+            aligned: query i sees key j iff ``i + len_k - len_q - left <= j <= i + len_k - len_q +
+            right``; -1 leaves a side unbounded. With ``causal`` the right bound is 0 whatever
+            ``right`` is. CPU backend only for now (CUDA raises JfaUnsupportedError); numpy
+            arrays only for now (torch tensors raise NotImplementedError).
+        softcap: 0 (off) or a cap c > 0: scores s (after the scale) become ``c * tanh(s / c)``
+            before the softmax. CPU only for now.
+        sinks: None, or float32 ``[heads_q]`` logits (a numpy array or a list) that join each row's softmax denominator with no
+            value. The LSE includes them: a row that sees no key has out 0 and lse = its sink.
+            CPU only for now.
 
     Returns:
         ``out`` ``[total_q, heads_q, head_dim_v]`` of q's dtype, or ``(out, lse)``.
@@ -58,6 +69,11 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None
         if not (isinstance(k, _torch.Tensor) and isinstance(v, _torch.Tensor)):
             raise TypeError("q, k and v must all be torch tensors or all numpy arrays, got "
                             f"q {type(q).__name__}, k {type(k).__name__}, v {type(v).__name__}")
+        if tuple(window_size) != (-1, -1) or softcap != 0.0 or sinks is not None:
+            # The torch ops' schemas do not carry them yet; the C ABI and numpy arrays do.
+            raise NotImplementedError(
+                "window_size, softcap and sinks are not taken by the torch ops yet: pass numpy "
+                "arrays (the CPU backend) for local attention, softcap or sinks")
         return _ops.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                               causal, softmax_scale, return_lse, deterministic, device_check)
     if _torch is not None and (isinstance(k, _torch.Tensor) or isinstance(v, _torch.Tensor)):
@@ -73,11 +89,13 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None
         raise TypeError("device_check is for torch tensors (device offsets); numpy calls check "
                         f"their offsets on the host, got {type(device_check).__name__}")
     return _numpy_backend.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                    max_seqlen_k, causal, softmax_scale, return_lse)
+                                    max_seqlen_k, causal, softmax_scale, return_lse, window_size,
+                                    softcap, sinks)
 
 
 def attention_reference(q, k, v, cu_seqlens_q, cu_seqlens_k=None, *, causal=False,
-                        softmax_scale=None, q_tokens=None, return_lse=False):
+                        softmax_scale=None, q_tokens=None, return_lse=False,
+                        window_size=(-1, -1), softcap=0.0, sinks=None):
     """libjfa's float64 reference over numpy arrays (float16/float32 inputs).
 
     Returns ``out`` float64 ``[n, heads_q, head_dim_v]`` for the query tokens in ``q_tokens`` (all
@@ -90,7 +108,8 @@ def attention_reference(q, k, v, cu_seqlens_q, cu_seqlens_k=None, *, causal=Fals
 
     return _numpy_backend.attention_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal,
                                               softmax_scale=softmax_scale, q_tokens=q_tokens,
-                                              return_lse=return_lse)
+                                              return_lse=return_lse, window_size=window_size,
+                                              softcap=softcap, sinks=sinks)
 
 
 def _is_foreign_tensor(x) -> bool:
