@@ -65,7 +65,7 @@ if [ -z "${SKIP_PYTHON:-}" ] && [ -n "$LIB" ] && python3 -c 'import torch, pytes
   note "pytest (torch + CUDA)" "rc=$? $(tail -1 "$OUT/pytest.log")"
   JFA_TORCH_OPS=ctypes JFA_LIBRARY="$(realpath "$LIB")" PYTHONUNBUFFERED=1 timeout 600 \
     python3 -m pytest tests/python/test_torch.py tests/python/test_torch_cuda_backward.py \
-    tests/python/test_torch_cuda_graph_backward.py \
+    tests/python/test_torch_cuda_graph_backward.py tests/python/test_torch_local_attention.py \
     tests/python/test_readme.py -q -rs \
     >"$OUT/pytest_ctypes.log" 2>&1
   note "pytest (ctypes torch ops)" "rc=$? $(tail -1 "$OUT/pytest_ctypes.log")"

@@ -7,6 +7,7 @@ import numbers
 from typing import Optional, Sequence, Tuple
 
 INT32_MAX = 2**31 - 1
+INT32_MIN = -2**31
 FLOAT32_MAX = 3.4028234663852886e38
 
 
@@ -149,6 +150,6 @@ def softcap_value(softcap):
     if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
         raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
     value = float(softcap)
-    if not math.isfinite(value) or value < 0:
+    if not 0 <= value < math.inf:  # comparisons, not math.isfinite: traceable by torch.compile
         raise ValueError(f"softcap must be finite and >= 0 (0 = off), got {value}")
     return value

@@ -69,6 +69,27 @@ def check_device_check(device_check, device) -> None:
     _on_device("device_check", device_check, device)
 
 
+def window_bound(name: str, value: int) -> int:
+    """A window bound as the C field takes it: any int32 (libjfa checks the value)."""
+    if not _checks.INT32_MIN <= value <= _checks.INT32_MAX:
+        raise ValueError(f"{name} must fit in int32 (>= 0, or -1 for unbounded), got {value}")
+    return value
+
+
+def check_sinks(sinks, heads_q: int, device) -> None:
+    """None, or float32 [heads_q], contiguous, on the device of q."""
+    if sinks is None:
+        return
+    _tensor("sinks", sinks)
+    if sinks.dtype != torch.float32:
+        raise TypeError(f"sinks must be float32, got {sinks.dtype}")
+    if tuple(sinks.shape) != (heads_q,):
+        raise ValueError(f"sinks must have shape ({heads_q},) [heads_q], got {tuple(sinks.shape)}")
+    if heads_q > 1:
+        _contiguous("sinks", sinks)
+    _on_device("sinks", sinks, device)
+
+
 def layout(name: str, t: Tensor):
     """(token_stride, head_stride) in elements, checked as the library takes them."""
     return _checks.layout(name, tuple(t.shape), tuple(t.stride()), _FIX)

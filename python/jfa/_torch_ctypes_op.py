@@ -11,6 +11,7 @@ word out (as it does for an argument equal to its default).
 """
 
 import ctypes
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -19,7 +20,8 @@ from torch import Tensor
 from . import _checks
 from ._library import (BACKEND_CPU, BACKEND_CUDA, DTYPE_BFLOAT16, DTYPE_FLOAT16, DTYPE_FLOAT32,
                        call, new_backward_params, new_params)
-from ._torch_checks import check_backward_inputs, check_inputs, check_device_check
+from ._torch_checks import (check_backward_inputs, check_device_check, check_inputs, check_sinks,
+                            window_bound)
 
 _DTYPES = {torch.float16: DTYPE_FLOAT16, torch.bfloat16: DTYPE_BFLOAT16,
            torch.float32: DTYPE_FLOAT32}
@@ -29,13 +31,15 @@ SCHEMAS = {
     "jagged_attention_fwd":
         "jagged_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor "
         "cu_seqlens_k, SymInt? max_seqlen_q, SymInt? max_seqlen_k, bool causal, float? "
-        "softmax_scale, bool return_lse, bool deterministic=False, Tensor(a!)? device_check=None) "
-        "-> (Tensor, Tensor)",
+        "softmax_scale, bool return_lse, bool deterministic=False, Tensor(a!)? device_check=None, "
+        "int window_left=-1, int window_right=-1, float softcap=0., Tensor? sinks=None) -> "
+        "(Tensor, Tensor)",
     "jagged_attention_bwd":
         "jagged_attention_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor "
         "lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt? max_seqlen_q, SymInt? "
         "max_seqlen_k, bool causal, float? softmax_scale, Tensor? grad_lse, bool deterministic, "
-        "Tensor(a!)? device_check=None) -> (Tensor, Tensor, Tensor)",
+        "Tensor(a!)? device_check=None, int window_left=-1, int window_right=-1, float "
+        "softcap=0., Tensor? sinks=None) -> (Tensor, Tensor, Tensor, Tensor)",
 }
 
 _LIBS = []  # the registrations live as long as their Library
@@ -55,11 +59,13 @@ def jagged_attention_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
                          cu_seqlens_k: Tensor, max_seqlen_q: Optional[int],
                          max_seqlen_k: Optional[int], causal: bool,
                          softmax_scale: Optional[float], return_lse: bool,
-                         deterministic: bool = False,
-                         device_check: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                         deterministic: bool = False, device_check: Optional[Tensor] = None,
+                         window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                         sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """Jagged attention forward. Returns (out, lse); lse is empty unless return_lse.
     deterministic is for the backward (the autograd formula passes it on). device_check: the word
-    of the checked mode (jfa.h), written in stream order."""
+    of the checked mode (jfa.h), written in stream order. window_left, window_right, softcap and
+    sinks: the fields of jfa_attention_params of those names."""
     layouts = check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
     check_device_check(device_check, q.device)
     total_q, heads_q, d_v = q.shape[0], q.shape[1], v.shape[2]
@@ -68,7 +74,8 @@ def jagged_attention_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
                       device=q.device)
     p = new_params()
     offsets = _fill_forward(p, q, k, v, cu_seqlens_q, cu_seqlens_k, layouts, max_seqlen_q,
-                            max_seqlen_k, causal, softmax_scale, device_check)
+                            max_seqlen_k, causal, softmax_scale, device_check, window_left,
+                            window_right, softcap, sinks)
     p.out = out.data_ptr()
     p.lse = lse.data_ptr() if return_lse else None
     p.out_layout.token_stride, p.out_layout.head_stride = heads_q * d_v, d_v
@@ -87,12 +94,20 @@ def jagged_attention_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
 
 
 def _fill_forward(p, q, k, v, cu_seqlens_q, cu_seqlens_k, layouts, max_seqlen_q, max_seqlen_k,
-                  causal, softmax_scale, device_check):
+                  causal, softmax_scale, device_check, window_left, window_right, softcap, sinks):
     """Fills the forward's fields of jfa_attention_params p but out and lse; returns the dense
-    offsets it points into (keep them alive for the call)."""
+    offsets it points into (keep them alive for the call). The window and softcap are only
+    converted to the C fields (libjfa checks their values)."""
     hint_q = _checks.seqlen_hint("max_seqlen_q", max_seqlen_q)
     hint_k = _checks.seqlen_hint("max_seqlen_k", max_seqlen_k)
     scale = _checks.scale_value(softmax_scale)
+    p.window_left = window_bound("window_left", window_left)
+    p.window_right = window_bound("window_right", window_right)
+    # Beyond float32: an infinity (as the native op converts it), which libjfa rejects.
+    big = math.isfinite(softcap) and abs(softcap) > _checks.FLOAT32_MAX
+    p.softcap = math.copysign(math.inf, softcap) if big else softcap
+    check_sinks(sinks, q.shape[1], q.device)
+    p.sinks = None if sinks is None else sinks.data_ptr()
     # Offsets are read through a plain pointer: make them dense (a device copy, no host sync).
     cu_q = cu_seqlens_q.contiguous()
     cu_k = cu_q if cu_seqlens_k is cu_seqlens_q else cu_seqlens_k.contiguous()
@@ -119,18 +134,24 @@ def jagged_attention_bwd(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out:
                          lse: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                          max_seqlen_q: Optional[int], max_seqlen_k: Optional[int], causal: bool,
                          softmax_scale: Optional[float], grad_lse: Optional[Tensor],
-                         deterministic: bool,
-                         device_check: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
-    """Gradients of the forward with respect to q, k and v; on CUDA tensors on the current stream,
-    with a workspace from torch's caching allocator as the forward's. device_check as the
-    forward's: the call checks the offsets again into it."""
+                         deterministic: bool, device_check: Optional[Tensor] = None,
+                         window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                         sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Gradients of the forward with respect to q, k, v and sinks (dsinks: float32 [heads_q], empty
+    without sinks); on CUDA tensors on the current stream, with a workspace from torch's caching
+    allocator as the forward's. device_check as the forward's: the call checks the offsets again
+    into it."""
     layouts = check_backward_inputs(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                     grad_lse)
     check_device_check(device_check, q.device)
     b = new_backward_params()
     offsets = _fill_forward(b.forward, q, k, v, cu_seqlens_q, cu_seqlens_k, layouts[:3],
-                            max_seqlen_q, max_seqlen_k, causal, softmax_scale, device_check)
+                            max_seqlen_q, max_seqlen_k, causal, softmax_scale, device_check,
+                            window_left, window_right, softcap, sinks)
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    dsinks = torch.empty((0 if sinks is None else q.shape[1],), dtype=torch.float32,
+                         device=q.device)
+    b.dsinks = None if sinks is None else dsinks.data_ptr()
     b.forward.out, b.forward.lse = out.data_ptr(), lse.data_ptr()
     b.forward.out_layout.token_stride, b.forward.out_layout.head_stride = layouts[3]
     b.dout = grad_out.data_ptr()
@@ -140,7 +161,7 @@ def jagged_attention_bwd(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out:
     b.deterministic = 1 if deterministic else 0
     if q.device.type != "cuda":
         call("jfa_attention_backward", ctypes.byref(b))
-        return dq, dk, dv
+        return dq, dk, dv, dsinks
     with torch.cuda.device(q.device):
         b.forward.stream = torch.cuda.current_stream(q.device).cuda_stream
         size = ctypes.c_size_t(0)
@@ -149,4 +170,4 @@ def jagged_attention_bwd(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out:
         b.forward.workspace, b.forward.workspace_bytes = workspace.data_ptr(), size.value
         call("jfa_attention_backward", ctypes.byref(b))
     del offsets
-    return dq, dk, dv
+    return dq, dk, dv, dsinks

@@ -19,7 +19,7 @@ from torch import Tensor
 from torch._library import autograd as _library_autograd  # see _torch_support.PRIVATE_API
 
 from . import _checks, _torch_native
-from ._torch_checks import check_backward_inputs, check_inputs, check_device_check
+from ._torch_checks import check_backward_inputs, check_device_check, check_inputs, check_sinks
 
 KIND, KIND_DETAIL = _torch_native.load(torch)
 if KIND == "ctypes":
@@ -31,9 +31,11 @@ if KIND == "ctypes":
 @torch.library.register_fake("jfa::jagged_attention_fwd")
 def _jagged_attention_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                causal, softmax_scale, return_lse, deterministic=False,
-                               device_check=None):
+                               device_check=None, window_left=-1, window_right=-1, softcap=0.0,
+                               sinks=None):
     check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
     check_device_check(device_check, q.device)
+    check_sinks(sinks, q.shape[1], q.device)
     total_q, heads_q = q.shape[0], q.shape[1]
     out = q.new_empty((total_q, heads_q, v.shape[2]))  # v's head_dim (head_dim_v)
     lse = q.new_empty((heads_q, total_q) if return_lse else (0,), dtype=torch.float32)
@@ -43,10 +45,13 @@ def _jagged_attention_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
 @torch.library.register_fake("jfa::jagged_attention_bwd")
 def _jagged_attention_bwd_fake(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                max_seqlen_q, max_seqlen_k, causal, softmax_scale, grad_lse,
-                               deterministic, device_check=None):
+                               deterministic, device_check=None, window_left=-1, window_right=-1,
+                               softcap=0.0, sinks=None):
     check_backward_inputs(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, grad_lse)
     check_device_check(device_check, q.device)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    check_sinks(sinks, q.shape[1], q.device)
+    dsinks = q.new_empty((0 if sinks is None else q.shape[1],), dtype=torch.float32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
 
 
 NEEDS_LSE_MESSAGE = (
@@ -54,28 +59,38 @@ NEEDS_LSE_MESSAGE = (
     "(the backward needs the LSE): call jfa.jagged_attention, or the op with return_lse=True")
 
 
+# The defaults of the forward's arguments after return_lse (make_autograd_impl fills them back in
+# where the dispatcher dropped them; this covers a torch that does not).
+_FWD_DEFAULTS = (False, None, -1, -1, 0.0, None)
+
+
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, return_lse = inputs[:10]
+    inputs = tuple(inputs) + _FWD_DEFAULTS[len(inputs) - 10:]
+    (q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, return_lse, deterministic, device_check,
+     window_left, window_right, softcap, sinks) = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, sinks)
     ctx.args = (max_q, max_k, causal, scale)
+    ctx.local = (window_left, window_right, softcap)
     ctx.return_lse = return_lse
-    ctx.deterministic = inputs[10] if len(inputs) > 10 else False
+    ctx.deterministic = deterministic
     # Kept as an attribute, not saved: a saved tensor that a later call writes (the same word for
     # every layer of a model) would fail autograd's version check.
-    ctx.device_check = inputs[11] if len(inputs) > 11 else None
+    ctx.device_check = device_check
 
 
 def _backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    q, k, v, out, lse, cu_q, cu_k, sinks = ctx.saved_tensors
     if not ctx.return_lse:
         raise RuntimeError(NEEDS_LSE_MESSAGE)
     if grad_out is None:  # only the LSE is used
         grad_out = torch.zeros_like(out)
-    dq, dk, dv = torch.ops.jfa.jagged_attention_bwd(
+    dq, dk, dv, dsinks = torch.ops.jfa.jagged_attention_bwd(
         grad_out.contiguous(), q, k, v, out, lse, cu_q, cu_k, *ctx.args,
-        None if grad_lse is None else grad_lse.contiguous(), ctx.deterministic, ctx.device_check)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+        None if grad_lse is None else grad_lse.contiguous(), ctx.deterministic, ctx.device_check,
+        *ctx.local, sinks)
+    # One gradient per argument of the schema: q, k, v, ..., sinks (the 16th).
+    return (dq, dk, dv) + (None,) * 12 + (None if sinks is None else dsinks,)
 
 
 def _raise_translated(error: RuntimeError):
@@ -160,8 +175,19 @@ def _hint(name: str, value):
     return _checks.seqlen_hint(name, value)
 
 
+def _sinks_tensor(sinks, device):
+    """None, a tensor (checked by the op), or a list of floats as a float32 tensor on device."""
+    if sinks is None or isinstance(sinks, Tensor):
+        return sinks
+    if isinstance(sinks, (list, tuple)):
+        return torch.tensor(sinks, dtype=torch.float32, device=device)
+    raise TypeError("sinks must be a float32 torch.Tensor [heads_q] (or a list of floats) or None, "
+                    f"got {type(sinks).__name__}")
+
+
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-              softmax_scale, return_lse, deterministic=False, device_check=None):
+              softmax_scale, return_lse, deterministic=False, device_check=None,
+              window_size=(-1, -1), softcap=0.0, sinks=None):
     """The torch face of jfa.jagged_attention (traceable by torch.compile).
 
     When no input needs a gradient the op is called below the autograd and ADInplaceOrView
@@ -173,16 +199,20 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c
     return_lse = _checks.flag("return_lse", return_lse)
     deterministic = _checks.flag("deterministic", deterministic)
     check_device_check(device_check, q.device)
+    window_left, window_right = _checks.window(window_size)
+    sinks = _sinks_tensor(sinks, q.device)
+    local = (window_left, window_right, _checks.softcap_value(softcap), sinks)
     args = (q, k, v, cu_q, cu_k, _hint("max_seqlen_q", max_seqlen_q),
             _hint("max_seqlen_k", max_seqlen_k), _checks.flag("causal", causal), scale)
     try:
-        if _is_compiling() or (_grad_enabled() and (q.requires_grad or k.requires_grad
-                                                    or v.requires_grad)):
+        if _is_compiling() or (_grad_enabled() and (
+                q.requires_grad or k.requires_grad or v.requires_grad
+                or (sinks is not None and sinks.requires_grad))):
             # The backward needs the LSE.
-            out, lse = _FWD(*args, True, deterministic, device_check)
+            out, lse = _FWD(*args, True, deterministic, device_check, *local)
         else:
             with _below_inplace_or_view():
-                out, lse = _FWD(*args, return_lse, False, device_check)
+                out, lse = _FWD(*args, return_lse, False, device_check, *local)
             if device_check is not None:
                 _bump_version(device_check)  # what the skipped ADInplaceOrView kernel does
     except RuntimeError as e:  # the fast path skips the ADInplaceOrView kernel that translates

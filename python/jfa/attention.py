@@ -12,8 +12,8 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None
                      max_seqlen_k=None, *, causal=False, softmax_scale=None, return_lse=False,
                      deterministic=False, device_check=None, window_size=(-1, -1), softcap=0.0,
                      sinks=None):
-    """Exact softmax attention over packed variable-length sequences, differentiable in q, k and v
-    (torch tensors).
+    """Exact softmax attention over packed variable-length sequences, differentiable in q, k, v and
+    sinks (torch tensors).
 
     Follows ``flash_attn_varlen_func``: ``q`` is ``[total_q, heads_q, head_dim]``, ``k``
     ``[total_k, heads_kv, head_dim]`` and ``v`` ``[total_k, heads_kv, head_dim_v]`` (a value head
@@ -46,16 +46,17 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None
             stream order and the call does not wait for them: read the word after a
             synchronization. The CPU backend checks the offsets on the host anyway (invalid ones
             raise), raises on scores it cannot hold, and stores 0.
-        window_size: ``(left, right)`` local attention as in ``flash_attn_varlen_func``, bottom-right
-            aligned: query i sees key j iff ``i + len_k - len_q - left <= j <= i + len_k - len_q +
-            right``; -1 leaves a side unbounded. With ``causal`` the right bound is 0 whatever
-            ``right`` is. CPU backend only for now (CUDA raises JfaUnsupportedError); numpy
-            arrays only for now (torch tensors raise NotImplementedError).
+        window_size: ``(left, right)`` local attention as in ``flash_attn_varlen_func``,
+            bottom-right aligned: query i sees key j iff ``i + len_k - len_q - left <= j <= i +
+            len_k - len_q + right``; -1 leaves a side unbounded. With ``causal`` the right bound
+            is 0 whatever ``right`` is. CPU backend only for now (CUDA raises
+            JfaUnsupportedError).
         softcap: 0 (off) or a cap c > 0: scores s (after the scale) become ``c * tanh(s / c)``
             before the softmax. CPU only for now.
-        sinks: None, or float32 ``[heads_q]`` logits (a numpy array or a list) that join each row's softmax denominator with no
-            value. The LSE includes them: a row that sees no key has out 0 and lse = its sink.
-            CPU only for now.
+        sinks: None, or float32 ``[heads_q]`` logits that join each row's softmax denominator
+            with no value (torch: a float32 tensor on q's device, differentiable; numpy: an
+            array; either: a list of floats). The LSE includes them: a row that sees no key has
+            out 0 and lse = its sink. CPU only for now.
 
     Returns:
         ``out`` ``[total_q, heads_q, head_dim_v]`` of q's dtype, or ``(out, lse)``.
@@ -69,13 +70,9 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None
         if not (isinstance(k, _torch.Tensor) and isinstance(v, _torch.Tensor)):
             raise TypeError("q, k and v must all be torch tensors or all numpy arrays, got "
                             f"q {type(q).__name__}, k {type(k).__name__}, v {type(v).__name__}")
-        if tuple(window_size) != (-1, -1) or softcap != 0.0 or sinks is not None:
-            # The torch ops' schemas do not carry them yet; the C ABI and numpy arrays do.
-            raise NotImplementedError(
-                "window_size, softcap and sinks are not taken by the torch ops yet: pass numpy "
-                "arrays (the CPU backend) for local attention, softcap or sinks")
         return _ops.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                              causal, softmax_scale, return_lse, deterministic, device_check)
+                              causal, softmax_scale, return_lse, deterministic, device_check,
+                              window_size, softcap, sinks)
     if _torch is not None and (isinstance(k, _torch.Tensor) or isinstance(v, _torch.Tensor)):
         raise TypeError("q, k and v must all be torch tensors or all numpy arrays, got "
                         f"q {type(q).__name__}, k {type(k).__name__}, v {type(v).__name__}")

@@ -40,13 +40,15 @@ void check_lse_like(const char* name, const Tensor& t, int64_t heads_q, int64_t 
 
 }  // namespace
 
-std::tuple<Tensor, Tensor, Tensor> jagged_attention_bwd(
+std::tuple<Tensor, Tensor, Tensor, Tensor> jagged_attention_bwd(
     Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q,
     Tensor cu_seqlens_k, std::optional<int64_t> max_seqlen_q, std::optional<int64_t> max_seqlen_k,
     bool causal, std::optional<double> softmax_scale, std::optional<Tensor> grad_lse,
-    bool deterministic, std::optional<Tensor> device_check) {
-  ForwardCall call = prepare_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                     max_seqlen_k, causal, softmax_scale);
+    bool deterministic, std::optional<Tensor> device_check, int64_t window_left,
+    int64_t window_right, double softcap, std::optional<Tensor> sinks) {
+  ForwardCall call =
+      prepare_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                      softmax_scale, window_left, window_right, softcap, sinks);
   check_like_out("out", out, q, v);
   check_like_out("grad_out", grad_out, q, v);
   const int64_t total_q = q.size(0), heads_q = q.size(1), d = q.size(2);
@@ -70,9 +72,11 @@ std::tuple<Tensor, Tensor, Tensor> jagged_attention_bwd(
   p.dq = dq.data_ptr();
   p.dk = dk.data_ptr();
   p.dv = dv.data_ptr();
+  Tensor dsinks = empty({sinks.has_value() ? heads_q : 0}, aoti_torch_dtype_float32(), call.device);
+  p.dsinks = sinks.has_value() ? static_cast<float*>(dsinks.data_ptr()) : nullptr;
   if (!call.on_cuda) {
     check_status("jfa_attention_backward", jfa_attention_backward(&p));
-    return {dq, dk, dv};
+    return {dq, dk, dv, dsinks};
   }
   const CudaDeviceScope scope(call.device.index);
   p.forward.stream = current_cuda_stream(call.device.index);
@@ -86,7 +90,7 @@ std::tuple<Tensor, Tensor, Tensor> jagged_attention_bwd(
   p.forward.workspace = workspace.data_ptr();
   p.forward.workspace_bytes = workspace_bytes;
   check_status("jfa_attention_backward", jfa_attention_backward(&p));
-  return {dq, dk, dv};
+  return {dq, dk, dv, dsinks};
 }
 
 }  // namespace jfa::torch_ops

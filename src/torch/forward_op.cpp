@@ -4,15 +4,15 @@
 
 namespace jfa::torch_ops {
 
-std::tuple<Tensor, Tensor> jagged_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q,
-                                                Tensor cu_seqlens_k,
-                                                std::optional<int64_t> max_seqlen_q,
-                                                std::optional<int64_t> max_seqlen_k, bool causal,
-                                                std::optional<double> softmax_scale,
-                                                bool return_lse, bool deterministic,
-                                                std::optional<Tensor> device_check) {
-  ForwardCall call = prepare_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                     max_seqlen_k, causal, softmax_scale);
+std::tuple<Tensor, Tensor> jagged_attention_fwd(
+    Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k,
+    std::optional<int64_t> max_seqlen_q, std::optional<int64_t> max_seqlen_k, bool causal,
+    std::optional<double> softmax_scale, bool return_lse, bool deterministic,
+    std::optional<Tensor> device_check, int64_t window_left, int64_t window_right, double softcap,
+    std::optional<Tensor> sinks) {
+  ForwardCall call =
+      prepare_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                      softmax_scale, window_left, window_right, softcap, sinks);
   jfa_attention_params& p = call.params;
   (void)deterministic;  // for the backward: the autograd formula reads it from the arguments
   p.device_check = device_check_word(device_check, call.device);

@@ -73,6 +73,38 @@ int32_t seqlen_hint(const char* name, std::optional<int64_t> hint) {
   return static_cast<int32_t>(value);
 }
 
+// A window bound as the C field takes it: any int32 (libjfa checks the value), so no silent
+// truncation of an int64.
+int32_t window_bound(const char* name, int64_t value) {
+  if (value < std::numeric_limits<int32_t>::min() || value > std::numeric_limits<int32_t>::max())
+    raise("ValueError", std::string(name) + " must fit in int32 (>= 0, or -1 for unbounded), got " +
+                            std::to_string(value));
+  return static_cast<int32_t>(value);
+}
+
+// A double as float32 with out-of-range values saturated to an infinity (a defined conversion),
+// which libjfa then rejects with the value in its message.
+float saturated_float(double value) {
+  if (std::fabs(value) > std::numeric_limits<float>::max() && std::isfinite(value))
+    return static_cast<float>(std::copysign(HUGE_VAL, value));
+  return static_cast<float>(value);
+}
+
+// None, or float32 [heads_q], contiguous, on q's device.
+const float* sinks_pointer(const std::optional<Tensor>& sinks, int64_t heads_q, DeviceId device) {
+  if (!sinks.has_value()) return nullptr;
+  const Tensor& t = *sinks;
+  if (dtype_of(t) != aoti_torch_dtype_float32())
+    raise("TypeError", "sinks must be float32, got " + dtype_string(dtype_of(t)));
+  if (t.dim() != 1 || t.size(0) != heads_q)
+    raise("ValueError", "sinks must have shape (" + std::to_string(heads_q) + ",) [heads_q], got " +
+                            shape_string(t));
+  if (heads_q > 1 && t.stride(0) != 1)
+    raise("ValueError", "sinks must be contiguous; call .contiguous() on it");
+  check_on_device("sinks", t, device);
+  return static_cast<const float*>(t.data_ptr());
+}
+
 // A double as Python's repr writes it (the shortest string that reads back), so the messages match
 // those of jfa._checks.
 std::string float_string(double value) {
@@ -223,7 +255,9 @@ ForwardCall prepare_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                             const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
                             std::optional<int64_t> max_seqlen_q,
                             std::optional<int64_t> max_seqlen_k, bool causal,
-                            std::optional<double> softmax_scale) {
+                            std::optional<double> softmax_scale, int64_t window_left,
+                            int64_t window_right, double softcap,
+                            const std::optional<Tensor>& sinks) {
   check_qkv(q, k, v);
   const int32_t dtype = dtype_of(q);
   const jfa_dtype jdtype = jfa_dtype_of(dtype);
@@ -268,6 +302,10 @@ ForwardCall prepare_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                 float_string(s));
     p.softmax_scale = static_cast<float>(s);
   }
+  p.window_left = window_bound("window_left", window_left);
+  p.window_right = window_bound("window_right", window_right);
+  p.softcap = saturated_float(softcap);
+  p.sinks = sinks_pointer(sinks, q.size(1), device);
 
   const int64_t heads_q = q.size(1), d = q.size(2);
   p.q = q.data_ptr();

@@ -47,7 +47,8 @@ jfa_tensor_layout layout_of(const char* name, const Tensor& t);
 Tensor empty(std::initializer_list<int64_t> sizes, int32_t dtype, DeviceId device);
 
 // The forward's parameters from the op's arguments, checked (every pointer but out and lse set),
-// with the dense offsets they point into; `on_cuda` says which backend serves the tensors.
+// with the dense offsets they point into; `on_cuda` says which backend serves the tensors. The
+// window and softcap are only converted to the C fields here (libjfa checks their values).
 struct ForwardCall {
   jfa_attention_params params;
   Tensor cu_q, cu_k;  // keep the (possibly copied) offsets alive for the call
@@ -59,7 +60,9 @@ ForwardCall prepare_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                             const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
                             std::optional<int64_t> max_seqlen_q,
                             std::optional<int64_t> max_seqlen_k, bool causal,
-                            std::optional<double> softmax_scale);
+                            std::optional<double> softmax_scale, int64_t window_left,
+                            int64_t window_right, double softcap,
+                            const std::optional<Tensor>& sinks);
 
 // The word of the checked mode (jfa_attention_params::device_check): NULL
 // without one, else the data of a 1-element int32 tensor on `device`, checked with the messages of

@@ -13,19 +13,21 @@ using torch::stable::Tensor;
 
 // `deterministic` is for the backward (the autograd formula passes it on); the forward is
 // deterministic anyway. `device_check`: the word of the checked mode (jfa.h), written by the call
-// in stream order.
-std::tuple<Tensor, Tensor> jagged_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q,
-                                                Tensor cu_seqlens_k,
-                                                std::optional<int64_t> max_seqlen_q,
-                                                std::optional<int64_t> max_seqlen_k, bool causal,
-                                                std::optional<double> softmax_scale,
-                                                bool return_lse, bool deterministic,
-                                                std::optional<Tensor> device_check);
+// in stream order. window_left/window_right, softcap and sinks: the fields of
+// jfa_attention_params of those names (sinks: None or float32 [heads_q]).
+std::tuple<Tensor, Tensor> jagged_attention_fwd(
+    Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k,
+    std::optional<int64_t> max_seqlen_q, std::optional<int64_t> max_seqlen_k, bool causal,
+    std::optional<double> softmax_scale, bool return_lse, bool deterministic,
+    std::optional<Tensor> device_check, int64_t window_left, int64_t window_right, double softcap,
+    std::optional<Tensor> sinks);
 
-std::tuple<Tensor, Tensor, Tensor> jagged_attention_bwd(
+// Returns (dq, dk, dv, dsinks): dsinks float32 [heads_q] with sinks, else empty.
+std::tuple<Tensor, Tensor, Tensor, Tensor> jagged_attention_bwd(
     Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q,
     Tensor cu_seqlens_k, std::optional<int64_t> max_seqlen_q, std::optional<int64_t> max_seqlen_k,
     bool causal, std::optional<double> softmax_scale, std::optional<Tensor> grad_lse,
-    bool deterministic, std::optional<Tensor> device_check);
+    bool deterministic, std::optional<Tensor> device_check, int64_t window_left,
+    int64_t window_right, double softcap, std::optional<Tensor> sinks);
 
 }  // namespace jfa::torch_ops

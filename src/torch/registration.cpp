@@ -5,7 +5,9 @@
 // word of the checked mode that both calls write, is marked (a!): torch must know of the write to
 // keep it through functionalization (torch.compile) and to order it with other uses of the word.
 // The max_seqlen hints are SymInt, so torch.compile(dynamic=True) keeps them symbolic instead of
-// compiling a graph per value; a kernel gets them as plain ints (None: unknown).
+// compiling a graph per value; a kernel gets them as plain ints (None: unknown). The local
+// attention, softcap and sinks arguments come last, with defaults, so earlier positional calls
+// keep working; the backward's fourth result is dsinks (empty without sinks).
 #include <torch/csrc/stable/library.h>
 
 #include "torch/ops.hpp"
@@ -14,13 +16,15 @@ STABLE_TORCH_LIBRARY(jfa, m) {
   m.def(
       "jagged_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor "
       "cu_seqlens_k, SymInt? max_seqlen_q, SymInt? max_seqlen_k, bool causal, float? "
-      "softmax_scale, bool return_lse, bool deterministic=False, Tensor(a!)? device_check=None) "
-      "-> (Tensor, Tensor)");
+      "softmax_scale, bool return_lse, bool deterministic=False, Tensor(a!)? device_check=None, "
+      "int window_left=-1, int window_right=-1, float softcap=0., Tensor? sinks=None) -> (Tensor, "
+      "Tensor)");
   m.def(
       "jagged_attention_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor "
       "lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt? max_seqlen_q, SymInt? "
       "max_seqlen_k, bool causal, float? softmax_scale, Tensor? grad_lse, bool deterministic, "
-      "Tensor(a!)? device_check=None) -> (Tensor, Tensor, Tensor)");
+      "Tensor(a!)? device_check=None, int window_left=-1, int window_right=-1, float "
+      "softcap=0., Tensor? sinks=None) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(jfa, CPU, m) {

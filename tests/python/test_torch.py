@@ -692,8 +692,14 @@ def test_ops_have_one_schema_whichever_kind():
     for name, schema in _torch_ctypes_op.SCHEMAS.items():
         op = getattr(torch.ops.jfa, name).default
         assert str(op._schema) == "jfa::" + schema
-        word = op._schema.arguments[-1]
-        assert word.name == "device_check" and word.alias_info.is_write
+        arguments = op._schema.arguments
+        word = next(a for a in arguments if a.name == "device_check")
+        assert word.alias_info.is_write
+        # The local attention arguments come last, with defaults (positional calls of before work).
+        assert [a.name for a in arguments[-4:]] == ["window_left", "window_right", "softcap",
+                                                     "sinks"]
+        assert all(a.has_default_value() for a in arguments[-5:])
+    assert len(torch.ops.jfa.jagged_attention_bwd.default._schema.returns) == 4
 
 
 @needs_cuda
@@ -778,15 +784,20 @@ def _direct_call_cases(seed):
     q, k, v, cu, _ = _inputs(seed, [2, 3], None, 2, 2, 8, torch.float32, "cpu")
     out, lse = jfa.jagged_attention(q, k, v, cu, return_lse=True)
 
-    def fwd(q=q, k=k, v=v, cu_q=cu, cu_k=cu, hint_q=0, hint_k=0, scale=None, word=None):
+    def fwd(q=q, k=k, v=v, cu_q=cu, cu_k=cu, hint_q=0, hint_k=0, scale=None, word=None,
+            **local):
         return lambda: torch.ops.jfa.jagged_attention_fwd(q, k, v, cu_q, cu_k, hint_q, hint_k,
-                                                          False, scale, True, False, word)
+                                                          False, scale, True, False, word, **local)
 
-    def bwd(grad_out=out, lse=lse, hint_q=0, scale=None, cu_q=cu):
+    def bwd(grad_out=out, lse=lse, hint_q=0, scale=None, cu_q=cu, **local):
         return lambda: torch.ops.jfa.jagged_attention_bwd(grad_out, q, k, v, out, lse, cu_q, cu,
-                                                          hint_q, 0, False, scale, None, False)
+                                                          hint_q, 0, False, scale, None, False,
+                                                          **local)
 
     meta = torch.empty(k.shape, device="meta")
+    window_message = ("window_left and window_right must be >= 0, or -1 for unbounded, got "
+                      "window_left={} window_right={} [invalid argument]")
+    softcap_message = "softcap must be finite and >= 0 (0 = off), got {} [invalid argument]"
     return [
         ("q-dtype", fwd(q=q.double(), k=k.double(), v=v.double()), TypeError,
          "q must be float16, bfloat16 or float32, got torch.float64"),
@@ -836,6 +847,42 @@ def _direct_call_cases(seed):
         ("bwd-scale", bwd(scale=math.inf), ValueError,
          "softmax_scale must be finite in float32 (or None for 1/sqrt(head_dim)), got inf"),
         ("bwd-offsets-values", bwd(cu_q=cu + 1), jfa.JfaInvalidArgumentError, None),
+        # Local attention, softcap and sinks: the ops check the torch-level types, shapes and
+        # devices and the conversion to the C fields; libjfa checks the values.
+        ("sinks-dtype", fwd(sinks=torch.zeros(2, dtype=torch.float64)), TypeError,
+         "sinks must be float32, got torch.float64"),
+        ("sinks-shape", fwd(sinks=torch.zeros(3)), ValueError,
+         "sinks must have shape (2,) [heads_q], got (3,)"),
+        ("sinks-2d", fwd(sinks=torch.zeros(1, 2)), ValueError,
+         "sinks must have shape (2,) [heads_q], got (1, 2)"),
+        ("sinks-stride", fwd(sinks=torch.zeros(4)[::2]), ValueError,
+         "sinks must be contiguous; call .contiguous() on it"),
+        ("sinks-device", fwd(sinks=torch.zeros(2, device="meta")), ValueError,
+         "sinks must be on the device of q (cpu), got meta"),
+        ("sinks-values", fwd(sinks=torch.tensor([0.0, math.inf])), jfa.JfaInvalidArgumentError,
+         "jfa_attention_forward: sinks[1] is inf: sinks must be finite [invalid argument]"),
+        ("window-beyond-int32", fwd(window_left=2**31), ValueError,
+         "window_left must fit in int32 (>= 0, or -1 for unbounded), got 2147483648"),
+        ("window-below-int32", fwd(window_right=-2**31 - 1), ValueError,
+         "window_right must fit in int32 (>= 0, or -1 for unbounded), got -2147483649"),
+        ("window-negative", fwd(window_right=-2), jfa.JfaInvalidArgumentError,
+         "jfa_attention_forward: " + window_message.format(-1, -2)),
+        ("softcap-negative", fwd(softcap=-0.5), jfa.JfaInvalidArgumentError,
+         "jfa_attention_forward: " + softcap_message.format(-0.5)),
+        ("softcap-beyond-float32", fwd(softcap=1e39), jfa.JfaInvalidArgumentError,
+         "jfa_attention_forward: " + softcap_message.format("inf")),
+        ("softcap-nan", fwd(softcap=math.nan), jfa.JfaInvalidArgumentError,
+         "jfa_attention_forward: " + softcap_message.format("nan")),
+        ("bwd-sinks-dtype", bwd(sinks=torch.zeros(2, dtype=torch.float16)), TypeError,
+         "sinks must be float32, got torch.float16"),
+        ("bwd-sinks-shape", bwd(sinks=torch.zeros(())), ValueError,
+         "sinks must have shape (2,) [heads_q], got ()"),
+        ("bwd-window-beyond-int32", bwd(window_right=2**40), ValueError,
+         "window_right must fit in int32 (>= 0, or -1 for unbounded), got 1099511627776"),
+        ("bwd-window-negative", bwd(window_left=-5), jfa.JfaInvalidArgumentError,
+         "jfa_attention_backward: " + window_message.format(-5, -1)),
+        ("bwd-softcap-inf", bwd(softcap=-math.inf), jfa.JfaInvalidArgumentError,
+         "jfa_attention_backward: " + softcap_message.format("-inf")),
     ]
 
 
