@@ -1,6 +1,7 @@
 #include "cli/args.hpp"
 
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 
@@ -186,6 +187,26 @@ std::vector<int32_t> parse_int_list(std::string_view text, int32_t lo, int32_t h
     start = comma + 1;
   }
   return values;
+}
+
+double parse_double(std::string_view text, double lo, double hi) {
+  double value = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (text.empty() || ec != std::errc() || ptr != end || !std::isfinite(value)) {
+    throw BadValue(strprintf("expected a number in [%g, %g], got '%.*s'", lo, hi,
+                             static_cast<int>(text.size()), text.data()));
+  }
+  if (value < lo || value > hi) throw BadValue(strprintf("%g is outside [%g, %g]", value, lo, hi));
+  return value;
+}
+
+std::pair<int32_t, int32_t> parse_window(std::string_view text) {
+  const std::vector<int32_t> sides = parse_int_list(text, -1, std::numeric_limits<int32_t>::max());
+  if (sides.size() != 2)
+    throw BadValue(strprintf("expected LEFT,RIGHT (each >= 0, or -1 for unbounded), got '%.*s'",
+                             static_cast<int>(text.size()), text.data()));
+  return {sides[0], sides[1]};
 }
 
 DType parse_dtype(std::string_view text) {

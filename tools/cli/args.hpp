@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "jfa/jfa.hpp"
@@ -79,6 +80,10 @@ int64_t parse_int(std::string_view text, int64_t lo, int64_t hi);
 uint64_t parse_uint64(std::string_view text);
 // "128,4096,512,2048" (empty entries are an error; each in [lo, hi]).
 std::vector<int32_t> parse_int_list(std::string_view text, int32_t lo, int32_t hi);
+// A finite number in [lo, hi].
+double parse_double(std::string_view text, double lo, double hi);
+// "L,R": a local attention window, each side >= 0 or -1 for unbounded.
+std::pair<int32_t, int32_t> parse_window(std::string_view text);
 DType parse_dtype(std::string_view text);
 BackendChoice parse_backend(std::string_view text);
 

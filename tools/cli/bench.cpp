@@ -28,6 +28,9 @@ struct BenchOptions {
   int progress_s = 5;
   DType dtype = DType::kFloat16;
   bool causal = false;
+  std::pair<int32_t, int32_t> window{-1, -1};
+  double softcap = 0;
+  bool sinks = false;
   BackendChoice backend = BackendChoice::kAuto;
   int repeats = 10;
   int warmup = -1;  // -1: 3 on a GPU, 1 on the CPU
@@ -91,6 +94,10 @@ void print_json(const Workload& w, const tools::JaggedBatch& batch, const BenchO
         .add("workload", w.name)
         .add("dtype", tools::dtype_name(batch.dtype))
         .add("causal", o.causal)
+        .add("window_left", int64_t{batch.window_left})
+        .add("window_right", int64_t{batch.window_right})
+        .add("softcap", static_cast<double>(batch.softcap))
+        .add("sinks", !batch.sinks.empty())
         .add("batch", batch.batch())
         .add("heads", batch.heads_q)
         .add("heads_kv", batch.heads_kv)
@@ -178,6 +185,18 @@ int bench_main(std::span<const std::string> args) {
   parser.add_dtype("element type (default fp16; fp32 on the CPU only)", &o.dtype);
   parser.add_flag("--causal", "causal mask (bottom-right aligned when q/k lengths differ)",
                   &o.causal);
+  parser.add_option("--window", "L,R",
+                    "local attention: query i sees keys i-L..i+R (bottom-right aligned; -1 = "
+                    "unbounded; default -1,-1; CPU only for now)",
+                    [&o](std::string_view v) { o.window = parse_window(v); });
+  parser.add_option(
+      "--softcap", "C",
+      "soft-cap the scaled scores to C tanh(s / C) (default 0: off; CPU only for now)",
+      [&o](std::string_view v) { o.softcap = parse_double(v, 0, 3.4e38); });
+  parser.add_flag("--sinks",
+                  "attention sinks: one random logit per query head, normal(0, 2) (CPU "
+                  "only for now)",
+                  &o.sinks);
   parser.add_backend(&o.backend);
   parser.add_int("--repeats", "N", "timed runs, the median is reported (default 10)", &o.repeats, 1,
                  1000000);
@@ -229,9 +248,17 @@ int bench_main(std::span<const std::string> args) {
   }
   if (o.warmup < 0) o.warmup = runner->backend() == Backend::kCpu ? 1 : 3;
 
-  const tools::JaggedBatch batch =
-      tools::make_batch(w.lengths_q, w.lengths_k, o.heads, o.heads_kv, o.head_dim, o.dtype,
-                        w.data_seed, o.head_dim_v);
+  if ((o.window != std::pair{-1, -1} || o.softcap != 0 || o.sinks) &&
+      !runner->supports_local_attention())
+    throw UsageError(
+        strprintf("--window, --softcap and --sinks: not supported by the %s backend yet",
+                  runner->backend_name()));
+  tools::JaggedBatch batch = tools::make_batch(w.lengths_q, w.lengths_k, o.heads, o.heads_kv,
+                                               o.head_dim, o.dtype, w.data_seed, o.head_dim_v);
+  batch.window_left = o.window.first;
+  batch.window_right = o.window.second;
+  batch.softcap = static_cast<float>(o.softcap);
+  if (o.sinks) tools::draw_sinks(batch, w.data_seed + 1);
   CompareOptions options;
   options.config.causal = o.causal;
   options.warmup = o.warmup;
@@ -251,6 +278,10 @@ int bench_main(std::span<const std::string> args) {
         with_commas(batch.total_k()).c_str(), o.heads, o.heads_kv,
         head_dims_string(o.head_dim, o.head_dim_v).c_str(), tools::dtype_name(o.dtype),
         o.causal ? "causal" : "non-causal");
+    if (o.window != std::pair{-1, -1} || o.softcap != 0 || o.sinks)
+      std::printf("local    window %d,%d, softcap %g, %s (useful FLOPs ignore the window)\n",
+                  o.window.first, o.window.second, o.softcap,
+                  o.sinks ? "sinks normal(0, 2)" : "no sinks");
     std::printf("backend  %s: %s; median of %s after %s\n", runner->backend_name(),
                 runner->device().c_str(), count_of(o.repeats, "run").c_str(),
                 count_of(o.warmup, "warm-up run").c_str());

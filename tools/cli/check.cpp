@@ -30,11 +30,15 @@ struct Case {
   int32_t head_dim_v = 0;  // 0: head_dim
   DType dtype = DType::kFloat16;
   bool causal = false;
-  std::string note;  // what an edge case is about
+  int32_t window_left = -1, window_right = -1;
+  float softcap = 0.0f;
+  bool sinks = false;  // random sinks, normal(0, 2) per query head
+  std::string note;    // what an edge case is about
 };
 
-// Edge cases first: every run of `jfa check` covers them, whatever the seed.
-std::vector<Case> edge_cases() {
+// Edge cases first: every run of `jfa check` covers them, whatever the seed. takes_local: the
+// backend takes windows, softcap and sinks, so some edge cases have them.
+std::vector<Case> edge_cases(bool takes_local) {
   std::vector<Case> cases;
   auto add = [&](std::vector<int32_t> q, std::vector<int32_t> k, int32_t hq, int32_t hkv, int32_t d,
                  bool causal, const char* note) {
@@ -56,6 +60,14 @@ std::vector<Case> edge_cases() {
   add({0, 0, 0}, {0, 0, 0}, 2, 1, 32, false, "all sequences empty");
   add({1000, 37}, {}, 2, 1, 128, true, "long sequence");
   add({31, 33, 95, 97}, {200, 1, 64, 0}, 6, 3, 64, false, "cross, q/k lengths differ");
+  if (takes_local) {
+    add({5, 0, 70, 33}, {0, 33, 129, 7}, 4, 2, 64, false, "cross, window 0,0, sinks");
+    cases.back().window_left = cases.back().window_right = 0;
+    cases.back().sinks = true;
+    add({63, 130}, {}, 4, 4, 32, true, "causal, window 16 left, softcap 5");
+    cases.back().window_left = 16;
+    cases.back().softcap = 5.0f;
+  }
   return cases;
 }
 
@@ -70,8 +82,9 @@ int32_t random_length(std::mt19937_64& rng) {
   return static_cast<int32_t>(1 + rng() % 300);
 }
 
-// takes_any_head_dim_v: the backend takes any head_dim_v (the CPU), so random cases draw some.
-Case random_case(std::mt19937_64& rng, bool takes_any_head_dim_v) {
+// takes_any_head_dim_v: the backend takes any head_dim_v (the CPU), so random cases draw some;
+// takes_local: it takes windows, softcap and sinks (the CPU), so random cases draw those too.
+Case random_case(std::mt19937_64& rng, bool takes_any_head_dim_v, bool takes_local) {
   Case c;
   const int64_t batch = rng() % 20 == 0 ? 0 : static_cast<int64_t>(1 + rng() % 8);
   const bool cross = rng() % 10 < 3;
@@ -95,6 +108,21 @@ Case random_case(std::mt19937_64& rng, bool takes_any_head_dim_v) {
   // random one; backends that do not take the pair report it as unsupported.
   if (takes_any_head_dim_v && rng() % 4 == 0)
     c.head_dim_v = c.head_dim == 192 && rng() % 2 ? 128 : static_cast<int32_t>(1 + rng() % 256);
+  if (takes_local) {
+    // A window about a third of the time: each side unbounded or up to 100 keys (longer than
+    // many sequences). The left side is never 0: with right 0 (or causal) every row would see one
+    // key, whose dq and dk are 0 exactly, and a relative error of rounding noise means nothing
+    // (the edge cases cover window 0,0, with sinks).
+    auto side = [&rng](int32_t lo) {
+      return rng() % 4 == 0 ? -1 : lo + static_cast<int32_t>(rng() % (101 - lo));
+    };
+    if (rng() % 3 == 0) {
+      c.window_left = side(1);
+      c.window_right = side(0);
+    }
+    if (rng() % 4 == 0) c.softcap = 0.5f + static_cast<float>(rng() % 100) / 10.0f;
+    c.sinks = rng() % 4 == 0;
+  }
   return c;
 }
 
@@ -108,6 +136,16 @@ double reference_cost(const Case& c) {
 std::string describe_lengths(const Case& c) {
   std::string out = "q=" + format_list(c.lengths_q, 6);
   out += c.lengths_k == c.lengths_q ? " k=q" : " k=" + format_list(c.lengths_k, 6);
+  return out;
+}
+
+// " window=L,R softcap=C sinks" for what a case has of them.
+std::string describe_local(const Case& c) {
+  std::string out;
+  if (c.window_left != -1 || c.window_right != -1)
+    out += strprintf(" window=%d,%d", c.window_left, c.window_right);
+  if (c.softcap != 0.0f) out += strprintf(" softcap=%g", static_cast<double>(c.softcap));
+  if (c.sinks) out += " sinks";
   return out;
 }
 
@@ -128,7 +166,8 @@ int check_main(std::span<const std::string> args) {
                    "Runs edge cases and random problems (empty batches, zero-length and "
                    "length-1 sequences, lengths\noff tile multiples, cross attention, GQA/MQA, "
                    "causal or not, head_dim 32 to 256, on the CPU also v with a head_dim of its "
-                   "own,\nevery dtype of the backend) and "
+                   "own,\nsliding windows, softcap and attention sinks, every dtype of the "
+                   "backend) and "
                    "compares the output and the log-sum-exp with the float64 reference, then the "
                    "gradients of\nthe backward (where the reference is affordable). Outputs are "
                    "poisoned with NaN before each\nrun, so anything left unwritten fails.");
@@ -170,9 +209,10 @@ int check_main(std::span<const std::string> args) {
               tools::tolerance(DType::kFloat32), kLseTolerance);
   std::fflush(stdout);
 
-  const std::vector<Case> edges = edge_cases();
   std::string unused;
   const bool takes_any_head_dim_v = runner->supports_head_dims(64, 5, &unused);
+  const bool takes_local = runner->supports_local_attention();
+  const std::vector<Case> edges = edge_cases(takes_local);
   std::map<DType, Worst> worst;
   double worst_lse = 0;
   int failed = 0, unsupported = 0;
@@ -182,12 +222,17 @@ int check_main(std::span<const std::string> args) {
   const Stopwatch wall;
   for (int i = 0; i < cases; ++i) {
     std::mt19937_64 rng(seed ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(i + 1)));
-    Case c = i < static_cast<int>(edges.size()) ? edges[static_cast<size_t>(i)]
-                                                : random_case(rng, takes_any_head_dim_v);
+    Case c = i < static_cast<int>(edges.size())
+                 ? edges[static_cast<size_t>(i)]
+                 : random_case(rng, takes_any_head_dim_v, takes_local);
     c.dtype = dtypes[static_cast<size_t>(i) % dtypes.size()];
 
-    const tools::JaggedBatch batch = tools::make_batch(
-        c.lengths_q, c.lengths_k, c.heads_q, c.heads_kv, c.head_dim, c.dtype, rng(), c.head_dim_v);
+    tools::JaggedBatch batch = tools::make_batch(c.lengths_q, c.lengths_k, c.heads_q, c.heads_kv,
+                                                 c.head_dim, c.dtype, rng(), c.head_dim_v);
+    batch.window_left = c.window_left;
+    batch.window_right = c.window_right;
+    batch.softcap = c.softcap;
+    if (c.sinks) tools::draw_sinks(batch, rng());
     const bool full = reference_cost(c) <= kFullReferenceBudget;
     const std::vector<int64_t> tokens =
         full ? all_tokens(batch) : sample_tokens(batch, kSampledTokensPerSequence, rng());
@@ -196,8 +241,8 @@ int check_main(std::span<const std::string> args) {
                   c.causal ? "causal" : "non-causal", c.heads_q, c.heads_kv,
                   head_dims_string(c.head_dim, batch.value_dim()).c_str(),
                   static_cast<long long>(batch.batch()));
-    const std::string tail =
-        "  " + describe_lengths(c) + (c.note.empty() ? "" : "  (" + c.note + ")");
+    const std::string tail = "  " + describe_lengths(c) + describe_local(c) +
+                             (c.note.empty() ? "" : "  (" + c.note + ")");
     try {
       runner->upload(batch, {.causal = c.causal, .with_lse = true});
       runner->poison_output();
@@ -218,7 +263,7 @@ int check_main(std::span<const std::string> args) {
           runner->backward(dout, &grads);
           const BackwardReport br = check_backward_against_reference(batch, c.causal, dout, grads);
           ++backward_checked;
-          const double e = std::max({br.dq_error, br.dk_error, br.dv_error});
+          const double e = std::max({br.dq_error, br.dk_error, br.dv_error, br.dsinks_error});
           worst_backward = std::max(worst_backward, e);
           backward = strprintf("  bwd %.2e", e);
           if (!br.passed) {

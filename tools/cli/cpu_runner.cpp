@@ -26,6 +26,8 @@ class CpuRunner final : public Runner {
            head_dim_v <= JFA_MAX_HEAD_DIM;
   }
 
+  bool supports_local_attention() const override { return true; }
+
   void upload(const tools::JaggedBatch& batch, const RunConfig& config) override {
     call_ = make_host_call(batch, config, Backend::kCpu);
     out_ = batch.make_output();
@@ -72,8 +74,9 @@ class CpuRunner final : public Runner {
       view.token_stride = view.head_stride = 0;  // the buffers are packed
       return view;
     };
-    const BackwardViews views{like(call_.out, dout), like(call_.q, grads->dq),
-                              like(call_.k, grads->dk), like(call_.v, grads->dv)};
+    BackwardViews views{like(call_.out, dout), like(call_.q, grads->dq), like(call_.k, grads->dk),
+                        like(call_.v, grads->dv)};
+    views.dsinks = grads->dsinks.empty() ? nullptr : grads->dsinks.data();
     attention_backward(call_.q, call_.k, call_.v, call_.out, views, call_.cu_seqlens_q,
                        call_.cu_seqlens_k, call_.batch, call_.options);
   }

@@ -102,6 +102,8 @@ class DeviceRunner final : public Runner {
 
   // The head dims the Hopper kernels are built for (the library's message names the sizes a
   // build left out, and those of the backward).
+  bool supports_local_attention() const override { return false; }
+
   bool supports_head_dims(int head_dim, int head_dim_v, std::string* supported) const override {
     *supported = "64, 128 or 192 with head_dim_v equal, or 192 with head_dim_v 128";
     if (head_dim_v == head_dim) return head_dim == 64 || head_dim == 128 || head_dim == 192;

@@ -30,6 +30,10 @@ tools::JaggedBatch make_padded(const tools::JaggedBatch& jagged) {
   p.head_dim = jagged.head_dim;
   p.head_dim_v = jagged.head_dim_v;
   p.dtype = jagged.dtype;
+  p.window_left = jagged.window_left;
+  p.window_right = jagged.window_right;
+  p.softcap = jagged.softcap;
+  p.sinks = jagged.sinks;
   const int64_t q_row = static_cast<int64_t>(jagged.heads_q) * jagged.head_dim;
   const int64_t k_row = static_cast<int64_t>(jagged.heads_kv) * jagged.head_dim;
   const int64_t v_row = static_cast<int64_t>(jagged.heads_kv) * jagged.value_dim();

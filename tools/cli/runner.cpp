@@ -1,6 +1,7 @@
 #include "cli/runner.hpp"
 
 #include <cstdlib>
+#include <limits>
 
 namespace jfa::cli {
 namespace {
@@ -29,6 +30,11 @@ AttentionCall make_host_call(const tools::JaggedBatch& batch, const RunConfig& c
   call.options.max_seqlen_q = max_length(batch.cu_q);
   call.options.max_seqlen_k = max_length(batch.cu_k);
   call.options.backend = backend;
+  call.options.window_left = batch.window_left;
+  call.options.window_right = batch.window_right;
+  call.options.softcap = batch.softcap;
+  // Host memory: what the CPU backend reads; the CUDA backend rejects sinks before reading them.
+  call.options.sinks = batch.sinks.empty() ? nullptr : batch.sinks.data();
   return call;
 }
 
@@ -38,7 +44,10 @@ Gradients poisoned_gradients(const AttentionCall& call) {
     tools::poison(b);
     return b;
   };
-  return {buffer(call.q), buffer(call.k), buffer(call.v)};
+  Gradients g{buffer(call.q), buffer(call.k), buffer(call.v), {}};
+  if (call.options.sinks != nullptr)
+    g.dsinks.assign(static_cast<size_t>(call.q.heads), std::numeric_limits<float>::quiet_NaN());
+  return g;
 }
 
 int cpu_threads() { return jfa::cpu_thread_count(); }

@@ -31,16 +31,17 @@ struct AttentionCall {
   void operator()() const { attention(q, k, v, out, cu_seqlens_q, cu_seqlens_k, batch, options); }
 };
 
-// Gradients with respect to q, k and v, in host memory.
+// Gradients with respect to q, k, v and the sinks (empty without them), in host memory.
 struct Gradients {
   tools::HostBuffer dq, dk, dv;
+  std::vector<float> dsinks;
 };
 
 // The call for `batch` on its host buffers (out left null), with the max-length hints set.
 AttentionCall make_host_call(const tools::JaggedBatch& batch, const RunConfig& config,
                              Backend backend);
 
-// Host gradient buffers shaped for `call`'s q, k and v, poisoned with NaN.
+// Host gradient buffers shaped for `call`'s q, k, v (and sinks), poisoned with NaN.
 Gradients poisoned_gradients(const AttentionCall& call);
 
 class Runner {
@@ -55,6 +56,8 @@ class Runner {
   // Whether the backend takes these head sizes (q and k, v and out); `supported` gets the values
   // it takes, for messages.
   virtual bool supports_head_dims(int head_dim, int head_dim_v, std::string* supported) const = 0;
+  // Whether the backend takes windows, softcap and sinks (the CPU; CUDA not yet).
+  virtual bool supports_local_attention() const = 0;
 
   // Makes `batch` the current problem and allocates its output. The runner may keep pointers into
   // `batch`, which must outlive the runner or the next upload().

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 
@@ -103,8 +104,8 @@ BackwardReport check_backward_against_reference(const tools::JaggedBatch& batch,
                         0};
   };
   const int32_t d = batch.head_dim, d_v = batch.value_dim();
-  AttentionOptions options;
-  options.causal = causal;
+  // The forward's options (window, softcap, sinks) as the runner's call has them.
+  const AttentionOptions options = make_host_call(batch, {.causal = causal}, Backend::kCpu).options;
   const ReferenceGradients ref = attention_backward_reference(
       view(batch.q, false, d), view(batch.k, true, d), view(batch.v, true, d_v),
       view(dout, false, d_v), batch.cu_q.data(), batch.cu_k.data(), batch.batch(), options);
@@ -112,13 +113,21 @@ BackwardReport check_backward_against_reference(const tools::JaggedBatch& batch,
   r.dq_error = tools::relative_error(grads.dq, ref.dq, {}, int64_t{batch.heads_q} * d);
   r.dk_error = tools::relative_error(grads.dk, ref.dk, {}, int64_t{batch.heads_kv} * d);
   r.dv_error = tools::relative_error(grads.dv, ref.dv, {}, int64_t{batch.heads_kv} * d_v);
+  if (!batch.sinks.empty()) {
+    tools::HostBuffer dsinks(DType::kFloat32, batch.heads_q);
+    if (grads.dsinks.size() == dsinks.bytes.size() / sizeof(float))
+      std::memcpy(dsinks.data(), grads.dsinks.data(), dsinks.bytes.size());
+    else
+      tools::poison(dsinks);  // not written at all
+    r.dsinks_error = tools::relative_error(dsinks, ref.dsinks, {}, batch.heads_q);
+  }
   const double tol = tools::tolerance(batch.dtype);
-  r.passed = r.dq_error <= tol && r.dk_error <= tol && r.dv_error <= tol;
+  r.passed = r.dq_error <= tol && r.dk_error <= tol && r.dv_error <= tol && r.dsinks_error <= tol;
   if (!r.passed)
     r.failure = strprintf(
-        "gradient error above %.0e (dq %.2e, dk %.2e, dv %.2e; inf = NaN or "
+        "gradient error above %.0e (dq %.2e, dk %.2e, dv %.2e, dsinks %.2e; inf = NaN or "
         "an unwritten element)",
-        tol, r.dq_error, r.dk_error, r.dv_error);
+        tol, r.dq_error, r.dk_error, r.dv_error, r.dsinks_error);
   return r;
 }
 

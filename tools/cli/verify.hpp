@@ -40,6 +40,7 @@ CheckReport check_against_reference(const tools::JaggedBatch& batch, bool causal
 
 struct BackwardReport {
   double dq_error = 0, dk_error = 0, dv_error = 0;  // relative errors (+inf for a NaN)
+  double dsinks_error = 0;                          // 0 without sinks
   bool passed = false;
   std::string failure;
 };

@@ -53,6 +53,11 @@ struct JaggedBatch {
   int32_t head_dim_v = 0;  // columns of v and out; 0 means head_dim
   DType dtype = DType::kFloat16;
   HostBuffer q, k, v;
+  // Local attention, softcap and sinks (jfa_attention_params fields of those names); sinks empty:
+  // none, else float32 [heads_q].
+  int32_t window_left = -1, window_right = -1;
+  float softcap = 0.0f;
+  std::vector<float> sinks;
 
   int64_t total_q() const { return cu_q.back(); }
   int64_t total_k() const { return cu_k.back(); }
@@ -86,6 +91,14 @@ inline JaggedBatch make_batch(std::vector<int32_t> lengths_q, std::vector<int32_
   fill_normal(b.k, rng);
   fill_normal(b.v, rng);
   return b;
+}
+
+// Random sinks, normal(0, stddev) per query head.
+inline void draw_sinks(JaggedBatch& batch, uint64_t seed, float stddev = 2.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, stddev);
+  batch.sinks.resize(static_cast<size_t>(batch.heads_q));
+  for (float& s : batch.sinks) s = normal(rng);
 }
 
 // ||out - ref|| / ||ref|| over the listed rows (all rows when `rows` is empty); `ref` holds
