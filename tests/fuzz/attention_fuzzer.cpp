@@ -199,6 +199,22 @@ void fuzz_attention(FuzzedDataProvider& in) {
   p.out_layout = lo;
   p.softmax_scale = scale;
   p.causal = in.ConsumeIntegral<int>();
+  // Local attention and score modifiers, mostly off; windows around the lengths drawn, sometimes
+  // invalid (< -1), softcaps and sinks sometimes not finite.
+  std::vector<float> sinks(static_cast<size_t>(heads_q > 0 ? heads_q : 0));
+  if (in.ConsumeIntegralInRange<int>(0, 3) == 0) {
+    p.window_left = in.ConsumeIntegralInRange<int32_t>(-3, 80);
+    p.window_right = in.ConsumeIntegralInRange<int32_t>(-3, 80);
+  }
+  if (in.ConsumeIntegralInRange<int>(0, 3) == 0)
+    p.softcap = in.ConsumeBool() ? in.ConsumeFloatingPointInRange<float>(0.f, 60.f)
+                                 : in.ConsumeFloatingPoint<float>();
+  if (!sinks.empty() && in.ConsumeIntegralInRange<int>(0, 3) == 0) {
+    for (float& x : sinks)
+      x = in.ConsumeBool() ? in.ConsumeFloatingPointInRange<float>(-12.f, 12.f)
+                           : in.ConsumeFloatingPoint<float>();
+    p.sinks = sinks.data();
+  }
   p.max_seqlen_q = in.ConsumeBool() ? 0 : in.ConsumeIntegralInRange<int32_t>(-1, 64);
   p.max_seqlen_k = in.ConsumeBool() ? 0 : in.ConsumeIntegralInRange<int32_t>(-1, 64);
   set_enum(&p.backend,
@@ -249,6 +265,8 @@ void fuzz_attention(FuzzedDataProvider& in) {
     std::vector<float> dlse(static_cast<size_t>(nlse), 0.5f);
     b.dlse = nlse && in.ConsumeBool() ? dlse.data() : nullptr;
     b.deterministic = in.ConsumeIntegral<int>();
+    std::vector<float> dsinks(sinks.size(), std::numeric_limits<float>::quiet_NaN());
+    if (!dsinks.empty() && in.ConsumeBool()) b.dsinks = dsinks.data();
     if (in.ConsumeIntegralInRange<int>(0, 31) == 0) b.struct_size = in.ConsumeIntegral<uint32_t>();
     size_t bws = 0;
     require(valid_status(jfa_attention_backward_workspace_size(&b, &bws)),
@@ -259,6 +277,7 @@ void fuzz_attention(FuzzedDataProvider& in) {
     if (bs != JFA_SUCCESS && !failed_while_computing(bs)) {
       for (auto* g : {&dq, &dk, &dv})
         for (unsigned char c : *g) require(c == 0xFF, "a rejected backward wrote a gradient");
+      for (float x : dsinks) require(std::isnan(x), "a rejected backward wrote dsinks");
     } else if (bs == JFA_SUCCESS && moderate && dtype != JFA_DTYPE_FLOAT16) {
       require_finite(dq, es, total_q, heads_q, d, lq,
                      "an accepted backward left dq unwritten or NaN");
