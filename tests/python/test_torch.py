@@ -968,3 +968,28 @@ def test_cpu_compile_dynamic_hints_compile_once(seed, direct):
                 grads.append([out] + [t.grad for t in leaves])
             for eager, traced in zip(*grads):
                 torch.testing.assert_close(traced, eager)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf], ids=["nan", "+inf", "-inf"])
+def test_cpu_backward_rejects_an_lse_the_forward_cannot_write(seed, bad):
+    """The CPU backward op with an lse entry that is NaN, +inf, or -inf in a row that sees a key:
+    jfa.JfaInvalidArgumentError naming the head and the token, from the native and the ctypes op
+    alike, instead of zero gradients. -inf where a row sees no key is what the forward writes."""
+    q, k, v, cu, _ = _inputs(seed, [3, 4], None, 2, 2, 8, torch.float32, "cpu")
+    out, lse = jfa.jagged_attention(q, k, v, cu, return_lse=True)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1))
+    broken = lse.clone()
+    broken[1, 5] = bad
+    with pytest.raises(jfa.JfaInvalidArgumentError, match=r"lse of head 1, token 5 is"):
+        torch.ops.jfa.jagged_attention_bwd(grad_out, q, k, v, out, broken, cu, cu, 0, 0, False,
+                                           None, None, False)
+    # Causal with more queries than keys: the first row of the sequence sees no key, its -inf is
+    # the forward's and the call runs.
+    cu_q = torch.tensor([0, 3], dtype=torch.int32)
+    cu_k = torch.tensor([0, 2], dtype=torch.int32)
+    q3, k2, v2 = q[:3].contiguous(), k[:2].contiguous(), v[:2].contiguous()
+    out3, lse3 = torch.ops.jfa.jagged_attention_fwd(q3, k2, v2, cu_q, cu_k, 0, 0, True, None, True)
+    assert torch.isneginf(lse3[:, 0]).all() and torch.isfinite(lse3[:, 1:]).all()
+    dq, dk, dv, _ = torch.ops.jfa.jagged_attention_bwd(out3, q3, k2, v2, out3, lse3, cu_q, cu_k, 0,
+                                                       0, True, None, None, False)
+    assert torch.isfinite(dq).all() and torch.isfinite(dk).all() and torch.isfinite(dv).all()
