@@ -39,11 +39,12 @@ struct AttentionParamsV1 {
   int32_t* device_check;
 };
 
-// jfa_attention_backward_params of jfa.h 0.1.0: its `forward` is the 0.1.0 forward, so every field
-// after it lies earlier than in the current struct.
-struct AttentionBackwardParamsV1 {
+// jfa_attention_backward_params of an earlier release, embedding that release's forward: every
+// field after `forward` lies earlier than in the current struct.
+template <typename Forward>
+struct BackwardParamsOf {
   uint32_t struct_size;
-  AttentionParamsV1 forward;
+  Forward forward;
   const void* dout;
   void* dq;
   void* dk;
@@ -52,6 +53,9 @@ struct AttentionBackwardParamsV1 {
   const float* dlse;
   int deterministic;
 };
+
+// jfa_attention_backward_params of jfa.h 0.1.0.
+using AttentionBackwardParamsV1 = BackwardParamsOf<AttentionParamsV1>;
 
 // jfa_attention_params with head_dim_v, before the window, softcap and sinks: V1 and head_dim_v.
 struct AttentionParamsV2 {
@@ -59,18 +63,8 @@ struct AttentionParamsV2 {
   int32_t head_dim_v;
 };
 
-// jfa_attention_backward_params of that release, embedding the V2 forward.
-struct AttentionBackwardParamsV2 {
-  uint32_t struct_size;
-  AttentionParamsV2 forward;
-  const void* dout;
-  void* dq;
-  void* dk;
-  void* dv;
-  jfa_tensor_layout dout_layout, dq_layout, dk_layout, dv_layout;
-  const float* dlse;
-  int deterministic;
-};
+// jfa_attention_backward_params of that release.
+using AttentionBackwardParamsV2 = BackwardParamsOf<AttentionParamsV2>;
 
 // The bytes of each earlier forward layout that hold fields: V2's tail padding lies where the
 // current struct has window_left, so it must not be read as such.

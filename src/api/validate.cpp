@@ -81,17 +81,6 @@ jfa_status check_batch_and_total_q(int64_t batch, int64_t total_q) {
 
 namespace {
 // build_params of a struct already in the current layout (read_params' result).
-jfa_status build_current_params(const jfa_attention_params* in, Params* out, bool needs_output);
-}  // namespace
-
-jfa_status build_params(const jfa_attention_params* caller, Params* out, bool needs_output) {
-  if (caller == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "params must not be NULL");
-  jfa_attention_params current;
-  if (const jfa_status s = read_params(caller, &current); s != JFA_SUCCESS) return s;
-  return build_current_params(&current, out, needs_output);
-}
-
-namespace {
 jfa_status build_current_params(const jfa_attention_params* in, Params* out, bool needs_output) {
   Params p{};
   p.q = in->q;
@@ -218,6 +207,13 @@ jfa_status build_current_params(const jfa_attention_params* in, Params* out, boo
   return JFA_SUCCESS;
 }
 }  // namespace
+
+jfa_status build_params(const jfa_attention_params* caller, Params* out, bool needs_output) {
+  if (caller == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "params must not be NULL");
+  jfa_attention_params current;
+  if (const jfa_status s = read_params(caller, &current); s != JFA_SUCCESS) return s;
+  return build_current_params(&current, out, needs_output);
+}
 
 jfa_status build_backward_params(const jfa_attention_backward_params* caller, BackwardParams* out,
                                  bool for_reference) {

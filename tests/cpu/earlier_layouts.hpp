@@ -44,9 +44,11 @@ struct ParamsV1 {
   int32_t* device_check;
 };
 
-struct BackwardParamsV1 {
+// A backward struct of an earlier release, embedding that release's forward.
+template <typename Forward>
+struct BackwardParamsOf {
   uint32_t struct_size;
-  ParamsV1 forward;
+  Forward forward;
   const void* dout;
   void* dq;
   void* dk;
@@ -55,6 +57,8 @@ struct BackwardParamsV1 {
   const float* dlse;
   int deterministic;
 };
+
+using BackwardParamsV1 = BackwardParamsOf<ParamsV1>;
 
 // The layouts of the release that added head_dim_v (the last field then).
 struct ParamsV2 {
@@ -86,17 +90,7 @@ struct ParamsV2 {
   int32_t head_dim_v;
 };
 
-struct BackwardParamsV2 {
-  uint32_t struct_size;
-  ParamsV2 forward;
-  const void* dout;
-  void* dq;
-  void* dk;
-  void* dv;
-  jfa_tensor_layout dout_layout, dq_layout, dk_layout, dv_layout;
-  const float* dlse;
-  int deterministic;
-};
+using BackwardParamsV2 = BackwardParamsOf<ParamsV2>;
 
 // Memory whose end is followed by an inaccessible page: a struct placed to end there faults when
 // the library reads or writes a byte past it.
