@@ -35,7 +35,7 @@ using jfa::tools::JaggedBatch;
 
 namespace {
 
-constexpr int kHeadDims[] = {64, 128, 192};
+constexpr int kHeadDims[] = {32, 64, 96, 128, 192, 256};
 constexpr size_t kGuardBytes = 4096;  // poisoned bytes before and after every output buffer
 
 struct Case {
@@ -599,9 +599,9 @@ TEST(AttentionGpu, OtherLaunchChoicesMatchReference) {
   }
 }
 
-// Both tile shapes at head_dim 64 (forced, so also the one the mean length would not pick): edge
-// and cross lengths under both masks (groups of a 192-row tile that see no key of the last K tiles
-// skip them; groups past a tile's last row skip all), shared tiles, and longer sequences.
+// Both tile shapes at head_dim 64 and 32 (forced, so also the one the mean length would not pick):
+// edge and cross lengths under both masks (groups of a 192-row tile that see no key of the last K
+// tiles skip them; groups past a tile's last row skip all), shared tiles, and longer sequences.
 TEST(AttentionGpu, HeadDim64TileShapesMatchReference) {
   for (int groups : {2, 3}) {
     KernelVariant variant;
@@ -609,26 +609,27 @@ TEST(AttentionGpu, HeadDim64TileShapesMatchReference) {
     SCOPED_TRACE(variant.describe());
     const ScopedVariant use(variant);
     std::mt19937_64 rng(fresh_seed("head_dim 64 tile shapes"));
-    for (DType dt : {DType::kFloat16, DType::kBFloat16})
-      for (bool causal : {false, true}) {
-        Case c;
-        c.lq = kEdgeLengths;
-        c.lk = kEdgeLengths;
-        c.heads_q = c.heads_kv = 2;
-        c.head_dim = 64;
-        c.dtype = dt;
-        c.causal = causal;
-        run_case(c, false);
-        c.lq = {1, 100, 300, 0, 64, 129, 5, 250, 700, 193};
-        c.lk = {200, 17, 300, 50, 0, 64, 260, 129, 500, 900};
-        c.heads_q = 4;
-        run_case(c, false);
-        c.lq = random_lengths(rng, 6, 150, 1500);
-        c.lk = c.lq;
-        run_case(c, false);
-      }
+    for (int d : {32, 64})
+      for (DType dt : {DType::kFloat16, DType::kBFloat16})
+        for (bool causal : {false, true}) {
+          Case c;
+          c.lq = kEdgeLengths;
+          c.lk = kEdgeLengths;
+          c.heads_q = c.heads_kv = 2;
+          c.head_dim = d;
+          c.dtype = dt;
+          c.causal = causal;
+          run_case(c, false);
+          c.lq = {1, 100, 300, 0, 64, 129, 5, 250, 700, 193};
+          c.lk = {200, 17, 300, 50, 0, 64, 260, 129, 500, 900};
+          c.heads_q = 4;
+          run_case(c, false);
+          c.lq = random_lengths(rng, 6, 150, 1500);
+          c.lk = c.lq;
+          run_case(c, false);
+        }
     for (const Case& c : shared_tile_cases(rng))
-      if (c.head_dim == 64) run_case(c, false);
+      if (c.head_dim == 64 || c.head_dim == 32) run_case(c, false);
   }
 }
 
@@ -999,8 +1000,9 @@ TEST(AttentionGpu, UnsupportedCombinationsAreReported) {
   AttentionRunner runner(c, 1);
   runner.upload();
   jfa_attention_params p = runner.device_params();
-  p.head_dim = 96;  // not built (layout still valid: strides 2*64 >= 96)
-  p.q_layout = p.k_layout = p.v_layout = p.out_layout = {2 * 96, 96};
+  p.head_dim = 80;  // no kernel; two heads of 80 a token, 8 tokens inside the 10 of 2 x 64
+  p.q_layout = p.k_layout = p.v_layout = p.out_layout = {2 * 80, 80};
+  p.total_q = p.total_k = 8;
   EXPECT_EQ(jfa_attention_forward(&p), JFA_ERROR_UNSUPPORTED);
   EXPECT_NE(std::string(jfa_last_error_message()).find("head_dim"), std::string::npos);
   p = runner.device_params();

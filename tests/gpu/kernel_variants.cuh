@@ -21,15 +21,25 @@ jfa_status forward_with(const jfa::detail::Params& p, const jfa::sm90::DeviceFac
   using jfa::sm90::run_forward;
   const jfa::sm90::LaunchChoices launch{v.sort_work_list, v.dependent_launch};
   const bool half = p.dtype == JFA_DTYPE_FLOAT16;
+  const int groups =
+      v.d64_groups != 0 ? v.d64_groups : jfa::sm90::head_dim_64_groups(p.total_q, p.batch);
+  if (p.head_dim == 32) {
+    if (groups == 2)
+      return half ? run_forward<FwdConfig<__half, 32, 2, 128, Choices>>(p, device, launch)
+                  : run_forward<FwdConfig<__nv_bfloat16, 32, 2, 128, Choices>>(p, device, launch);
+    return half ? run_forward<FwdConfig<__half, 32, 3, 128, Choices>>(p, device, launch)
+                : run_forward<FwdConfig<__nv_bfloat16, 32, 3, 128, Choices>>(p, device, launch);
+  }
   if (p.head_dim == 64) {
-    const int groups =
-        v.d64_groups != 0 ? v.d64_groups : jfa::sm90::head_dim_64_groups(p.total_q, p.batch);
     if (groups == 2)
       return half ? run_forward<FwdConfig<__half, 64, 2, 128, Choices>>(p, device, launch)
                   : run_forward<FwdConfig<__nv_bfloat16, 64, 2, 128, Choices>>(p, device, launch);
     return half ? run_forward<FwdConfig<__half, 64, 3, 128, Choices>>(p, device, launch)
                 : run_forward<FwdConfig<__nv_bfloat16, 64, 3, 128, Choices>>(p, device, launch);
   }
+  if (p.head_dim == 96)
+    return half ? run_forward<FwdConfig<__half, 96, 2, 128, Choices>>(p, device, launch)
+                : run_forward<FwdConfig<__nv_bfloat16, 96, 2, 128, Choices>>(p, device, launch);
   if (p.head_dim == 128) {
     const int keys =
         v.d128_keys != 0 ? v.d128_keys : jfa::sm90::head_dim_128_keys(p.total_q, p.batch, p.causal);
@@ -46,6 +56,9 @@ jfa_status forward_with(const jfa::detail::Params& p, const jfa::sm90::DeviceFac
   if (p.head_dim == 192 && p.head_dim_v == 192)
     return half ? run_forward<FwdConfig<__half, 192, 2, 64, Choices>>(p, device, launch)
                 : run_forward<FwdConfig<__nv_bfloat16, 192, 2, 64, Choices>>(p, device, launch);
+  if (p.head_dim == 256)
+    return half ? run_forward<FwdConfig<__half, 256, 2, 64, Choices>>(p, device, launch)
+                : run_forward<FwdConfig<__nv_bfloat16, 256, 2, 64, Choices>>(p, device, launch);
   // A size without a variant must fail the test, never run another size's kernel.
   return jfa::detail::fail(JFA_ERROR_INTERNAL, "no kernel variant for head_dim %d / %d", p.head_dim,
                            p.head_dim_v);

@@ -50,24 +50,28 @@ float from_bits(uint16_t b, bool half) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// TMA: load two 64x64 boxes of a [300 x 128] fp16 matrix into a swizzled tile (twice, to flip the
-// barrier phase), read them back through the tile's swizzle formula, add 1, store through TMA.
+// TMA: load the column boxes of a 64-row tile of a [300 x kCols] fp16 matrix into a swizzled tile
+// (twice, to flip the barrier phase), read them back through the tile's swizzle formula, add 1,
+// store through TMA. 128 columns: two 128-byte-swizzled boxes; 96: three 64-byte-swizzled ones.
 
 constexpr int kRows = 300;
-constexpr int kCols = 128;
-using TmaTile = tlx::SwizzledTile<__half, 64, kCols>;
 
+template <int kCols>
 struct TmaShared {
-  TmaTile tile;
+  using Tile = tlx::SwizzledTile<__half, 64, kCols>;
+  Tile tile;
   tlx::MBarrier bar;
 };
 
+template <int kCols>
 __global__ void tma_roundtrip_kernel(const __grid_constant__ CUtensorMap in_map,
                                      const __grid_constant__ CUtensorMap out_map, int row_a,
                                      int row_b, uint16_t* seen_a, uint16_t* seen_b) {
   extern __shared__ unsigned char raw[];
+  using Shared = TmaShared<kCols>;
+  using Tile = typename Shared::Tile;
   auto& s =
-      *reinterpret_cast<TmaShared*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023});
+      *reinterpret_cast<Shared*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023});
   if (threadIdx.x == 0) {
     s.bar.init(1);
     tlx::fence_barrier_init();
@@ -77,9 +81,9 @@ __global__ void tma_roundtrip_kernel(const __grid_constant__ CUtensorMap in_map,
   uint16_t* seen[2] = {seen_a, seen_b};
   for (int round = 0; round < 2; ++round) {
     if (threadIdx.x == 0) {
-      s.bar.arrive_expect_tx(TmaTile::kBytes);
-      tlx::tma_load_2d(&in_map, &s.bar, s.tile.box(0), 0, rows[round]);
-      tlx::tma_load_2d(&in_map, &s.bar, s.tile.box(1), 64, rows[round]);
+      s.bar.arrive_expect_tx(Tile::kBytes);
+      for (int bx = 0; bx < Tile::kBoxes; ++bx)
+        tlx::tma_load_2d(&in_map, &s.bar, s.tile.box(bx), bx * Tile::kBoxCols, rows[round]);
     }
     s.bar.wait(static_cast<uint32_t>(round & 1));
     for (int i = threadIdx.x; i < 64 * kCols; i += blockDim.x) {
@@ -96,8 +100,8 @@ __global__ void tma_roundtrip_kernel(const __grid_constant__ CUtensorMap in_map,
   tlx::fence_proxy_async_smem();
   __syncthreads();
   if (threadIdx.x == 0) {
-    tlx::tma_store_2d(&out_map, s.tile.box(0), 0, row_b);
-    tlx::tma_store_2d(&out_map, s.tile.box(1), 64, row_b);
+    for (int bx = 0; bx < Tile::kBoxes; ++bx)
+      tlx::tma_store_2d(&out_map, s.tile.box(bx), bx * Tile::kBoxCols, row_b);
     tlx::tma_store_commit();
     tlx::tma_store_wait<0>();
   }
@@ -105,7 +109,9 @@ __global__ void tma_roundtrip_kernel(const __grid_constant__ CUtensorMap in_map,
 
 float matrix_value(int r, int c) { return static_cast<float>(((r * 37 + c * 11) % 512) - 256); }
 
+template <int kCols>
 bool make_2d_map(void* base, int rows, CUtensorMap* map, std::string* err) {
+  using Tile = typename TmaShared<kCols>::Tile;
   jfa::cuda::TiledMapSpec spec;
   spec.dtype = CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   spec.rank = 2;
@@ -113,14 +119,17 @@ bool make_2d_map(void* base, int rows, CUtensorMap* map, std::string* err) {
   spec.dims[0] = kCols;
   spec.dims[1] = static_cast<uint64_t>(rows);
   spec.strides[0] = kCols * 2;
-  spec.box[0] = 64;
+  spec.box[0] = Tile::kBoxCols;
   spec.box[1] = 64;
-  spec.swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
+  spec.swizzle =
+      Tile::kSwizzleRowBytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
   return jfa::cuda::encode_tiled_map(spec, map, err);
 }
 
+template <int kCols = 128>
 void run_tma_case(int row_a, int row_b) {
-  SCOPED_TRACE("row_a=" + std::to_string(row_a) + " row_b=" + std::to_string(row_b));
+  SCOPED_TRACE("row_a=" + std::to_string(row_a) + " row_b=" + std::to_string(row_b) +
+               " cols=" + std::to_string(kCols));
   std::vector<uint16_t> host(kRows * kCols);
   for (int r = 0; r < kRows; ++r)
     for (int c = 0; c < kCols; ++c) host[r * kCols + c] = to_bits(matrix_value(r, c), true);
@@ -130,13 +139,13 @@ void run_tma_case(int row_a, int row_b) {
   JFA_CUDA_OK(cudaMemset(out.ptr, 0x77, out.bytes));
   CUtensorMap in_map, out_map;
   std::string err;
-  ASSERT_TRUE(make_2d_map(in.ptr, kRows, &in_map, &err)) << err;
-  ASSERT_TRUE(make_2d_map(out.ptr, kRows, &out_map, &err)) << err;
-  const int smem = sizeof(TmaShared) + 1024;
-  JFA_CUDA_OK(cudaFuncSetAttribute(tma_roundtrip_kernel,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  tma_roundtrip_kernel<<<1, 128, smem>>>(in_map, out_map, row_a, row_b, seen_a.as<uint16_t>(),
-                                         seen_b.as<uint16_t>());
+  ASSERT_TRUE(make_2d_map<kCols>(in.ptr, kRows, &in_map, &err)) << err;
+  ASSERT_TRUE(make_2d_map<kCols>(out.ptr, kRows, &out_map, &err)) << err;
+  const int smem = sizeof(TmaShared<kCols>) + 1024;
+  auto kernel = tma_roundtrip_kernel<kCols>;
+  JFA_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  kernel<<<1, 128, smem>>>(in_map, out_map, row_a, row_b, seen_a.as<uint16_t>(),
+                           seen_b.as<uint16_t>());
   JFA_CUDA_OK(cudaGetLastError());
   JFA_CUDA_OK(cudaDeviceSynchronize());
   const int rows[2] = {row_a, row_b};
@@ -180,6 +189,10 @@ TEST(TlxTma, RoundTripInBounds) { run_tma_case(0, 100); }
 TEST(TlxTma, RoundTripTailZeroFillAndClippedStore) {
   run_tma_case(260, 280);  // boxes reaching past the last row: zero fill on load, clipped store
 }
+TEST(TlxTma, RoundTrip64ByteSwizzle) {
+  run_tma_case<96>(0, 100);
+  run_tma_case<32>(260, 280);
+}
 // Boxes starting before row 0 (the kernels never do this); kept apart so that a fault here cannot
 // hide the other results of a run.
 TEST(TlxTmaNegativeCoordinates, DISABLED_HeadZeroFill) { run_tma_case(-40, -20); }
@@ -221,14 +234,17 @@ __global__ void __launch_bounds__(128)
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  using QTile = decltype(sm.q);
+  using KTile = decltype(sm.k);
+  using VTile = decltype(sm.v);
   tlx::AccumFragment<kNB> s;
   tlx::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk) {
-    const uint32_t qa = sm.q.box_addr(kk / 4) + (kk % 4) * 32;
-    const uint32_t kb = sm.k.box_addr(kk / 4) + (kk % 4) * 32;
-    tlx::wgmma_ss<T, kNB, 0>(s.reg, tlx::make_desc_sw128(qa, 16, 1024),
-                             tlx::make_desc_sw128(kb, 16, 1024), kk > 0 ? 1u : 0u);
+    const uint32_t qa = sm.q.box_addr(0) + QTile::k_step_bytes(kk);
+    const uint32_t kb = sm.k.box_addr(0) + KTile::k_step_bytes(kk);
+    tlx::wgmma_ss<T, kNB, 0>(s.reg, tlx::k_major_desc<QTile>(qa), tlx::k_major_desc<KTile>(kb),
+                             kk > 0 ? 1u : 0u);
   }
   tlx::wgmma_commit();
   tlx::wgmma_wait<0>();
@@ -256,9 +272,8 @@ __global__ void __launch_bounds__(128)
   tlx::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kNB / 16; ++kk) {
-    const uint32_t vb = sm.v.box_addr(0) + kk * 16 * tlx::kSwizzleBytes;
-    tlx::wgmma_rs<T, kD, 1>(
-        o, p.reg[kk], tlx::make_desc_sw128(vb, tlx::SwizzledTile<T, kNB, kD>::kBoxBytes, 1024), 1u);
+    const uint32_t vb = sm.v.box_addr(0) + VTile::row_bytes(16 * kk);
+    tlx::wgmma_rs<T, kD, 1>(o, p.reg[kk], tlx::mn_major_desc<VTile>(vb), 1u);
   }
   tlx::wgmma_commit();
   tlx::wgmma_wait<0>();
@@ -351,6 +366,11 @@ TEST(TlxWgmma, Bf16D64N128) { run_wgmma_case<__nv_bfloat16, 64, 128>(); }
 TEST(TlxWgmma, Bf16D128N128) { run_wgmma_case<__nv_bfloat16, 128, 128>(); }
 TEST(TlxWgmma, Fp16D128N160) { run_wgmma_case<__half, 128, 160>(); }
 TEST(TlxWgmma, Bf16D128N160) { run_wgmma_case<__nv_bfloat16, 128, 160>(); }
+// 64-byte-swizzled operands (32 and 96 columns) and the widest value tile (256 columns).
+TEST(TlxWgmma, Fp16D32N64) { run_wgmma_case<__half, 32, 64>(); }
+TEST(TlxWgmma, Fp16D96N64) { run_wgmma_case<__half, 96, 64>(); }
+TEST(TlxWgmma, Bf16D96N128) { run_wgmma_case<__nv_bfloat16, 96, 128>(); }
+TEST(TlxWgmma, Bf16D256N64) { run_wgmma_case<__nv_bfloat16, 256, 64>(); }
 
 // ------------------------------------------------------------------------------------------------
 // mbarrier: a producer warp and a consumer warp hand a 3-stage ring back and forth many times;

@@ -163,19 +163,22 @@ def test_cuda_gradients_match_float64_autograd(seed, dtype, head_dim, causal, he
 @DTYPES
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("heads", [(8, 8), (8, 2)], ids=["mha", "gqa"])
-def test_cuda_forward_head_dim_192_value_128_matches_float64(seed, dtype, causal, heads):
-    """The forward's (192, 128) pair (v and out with 128 columns) against a float64 reference;
-    its backward is not built, and says so."""
+@pytest.mark.parametrize("sizes", [(192, 128), (32, 32), (96, 96), (192, 192), (256, 256)],
+                         ids=["d192v128", "d32", "d96", "d192", "d256"])
+def test_cuda_forward_only_head_sizes_match_float64(seed, dtype, causal, heads, sizes):
+    """The head sizes with a CUDA forward and no CUDA backward (192/128: v and out with 128
+    columns) against a float64 reference; the backward says it is not built."""
     from jfa_reference import attention_ref
 
+    d, dv = sizes
     lq, lk = CASES["cross"]
     g = torch.Generator().manual_seed(seed)
     tq, tk = sum(lq), sum(lk)
     q, k, v = (torch.randn(shape, generator=g).to("cuda", dtype)
-               for shape in ((tq, heads[0], 192), (tk, heads[1], 192), (tk, heads[1], 128)))
+               for shape in ((tq, heads[0], d), (tk, heads[1], d), (tk, heads[1], dv)))
     cu_q, cu_k = _offsets(lq), _offsets(lk)
     out, lse = jfa.jagged_attention(q, k, v, cu_q, cu_k, causal=causal, return_lse=True)
-    assert out.shape == (tq, heads[0], 128) and out.dtype == dtype
+    assert out.shape == (tq, heads[0], dv) and out.dtype == dtype
     ref_out, ref_lse = attention_ref(*(t.double().cpu().numpy() for t in (q, k, v)),
                                      cu_q.cpu().numpy(), cu_k.cpu().numpy(), causal=causal)
     tol = {torch.float16: 4e-3, torch.bfloat16: 3e-2}[dtype]

@@ -105,8 +105,10 @@ class DeviceRunner final : public Runner {
   bool supports_local_attention() const override { return false; }
 
   bool supports_head_dims(int head_dim, int head_dim_v, std::string* supported) const override {
-    *supported = "64, 128 or 192 with head_dim_v equal, or 192 with head_dim_v 128";
-    if (head_dim_v == head_dim) return head_dim == 64 || head_dim == 128 || head_dim == 192;
+    *supported = "32, 64, 96, 128, 192 or 256 with head_dim_v equal, or 192 with head_dim_v 128";
+    if (head_dim_v == head_dim)
+      return head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128 ||
+             head_dim == 192 || head_dim == 256;
     return head_dim == 192 && head_dim_v == 128;
   }
 

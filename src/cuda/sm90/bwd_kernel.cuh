@@ -89,7 +89,6 @@ __device__ __forceinline__ void bwd_producer(typename Cfg::Shared& s, const CUte
                                              const CUtensorMap* tm_k, const CUtensorMap* tm_v,
                                              const CUtensorMap* tm_do, const CUtensorMap* tm_rows,
                                              const BwdArgs& a, int64_t n_items) {
-  constexpr int kBoxes = Cfg::kD / 64;
   constexpr uint32_t kRowBytes = Cfg::Shared::kRowTermsBox * sizeof(float);
   tlx::PipelineState<Cfg::kStages> st;
   uint32_t kv_phase = 0;
@@ -101,9 +100,10 @@ __device__ __forceinline__ void bwd_producer(typename Cfg::Shared& s, const CUte
     s.kv_full.arrive_expect_tx(2 * Cfg::KVTile::kBytes);
     const int32_t key_row = w.seq.k_start + w.n_block * kBwdBlockN;
 #pragma unroll
-    for (int bx = 0; bx < kBoxes; ++bx) {
-      tlx::tma_load_3d(tm_k, &s.kv_full, s.k.box(bx), bx * 64, w.kv_head, key_row);
-      tlx::tma_load_3d(tm_v, &s.kv_full, s.v.box(bx), bx * 64, w.kv_head, key_row);
+    for (int bx = 0; bx < Cfg::KVTile::kBoxes; ++bx) {
+      const int col = bx * Cfg::KVTile::kBoxCols;
+      tlx::tma_load_3d(tm_k, &s.kv_full, s.k.box(bx), col, w.kv_head, key_row);
+      tlx::tma_load_3d(tm_v, &s.kv_full, s.v.box(bx), col, w.kv_head, key_row);
     }
     kv_phase ^= 1u;
     for (int32_t g = 0; g < a.group; ++g) {
@@ -115,9 +115,10 @@ __device__ __forceinline__ void bwd_producer(typename Cfg::Shared& s, const CUte
         full->arrive_expect_tx(2 * Cfg::QTile::kBytes + 2 * kRowBytes);
         const int32_t q_row = w.seq.q_start + m * Cfg::kBlockM;
 #pragma unroll
-        for (int bx = 0; bx < kBoxes; ++bx) {
-          tlx::tma_load_3d(tm_q, full, s.q[st.stage].box(bx), bx * 64, head, q_row);
-          tlx::tma_load_3d(tm_do, full, s.dout[st.stage].box(bx), bx * 64, head, q_row);
+        for (int bx = 0; bx < Cfg::QTile::kBoxes; ++bx) {
+          const int col = bx * Cfg::QTile::kBoxCols;
+          tlx::tma_load_3d(tm_q, full, s.q[st.stage].box(bx), col, head, q_row);
+          tlx::tma_load_3d(tm_do, full, s.dout[st.stage].box(bx), col, head, q_row);
         }
         const RowTermsAt at = row_terms_at(q_row, a.heads_q);
         tlx::tma_load_2d(tm_rows, full, s.lse2[st.stage], at.col, at.row + head);
@@ -140,16 +141,17 @@ __device__ __forceinline__ void gemm_keys_by_rows(ScoreTile<Cfg>& out,
                                                   const typename Cfg::KVTile& keys,
                                                   const typename Cfg::QTile& rows, int group) {
   using T = typename Cfg::Element;
-  const uint64_t a_desc = tlx::make_desc_sw128(keys.box_addr(0) + group * 64 * tlx::kSwizzleBytes,
-                                               16, tlx::kSwizzleAtomBytes);
-  const uint64_t b_desc = tlx::make_desc_sw128(rows.box_addr(0), 16, tlx::kSwizzleAtomBytes);
+  using KVTile = typename Cfg::KVTile;
+  using QTile = typename Cfg::QTile;
+  const uint64_t a_desc =
+      tlx::k_major_desc<KVTile>(keys.box_addr(0) + KVTile::row_bytes(group * 64));
+  const uint64_t b_desc = tlx::k_major_desc<QTile>(rows.box_addr(0));
   tlx::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < Cfg::kD / 16; ++kk)
-    tlx::wgmma_ss<T, Cfg::kBlockM, 0>(
-        out.reg, tlx::desc_advance(a_desc, (kk / 4) * Cfg::KVTile::kBoxBytes + (kk % 4) * 32),
-        tlx::desc_advance(b_desc, (kk / 4) * Cfg::QTile::kBoxBytes + (kk % 4) * 32),
-        kk > 0 ? 1u : 0u);
+    tlx::wgmma_ss<T, Cfg::kBlockM, 0>(out.reg, tlx::desc_advance(a_desc, KVTile::k_step_bytes(kk)),
+                                      tlx::desc_advance(b_desc, QTile::k_step_bytes(kk)),
+                                      kk > 0 ? 1u : 0u);
   tlx::wgmma_commit();
 }
 
@@ -159,13 +161,13 @@ __device__ __forceinline__ void gemm_accumulate(
     tlx::AccumFragment<Cfg::kD>& acc, const tlx::AFragment<typename Cfg::Element, Cfg::kBlockM>& a,
     const typename Cfg::QTile& rows) {
   using T = typename Cfg::Element;
-  const uint64_t desc =
-      tlx::make_desc_sw128(rows.box_addr(0), Cfg::QTile::kBoxBytes, tlx::kSwizzleAtomBytes);
+  using QTile = typename Cfg::QTile;
+  const uint64_t desc = tlx::mn_major_desc<QTile>(rows.box_addr(0));
   tlx::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < Cfg::kBlockM / 16; ++kk)
     tlx::wgmma_rs<T, Cfg::kD, 1>(acc.reg, a.reg[kk],
-                                 tlx::desc_advance(desc, kk * 16 * tlx::kSwizzleBytes), 1u);
+                                 tlx::desc_advance(desc, QTile::row_bytes(16 * kk)), 1u);
   tlx::wgmma_commit();
 }
 
@@ -176,20 +178,20 @@ template <typename Cfg>
 __device__ __forceinline__ void gemm_dq(DqTile& dq, const typename Cfg::DsTile& ds,
                                         const typename Cfg::KVTile& k, int group) {
   using T = typename Cfg::Element;
-  constexpr int kGroupRows = 64 * tlx::kSwizzleBytes;
-  const int key_rows = Cfg::kDqSplit == DqSplit::kKeys ? group * kGroupRows : 0;
+  using DsTile = typename Cfg::DsTile;
+  using KVTile = typename Cfg::KVTile;
+  static_assert(DsTile::kSwizzleRowBytes == KVTile::kSwizzleRowBytes, "one row pitch for both");
+  const int key_rows = Cfg::kDqSplit == DqSplit::kKeys ? KVTile::row_bytes(group * 64) : 0;
   const uint32_t a_addr = ds.box_addr(Cfg::kDqSplit == DqSplit::kRows ? group : 0) + key_rows;
   const uint32_t b_addr = k.box_addr(Cfg::kDqSplit == DqSplit::kColumns ? group : 0) + key_rows;
-  const uint64_t a_desc =
-      tlx::make_desc_sw128(a_addr, Cfg::DsTile::kBoxBytes, tlx::kSwizzleAtomBytes);
-  const uint64_t b_desc =
-      tlx::make_desc_sw128(b_addr, Cfg::KVTile::kBoxBytes, tlx::kSwizzleAtomBytes);
+  const uint64_t a_desc = tlx::mn_major_desc<DsTile>(a_addr);
+  const uint64_t b_desc = tlx::mn_major_desc<KVTile>(b_addr);
   tlx::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < Cfg::kDqKeys / 16; ++kk)
     tlx::wgmma_ss<T, kDqPartCols, 1, 1>(
-        dq.reg, tlx::desc_advance(a_desc, kk * 16 * tlx::kSwizzleBytes),
-        tlx::desc_advance(b_desc, kk * 16 * tlx::kSwizzleBytes), kk > 0 ? 1u : 0u);
+        dq.reg, tlx::desc_advance(a_desc, DsTile::row_bytes(16 * kk)),
+        tlx::desc_advance(b_desc, KVTile::row_bytes(16 * kk)), kk > 0 ? 1u : 0u);
   tlx::wgmma_commit();
 }
 

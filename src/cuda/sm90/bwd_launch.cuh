@@ -70,18 +70,20 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
     std::string err;
     if (!encode_qkv_map<T>(no_rows ? p.k : p.q, no_rows ? p.total_k : p.total_q,
                            no_rows ? p.heads_kv : p.heads_q, Cfg::kD,
-                           no_rows ? p.k_layout : p.q_layout, Cfg::kBlockM, &tm_q, &err) ||
+                           no_rows ? p.k_layout : p.q_layout, Cfg::kBlockM, Cfg::QTile::kBoxCols,
+                           &tm_q, &err) ||
         !encode_qkv_map<T>(no_rows ? p.k : b.dout, no_rows ? p.total_k : p.total_q,
                            no_rows ? p.heads_kv : p.heads_q, Cfg::kD,
-                           no_rows ? p.k_layout : b.dout_layout, Cfg::kBlockM, &tm_do, &err) ||
-        !encode_qkv_map<T>(p.k, p.total_k, p.heads_kv, Cfg::kD, p.k_layout, kBwdBlockN, &tm_k,
-                           &err) ||
-        !encode_qkv_map<T>(p.v, p.total_k, p.heads_kv, Cfg::kD, p.v_layout, kBwdBlockN, &tm_v,
-                           &err) ||
+                           no_rows ? p.k_layout : b.dout_layout, Cfg::kBlockM, Cfg::QTile::kBoxCols,
+                           &tm_do, &err) ||
+        !encode_qkv_map<T>(p.k, p.total_k, p.heads_kv, Cfg::kD, p.k_layout, kBwdBlockN,
+                           Cfg::KVTile::kBoxCols, &tm_k, &err) ||
+        !encode_qkv_map<T>(p.v, p.total_k, p.heads_kv, Cfg::kD, p.v_layout, kBwdBlockN,
+                           Cfg::KVTile::kBoxCols, &tm_v, &err) ||
         !encode_out_map<T>(b.dk, p.total_k, key_ragged_rows, p.heads_kv, Cfg::kD, b.dk_layout,
-                           &tm_dk, &err) ||
+                           Cfg::KeyRowsTile::kBoxCols, &tm_dk, &err) ||
         !encode_out_map<T>(b.dv, p.total_k, key_ragged_rows, p.heads_kv, Cfg::kD, b.dv_layout,
-                           &tm_dv, &err))
+                           Cfg::KeyRowsTile::kBoxCols, &tm_dv, &err))
       return fail(JFA_ERROR_CUDA, "tensor map encoding failed: %s", err.c_str());
     // The LSE rows of every head, then the D rows, then both shifted: one array
     // (bwd_workspace.hpp).

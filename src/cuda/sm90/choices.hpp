@@ -49,6 +49,9 @@ inline constexpr LaunchChoices kShippedLaunch{/*sort_work_list=*/false, /*depend
 // - head_dim 192 (q.k; v 192 or 128): two consumer groups, K tiles of 64 keys, which is what lets
 //   the Q tile, a two-stage K/V ring and the O staging tiles share the 227 KB (one Q stage at
 //   v 192, two at v 128). Not yet tuned by measurement.
+// - head_dim 32: as 64. head_dim 96: two groups, K tiles of 128 keys. head_dim 256: two groups,
+//   K tiles of 64 keys, one Q stage, O staged in two passes of 128 columns (FwdConfig). Not yet
+//   tuned by measurement.
 inline constexpr int64_t kShortMeanQueryTokens = 128;
 
 constexpr bool short_on_average(int64_t total_q, int64_t batch) {

@@ -34,16 +34,16 @@ template <typename Cfg>
 __device__ __forceinline__ void gemm_qk(ScoreTile<Cfg>& s, const typename Cfg::QTile& q,
                                         const typename Cfg::KTile& k, int group) {
   using T = typename Cfg::Element;
-  const uint64_t q_desc =
-      tlx::make_desc_sw128(q.box_addr(0) + group * 64 * tlx::kSwizzleBytes, 16, 1024);
-  const uint64_t k_desc = tlx::make_desc_sw128(k.box_addr(0), 16, 1024);
+  using QTile = typename Cfg::QTile;
+  using KTile = typename Cfg::KTile;
+  const uint64_t q_desc = tlx::k_major_desc<QTile>(q.box_addr(0) + QTile::row_bytes(group * 64));
+  const uint64_t k_desc = tlx::k_major_desc<KTile>(k.box_addr(0));
   tlx::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < Cfg::kD / 16; ++kk) {
-    tlx::wgmma_ss<T, Cfg::kBlockN, 0>(
-        s.reg, tlx::desc_advance(q_desc, (kk / 4) * Cfg::QTile::kBoxBytes + (kk % 4) * 32),
-        tlx::desc_advance(k_desc, (kk / 4) * Cfg::KTile::kBoxBytes + (kk % 4) * 32),
-        kk > 0 ? 1u : 0u);
+    tlx::wgmma_ss<T, Cfg::kBlockN, 0>(s.reg, tlx::desc_advance(q_desc, QTile::k_step_bytes(kk)),
+                                      tlx::desc_advance(k_desc, KTile::k_step_bytes(kk)),
+                                      kk > 0 ? 1u : 0u);
   }
   tlx::wgmma_commit();
 }
@@ -53,12 +53,13 @@ template <typename Cfg>
 __device__ __forceinline__ void gemm_pv(tlx::AccumFragment<Cfg::kDv>& o, const ProbTile<Cfg>& p,
                                         const typename Cfg::VTile& v) {
   using T = typename Cfg::Element;
-  const uint64_t v_desc = tlx::make_desc_sw128(v.box_addr(0), Cfg::VTile::kBoxBytes, 1024);
+  using VTile = typename Cfg::VTile;
+  const uint64_t v_desc = tlx::mn_major_desc<VTile>(v.box_addr(0));
   tlx::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk)
     tlx::wgmma_rs<T, Cfg::kDv, 1>(o.reg, p.reg[kk],
-                                  tlx::desc_advance(v_desc, kk * 16 * tlx::kSwizzleBytes), 1u);
+                                  tlx::desc_advance(v_desc, VTile::row_bytes(16 * kk)), 1u);
   tlx::wgmma_commit();
 }
 

@@ -1,5 +1,6 @@
 // The end of an item for one consumer group: O normalised into the group's staging tile and
-// stored through the ragged output map (ragged_rows_store.cuh); LSE goes out directly. The store
+// stored through the ragged output map (ragged_rows_store.cuh), in one pass or, where the tile
+// holds part of O's columns (Cfg::kOStageCols), in several; LSE goes out directly. The last store
 // only has to finish reading the tile before the group's next epilogue, so the group moves on to
 // its next item at once.
 #pragma once
@@ -35,8 +36,8 @@ __device__ __forceinline__ void epilogue(const tlx::AccumFragment<Cfg::kDv>& o,
   if (first >= end) return;  // warp-group uniform: no row of the group lies inside the item
   typename Cfg::OTile& tile = s.o[group];
   const uint32_t tile_addr = tlx::smem_addr(&tile);
-  out.acquire();
   const int row0 = Frag::row(0), col0 = Frag::col(0, 0);
+  float inv[2];
   bool not_finite = false;  // a row of the item that sees a key got no finite sum or LSE
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -44,11 +45,7 @@ __device__ __forceinline__ void epilogue(const tlx::AccumFragment<Cfg::kDv>& o,
     // A row that sees a key has l >= 1 (its reference maximum's own term); l is NaN where a score
     // is (q.k beyond float32, or a NaN or infinite q or k), and then so is its output row.
     const bool empty = no_keys || l == 0.f;
-    const float inv = empty ? 0.f : 1.f / l;
-#pragma unroll
-    for (int j = 0; j < Frag::kBlocks; ++j)
-      tlx::st_shared_u32(tile_addr + Cfg::OTile::offset_bytes(row0 + 8 * h, col0 + 8 * j),
-                         tlx::pack2<T>(o.at(j, h, 0) * inv, o.at(j, h, 1) * inv));
+    inv[h] = empty ? 0.f : 1.f / l;
     const int32_t row = mask.row0 + 8 * h;
     // The checked mode: a row that sees a key without a finite positive sum had a score that
     // float32 cannot hold (+inf, NaN, or every one -inf).
@@ -64,7 +61,21 @@ __device__ __forceinline__ void epilogue(const tlx::AccumFragment<Cfg::kDv>& o,
   }
   if (not_finite && a.device_check != nullptr)
     atomicOr(a.device_check, JFA_CHECK_RESULT_NOT_FINITE);
-  out.store(tile, tm_o, w.head, a.out_ragged_rows, first, end);
+  constexpr int kPassBlocks = Cfg::kOStageCols / 8;  // 8-column fragment blocks a pass
+#pragma unroll
+  for (int pass = 0; pass < Cfg::kDv / Cfg::kOStageCols; ++pass) {
+    out.acquire();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int j = 0; j < kPassBlocks; ++j) {
+        const int jo = pass * kPassBlocks + j;
+        tlx::st_shared_u32(tile_addr + Cfg::OTile::offset_bytes(row0 + 8 * h, col0 + 8 * j),
+                           tlx::pack2<T>(o.at(jo, h, 0) * inv[h], o.at(jo, h, 1) * inv[h]));
+      }
+    }
+    out.store(tile, tm_o, w.head, a.out_ragged_rows, first, end, pass * Cfg::kOStageCols);
+  }
 }
 
 }  // namespace jfa::sm90

@@ -28,15 +28,17 @@ __device__ __forceinline__ Shared& shared_layout(unsigned char* smem_raw) {
 inline constexpr int kItemSlots = 4;  // work items the producer has claimed ahead (dynamic items)
 
 // Shared memory of a CTA: Q tiles (kQStages), K and V rings (kStages), one staging tile of O per
-// consumer group, and the barriers of the rings and of the item hand-over. Q and K have kD
-// columns, V and O kDv.
+// consumer group (kOCols of its columns at a time), and the barriers of the rings and of the item
+// hand-over. Q and K have kD columns, V and O kDv.
 template <typename T, int kBlockM, int kBlockN, int kD, int kDv, int kGroups, int kStages,
-          int kQStages>
+          int kQStages, int kOCols>
 struct FwdShared {
   using QTile = tlx::SwizzledTile<T, kBlockM, kD>;
   using KTile = tlx::SwizzledTile<T, kBlockN, kD>;
   using VTile = tlx::SwizzledTile<T, kBlockN, kDv>;
-  using OTile = tlx::SwizzledTile<T, 64, kDv>;  // one group's rows of O, staged for the TMA store
+  // One group's rows of O, staged for the TMA store; the swizzle of V's columns, so that the
+  // output map's boxes are those of a whole row of O.
+  using OTile = tlx::SwizzledTile<T, 64, kOCols, VTile::kSwizzleRowBytes>;
   QTile q[kQStages];
   KTile k[kStages];
   VTile v[kStages];
@@ -58,7 +60,8 @@ struct FwdConfig {
   // Sizes with wgmma wrappers (tools/gen_wgmma_ops.py) and a power-of-two number of partial row
   // maxima and sums in the softmax (8 from 64 keys up).
   static_assert(kKeys == 64 || kKeys == 128 || kKeys == 160, "K tiles of 64, 128 or 160 keys");
-  static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0, "head sizes in 128-byte boxes");
+  static_assert(tlx::swizzle_for_columns(kHeadDim) != 0 && tlx::swizzle_for_columns(kHeadDimV) != 0,
+                "head sizes in 64- or 128-byte boxes");
   using Element = T;
   using Kernel = Choices;
   static constexpr int kD = kHeadDim;
@@ -68,12 +71,16 @@ struct FwdConfig {
   static constexpr int kBlockN = kKeys;
   static constexpr int kStages = kv_stages(kHeadDim);
 
-  template <int kQ>
-  using SharedWith = FwdShared<T, kBlockM, kBlockN, kD, kDv, kGroups, kStages, kQ>;
-  static constexpr int kQStagesThatFit =
-      sizeof(SharedWith<2>) + kSmemAlignBytes <= kMaxDynamicSmemBytes ? 2 : 1;
+  template <int kQ, int kOCols>
+  using SharedWith = FwdShared<T, kBlockM, kBlockN, kD, kDv, kGroups, kStages, kQ, kOCols>;
+  template <typename S>
+  static constexpr bool kFits = sizeof(S) + kSmemAlignBytes <= kMaxDynamicSmemBytes;
+  // O is staged whole where it fits beside one Q tile, else half of its columns at a time (head_dim
+  // 256: Q, the two-stage K/V ring and whole staging tiles would need 256 KB).
+  static constexpr int kOStageCols = kFits<SharedWith<1, kDv>> ? kDv : kDv / 2;
+  static constexpr int kQStagesThatFit = kFits<SharedWith<2, kOStageCols>> ? 2 : 1;
   static constexpr int kQStages = kQStagesCap < kQStagesThatFit ? kQStagesCap : kQStagesThatFit;
-  using Shared = SharedWith<kQStages>;
+  using Shared = SharedWith<kQStages, kOStageCols>;
   using QTile = typename Shared::QTile;
   using KTile = typename Shared::KTile;
   using VTile = typename Shared::VTile;

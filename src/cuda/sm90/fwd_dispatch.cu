@@ -18,7 +18,7 @@
 namespace jfa::sm90 {
 namespace {
 
-// Consumer groups at head_dim 64 and keys per K tile at 128, from the mean query length
+// Consumer groups at head_dim 64 (and 32) and keys per K tile at 128, from the mean query length
 // (choices.hpp); a tuning build lets JFA_SM90_D64_ROWS=128|192 and JFA_SM90_D128_KEYS=128|160 force
 // a shape.
 int groups_at_head_dim_64(const jfa::detail::Params& p) {
@@ -47,6 +47,16 @@ jfa_status forward(const jfa::detail::Params& p) {
     return s;
   const DeviceFacts& facts = *facts_ptr;
   const bool half = p.dtype == JFA_DTYPE_FLOAT16;
+#ifdef JFA_SM90_BUILT_D32
+  // As head_dim 64: 128- or 192-row Q tiles by the mean query length.
+  if (p.head_dim == 32) {
+    if (groups_at_head_dim_64(p) == 2)
+      return half ? forward_shape<__half, 32, 2, 128, 32>(p, facts)
+                  : forward_shape<__nv_bfloat16, 32, 2, 128, 32>(p, facts);
+    return half ? forward_shape<__half, 32, 3, 128, 32>(p, facts)
+                : forward_shape<__nv_bfloat16, 32, 3, 128, 32>(p, facts);
+  }
+#endif
 #ifdef JFA_SM90_BUILT_D64
   if (p.head_dim == 64) {
     if (groups_at_head_dim_64(p) == 2)
@@ -55,6 +65,11 @@ jfa_status forward(const jfa::detail::Params& p) {
     return half ? forward_shape<__half, 64, 3, 128, 64>(p, facts)
                 : forward_shape<__nv_bfloat16, 64, 3, 128, 64>(p, facts);
   }
+#endif
+#ifdef JFA_SM90_BUILT_D96
+  if (p.head_dim == 96)
+    return half ? forward_shape<__half, 96, 2, 128, 96>(p, facts)
+                : forward_shape<__nv_bfloat16, 96, 2, 128, 96>(p, facts);
 #endif
 #ifdef JFA_SM90_BUILT_D128
   if (p.head_dim == 128) {
@@ -73,6 +88,13 @@ jfa_status forward(const jfa::detail::Params& p) {
   if (p.head_dim == 192)
     return half ? forward_shape<__half, 192, 2, 64, 192>(p, facts)
                 : forward_shape<__nv_bfloat16, 192, 2, 64, 192>(p, facts);
+#endif
+#ifdef JFA_SM90_BUILT_D256
+  // K tiles of 64 keys and O staged half its columns at a time: Q and the two-stage K/V ring take
+  // 192 KB.
+  if (p.head_dim == 256)
+    return half ? forward_shape<__half, 256, 2, 64, 256>(p, facts)
+                : forward_shape<__nv_bfloat16, 256, 2, 64, 256>(p, facts);
 #endif
   (void)half;
   return jfa::detail::fail(JFA_ERROR_INTERNAL, "no forward kernel for head_dim %d", p.head_dim);

@@ -41,20 +41,20 @@ jfa_status run_forward(const jfa::detail::Params& p, const DeviceFacts& device,
   const int32_t heads_kv = no_keys ? p.heads_q : p.heads_kv;
   CUtensorMap tm_q, tm_k, tm_v, tm_o;
   std::string err;
-  if (!encode_qkv_map<T>(p.q, p.total_q, p.heads_q, Cfg::kD, p.q_layout, Cfg::kBlockM, &tm_q,
-                         &err) ||
+  if (!encode_qkv_map<T>(p.q, p.total_q, p.heads_q, Cfg::kD, p.q_layout, Cfg::kBlockM,
+                         Cfg::QTile::kBoxCols, &tm_q, &err) ||
       !encode_qkv_map<T>(k, total_k, heads_kv, Cfg::kD, no_keys ? p.q_layout : p.k_layout,
-                         Cfg::kBlockN, &tm_k, &err) ||
+                         Cfg::kBlockN, Cfg::KTile::kBoxCols, &tm_k, &err) ||
       !encode_qkv_map<T>(v, total_k, heads_kv, Cfg::kDv, no_keys ? p.q_layout : p.v_layout,
-                         Cfg::kBlockN, &tm_v, &err))
+                         Cfg::kBlockN, Cfg::VTile::kBoxCols, &tm_v, &err))
     return fail(JFA_ERROR_CUDA, "tensor map encoding failed: %s", err.c_str());
   // Row coordinates of the output map reach total_q + 64 (a tile past an item's end): int32.
   const int64_t ragged_rows = p.total_q + 1;
   if (ragged_rows + 64 > INT32_MAX)
     return fail(JFA_ERROR_UNSUPPORTED, "%lld query tokens: the CUDA backend takes at most %lld",
                 static_cast<long long>(p.total_q), static_cast<long long>(INT32_MAX - 65));
-  if (!encode_out_map<T>(p.out, p.total_q, ragged_rows, p.heads_q, Cfg::kDv, p.out_layout, &tm_o,
-                         &err))
+  if (!encode_out_map<T>(p.out, p.total_q, ragged_rows, p.heads_q, Cfg::kDv, p.out_layout,
+                         Cfg::OTile::kBoxCols, &tm_o, &err))
     return fail(JFA_ERROR_CUDA, "output tensor map encoding failed: %s", err.c_str());
 
   const int64_t capacity64 = work_list_capacity(p.total_q, p.batch, Cfg::kBlockM);

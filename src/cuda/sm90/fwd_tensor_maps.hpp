@@ -22,11 +22,16 @@ CUtensorMapDataType map_dtype() {
                                    : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
 }
 
-// Map over a packed [total, heads, d] tensor: dims (d, heads, total), box (64, 1, rows).
+// The swizzle of a map whose boxes are `box_cols` 16-bit columns wide (SwizzledTile's boxes).
+inline CUtensorMapSwizzle swizzle_of_box(uint32_t box_cols) {
+  return box_cols == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+}
+
+// Map over a packed [total, heads, d] tensor: dims (d, heads, total), box (box_cols, 1, rows).
 template <typename T>
 bool encode_qkv_map(const void* base, int64_t total, int32_t heads, int32_t d,
-                    const jfa::detail::Layout& layout, uint32_t rows, CUtensorMap* map,
-                    std::string* error) {
+                    const jfa::detail::Layout& layout, uint32_t rows, uint32_t box_cols,
+                    CUtensorMap* map, std::string* error) {
   jfa::cuda::TiledMapSpec spec;
   spec.dtype = map_dtype<T>();
   spec.rank = 3;
@@ -36,19 +41,20 @@ bool encode_qkv_map(const void* base, int64_t total, int32_t heads, int32_t d,
   spec.dims[2] = static_cast<uint64_t>(std::max<int64_t>(total, 1));
   spec.strides[0] = static_cast<uint64_t>(layout.head_stride) * sizeof(T);
   spec.strides[1] = static_cast<uint64_t>(layout.token_stride) * sizeof(T);
-  spec.box[0] = 64;
+  spec.box[0] = box_cols;
   spec.box[1] = 1;
   spec.box[2] = rows;
-  spec.swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
+  spec.swizzle = swizzle_of_box(box_cols);
   return jfa::cuda::encode_tiled_map(spec, map, error);
 }
 
 // The ragged output map (see FwdArgs::out_ragged_rows): dims (d, heads, rows, total + 1), both
-// outer dims one token apart, box (64, 1, 64, 1), based `rows` tokens before `out` (never
+// outer dims one token apart, box (box_cols, 1, 64, 1), based `rows` tokens before `out` (never
 // dereferenced there: every stored element lies inside the item's rows).
 template <typename T>
 bool encode_out_map(void* out, int64_t total, int64_t rows, int32_t heads, int32_t d,
-                    const jfa::detail::Layout& layout, CUtensorMap* map, std::string* error) {
+                    const jfa::detail::Layout& layout, uint32_t box_cols, CUtensorMap* map,
+                    std::string* error) {
   jfa::cuda::TiledMapSpec spec;
   spec.dtype = map_dtype<T>();
   spec.rank = 4;
@@ -65,11 +71,11 @@ bool encode_out_map(void* out, int64_t total, int64_t rows, int32_t heads, int32
   spec.strides[0] = static_cast<uint64_t>(layout.head_stride) * sizeof(T);
   spec.strides[1] = static_cast<uint64_t>(layout.token_stride) * sizeof(T);
   spec.strides[2] = static_cast<uint64_t>(layout.token_stride) * sizeof(T);
-  spec.box[0] = 64;
+  spec.box[0] = box_cols;
   spec.box[1] = 1;
   spec.box[2] = 64;
   spec.box[3] = 1;
-  spec.swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
+  spec.swizzle = swizzle_of_box(box_cols);
   return jfa::cuda::encode_tiled_map(spec, map, error);
 }
 

@@ -16,13 +16,22 @@ struct HeadSize {
   int v;   // columns of v and out
 };
 
-inline constexpr HeadSize kForwardHeadSizes[] = {{64, 64}, {128, 128}, {192, 192}, {192, 128}};
+inline constexpr HeadSize kForwardHeadSizes[] = {{32, 32},   {64, 64},   {96, 96},  {128, 128},
+                                                 {192, 192}, {192, 128}, {256, 256}};
 inline constexpr HeadSize kBackwardHeadSizes[] = {{64, 64}, {128, 128}};
 
 constexpr bool head_dim_built(int d) {
   switch (d) {
+#ifdef JFA_SM90_BUILT_D32
+    case 32:
+      return true;
+#endif
 #ifdef JFA_SM90_BUILT_D64
     case 64:
+      return true;
+#endif
+#ifdef JFA_SM90_BUILT_D96
+    case 96:
       return true;
 #endif
 #ifdef JFA_SM90_BUILT_D128
@@ -31,6 +40,10 @@ constexpr bool head_dim_built(int d) {
 #endif
 #ifdef JFA_SM90_BUILT_D192
     case 192:
+      return true;
+#endif
+#ifdef JFA_SM90_BUILT_D256
+    case 256:
       return true;
 #endif
     default:
@@ -55,8 +68,8 @@ inline bool has_kernels(Pass pass, int head_dim, int head_dim_v) {
   return found;
 }
 
-// "64, 128, 192 and 192/128": the sizes the pass has kernels for in this build (q.k / v where
-// they differ).
+// "32, 64, 96, 128, 192, 192/128 and 256": the sizes the pass has kernels for in this build (q.k /
+// v where they differ).
 inline std::string built_head_sizes(Pass pass) {
   std::string list;
   int left = 0;

@@ -20,7 +20,6 @@ template <typename Cfg>
 __device__ __forceinline__ void producer_loop(typename Cfg::Shared& s, const CUtensorMap* tm_q,
                                               const CUtensorMap* tm_k, const CUtensorMap* tm_v,
                                               const FwdArgs& a, int64_t n_items) {
-  constexpr int kBoxes = Cfg::kD / 64;
   using Ring = tlx::PipelineState<Cfg::kStages>;
   Ring ks, vs;
   tlx::PipelineState<Cfg::kQStages> qs;
@@ -32,7 +31,8 @@ __device__ __forceinline__ void producer_loop(typename Cfg::Shared& s, const CUt
     full[st.stage].arrive_expect_tx(Tile::kBytes);
 #pragma unroll
     for (int bx = 0; bx < Tile::kBoxes; ++bx)
-      tlx::tma_load_3d(map, &full[st.stage], tiles[st.stage].box(bx), bx * 64, kv_head, row);
+      tlx::tma_load_3d(map, &full[st.stage], tiles[st.stage].box(bx), bx * Tile::kBoxCols, kv_head,
+                       row);
     st.advance();
   };
   auto load_k = [&](const WorkItem& w, int32_t kv_head, int it) {
@@ -50,8 +50,9 @@ __device__ __forceinline__ void producer_loop(typename Cfg::Shared& s, const CUt
     s.q_full[qs.stage].arrive_expect_tx(Cfg::QTile::kBytes);
     const int32_t q_row = w.seq.q_start + w.m_block * Cfg::kBlockM;
 #pragma unroll
-    for (int bx = 0; bx < kBoxes; ++bx)
-      tlx::tma_load_3d(tm_q, &s.q_full[qs.stage], s.q[qs.stage].box(bx), bx * 64, w.head, q_row);
+    for (int bx = 0; bx < Cfg::QTile::kBoxes; ++bx)
+      tlx::tma_load_3d(tm_q, &s.q_full[qs.stage], s.q[qs.stage].box(bx), bx * Cfg::QTile::kBoxCols,
+                       w.head, q_row);
     load_k(w, kv_head, 0);
     for (int it = 1; it < w.n_blocks; ++it) {
       load_k(w, kv_head, it);

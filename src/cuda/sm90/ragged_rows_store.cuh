@@ -1,6 +1,6 @@
 // One consumer group's rows of a ragged output (O in the forward, dK and dV in the backward),
 // written from a staging tile in shared memory: every thread of the group writes its part of the
-// tile, then one thread stores it with one TMA store per 64 columns through a ragged map whose
+// tile, then one thread stores it with one TMA store per column box through a ragged map whose
 // row bound falls on the sequence's end, so the rows past it are clipped (FwdArgs::out_ragged_rows
 // describes the map). The store only has to finish reading the tile before the group stages again.
 #pragma once
@@ -26,17 +26,20 @@ struct RaggedRowsStore {
   }
 
   // Once every thread of the group has written its part: rows first .. end - 1 (global rows of
-  // the packed tensor) of `head` go out from `tile`; `ragged_rows` is the map's row bound.
+  // the packed tensor) of `head` go out from `tile` into columns col0 .. col0 + Tile::cols - 1;
+  // `ragged_rows` is the map's row bound.
   template <typename Tile>
   __device__ __forceinline__ void store(Tile& tile, const CUtensorMap* tm, int32_t head,
-                                        int64_t ragged_rows, int64_t first, int64_t end) const {
+                                        int64_t ragged_rows, int64_t first, int64_t end,
+                                        int col0 = 0) const {
     tlx::fence_proxy_async_smem();
     tlx::NamedBarrier::sync(barrier, 128);
     if (storer) {
       const int32_t r = static_cast<int32_t>(ragged_rows - (end - first));
 #pragma unroll
       for (int bx = 0; bx < Tile::kBoxes; ++bx)
-        tlx::tma_store_4d(tm, tile.box(bx), bx * 64, head, r, static_cast<int32_t>(end));
+        tlx::tma_store_4d(tm, tile.box(bx), col0 + bx * Tile::kBoxCols, head, r,
+                          static_cast<int32_t>(end));
       tlx::tma_store_commit();
     }
   }

@@ -1,27 +1,40 @@
-// Shared-memory tiles in the 128-byte-swizzled layout that TMA writes and wgmma reads.
+// Shared-memory tiles in the swizzled layouts that TMA writes and wgmma reads.
 //
-// A tile of kRows x kCols 16-bit elements is stored as kCols/64 column boxes; each box holds kRows
-// rows of 64 elements (128 bytes). Inside a box, the 16-byte chunk c of row r sits at chunk
-// c ^ (r % 8): TMA's CU_TENSOR_MAP_SWIZZLE_128B and wgmma's 128B layout type agree on this as long
-// as every box starts on a 1024-byte boundary.
+// A tile of kRows x kCols 16-bit elements is stored as column boxes of kSwizzle bytes a row (64
+// elements for the 128-byte swizzle, 32 for the 64-byte one); each box holds kRows rows. Inside a
+// box, the 16-byte chunk c of row r sits at chunk c ^ ((r / (128 / kSwizzle)) % (kSwizzle / 16)):
+// TMA's CU_TENSOR_MAP_SWIZZLE_{128B,64B} and wgmma's matching layout types agree on this as long as
+// every box starts on a multiple of its swizzle atom (8 rows, 1024 or 512 bytes). A tile takes the
+// widest swizzle its columns divide into: 128 bytes for multiples of 64 columns, else 64 (32 and 96
+// columns).
 #pragma once
 
 #include "cuda/tlx/arch.hpp"
 
 namespace jfa::tlx {
 
-inline constexpr int kSwizzleBytes = 128;
+inline constexpr int kSwizzleBytes = 128;       // the widest swizzle, and the default
 inline constexpr int kSwizzleAtomBytes = 1024;  // 8 rows of 128 bytes
 
-template <typename T, int kRows, int kCols>
+// The widest swizzle (bytes a box row) whose boxes tile kCols 16-bit columns; 0 if none does.
+constexpr int swizzle_for_columns(int cols) {
+  return cols % 64 == 0 ? 128 : cols % 32 == 0 ? 64 : 0;
+}
+
+template <typename T, int kRows, int kCols, int kSwizzle = swizzle_for_columns(kCols)>
 struct SwizzledTile {
   static_assert(sizeof(T) == 2, "16-bit elements");
-  static constexpr int kBoxCols = kSwizzleBytes / static_cast<int>(sizeof(T));  // 64
-  static_assert(kCols % kBoxCols == 0, "columns come in 128-byte boxes");
+  static_assert(kSwizzle == 128 || kSwizzle == 64, "columns come in 128- or 64-byte boxes");
+  static constexpr int kSwizzleRowBytes = kSwizzle;
+  static constexpr int kBoxCols = kSwizzle / static_cast<int>(sizeof(T));  // 64 or 32
+  static_assert(kCols % kBoxCols == 0, "columns come in whole boxes");
   static_assert(kRows % 8 == 0, "rows come in 8-row swizzle atoms");
+  static constexpr int kAtomBytes = 8 * kSwizzle;
   static constexpr int kBoxes = kCols / kBoxCols;
-  static constexpr int kBoxBytes = kRows * kSwizzleBytes;
+  static constexpr int kBoxBytes = kRows * kSwizzle;
   static constexpr int kBytes = kBoxes * kBoxBytes;
+  // wgmma's K extent (16 elements, 32 bytes) fits this many times in a box row.
+  static constexpr int kKStepsPerBox = kSwizzle / 32;
   static constexpr int rows = kRows;
   static constexpr int cols = kCols;
 
@@ -31,9 +44,15 @@ struct SwizzledTile {
   __host__ __device__ static constexpr int offset_bytes(int r, int c) {
     const int box = c / kBoxCols;
     const int in_row = (c % kBoxCols) * static_cast<int>(sizeof(T));
-    const int chunk = (in_row >> 4) ^ (r & 7);
-    return box * kBoxBytes + r * kSwizzleBytes + (chunk << 4) + (in_row & 15);
+    const int chunk = (in_row >> 4) ^ ((r / (128 / kSwizzle)) % (kSwizzle / 16));
+    return box * kBoxBytes + r * kSwizzle + (chunk << 4) + (in_row & 15);
   }
+  // Byte offset of the 16-column K step kk (a K-major operand's columns) from the tile's start.
+  __host__ __device__ static constexpr int k_step_bytes(int kk) {
+    return (kk / kKStepsPerBox) * kBoxBytes + (kk % kKStepsPerBox) * 32;
+  }
+  // Byte offset of row r inside each box (a multiple of 8 keeps the swizzle phase).
+  __host__ __device__ static constexpr int row_bytes(int r) { return r * kSwizzle; }
   JFA_DEVICE T& at(int r, int c) {
     return *reinterpret_cast<T*>(reinterpret_cast<char*>(data) + offset_bytes(r, c));
   }

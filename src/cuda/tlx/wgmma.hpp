@@ -10,7 +10,7 @@
 //   a[3] row r+8, cols 8+2(l%4)+{0,1}   (r = 16w + l/4)
 // so k-chunk kk of a 64 x N accumulator becomes an A fragment by packing d[8kk .. 8kk+7] in order.
 //
-// Shared-memory operands are described by 64-bit matrix descriptors (see make_desc_sw128).
+// Shared-memory operands are described by 64-bit matrix descriptors (see make_desc).
 // Ordering rules: wgmma_fence() before the first wgmma after ordinary code wrote its accumulator or
 // A registers; wgmma_commit() after issuing; wgmma_wait<N>() before reading results.
 #pragma once
@@ -25,24 +25,40 @@
 
 namespace jfa::tlx {
 
-// Matrix descriptor for a 128-byte-swizzled operand.
+// Matrix descriptor of a swizzled operand.
 //   bits  0-13 start address >> 4      bits 16-29 leading byte offset >> 4
-//   bits 32-45 stride byte offset >> 4 bits 49-51 base offset (0: atoms are 1024-byte aligned)
-//   bits 62-63 layout: 1 = 128-byte swizzle
-// K-major operand (rows of 64 K-elements per box): the K extent of one instruction (16 elements,
-// 32 bytes) stays inside a row, LBO is unused, SBO = 1024 (the next 8-row group). Advance along K
-// by adding 32 bytes to the start address inside a box, and by a box for the next 64 elements.
-// MN-major operand (B read transposed: rows of 64 N-elements per box, K along rows): LBO = the
-// byte distance between 64-wide N boxes, SBO = 1024 (the next 8 K-rows). Advance along K by 16 rows
-// (2048 bytes).
-JFA_DEVICE uint64_t make_desc_sw128(uint32_t smem_byte_addr, uint32_t lbo_bytes,
-                                    uint32_t sbo_bytes) {
+//   bits 32-45 stride byte offset >> 4 bits 49-51 base offset (0: atoms are aligned)
+//   bits 62-63 layout: 1 = 128-byte swizzle, 2 = 64-byte swizzle
+// K-major operand (rows of K-elements per box): the K extent of one instruction (16 elements,
+// 32 bytes) stays inside a row, LBO is unused, SBO = the swizzle atom (the next 8-row group).
+// Advance along K by adding 32 bytes to the start address inside a box, and by a box past its
+// row's end (SwizzledTile::k_step_bytes).
+// MN-major operand (B read transposed: rows of N-elements per box, K along rows): LBO = the byte
+// distance between N boxes, SBO = the swizzle atom (the next 8 K-rows). Advance along K by 16 rows.
+JFA_DEVICE uint64_t make_desc(uint32_t smem_byte_addr, uint32_t lbo_bytes, uint32_t sbo_bytes,
+                              int swizzle_bytes) {
   uint64_t desc = 0;
   desc |= static_cast<uint64_t>((smem_byte_addr & 0x3FFFFu) >> 4);
   desc |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFFu) << 16;
   desc |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFFu) << 32;
-  desc |= static_cast<uint64_t>(1) << 62;
+  desc |= static_cast<uint64_t>(swizzle_bytes == 128 ? 1 : 2) << 62;
   return desc;
+}
+
+JFA_DEVICE uint64_t make_desc_sw128(uint32_t smem_byte_addr, uint32_t lbo_bytes,
+                                    uint32_t sbo_bytes) {
+  return make_desc(smem_byte_addr, lbo_bytes, sbo_bytes, 128);
+}
+
+// The descriptors of a SwizzledTile read K-major (its columns are K) or MN-major (its columns are
+// N), starting at byte address `addr` inside it.
+template <typename Tile>
+JFA_DEVICE uint64_t k_major_desc(uint32_t addr) {
+  return make_desc(addr, 16, Tile::kAtomBytes, Tile::kSwizzleRowBytes);
+}
+template <typename Tile>
+JFA_DEVICE uint64_t mn_major_desc(uint32_t addr) {
+  return make_desc(addr, Tile::kBoxBytes, Tile::kAtomBytes, Tile::kSwizzleRowBytes);
 }
 
 // Adds a byte offset to a descriptor's start address (the 14-bit address field cannot carry into
@@ -111,7 +127,7 @@ JFA_DEVICE void fence_operand(uint32_t (&d)[kM][kN]) {
 #include "cuda/tlx/wgmma_ops.inc"
 
 // D[64 x N] (+)= A * B, A and B from shared memory. accumulate = 0 overwrites D. kTransA = 1 reads
-// A as MN-major (M contiguous; its descriptor as for an MN-major B, see make_desc_sw128).
+// A as MN-major (M contiguous; its descriptor as for an MN-major B, see make_desc).
 template <typename T, int kN, int kTransB, int kTransA = 0>
 JFA_DEVICE void wgmma_ss(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b,
                          uint32_t accumulate) {
