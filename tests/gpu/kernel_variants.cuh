@@ -14,6 +14,23 @@
 
 namespace jfa::gpu_test {
 
+// Head_dim 64 and 32: two or three consumer groups, forced by the variant or by the mean length.
+template <typename Choices, int kD>
+jfa_status forward_by_rows(const jfa::detail::Params& p, const jfa::sm90::DeviceFacts& device,
+                           const KernelVariant& v) {
+  using jfa::sm90::FwdConfig;
+  using jfa::sm90::run_forward;
+  const jfa::sm90::LaunchChoices launch{v.sort_work_list, v.dependent_launch};
+  const bool half = p.dtype == JFA_DTYPE_FLOAT16;
+  const int groups =
+      v.d64_groups != 0 ? v.d64_groups : jfa::sm90::head_dim_64_groups(p.total_q, p.batch);
+  if (groups == 2)
+    return half ? run_forward<FwdConfig<__half, kD, 2, 128, Choices>>(p, device, launch)
+                : run_forward<FwdConfig<__nv_bfloat16, kD, 2, 128, Choices>>(p, device, launch);
+  return half ? run_forward<FwdConfig<__half, kD, 3, 128, Choices>>(p, device, launch)
+              : run_forward<FwdConfig<__nv_bfloat16, kD, 3, 128, Choices>>(p, device, launch);
+}
+
 template <typename Choices>
 jfa_status forward_with(const jfa::detail::Params& p, const jfa::sm90::DeviceFacts& device,
                         const KernelVariant& v) {
@@ -21,22 +38,8 @@ jfa_status forward_with(const jfa::detail::Params& p, const jfa::sm90::DeviceFac
   using jfa::sm90::run_forward;
   const jfa::sm90::LaunchChoices launch{v.sort_work_list, v.dependent_launch};
   const bool half = p.dtype == JFA_DTYPE_FLOAT16;
-  const int groups =
-      v.d64_groups != 0 ? v.d64_groups : jfa::sm90::head_dim_64_groups(p.total_q, p.batch);
-  if (p.head_dim == 32) {
-    if (groups == 2)
-      return half ? run_forward<FwdConfig<__half, 32, 2, 128, Choices>>(p, device, launch)
-                  : run_forward<FwdConfig<__nv_bfloat16, 32, 2, 128, Choices>>(p, device, launch);
-    return half ? run_forward<FwdConfig<__half, 32, 3, 128, Choices>>(p, device, launch)
-                : run_forward<FwdConfig<__nv_bfloat16, 32, 3, 128, Choices>>(p, device, launch);
-  }
-  if (p.head_dim == 64) {
-    if (groups == 2)
-      return half ? run_forward<FwdConfig<__half, 64, 2, 128, Choices>>(p, device, launch)
-                  : run_forward<FwdConfig<__nv_bfloat16, 64, 2, 128, Choices>>(p, device, launch);
-    return half ? run_forward<FwdConfig<__half, 64, 3, 128, Choices>>(p, device, launch)
-                : run_forward<FwdConfig<__nv_bfloat16, 64, 3, 128, Choices>>(p, device, launch);
-  }
+  if (p.head_dim == 32) return forward_by_rows<Choices, 32>(p, device, v);
+  if (p.head_dim == 64) return forward_by_rows<Choices, 64>(p, device, v);
   if (p.head_dim == 96)
     return half ? run_forward<FwdConfig<__half, 96, 2, 128, Choices>>(p, device, launch)
                 : run_forward<FwdConfig<__nv_bfloat16, 96, 2, 128, Choices>>(p, device, launch);

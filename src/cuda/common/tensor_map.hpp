@@ -15,7 +15,7 @@ struct TiledMapSpec {
   const void* base = nullptr;  // 16-byte aligned
   uint64_t dims[5] = {};       // elements, innermost first
   uint64_t strides[4] = {};    // bytes of dims 1..rank-1, multiples of 16
-  uint32_t box[5] = {};        // elements per dim; box[0] * element size <= 128 with 128B swizzle
+  uint32_t box[5] = {};        // elements per dim; box[0] * element size <= the swizzle span
   CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
 };
 

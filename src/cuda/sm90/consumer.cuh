@@ -52,15 +52,7 @@ __device__ __forceinline__ void gemm_qk(ScoreTile<Cfg>& s, const typename Cfg::Q
 template <typename Cfg>
 __device__ __forceinline__ void gemm_pv(tlx::AccumFragment<Cfg::kDv>& o, const ProbTile<Cfg>& p,
                                         const typename Cfg::VTile& v) {
-  using T = typename Cfg::Element;
-  using VTile = typename Cfg::VTile;
-  const uint64_t v_desc = tlx::mn_major_desc<VTile>(v.box_addr(0));
-  tlx::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk)
-    tlx::wgmma_rs<T, Cfg::kDv, 1>(o.reg, p.reg[kk],
-                                  tlx::desc_advance(v_desc, VTile::row_bytes(16 * kk)), 1u);
-  tlx::wgmma_commit();
+  tlx::gemm_rs_mn_major(o, p, v);
 }
 
 // Masks one S tile where it needs it and runs the online softmax on it.

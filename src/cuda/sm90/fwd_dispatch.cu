@@ -39,6 +39,18 @@ int keys_at_head_dim_128(const jfa::detail::Params& p) {
 #endif
 }
 
+// Head_dim 64 and 32: 128- or 192-row Q tiles (two or three consumer groups) by the mean query
+// length, K tiles of 128 keys.
+template <int kD>
+jfa_status forward_by_rows(const jfa::detail::Params& p, const DeviceFacts& facts) {
+  const bool half = p.dtype == JFA_DTYPE_FLOAT16;
+  if (groups_at_head_dim_64(p) == 2)
+    return half ? forward_shape<__half, kD, 2, 128, kD>(p, facts)
+                : forward_shape<__nv_bfloat16, kD, 2, 128, kD>(p, facts);
+  return half ? forward_shape<__half, kD, 3, 128, kD>(p, facts)
+              : forward_shape<__nv_bfloat16, kD, 3, 128, kD>(p, facts);
+}
+
 }  // namespace
 
 jfa_status forward(const jfa::detail::Params& p) {
@@ -48,23 +60,10 @@ jfa_status forward(const jfa::detail::Params& p) {
   const DeviceFacts& facts = *facts_ptr;
   const bool half = p.dtype == JFA_DTYPE_FLOAT16;
 #ifdef JFA_SM90_BUILT_D32
-  // As head_dim 64: 128- or 192-row Q tiles by the mean query length.
-  if (p.head_dim == 32) {
-    if (groups_at_head_dim_64(p) == 2)
-      return half ? forward_shape<__half, 32, 2, 128, 32>(p, facts)
-                  : forward_shape<__nv_bfloat16, 32, 2, 128, 32>(p, facts);
-    return half ? forward_shape<__half, 32, 3, 128, 32>(p, facts)
-                : forward_shape<__nv_bfloat16, 32, 3, 128, 32>(p, facts);
-  }
+  if (p.head_dim == 32) return forward_by_rows<32>(p, facts);
 #endif
 #ifdef JFA_SM90_BUILT_D64
-  if (p.head_dim == 64) {
-    if (groups_at_head_dim_64(p) == 2)
-      return half ? forward_shape<__half, 64, 2, 128, 64>(p, facts)
-                  : forward_shape<__nv_bfloat16, 64, 2, 128, 64>(p, facts);
-    return half ? forward_shape<__half, 64, 3, 128, 64>(p, facts)
-                : forward_shape<__nv_bfloat16, 64, 3, 128, 64>(p, facts);
-  }
+  if (p.head_dim == 64) return forward_by_rows<64>(p, facts);
 #endif
 #ifdef JFA_SM90_BUILT_D96
   if (p.head_dim == 96)

@@ -149,4 +149,18 @@ JFA_DEVICE void fence_operand(AFragment<T, kCols>& f) {
   fence_operand(f.reg);
 }
 
+// acc (+)= A B, A as register fragments over K and B a SwizzledTile read MN-major (its columns
+// are N, its rows K: P V in the forward, P^T dO and dS^T Q in the backward): one RS wgmma per 16
+// rows of B, committed as one group.
+template <typename T, typename BTile, int kN, int kK>
+JFA_DEVICE void gemm_rs_mn_major(AccumFragment<kN>& acc, const AFragment<T, kK>& a,
+                                 const BTile& b) {
+  const uint64_t desc = mn_major_desc<BTile>(b.box_addr(0));
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kK / 16; ++kk)
+    wgmma_rs<T, kN, 1>(acc.reg, a.reg[kk], desc_advance(desc, BTile::row_bytes(16 * kk)), 1u);
+  wgmma_commit();
+}
+
 }  // namespace jfa::tlx

@@ -45,11 +45,6 @@ JFA_DEVICE uint64_t make_desc(uint32_t smem_byte_addr, uint32_t lbo_bytes, uint3
   return desc;
 }
 
-JFA_DEVICE uint64_t make_desc_sw128(uint32_t smem_byte_addr, uint32_t lbo_bytes,
-                                    uint32_t sbo_bytes) {
-  return make_desc(smem_byte_addr, lbo_bytes, sbo_bytes, 128);
-}
-
 // The descriptors of a SwizzledTile read K-major (its columns are K) or MN-major (its columns are
 // N), starting at byte address `addr` inside it.
 template <typename Tile>
