@@ -9,8 +9,8 @@
 #include "cpu/attention_cpu.hpp"
 #include "cpu/parallel.hpp"
 #ifdef JFA_WITH_CUDA
-#include "cuda/sm90/fwd_sm90.hpp"
-#include "cuda/sm90/workspace.hpp"
+#include "cuda/sm90/forward/fwd_sm90.hpp"
+#include "cuda/sm90/forward/workspace.hpp"
 #endif
 
 using jfa::detail::BufferView;

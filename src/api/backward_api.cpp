@@ -8,7 +8,7 @@
 #include "api/validate.hpp"
 #include "cpu/backward_cpu.hpp"
 #ifdef JFA_WITH_CUDA
-#include "cuda/sm90/bwd_sm90.hpp"
+#include "cuda/sm90/backward/bwd_sm90.hpp"
 #endif
 
 using jfa::detail::BackwardParams;

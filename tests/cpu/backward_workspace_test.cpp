@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "cuda/sm90/bwd_workspace.hpp"
+#include "cuda/sm90/backward/bwd_workspace.hpp"
 #include "test_seed.hpp"
 
 namespace {

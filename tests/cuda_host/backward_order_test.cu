@@ -18,7 +18,7 @@
 #include <tuple>
 #include <vector>
 
-#include "cuda/sm90/bwd_work_list.cuh"
+#include "cuda/sm90/backward/bwd_work_list.cuh"
 #include "test_seed.hpp"
 
 namespace {

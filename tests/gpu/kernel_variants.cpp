@@ -7,7 +7,7 @@
 #include "api/validate.hpp"
 #include "common/params.hpp"
 #include "common/status.hpp"
-#include "cuda/sm90/device_facts.hpp"
+#include "cuda/sm90/host/device_facts.hpp"
 
 namespace jfa::gpu_test {
 

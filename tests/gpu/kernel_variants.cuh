@@ -7,9 +7,9 @@
 
 #include "common/params.hpp"
 #include "common/status.hpp"
-#include "cuda/sm90/choices.hpp"
-#include "cuda/sm90/device_facts.hpp"
-#include "cuda/sm90/fwd_launch.cuh"
+#include "cuda/sm90/forward/choices.hpp"
+#include "cuda/sm90/forward/fwd_launch.cuh"
+#include "cuda/sm90/host/device_facts.hpp"
 #include "kernel_variants.hpp"
 
 namespace jfa::gpu_test {

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "common/params.hpp"
-#include "cuda/sm90/device_facts.hpp"
+#include "cuda/sm90/host/device_facts.hpp"
 #include "jfa/jfa.h"
 
 namespace jfa::gpu_test {

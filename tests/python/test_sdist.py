@@ -36,7 +36,7 @@ def test_sdist_holds_the_cmake_project(tmp_path):
     with tarfile.open(archive) as tar:
         names = {Path(*Path(n).parts[1:]).as_posix() for n in tar.getnames()}
     for needed in ["CMakeLists.txt", "src/CMakeLists.txt", "include/jfa/jfa.h", "include/jfa/jfa.hpp",
-                   "src/api/validate.cpp", "src/cuda/sm90/fwd_kernel.cuh",
+                   "src/api/validate.cpp", "src/cuda/sm90/forward/fwd_kernel.cuh",
                    "src/cuda/tlx/wgmma_ops.inc", "src/torch/registration.cpp",
                    "src/torch/CMakeLists.txt", "python/jfa/__init__.py", "setup.py"]:
         assert needed in names, f"{needed} missing from the source distribution"

@@ -1,0 +1,71 @@
+// The backward's three MMA shapes for a consumer group's 64 keys: keys x rows (S^T, dP^T), the
+// accumulations into dK and dV, and the group's part of dQ.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/sm90/backward/bwd_config.cuh"
+#include "cuda/tlx/fragment.hpp"
+#include "cuda/tlx/wgmma.hpp"
+
+namespace jfa::sm90 {
+
+// A group's 64 keys x the step's queries (S^T, dP^T), and a dQ part (64 rows x 64 columns).
+template <typename Cfg>
+using ScoreTile = tlx::AccumFragment<Cfg::kBlockM>;
+using DqTile = tlx::AccumFragment<kDqPartCols>;
+
+// out = rows x cols^T for this group's 64 keys: S^T = K Q^T or dP^T = V dO^T (SS wgmma, both
+// operands K-major over head_dim).
+template <typename Cfg>
+__device__ __forceinline__ void gemm_keys_by_rows(ScoreTile<Cfg>& out,
+                                                  const typename Cfg::KVTile& keys,
+                                                  const typename Cfg::QTile& rows, int group) {
+  using T = typename Cfg::Element;
+  using KVTile = typename Cfg::KVTile;
+  using QTile = typename Cfg::QTile;
+  const uint64_t a_desc =
+      tlx::k_major_desc<KVTile>(keys.box_addr(0) + KVTile::row_bytes(group * 64));
+  const uint64_t b_desc = tlx::k_major_desc<QTile>(rows.box_addr(0));
+  tlx::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kD / 16; ++kk)
+    tlx::wgmma_ss<T, Cfg::kBlockM, 0>(out.reg, tlx::desc_advance(a_desc, KVTile::k_step_bytes(kk)),
+                                      tlx::desc_advance(b_desc, QTile::k_step_bytes(kk)),
+                                      kk > 0 ? 1u : 0u);
+  tlx::wgmma_commit();
+}
+
+// acc += a * rows: dV += P^T dO or dK += dS^T Q (RS wgmma, the q tile read as an MN-major B).
+template <typename Cfg>
+__device__ __forceinline__ void gemm_accumulate(
+    tlx::AccumFragment<Cfg::kD>& acc, const tlx::AFragment<typename Cfg::Element, Cfg::kBlockM>& a,
+    const typename Cfg::QTile& rows) {
+  tlx::gemm_rs_mn_major(acc, a, rows);
+}
+
+// This group's part of dQ (see DqSplit) = dS K: dS read from its transposed tile (M-major A; with
+// kRows the group's q tile is the tile's column box `group`, with kKeys its keys are the group's
+// rows), K as an MN-major B (with kColumns its column box `group`).
+template <typename Cfg>
+__device__ __forceinline__ void gemm_dq(DqTile& dq, const typename Cfg::DsTile& ds,
+                                        const typename Cfg::KVTile& k, int group) {
+  using T = typename Cfg::Element;
+  using DsTile = typename Cfg::DsTile;
+  using KVTile = typename Cfg::KVTile;
+  static_assert(DsTile::kSwizzleRowBytes == KVTile::kSwizzleRowBytes, "one row pitch for both");
+  const int key_rows = Cfg::kDqSplit == DqSplit::kKeys ? KVTile::row_bytes(group * 64) : 0;
+  const uint32_t a_addr = ds.box_addr(Cfg::kDqSplit == DqSplit::kRows ? group : 0) + key_rows;
+  const uint32_t b_addr = k.box_addr(Cfg::kDqSplit == DqSplit::kColumns ? group : 0) + key_rows;
+  const uint64_t a_desc = tlx::mn_major_desc<DsTile>(a_addr);
+  const uint64_t b_desc = tlx::mn_major_desc<KVTile>(b_addr);
+  tlx::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kDqKeys / 16; ++kk)
+    tlx::wgmma_ss<T, kDqPartCols, 1, 1>(
+        dq.reg, tlx::desc_advance(a_desc, DsTile::row_bytes(16 * kk)),
+        tlx::desc_advance(b_desc, KVTile::row_bytes(16 * kk)), kk > 0 ? 1u : 0u);
+  tlx::wgmma_commit();
+}
+
+}  // namespace jfa::sm90

@@ -1,0 +1,172 @@
+// Host side of one sm90 backward configuration: tensor maps, then in stream order the clearing of
+// the semaphores and the stored rows' bits, the work-list kernel, the preprocess (which clears the
+// dQ accumulator's other rows), the persistent backward kernel (which writes the stored rows of dq
+// itself) and the conversion of the other rows of dQ.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "common/params.hpp"
+#include "common/status.hpp"
+#include "cuda/sm90/backward/bwd_kernel.cuh"
+#include "cuda/sm90/backward/bwd_preprocess.cuh"
+#include "cuda/sm90/backward/bwd_sm90.hpp"
+#include "cuda/sm90/host/call_workspace.hpp"
+#include "cuda/sm90/host/device_facts.hpp"
+#include "cuda/sm90/host/launch_error.hpp"
+#include "cuda/sm90/host/offsets_check.hpp"
+#include "cuda/sm90/host/shared_memory_opt_in.hpp"
+#include "cuda/sm90/shared/tensor_maps.hpp"
+
+namespace jfa::sm90 {
+
+template <typename Cfg>
+jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts& device) {
+  using jfa::detail::fail;
+  using T = typename Cfg::Element;
+  const jfa::detail::Params& p = b.fwd;
+  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  if (p.batch == 0 || (p.total_q == 0 && p.total_k == 0)) return check_offsets_alone(p, stream);
+  const BwdWorkspaceLayout lay =
+      backward_workspace_layout(p.total_q, p.total_k, p.batch, p.heads_q, Cfg::kD);
+  if (lay.row_len + kBwdBlockN > INT32_MAX || p.total_k + kBwdBlockN > INT32_MAX ||
+      lay.list_capacity * p.heads_kv > (int64_t{1} << 40))
+    return fail(JFA_ERROR_UNSUPPORTED,
+                "%lld query and %lld key tokens in %lld sequences: too many for the CUDA backward",
+                static_cast<long long>(p.total_q), static_cast<long long>(p.total_k),
+                static_cast<long long>(p.batch));
+
+  CallWorkspace workspace;
+  if (const jfa_status s =
+          workspace.acquire(p, lay.bytes, stream, "jfa_attention_backward_workspace_size");
+      s != JFA_SUCCESS)
+    return s;
+  char* base = workspace.base();
+  auto* count = reinterpret_cast<int32_t*>(base);
+  auto* next_item = reinterpret_cast<unsigned long long*>(base + 8);
+  auto* work = reinterpret_cast<BwdListEntry*>(base + lay.list);
+  auto* lse2 = reinterpret_cast<float*>(base + lay.lse2);
+  auto* dpsum = reinterpret_cast<float*>(base + lay.dpsum);
+  auto* sems = reinterpret_cast<int32_t*>(base + lay.sems);
+  auto* stored_rows = reinterpret_cast<uint32_t*>(base + lay.stored_rows);
+  auto* dq_acc = reinterpret_cast<float*>(base + lay.dq_acc);
+
+  cudaError_t e = cudaMemsetAsync(base + lay.sems, 0, lay.zeroed_bytes(), stream);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return fail(JFA_ERROR_CUDA, "clearing the semaphores and stored-row bits failed: %s",
+                cudaGetErrorString(e));
+  }
+  CUtensorMap tm_q, tm_k, tm_v, tm_do, tm_rows, tm_dk, tm_dv;
+  const int64_t key_ragged_rows = p.total_k + 1;  // <= INT32_MAX - 64 by the check above
+  if (p.total_k > 0) {
+    // With no query rows anywhere, Q and dO are never loaded: point their maps at K.
+    const bool no_rows = p.total_q == 0;
+    std::string err;
+    if (!encode_qkv_map<T>(no_rows ? p.k : p.q, no_rows ? p.total_k : p.total_q,
+                           no_rows ? p.heads_kv : p.heads_q, Cfg::kD,
+                           no_rows ? p.k_layout : p.q_layout, Cfg::kBlockM, Cfg::QTile::kBoxCols,
+                           &tm_q, &err) ||
+        !encode_qkv_map<T>(no_rows ? p.k : b.dout, no_rows ? p.total_k : p.total_q,
+                           no_rows ? p.heads_kv : p.heads_q, Cfg::kD,
+                           no_rows ? p.k_layout : b.dout_layout, Cfg::kBlockM, Cfg::QTile::kBoxCols,
+                           &tm_do, &err) ||
+        !encode_qkv_map<T>(p.k, p.total_k, p.heads_kv, Cfg::kD, p.k_layout, kBwdBlockN,
+                           Cfg::KVTile::kBoxCols, &tm_k, &err) ||
+        !encode_qkv_map<T>(p.v, p.total_k, p.heads_kv, Cfg::kD, p.v_layout, kBwdBlockN,
+                           Cfg::KVTile::kBoxCols, &tm_v, &err) ||
+        !encode_out_map<T>(b.dk, p.total_k, key_ragged_rows, p.heads_kv, Cfg::kD, b.dk_layout,
+                           Cfg::KeyRowsTile::kBoxCols, &tm_dk, &err) ||
+        !encode_out_map<T>(b.dv, p.total_k, key_ragged_rows, p.heads_kv, Cfg::kD, b.dv_layout,
+                           Cfg::KeyRowsTile::kBoxCols, &tm_dv, &err))
+      return fail(JFA_ERROR_CUDA, "tensor map encoding failed: %s", err.c_str());
+    // The LSE rows of every head, then the D rows, then both shifted: one array
+    // (bwd_workspace.hpp).
+    if (!encode_row_terms_map(lse2, lay.row_len, kRowTermArrays * int64_t{p.heads_q},
+                              Cfg::Shared::kRowTermsBox, &tm_rows, &err))
+      return fail(JFA_ERROR_CUDA, "tensor map encoding failed: %s", err.c_str());
+    if (const jfa_status s = opt_in_shared_memory<bwd_kernel<Cfg>>(Cfg::kSmemBytes, device.ordinal);
+        s != JFA_SUCCESS)
+      return s;
+
+    build_bwd_work_list<kBwdBlockN><<<1, kListThreads, 0, stream>>>(
+        p.cu_seqlens_q, p.cu_seqlens_k, p.batch, p.total_q, p.total_k, work, count, next_item,
+        lay.list_capacity, p.max_seqlen_q, p.max_seqlen_k, p.device_check, stored_rows);
+    if (const jfa_status s = launch_error("work-list kernel"); s != JFA_SUCCESS) return s;
+  } else if (const jfa_status s = check_offsets_alone(p, stream); s != JFA_SUCCESS) {
+    return s;  // no keys: no list kernel checks the offsets
+  }
+
+  // The per-row terms, and the dQ accumulator's rows cleared except those a shared tile stores
+  // (also with no keys: dq is 0); after the offsets check, since that stores the checked mode's
+  // word the kernels from here on add to.
+  const dim3 tiles(static_cast<unsigned>(lay.row_len / kBwdTileRows),
+                   static_cast<unsigned>(p.heads_q));
+  if (p.total_q > 0) {
+    bwd_preprocess<T, Cfg::kD><<<tiles, kPreprocessThreads, 0, stream>>>(
+        static_cast<const T*>(p.out), p.out_layout.token_stride, p.out_layout.head_stride,
+        static_cast<const T*>(b.dout), b.dout_layout.token_stride, b.dout_layout.head_stride, p.lse,
+        b.dlse, p.cu_seqlens_q, p.cu_seqlens_k, p.batch, p.total_q, p.total_k, p.causal ? 1 : 0,
+        lay.row_len, lse2, dpsum, dq_acc, stored_rows, p.device_check);
+    if (const jfa_status s = launch_error("backward preprocess"); s != JFA_SUCCESS) return s;
+  }
+
+  if (p.total_k > 0) {
+    BwdArgs a{};
+    a.cu_q = p.cu_seqlens_q;
+    a.cu_k = p.cu_seqlens_k;
+    a.work = work;
+    a.work_count = count;
+    a.next_item = next_item;
+    a.lse2 = lse2;
+    a.dpsum = dpsum;
+    a.sems = sems;
+    a.dq_acc = dq_acc;
+    a.device_check = p.device_check;
+    a.batch = p.batch;
+    a.total_q = p.total_q;
+    a.total_k = p.total_k;
+    a.row_len = lay.row_len;
+    a.sem_tiles = lay.sem_tiles;
+    a.heads_q = p.heads_q;
+    a.heads_kv = p.heads_kv;
+    a.group = p.group_size();
+    a.work_capacity = static_cast<int32_t>(lay.list_capacity);
+    a.key_ragged_rows = static_cast<int32_t>(key_ragged_rows);
+    a.softmax_scale = p.softmax_scale;
+    a.scale_log2 = static_cast<float>(static_cast<double>(p.softmax_scale) * 1.4426950408889634);
+    a.causal = p.causal ? 1 : 0;
+    a.deterministic = b.deterministic ? 1 : 0;
+    a.dq = b.dq;
+    a.dq_token_stride = b.dq_layout.token_stride;
+    a.dq_head_stride = b.dq_layout.head_stride;
+    const int64_t max_items = lay.list_capacity * p.heads_kv;
+    const int grid = static_cast<int>(std::min<int64_t>(device.sm_count, max_items));
+    bwd_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, tm_do,
+                                                                      tm_rows, tm_dk, tm_dv, a);
+    if (const jfa_status s = launch_error("backward kernel"); s != JFA_SUCCESS) return s;
+  }
+
+  if (p.total_q > 0) {
+    constexpr int kTokensPerBlock = kConvertThreads / 32;
+    const int64_t blocks = std::min<int64_t>((p.total_q + kTokensPerBlock - 1) / kTokensPerBlock,
+                                             int64_t{device.sm_count} * 16);
+    bwd_convert_dq<T, Cfg::kD><<<static_cast<unsigned>(blocks), kConvertThreads, 0, stream>>>(
+        dq_acc, static_cast<T*>(b.dq), b.dq_layout.token_stride, b.dq_layout.head_stride, p.total_q,
+        p.heads_q, p.softmax_scale, stored_rows, p.device_check);
+    if (const jfa_status s = launch_error("dQ conversion"); s != JFA_SUCCESS) return s;
+  }
+  return JFA_SUCCESS;
+}
+
+template <typename T, int kHeadDim, int kRowsPerStep>
+jfa_status backward_shape(const jfa::detail::BackwardParams& b, const DeviceFacts& device) {
+  return run_backward<BwdConfig<T, kHeadDim, kRowsPerStep>>(b, device);
+}
+
+}  // namespace jfa::sm90

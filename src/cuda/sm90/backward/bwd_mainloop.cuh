@@ -1,0 +1,212 @@
+// A backward consumer group's walk over an item's steps: the scores, the probabilities under the
+// step's mask, dP, dS, the dV and dK accumulations and the step's dQ part.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/sm90/backward/bwd_config.cuh"
+#include "cuda/sm90/backward/bwd_dq_writer.cuh"
+#include "cuda/sm90/backward/bwd_gemms.cuh"
+#include "cuda/sm90/backward/bwd_row_terms.cuh"
+#include "cuda/sm90/shared/shared_tile_keys.cuh"
+#include "cuda/sm90/shared/softmax.cuh"
+#include "cuda/tlx/fragment.hpp"
+#include "cuda/tlx/named_barrier.hpp"
+#include "cuda/tlx/wgmma.hpp"
+
+namespace jfa::sm90 {
+
+// The scores of a step, S^T = K Q^T for this group's keys, issued once the stage's Q, dO, LSE and
+// D have arrived (dP^T follows in step_gradients: issued here too, it would hold its registers
+// while the previous step's dQ is in flight).
+template <typename Cfg>
+__device__ __forceinline__ void issue_scores(typename Cfg::Shared& s, ScoreTile<Cfg>& sc,
+                                             const tlx::PipelineState<Cfg::kStages>& st,
+                                             int group) {
+  s.full[st.stage].wait(st.phase);
+  gemm_keys_by_rows<Cfg>(sc, s.k, s.q[st.stage], group);
+}
+
+// Which pairs of a step may see each other, beyond P = exp2(S^T scale log2e - LSE2).
+enum class StepMask {
+  kNone,        // every key of the group sees every query row of the step
+  kSequence,    // one sequence: keys past its end, query rows past its end (whose terms are the
+                // next sequence's) and (causal) keys past a query's diagonal get P = 0
+  kSharedTile,  // several short sequences: each query row sees its key range (a KeyRange per row
+                // of the item in shared memory), which is empty past the item's rows
+};
+
+// P^T = exp2(S^T scale log2e - LSE2) in place, each column with its query row's LSE, masked as
+// kMask says; the thread's keys start at key0 and the step's query rows at q0 (in the item).
+template <StepMask kMask, typename Tile>
+__device__ __forceinline__ void probabilities(Tile& sc, uint32_t lse2, float scale_log2,
+                                              int32_t key0, int32_t q0, int32_t len_k,
+                                              int32_t len_q, int32_t diag, bool causal,
+                                              uint32_t key_ranges) {
+#pragma unroll
+  for (int j = 0; j < Tile::kBlocks; ++j) {
+    const float2 l = tlx::ld_shared_f32x2(lse2 + 32 * j);
+    uint2 ranges{};  // the KeyRange (lo | hi << 16) of the pair's two query rows
+    if constexpr (kMask == StepMask::kSharedTile)
+      ranges = tlx::ld_shared_u32x2(key_ranges + sizeof(uint32_t) * (q0 + Tile::col(j, 0)));
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float p = fast_exp2(fmaf(sc.at(j, h, c), scale_log2, -(c == 0 ? l.x : l.y)));
+        const int32_t key = key0 + Tile::row(h), query = q0 + Tile::col(j, c);
+        if constexpr (kMask == StepMask::kSequence) {
+          if (key >= len_k || query >= len_q || (causal && key > query + diag)) p = 0.f;
+        } else if constexpr (kMask == StepMask::kSharedTile) {
+          const uint32_t range = c == 0 ? ranges.x : ranges.y;
+          if (key < static_cast<int32_t>(range & 0xffffu) ||
+              key >= static_cast<int32_t>(range >> 16))
+            p = 0.f;
+        }
+        sc.at(j, h, c) = p;
+      }
+  }
+}
+
+// The operands of a step's RS MMAs, which must keep their registers until those MMAs are waited
+// for.
+template <typename Cfg>
+struct StepOperands {
+  tlx::AFragment<typename Cfg::Element, Cfg::kBlockM> p;   // P^T
+  tlx::AFragment<typename Cfg::Element, Cfg::kBlockM> ds;  // dS^T
+};
+
+// The rest of a step once its scores are issued: dP^T = V dO^T, P^T, dV += P^T dO,
+// dS^T = P^T (dP^T - D), dS^T to shared memory, dQ = dS K and dK += dS^T Q issued. Leaves dV, dQ
+// and dK in flight (three commit groups, in that order).
+template <typename Cfg>
+__device__ __forceinline__ void step_gradients(typename Cfg::Shared& s, ScoreTile<Cfg>& sc,
+                                               ScoreTile<Cfg>& dp, tlx::AccumFragment<Cfg::kD>& dk,
+                                               tlx::AccumFragment<Cfg::kD>& dv, DqTile& dq,
+                                               StepOperands<Cfg>& ops, const BwdArgs& a,
+                                               const BwdItem& w, int32_t m, int group,
+                                               const tlx::PipelineState<Cfg::kStages>& st,
+                                               int ds_buf) {
+  using T = typename Cfg::Element;
+  using Tile = ScoreTile<Cfg>;
+  // Which keys the step's queries see: all, unless the tile holds keys past the sequence's end,
+  // rows past it or (causal) keys past the diagonal of its first query row; a shared tile always
+  // masks.
+  const int32_t key0 = w.n_block * kBwdBlockN + group * 64;  // of this group, in the sequence
+  const int32_t q0 = m * Cfg::kBlockM;
+  const int32_t diag = w.seq.causal_shift();
+  const bool masked = key0 + 64 > w.seq.len_k || q0 + Cfg::kBlockM > w.seq.len_q ||
+                      (a.causal && q0 + diag < key0 + 63);
+  // The thread's first column of the step's LSE and D rows; column block j is 8 j further.
+  const int32_t first = row_terms_at(w.seq.q_start + q0, a.heads_q).first;
+  const uint32_t lse2 = tlx::smem_addr(s.lse2[st.stage] + first + Tile::col(0, 0));
+  const uint32_t dpsum = tlx::smem_addr(s.dpsum[st.stage] + first + Tile::col(0, 0));
+  gemm_keys_by_rows<Cfg>(dp, s.v, s.dout[st.stage], group);
+
+  // P^T (S^T done, dP^T may still run), packed at once as the A operand of dV += P^T dO.
+  tlx::wgmma_wait<1>();
+  tlx::fence_operand(sc.reg);
+  const uint32_t key_ranges = tlx::smem_addr(&s.key_rows[group]);  // shared_tile_key_ranges
+  if (w.n_seqs > 1)
+    probabilities<StepMask::kSharedTile>(sc, lse2, a.scale_log2, key0, q0, w.seq.len_k, w.seq.len_q,
+                                         diag, a.causal != 0, key_ranges);
+  else if (masked)
+    probabilities<StepMask::kSequence>(sc, lse2, a.scale_log2, key0, q0, w.seq.len_k, w.seq.len_q,
+                                       diag, a.causal != 0, key_ranges);
+  else
+    probabilities<StepMask::kNone>(sc, lse2, a.scale_log2, key0, q0, w.seq.len_k, w.seq.len_q, diag,
+                                   a.causal != 0, key_ranges);
+  sc.to_a(ops.p);
+  gemm_accumulate<Cfg>(dv, ops.p, s.dout[st.stage]);
+
+  // dS^T = P^T (dP^T - D), packed, then dK += dS^T Q. P^T comes from its packed form, which the
+  // dV MMA holds anyway (a float32 copy would need as many registers again); to_a's order:
+  // register reg[j / 2][2 (j % 2) + h] holds column block j, row half h. In bf16 the difference is
+  // rounded to bf16 too and multiplied in pairs (three roundings where the float32 product has two,
+  // 13–15% more rounding error in dQ and dK, for ~48 fewer instructions per step); in fp16 the
+  // difference can exceed fp16's range where dS does not, so the product is formed in float32.
+  tlx::wgmma_wait<1>();
+  tlx::fence_operand(dp.reg);
+#pragma unroll
+  for (int j = 0; j < Tile::kBlocks; ++j) {
+    const float2 d = tlx::ld_shared_f32x2(dpsum + 32 * j);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t pj = ops.p.reg[j / 2][2 * (j % 2) + h];
+      if constexpr (Cfg::kPackedDs) {
+        ops.ds.reg[j / 2][2 * (j % 2) + h] =
+            tlx::mul2<T>(pj, tlx::pack2<T>(dp.at(j, h, 0) - d.x, dp.at(j, h, 1) - d.y));
+      } else {
+        const float2 p = tlx::unpack2<T>(pj);
+        dp.at(j, h, 0) = p.x * (dp.at(j, h, 0) - d.x);
+        dp.at(j, h, 1) = p.y * (dp.at(j, h, 1) - d.y);
+      }
+    }
+  }
+  if constexpr (!Cfg::kPackedDs) dp.to_a(ops.ds);
+
+  // dS^T into shared memory for dQ, from its packed form (register ds.reg[kk][i] holds the pair
+  // of column block 2 kk + i / 2, row half i % 2); the other group's dQ of two steps ago has read
+  // this buffer (it waited for its MMAs before the last barrier).
+  typename Cfg::DsTile& ds = s.ds[ds_buf];
+  const uint32_t ds_addr = tlx::smem_addr(&ds);
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kBlockM / 16; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      tlx::st_shared_u32(ds_addr + Cfg::DsTile::offset_bytes(group * 64 + Tile::row(i % 2),
+                                                             Tile::col(2 * kk + i / 2, 0)),
+                         ops.ds.reg[kk][i]);
+  tlx::fence_proxy_async_smem();
+  if constexpr (Cfg::kDqSplit == DqSplit::kKeys)
+    tlx::NamedBarrier::sync(Cfg::kDsBarrier0 + group, 128);
+  else
+    tlx::NamedBarrier::sync(Cfg::kDsBarrier0, 256);
+  // dQ before dK, so that dQ is staged for the writer while dK's MMA runs.
+  gemm_dq<Cfg>(dq, ds, s.k, group);
+  gemm_accumulate<Cfg>(dk, ops.ds, s.q[st.stage]);
+}
+
+// Walks an item's steps (the q tiles of each query head of its group, in walk_q_tile's order) for
+// one consumer group; each step's dQ goes to the dQ writer. No MMA is in flight across the loop's
+// back edge: an accumulator carried in flight from one iteration to the next makes the compiler
+// serialize every MMA of the kernel.
+template <typename Cfg>
+__device__ __forceinline__ void walk_item(typename Cfg::Shared& s, tlx::AccumFragment<Cfg::kD>& dk,
+                                          tlx::AccumFragment<Cfg::kD>& dv, const BwdArgs& a,
+                                          const BwdItem& w, int group,
+                                          tlx::PipelineState<Cfg::kStages>& st, int& ds_buf,
+                                          uint32_t& dq_phase) {
+  const int32_t steps = a.group * w.q_tiles();
+  int32_t head = w.kv_head * a.group, i_head = 0, m = walk_q_tile(a, w, 0);
+  for (int32_t i = 0; i < steps; ++i) {
+    ScoreTile<Cfg> sc, dp;
+    DqTile dq;
+    issue_scores<Cfg>(s, sc, st, group);
+    StepOperands<Cfg> ops;
+    step_gradients<Cfg>(s, sc, dp, dk, dv, dq, ops, a, w, m, group, st, ds_buf);
+    tlx::wgmma_wait<1>();  // dV and dQ done, dK still running
+    tlx::fence_operand(dv.reg);
+    tlx::fence_operand(dq.reg);
+    tlx::fence_operand(ops.p.reg);
+    stage_dq<Cfg>(s, dq, a, w, head, m, group, dq_phase);
+    tlx::wgmma_wait<0>();
+    tlx::fence_operand(dk.reg);
+    tlx::fence_operand(ops.ds.reg);
+    // The stage has been read (by the MMAs, waited for above, and by every lane for LSE and D,
+    // whose values are in registers and used): back to the producer. No proxy fence: a read that
+    // has returned its value cannot see the producer's next TMA write, and the fence (with the
+    // MEMBAR it brings) stood between every step's last MMA and the next step's first.
+    __syncwarp();
+    if (tlx::lane_is_leader()) s.empty[st.stage].arrive();
+    st.advance();
+    ds_buf ^= 1;
+    if (++i_head == w.q_tiles()) {
+      i_head = 0;
+      ++head;
+    }
+    m = walk_q_tile(a, w, i_head);
+  }
+}
+
+}  // namespace jfa::sm90

@@ -1,0 +1,61 @@
+// The backward's producer role: one thread loads an item's K and V once, then per step the Q and
+// dO tiles with their rows of LSE and D (TMA) into a ring guarded by mbarriers.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "cuda/sm90/backward/bwd_config.cuh"
+#include "cuda/sm90/backward/bwd_row_terms.cuh"
+#include "cuda/sm90/backward/bwd_scheduler.cuh"
+#include "cuda/tlx/tma.hpp"
+
+namespace jfa::sm90 {
+
+template <typename Cfg>
+__device__ __forceinline__ void bwd_producer(typename Cfg::Shared& s, const CUtensorMap* tm_q,
+                                             const CUtensorMap* tm_k, const CUtensorMap* tm_v,
+                                             const CUtensorMap* tm_do, const CUtensorMap* tm_rows,
+                                             const BwdArgs& a, int64_t n_items) {
+  constexpr uint32_t kRowBytes = Cfg::Shared::kRowTermsBox * sizeof(float);
+  tlx::PipelineState<Cfg::kStages> st;
+  uint32_t kv_phase = 0;
+  BwdItemScheduler<Cfg, true> items;
+  BwdItem w;
+  while (items.next(s, a, n_items, w)) {
+    if (w.q_tiles() <= 0) continue;
+    s.kv_empty.wait_suspended(kv_phase ^ 1u);
+    s.kv_full.arrive_expect_tx(2 * Cfg::KVTile::kBytes);
+    const int32_t key_row = w.seq.k_start + w.n_block * kBwdBlockN;
+#pragma unroll
+    for (int bx = 0; bx < Cfg::KVTile::kBoxes; ++bx) {
+      const int col = bx * Cfg::KVTile::kBoxCols;
+      tlx::tma_load_3d(tm_k, &s.kv_full, s.k.box(bx), col, w.kv_head, key_row);
+      tlx::tma_load_3d(tm_v, &s.kv_full, s.v.box(bx), col, w.kv_head, key_row);
+    }
+    kv_phase ^= 1u;
+    for (int32_t g = 0; g < a.group; ++g) {
+      const int32_t head = w.kv_head * a.group + g;
+      for (int32_t i = 0; i < w.q_tiles(); ++i) {
+        const int32_t m = walk_q_tile(a, w, i);
+        s.empty[st.stage].wait_suspended(st.phase ^ 1u);
+        tlx::MBarrier* full = &s.full[st.stage];
+        full->arrive_expect_tx(2 * Cfg::QTile::kBytes + 2 * kRowBytes);
+        const int32_t q_row = w.seq.q_start + m * Cfg::kBlockM;
+#pragma unroll
+        for (int bx = 0; bx < Cfg::QTile::kBoxes; ++bx) {
+          const int col = bx * Cfg::QTile::kBoxCols;
+          tlx::tma_load_3d(tm_q, full, s.q[st.stage].box(bx), col, head, q_row);
+          tlx::tma_load_3d(tm_do, full, s.dout[st.stage].box(bx), col, head, q_row);
+        }
+        const RowTermsAt at = row_terms_at(q_row, a.heads_q);
+        tlx::tma_load_2d(tm_rows, full, s.lse2[st.stage], at.col, at.row + head);
+        tlx::tma_load_2d(tm_rows, full, s.dpsum[st.stage], at.col, at.row + a.heads_q + head);
+        st.advance();
+      }
+    }
+  }
+}
+
+}  // namespace jfa::sm90

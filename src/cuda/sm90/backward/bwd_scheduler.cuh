@@ -1,0 +1,35 @@
+// The backward's item scheduler: the producer claims items from the global counter and hands
+// them to the consumers through a ring in shared memory.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/sm90/backward/bwd_config.cuh"
+
+namespace jfa::sm90 {
+
+// The items of one CTA: the producer claims each from the global counter and hands it to the
+// consumers through a ring in shared memory; an invalid item ends the walk.
+template <typename Cfg, bool kProducer>
+struct BwdItemScheduler {
+  tlx::PipelineState<kItemSlots> slot;
+
+  __device__ __forceinline__ bool next(typename Cfg::Shared& s, const BwdArgs& a, int64_t n_items,
+                                       BwdItem& w) {
+    if constexpr (kProducer) {
+      const int64_t claimed = static_cast<int64_t>(atomicAdd(a.next_item, 1ull));
+      w = claimed < n_items ? decode_bwd_item<Cfg::kBlockM>(a, claimed) : BwdItem{};
+      s.item_empty[slot.stage].wait_suspended(slot.phase ^ 1u);
+      s.item[slot.stage] = w;
+      s.item_full[slot.stage].arrive();
+    } else {
+      s.item_full[slot.stage].wait(slot.phase);
+      w = warp_uniform(s.item[slot.stage]);
+      s.item_empty[slot.stage].arrive();  // every thread releases its own reads
+    }
+    slot.advance();
+    return w.valid != 0;
+  }
+};
+
+}  // namespace jfa::sm90

@@ -1,0 +1,129 @@
+// The pieces of a consumer warp group's main loop (64 rows of the item's Q tile per group): the two
+// MMAs, the scores of one K tile (mask, online softmax), the start of an item and the hand-back of
+// ring slots to the producer.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "cuda/sm90/forward/epilogue.cuh"
+#include "cuda/sm90/forward/fwd_config.cuh"
+#include "cuda/sm90/forward/mask.cuh"
+#include "cuda/sm90/forward/scheduler.cuh"
+#include "cuda/sm90/shared/softmax.cuh"
+#include "cuda/tlx/fragment.hpp"
+#include "cuda/tlx/wgmma.hpp"
+
+namespace jfa::sm90 {
+
+template <typename Cfg>
+using ScoreTile = tlx::AccumFragment<Cfg::kBlockN>;
+template <typename Cfg>
+using ProbTile = tlx::AFragment<typename Cfg::Element, Cfg::kBlockN>;
+
+// What a consumer thread carries through an item.
+template <typename Cfg>
+struct ConsumerState {
+  tlx::AccumFragment<Cfg::kDv> o;
+  OnlineSoftmax softmax;
+};
+
+// S = Q K^T for this warp group's 64 rows (SS wgmma).
+template <typename Cfg>
+__device__ __forceinline__ void gemm_qk(ScoreTile<Cfg>& s, const typename Cfg::QTile& q,
+                                        const typename Cfg::KTile& k, int group) {
+  using T = typename Cfg::Element;
+  using QTile = typename Cfg::QTile;
+  using KTile = typename Cfg::KTile;
+  const uint64_t q_desc = tlx::k_major_desc<QTile>(q.box_addr(0) + QTile::row_bytes(group * 64));
+  const uint64_t k_desc = tlx::k_major_desc<KTile>(k.box_addr(0));
+  tlx::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kD / 16; ++kk) {
+    tlx::wgmma_ss<T, Cfg::kBlockN, 0>(s.reg, tlx::desc_advance(q_desc, QTile::k_step_bytes(kk)),
+                                      tlx::desc_advance(k_desc, KTile::k_step_bytes(kk)),
+                                      kk > 0 ? 1u : 0u);
+  }
+  tlx::wgmma_commit();
+}
+
+// O += P V: P from registers, V [kBlockN x D] read as an MN-major B (RS wgmma).
+template <typename Cfg>
+__device__ __forceinline__ void gemm_pv(tlx::AccumFragment<Cfg::kDv>& o, const ProbTile<Cfg>& p,
+                                        const typename Cfg::VTile& v) {
+  tlx::gemm_rs_mn_major(o, p, v);
+}
+
+// Masks one S tile where it needs it and runs the online softmax on it.
+template <typename Cfg>
+__device__ __forceinline__ void tile_scores(ScoreTile<Cfg>& s, ConsumerState<Cfg>& cs,
+                                            const ItemMask& mask, int32_t key0, int32_t len_k,
+                                            float scale_log2, float (&alpha)[2]) {
+  if (mask.needs_mask(key0, Cfg::kBlockN, len_k)) mask.apply(s, key0);
+  cs.softmax.update(s, scale_log2, alpha);
+}
+
+// Starts an item for one consumer thread: clears the running state; an item whose rows see no key
+// is finished here (zeros, LSE -inf) and false is returned.
+template <typename Cfg>
+__device__ __forceinline__ bool start_item(ConsumerState<Cfg>& cs, typename Cfg::Shared& s,
+                                           const CUtensorMap* tm_o, const FwdArgs& a,
+                                           const WorkItem& w, int group, ItemMask& mask) {
+  mask = ItemMask::of<Cfg::kBlockM, Cfg::kD>(a, w, group);
+  cs.o.fill(0.f);
+  cs.softmax.reset();
+  if (w.n_blocks == 0) {
+    epilogue<Cfg>(cs.o, cs.softmax, s, tm_o, a, w, group, mask, true);
+    return false;
+  }
+  mask.load_keys(a, w);
+  return true;
+}
+
+// Runs body(item, mask) on each of the group's items, started (see start_item) with its Q tile
+// (at ring position qs) arrived: items without rows are skipped, and those whose rows see no key
+// are finished on the way.
+template <typename Cfg, typename Body>
+__device__ __forceinline__ void for_each_item(ConsumerState<Cfg>& cs, typename Cfg::Shared& s,
+                                              const CUtensorMap* tm_o, const FwdArgs& a,
+                                              int64_t n_items, int group,
+                                              const tlx::PipelineState<Cfg::kQStages>& qs,
+                                              Body&& body) {
+  ItemScheduler<Cfg, false> items;
+  WorkItem w;
+  while (items.next(s, a, n_items, w)) {
+    if (!w.active) continue;
+    ItemMask mask;
+    if (!start_item<Cfg>(cs, s, tm_o, a, w, group, mask)) continue;
+    s.q_full[qs.stage].wait(qs.phase);
+    body(static_cast<const WorkItem&>(w), static_cast<const ItemMask&>(mask));
+  }
+}
+
+// K tile `it` of the item (at ring position `k_stage`) goes back to the producer, and with the
+// item's last K tile its Q tile (at `q_stage`); one arrival per warp.
+template <typename Cfg>
+__device__ __forceinline__ void release_k_tile(typename Cfg::Shared& s, int k_stage, int q_stage,
+                                               int it, int n_blocks) {
+  if (!tlx::lane_is_leader()) return;
+  s.k_empty[k_stage].arrive();
+  if (it == n_blocks - 1) s.q_empty[q_stage].arrive();
+}
+
+// O += P V on the V tile at ring position `st` once it has arrived, waited for; then the tile goes
+// back to the producer and `st` moves on.
+template <typename Cfg>
+__device__ __forceinline__ void pv_and_release(typename Cfg::Shared& s, ConsumerState<Cfg>& cs,
+                                               const ProbTile<Cfg>& p,
+                                               tlx::PipelineState<Cfg::kStages>& st) {
+  s.v_full[st.stage].wait(st.phase);
+  tlx::fence_operand(cs.o);
+  gemm_pv<Cfg>(cs.o, p, s.v[st.stage]);
+  tlx::wgmma_wait<0>();
+  tlx::fence_operand(cs.o);
+  if (tlx::lane_is_leader()) s.v_empty[st.stage].arrive();
+  st.advance();
+}
+
+}  // namespace jfa::sm90

@@ -1,0 +1,81 @@
+// The end of an item for one consumer group: O normalised into the group's staging tile and
+// stored through the ragged output map (ragged_rows_store.cuh), in one pass or, where the tile
+// holds part of O's columns (Cfg::kOStageCols), in several; LSE goes out directly. The last store
+// only has to finish reading the tile before the group's next epilogue, so the group moves on to
+// its next item at once.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "cuda/sm90/forward/fwd_config.cuh"
+#include "cuda/sm90/forward/mask.cuh"
+#include "cuda/sm90/shared/ragged_rows_store.cuh"
+#include "cuda/sm90/shared/softmax.cuh"
+#include "cuda/tlx/fence.hpp"
+#include "cuda/tlx/fragment.hpp"
+#include "cuda/tlx/named_barrier.hpp"
+#include "cuda/tlx/tma.hpp"
+#include "jfa/jfa.h"
+
+namespace jfa::sm90 {
+
+// `no_keys`: no row of the item sees a key (O is zero, LSE -inf; mask.keys not loaded).
+template <typename Cfg>
+__device__ __forceinline__ void epilogue(const tlx::AccumFragment<Cfg::kDv>& o,
+                                         const OnlineSoftmax& softmax, typename Cfg::Shared& s,
+                                         const CUtensorMap* tm_o, const FwdArgs& a,
+                                         const WorkItem& w, int group, const ItemMask& mask,
+                                         bool no_keys) {
+  using T = typename Cfg::Element;
+  using Frag = tlx::AccumFragment<Cfg::kDv>;
+  const RaggedRowsStore out{Cfg::kEpilogueBarrier0 + group, threadIdx.x % 128 == 0};
+  const int64_t first = static_cast<int64_t>(w.seq.q_start) + w.m_block * Cfg::kBlockM + group * 64;
+  const int64_t end = static_cast<int64_t>(w.seq.q_start) + w.seq.len_q;
+  if (first >= end) return;  // warp-group uniform: no row of the group lies inside the item
+  typename Cfg::OTile& tile = s.o[group];
+  const uint32_t tile_addr = tlx::smem_addr(&tile);
+  const int row0 = Frag::row(0), col0 = Frag::col(0, 0);
+  float inv[2];
+  bool not_finite = false;  // a row of the item that sees a key got no finite sum or LSE
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float l = softmax.total(h);
+    // A row that sees a key has l >= 1 (its reference maximum's own term); l is NaN where a score
+    // is (q.k beyond float32, or a NaN or infinite q or k), and then so is its output row.
+    const bool empty = no_keys || l == 0.f;
+    inv[h] = empty ? 0.f : 1.f / l;
+    const int32_t row = mask.row0 + 8 * h;
+    // The checked mode: a row that sees a key without a finite positive sum had a score that
+    // float32 cannot hold (+inf, NaN, or every one -inf).
+    if (a.device_check != nullptr && row < w.seq.len_q && !no_keys &&
+        mask.keys.hi[h] > mask.keys.lo[h])
+      not_finite |= !(l > 0.f && l < INFINITY);
+    if (row < w.seq.len_q && a.lse != nullptr && threadIdx.x % 4 == 0) {
+      const int64_t token = static_cast<int64_t>(w.seq.q_start) + row;
+      const float lse = empty ? -INFINITY : softmax.row_max[h] * a.softmax_scale + logf(l);
+      a.lse[static_cast<int64_t>(w.head) * a.total_q + token] = lse;
+      if (a.device_check != nullptr) not_finite |= !empty && !(fabsf(lse) < INFINITY);
+    }
+  }
+  if (not_finite && a.device_check != nullptr)
+    atomicOr(a.device_check, JFA_CHECK_RESULT_NOT_FINITE);
+  constexpr int kPassBlocks = Cfg::kOStageCols / 8;  // 8-column fragment blocks a pass
+#pragma unroll
+  for (int pass = 0; pass < Cfg::kDv / Cfg::kOStageCols; ++pass) {
+    out.acquire();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int j = 0; j < kPassBlocks; ++j) {
+        const int jo = pass * kPassBlocks + j;
+        tlx::st_shared_u32(tile_addr + Cfg::OTile::offset_bytes(row0 + 8 * h, col0 + 8 * j),
+                           tlx::pack2<T>(o.at(jo, h, 0) * inv[h], o.at(jo, h, 1) * inv[h]));
+      }
+    }
+    out.store(tile, tm_o, w.head, a.out_ragged_rows, first, end, pass * Cfg::kOStageCols);
+  }
+}
+
+}  // namespace jfa::sm90

@@ -1,0 +1,94 @@
+// Configuration of one forward kernel instantiation: tile shape, pipeline depths, register split,
+// warp-group roles, and the shared-memory layout they share.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/sm90/forward/choices.hpp"
+#include "cuda/sm90/forward/work_items.cuh"
+#include "cuda/sm90/shared/cta_shared_memory.cuh"
+#include "cuda/tlx/mbarrier.hpp"
+#include "cuda/tlx/smem_tile.hpp"
+
+namespace jfa::sm90 {
+
+// Shared memory of a CTA: Q tiles (kQStages), K and V rings (kStages), one staging tile of O per
+// consumer group (kOCols of its columns at a time), and the barriers of the rings and of the item
+// hand-over. Q and K have kD columns, V and O kDv.
+template <typename T, int kBlockM, int kBlockN, int kD, int kDv, int kGroups, int kStages,
+          int kQStages, int kOCols>
+struct FwdShared {
+  using QTile = tlx::SwizzledTile<T, kBlockM, kD>;
+  using KTile = tlx::SwizzledTile<T, kBlockN, kD>;
+  using VTile = tlx::SwizzledTile<T, kBlockN, kDv>;
+  // One group's rows of O, staged for the TMA store; the swizzle of V's columns, so that the
+  // output map's boxes are those of a whole row of O.
+  using OTile = tlx::SwizzledTile<T, 64, kOCols, VTile::kSwizzleRowBytes>;
+  QTile q[kQStages];
+  KTile k[kStages];
+  VTile v[kStages];
+  OTile o[kGroups];
+  // The small members last, so that no 1024-byte-aligned tile follows them.
+  tlx::MBarrier q_full[kQStages], q_empty[kQStages];
+  tlx::MBarrier item_full[kItemSlots], item_empty[kItemSlots];
+  WorkItem item[kItemSlots];  // decoded by the producer, read by the consumers
+  tlx::MBarrier k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages];
+};
+
+// kGroups consumer warp groups of 64 rows each, K tiles of kKeys keys (choices.hpp says which
+// shape serves which batch), compile-time choices `Choices` (a KernelChoices), q.k over kHeadDim
+// columns and v, out over kHeadDimV.
+template <typename T, int kHeadDim, int kGroups, int kKeys, typename Choices = ShippedKernel,
+          int kHeadDimV = kHeadDim>
+struct FwdConfig {
+  static_assert(kGroups == 2 || kGroups == 3, "two or three consumer warp groups");
+  // Sizes with wgmma wrappers (tools/gen_wgmma_ops.py) and a power-of-two number of partial row
+  // maxima and sums in the softmax (8 from 64 keys up).
+  static_assert(kKeys == 64 || kKeys == 128 || kKeys == 160, "K tiles of 64, 128 or 160 keys");
+  static_assert(tlx::swizzle_for_columns(kHeadDim) != 0 && tlx::swizzle_for_columns(kHeadDimV) != 0,
+                "head sizes in 64- or 128-byte boxes");
+  using Element = T;
+  using Kernel = Choices;
+  static constexpr int kD = kHeadDim;
+  static constexpr int kDv = kHeadDimV;
+  static constexpr int kConsumerGroups = kGroups;
+  static constexpr int kBlockM = 64 * kConsumerGroups;
+  static constexpr int kBlockN = kKeys;
+  static constexpr int kStages = kv_stages(kHeadDim);
+
+  template <int kQ, int kOCols>
+  using SharedWith = FwdShared<T, kBlockM, kBlockN, kD, kDv, kGroups, kStages, kQ, kOCols>;
+  template <typename S>
+  static constexpr bool kFits = sizeof(S) + kSmemAlignBytes <= kMaxDynamicSmemBytes;
+  // O is staged whole where it fits beside one Q tile, else half of its columns at a time (head_dim
+  // 256: Q, the two-stage K/V ring and whole staging tiles would need 256 KB).
+  static constexpr int kOStageCols = kFits<SharedWith<1, kDv>> ? kDv : kDv / 2;
+  static constexpr int kQStagesThatFit = kFits<SharedWith<2, kOStageCols>> ? 2 : 1;
+  static constexpr int kQStages = kQStagesCap < kQStagesThatFit ? kQStagesCap : kQStagesThatFit;
+  using Shared = SharedWith<kQStages, kOStageCols>;
+  using QTile = typename Shared::QTile;
+  using KTile = typename Shared::KTile;
+  using VTile = typename Shared::VTile;
+  using OTile = typename Shared::OTile;
+  static constexpr int kSmemBytes = static_cast<int>(sizeof(Shared)) + kSmemAlignBytes;
+  static_assert(kSmemBytes <= kMaxDynamicSmemBytes, "over the shared memory a CTA may opt in to");
+
+  // Warp group 0 produces, groups 1 .. kConsumerGroups consume.
+  static constexpr int kThreads = 128 * (1 + kConsumerGroups);
+  static constexpr int kConsumerWarps = 4 * kConsumerGroups;
+  static constexpr bool kDynamicItems = kConsumerGroups == 2;
+  static constexpr bool kSkipUnseenKTiles = kConsumerGroups == 3;
+  static constexpr int kProducerRegs = producer_registers(kConsumerGroups);
+  static constexpr int kConsumerRegs = consumer_registers(kConsumerGroups);
+  // setmaxnreg only moves registers between the warp groups of the CTA: the split must fit in what
+  // the CTA holds at launch (the per-thread count of __launch_bounds__(kThreads, 1), a multiple of
+  // 8), or the consumers' increase waits forever.
+  static_assert((kProducerRegs + kConsumerGroups * kConsumerRegs) * 128 <=
+                    65536 / kThreads / 8 * 8 * kThreads,
+                "register split exceeds the CTA's allocation");
+
+  // Named barriers: 1 .. kConsumerGroups are the turn ring, then one per group for its epilogue.
+  static constexpr uint32_t kEpilogueBarrier0 = 1 + kConsumerGroups;
+};
+
+}  // namespace jfa::sm90

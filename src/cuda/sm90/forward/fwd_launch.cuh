@@ -1,0 +1,125 @@
+// Host side of one sm90 forward configuration: tensor maps, the work-list kernel, the persistent
+// attention kernel (a programmatic dependent launch of the work-list kernel where the launch
+// choices ask for it).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "common/params.hpp"
+#include "common/status.hpp"
+#include "cuda/sm90/forward/fwd_kernel.cuh"
+#include "cuda/sm90/forward/fwd_work_list.cuh"
+#include "cuda/sm90/forward/workspace.hpp"
+#include "cuda/sm90/host/call_workspace.hpp"
+#include "cuda/sm90/host/device_facts.hpp"
+#include "cuda/sm90/host/launch_error.hpp"
+#include "cuda/sm90/host/offsets_check.hpp"
+#include "cuda/sm90/host/shared_memory_opt_in.hpp"
+#include "cuda/sm90/shared/tensor_maps.hpp"
+
+namespace jfa::sm90 {
+
+template <typename Cfg>
+jfa_status run_forward(const jfa::detail::Params& p, const DeviceFacts& device,
+                       const LaunchChoices& launch) {
+  using jfa::detail::fail;
+  using T = typename Cfg::Element;
+  static_assert(Cfg::kBlockM >= kMinBlockM, "the workspace is sized for kMinBlockM-row tiles");
+  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  if (p.total_q == 0 || p.batch == 0) return check_offsets_alone(p, stream);
+
+  // With no keys anywhere, K/V may be NULL: point their (never used) maps at q.
+  const bool no_keys = p.total_k == 0;
+  const void* k = no_keys ? p.q : p.k;
+  const void* v = no_keys ? p.q : p.v;
+  const int64_t total_k = no_keys ? p.total_q : p.total_k;
+  const int32_t heads_kv = no_keys ? p.heads_q : p.heads_kv;
+  CUtensorMap tm_q, tm_k, tm_v, tm_o;
+  std::string err;
+  if (!encode_qkv_map<T>(p.q, p.total_q, p.heads_q, Cfg::kD, p.q_layout, Cfg::kBlockM,
+                         Cfg::QTile::kBoxCols, &tm_q, &err) ||
+      !encode_qkv_map<T>(k, total_k, heads_kv, Cfg::kD, no_keys ? p.q_layout : p.k_layout,
+                         Cfg::kBlockN, Cfg::KTile::kBoxCols, &tm_k, &err) ||
+      !encode_qkv_map<T>(v, total_k, heads_kv, Cfg::kDv, no_keys ? p.q_layout : p.v_layout,
+                         Cfg::kBlockN, Cfg::VTile::kBoxCols, &tm_v, &err))
+    return fail(JFA_ERROR_CUDA, "tensor map encoding failed: %s", err.c_str());
+  // Row coordinates of the output map reach total_q + 64 (a tile past an item's end): int32.
+  const int64_t ragged_rows = p.total_q + 1;
+  if (ragged_rows + 64 > INT32_MAX)
+    return fail(JFA_ERROR_UNSUPPORTED, "%lld query tokens: the CUDA backend takes at most %lld",
+                static_cast<long long>(p.total_q), static_cast<long long>(INT32_MAX - 65));
+  if (!encode_out_map<T>(p.out, p.total_q, ragged_rows, p.heads_q, Cfg::kDv, p.out_layout,
+                         Cfg::OTile::kBoxCols, &tm_o, &err))
+    return fail(JFA_ERROR_CUDA, "output tensor map encoding failed: %s", err.c_str());
+
+  const int64_t capacity64 = work_list_capacity(p.total_q, p.batch, Cfg::kBlockM);
+  if (capacity64 > (int64_t{1} << 30))
+    return fail(JFA_ERROR_UNSUPPORTED, "batch too large for the CUDA backend (%lld tiles)",
+                static_cast<long long>(capacity64));
+  const int32_t capacity = static_cast<int32_t>(capacity64);
+  if (const jfa_status s = opt_in_shared_memory<fwd_kernel<Cfg>>(Cfg::kSmemBytes, device.ordinal);
+      s != JFA_SUCCESS)
+    return s;
+
+  CallWorkspace workspace;
+  const int lists = work_lists(launch.sort_work_list);
+  if (const jfa_status s =
+          workspace.acquire(p, forward_workspace_bytes(p.total_q, p.batch, lists), stream);
+      s != JFA_SUCCESS)
+    return s;
+  int32_t* count = reinterpret_cast<int32_t*>(workspace.base());
+  auto* next_item = reinterpret_cast<unsigned long long*>(workspace.base() + 8);
+  auto* work = reinterpret_cast<WorkListEntry*>(workspace.base() + kWorkspaceHeaderBytes);
+  WorkListEntry* unsorted = launch.sort_work_list ? work + capacity : work;
+
+  build_work_list<Cfg::kBlockM, Cfg::kBlockN><<<1, kListThreads, 0, stream>>>(
+      p.cu_seqlens_q, p.cu_seqlens_k, p.batch, p.total_q, p.total_k, p.causal ? 1 : 0,
+      launch.sort_work_list ? 1 : 0, unsorted, work, count, next_item, capacity, p.max_seqlen_q,
+      p.max_seqlen_k, p.device_check);
+  if (const jfa_status s = launch_error("work-list kernel"); s != JFA_SUCCESS) return s;
+
+  FwdArgs a{};
+  a.lse = p.lse;
+  a.device_check = p.device_check;
+  a.cu_q = p.cu_seqlens_q;
+  a.cu_k = p.cu_seqlens_k;
+  a.work = work;
+  a.work_count = count;
+  a.next_item = next_item;
+  a.batch = p.batch;
+  a.total_q = p.total_q;
+  a.total_k = p.total_k;
+  a.heads_q = p.heads_q;
+  a.heads_kv = p.heads_kv;
+  a.group = p.group_size();
+  a.work_capacity = capacity;
+  a.softmax_scale = p.softmax_scale;
+  a.scale_log2 = static_cast<float>(static_cast<double>(p.softmax_scale) * 1.4426950408889634);
+  a.causal = p.causal ? 1 : 0;
+  a.out_ragged_rows = static_cast<int32_t>(ragged_rows);
+
+  const int64_t max_items = capacity64 * p.heads_q;
+  const int grid = static_cast<int>(std::min<int64_t>(device.sm_count, max_items));
+  cudaLaunchAttribute dependent{};
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(grid));
+  config.blockDim = dim3(Cfg::kThreads);
+  config.dynamicSmemBytes = Cfg::kSmemBytes;
+  config.stream = stream;
+  config.attrs = &dependent;
+  config.numAttrs = launch.dependent_launch ? 1 : 0;
+  cudaError_t e = cudaLaunchKernelEx(&config, fwd_kernel<Cfg>, tm_q, tm_k, tm_v, tm_o, a);
+  if (e == cudaSuccess) e = cudaGetLastError();
+  if (e != cudaSuccess)
+    return fail(JFA_ERROR_CUDA, "attention kernel launch failed: %s", cudaGetErrorString(e));
+  return JFA_SUCCESS;
+}
+
+}  // namespace jfa::sm90

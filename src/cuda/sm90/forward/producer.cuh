@@ -1,0 +1,66 @@
+// The producer role: one thread issues the TMA loads of each item, Q once per item (into a ring of
+// kQStages tiles, so the next item's Q arrives during this one where two fit) and K/V through rings
+// of kStages stages guarded by full/empty barriers, K one tile ahead of V (the order in which the
+// overlapped main loop consumes them). K tiles go from the last (the one that may need a mask) to
+// the first.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/sm90/forward/fwd_config.cuh"
+#include "cuda/sm90/forward/scheduler.cuh"
+#include "cuda/tlx/tma.hpp"
+
+namespace jfa::sm90 {
+
+template <typename Cfg>
+__device__ __forceinline__ void producer_loop(typename Cfg::Shared& s, const CUtensorMap* tm_q,
+                                              const CUtensorMap* tm_k, const CUtensorMap* tm_v,
+                                              const FwdArgs& a, int64_t n_items) {
+  using Ring = tlx::PipelineState<Cfg::kStages>;
+  Ring ks, vs;
+  tlx::PipelineState<Cfg::kQStages> qs;
+  auto load_kv = [&](const CUtensorMap* map, tlx::MBarrier* full, tlx::MBarrier* empty, auto* tiles,
+                     Ring& st, const WorkItem& w, int32_t kv_head, int it) {
+    using Tile = std::remove_pointer_t<decltype(tiles)>;
+    const int32_t row = w.seq.k_start + (w.n_blocks - 1 - it) * Cfg::kBlockN;
+    empty[st.stage].wait_suspended(st.phase ^ 1u);
+    full[st.stage].arrive_expect_tx(Tile::kBytes);
+#pragma unroll
+    for (int bx = 0; bx < Tile::kBoxes; ++bx)
+      tlx::tma_load_3d(map, &full[st.stage], tiles[st.stage].box(bx), bx * Tile::kBoxCols, kv_head,
+                       row);
+    st.advance();
+  };
+  auto load_k = [&](const WorkItem& w, int32_t kv_head, int it) {
+    load_kv(tm_k, s.k_full, s.k_empty, s.k, ks, w, kv_head, it);
+  };
+  auto load_v = [&](const WorkItem& w, int32_t kv_head, int it) {
+    load_kv(tm_v, s.v_full, s.v_empty, s.v, vs, w, kv_head, it);
+  };
+  ItemScheduler<Cfg, true> items;
+  WorkItem w;
+  while (items.next(s, a, n_items, w)) {
+    if (!w.active || w.n_blocks == 0) continue;
+    const int32_t kv_head = w.head / a.group;
+    s.q_empty[qs.stage].wait_suspended(qs.phase ^ 1u);
+    s.q_full[qs.stage].arrive_expect_tx(Cfg::QTile::kBytes);
+    const int32_t q_row = w.seq.q_start + w.m_block * Cfg::kBlockM;
+#pragma unroll
+    for (int bx = 0; bx < Cfg::QTile::kBoxes; ++bx)
+      tlx::tma_load_3d(tm_q, &s.q_full[qs.stage], s.q[qs.stage].box(bx), bx * Cfg::QTile::kBoxCols,
+                       w.head, q_row);
+    load_k(w, kv_head, 0);
+    for (int it = 1; it < w.n_blocks; ++it) {
+      load_k(w, kv_head, it);
+      load_v(w, kv_head, it - 1);
+    }
+    load_v(w, kv_head, w.n_blocks - 1);
+    qs.advance();
+  }
+}
+
+}  // namespace jfa::sm90

@@ -1,0 +1,52 @@
+// The work items of one CTA, handed to its roles in the same order. Round-robin (three consumer
+// groups): CTA b takes items b, b + grid, ... and every role decodes them itself. Dynamic
+// (Cfg::kDynamicItems): the producer claims the next item from a global counter whenever it has
+// room and hands the decoded item to the consumer warps through a ring in shared memory; a
+// negative n_blocks ends the walk.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/sm90/forward/work_items.cuh"
+#include "cuda/tlx/mbarrier.hpp"
+
+namespace jfa::sm90 {
+
+template <typename Cfg, bool kProducer>
+struct ItemScheduler {
+  int64_t item = blockIdx.x;
+  tlx::PipelineState<kItemSlots> slot;
+
+  // The next item; false when there is none left.
+  __device__ __forceinline__ bool next(typename Cfg::Shared& s, const FwdArgs& a, int64_t n_items,
+                                       WorkItem& w) {
+    if constexpr (!Cfg::kDynamicItems) {
+      if (item >= n_items) return false;
+      w = decode_item<Cfg::kBlockM, Cfg::kBlockN>(a, item);
+      item += gridDim.x;
+      return true;
+    } else if constexpr (kProducer) {
+      const int64_t claimed = static_cast<int64_t>(atomicAdd(a.next_item, 1ull));
+      w = WorkItem{};
+      if (claimed < n_items)
+        w = decode_item<Cfg::kBlockM, Cfg::kBlockN, Cfg::Kernel::kHeadMajorRuns>(a, claimed);
+      else
+        w.n_blocks = -1;
+      s.item_empty[slot.stage].wait_suspended(slot.phase ^ 1u);
+      s.item[slot.stage] = w;
+      s.item_full[slot.stage].arrive();
+      slot.advance();
+      return w.n_blocks >= 0;
+    } else {
+      s.item_full[slot.stage].wait(slot.phase);
+      w = warp_uniform(s.item[slot.stage]);
+      // Every thread releases its own reads of the slot (a lane's arrive would not cover the
+      // others' loads, which may still be in flight).
+      s.item_empty[slot.stage].arrive();
+      slot.advance();
+      return w.n_blocks >= 0;
+    }
+  }
+};
+
+}  // namespace jfa::sm90

@@ -1,0 +1,78 @@
+// Work items of the sm90 kernels: one (work-list entry, head) pair, decoded into the sequence
+// bounds and the K tiles to visit. Every role decodes an item from the same inputs, so that all
+// agree on every skip and on the number of K tiles (and thus on the pipeline phases).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/sm90/forward/fwd_args.hpp"
+#include "cuda/sm90/shared/work_list.cuh"
+
+namespace jfa::sm90 {
+
+struct WorkItem {
+  SeqBounds seq;  // of all sequences of the item
+  int32_t first_seq;
+  int32_t n_seqs;  // > 1: a shared tile of several short sequences (m_block 0)
+  int32_t head;
+  int32_t m_block;
+  int32_t n_blocks;  // K tiles to visit, 0 when no query row of the tile sees a key
+  bool active;       // the tile has query rows
+};
+
+// Item `item` of the work list. Items go tile by tile, the heads of one q tile neighbours, except
+// (kHeadMajorRuns, no causal mask) inside the run of list entries that holds the q tiles of one
+// sequence, whose items go head by head: the CTAs at work then read the K/V of a few heads of one
+// sequence, which stay in L2 also for long sequences (with 16 heads of 8K keys, the tile-major
+// order streams 64 MB). Under the causal mask the tiles of a head differ in cost and the
+// tile-major order keeps the items in flight alike. Dynamic items only: in the round-robin walk of
+// three groups every thread decodes, and the extra arithmetic spills.
+template <int kBlockM, int kBlockN, bool kHeadMajorRuns = false>
+__device__ __forceinline__ WorkItem decode_item(const FwdArgs& a, int64_t item) {
+  WorkItem w;
+  const int64_t tile = item / a.heads_q;
+  w.head = static_cast<int32_t>(item - tile * a.heads_q);
+  const WorkListEntry e = a.work[tile];
+  const EntrySequences es = clamp_entry_sequences(e.seq, e.n_seqs, a.batch);
+  w.first_seq = es.first;
+  w.n_seqs = es.n;
+  w.seq = seq_bounds(a.cu_q, a.cu_k, a.total_q, a.total_k, es.first, es.n);
+  w.m_block = w.n_seqs > 1 ? 0 : e.m_block;
+  if (kHeadMajorRuns && !a.causal && w.n_seqs == 1) {
+    // The run holds m_block = tiles - 1 .. 0 at list entries run_first .. run_first + tiles - 1,
+    // so its items are [run_first, run_first + tiles) * heads_q and `item` lies inside.
+    const int32_t tiles = q_tile_count<kBlockM>(w.seq.len_q);
+    if (e.m_block >= 0 && e.m_block < tiles) {
+      const int64_t run_first = tile - (tiles - 1 - e.m_block);
+      const int64_t local = item - run_first * a.heads_q;  // in [0, tiles * heads_q)
+      const int64_t head = local / tiles;
+      w.head = static_cast<int32_t>(head);
+      w.m_block = tiles - 1 - static_cast<int32_t>(local - head * tiles);
+    }
+  }
+  w.active = w.m_block >= 0 && static_cast<int64_t>(w.m_block) * kBlockM < w.seq.len_q;
+  w.n_blocks = tile_k_blocks<kBlockM, kBlockN>(w.seq, w.m_block, a.causal && w.n_seqs == 1);
+  return w;
+}
+
+// The item as lane 0 of the warp has it. Every lane holds the same values already; taking them from
+// one lane lets the compiler prove it, so that the ring positions, barrier addresses and wgmma
+// descriptors derived from the item live in uniform registers instead of being moved there before
+// every wgmma.
+__device__ __forceinline__ WorkItem warp_uniform(const WorkItem& w) {
+  auto lane0 = [](auto x) { return __shfl_sync(0xffffffffu, x, 0); };
+  WorkItem u;
+  u.seq.q_start = lane0(w.seq.q_start);
+  u.seq.len_q = lane0(w.seq.len_q);
+  u.seq.k_start = lane0(w.seq.k_start);
+  u.seq.len_k = lane0(w.seq.len_k);
+  u.first_seq = lane0(w.first_seq);
+  u.n_seqs = lane0(w.n_seqs);
+  u.head = lane0(w.head);
+  u.m_block = lane0(w.m_block);
+  u.n_blocks = lane0(w.n_blocks);
+  u.active = lane0(static_cast<int>(w.active)) != 0;
+  return u;
+}
+
+}  // namespace jfa::sm90
