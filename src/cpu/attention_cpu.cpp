@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/float_convert.hpp"
+#include "common/tile_visibility.hpp"
 #include "common/visibility.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/score_overflow.hpp"
@@ -53,10 +54,9 @@ std::vector<WorkItem> make_work_items(const Params& p) {
     const int64_t len_k = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
     const int64_t tiles = (len_q + kRows - 1) / kRows;
     for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t last_row = std::min(len_q, (t + 1) * kRows) - 1;
-      const int64_t keys =
-          std::max<int64_t>(0, key_end(p.window, last_row, len_q, len_k) -
-                                   first_visible_key(p.window, t * kRows, len_q, len_k));
+      const Span seen =
+          keys_seen_by_rows(p.window, t * kRows, std::min(len_q, (t + 1) * kRows), len_q, len_k);
+      const int64_t keys = seen.empty() ? 0 : seen.end - seen.begin;
       const double cost = static_cast<double>(kRows) * static_cast<double>(keys + kCols);
       for (int32_t h = 0; h < p.heads_q; ++h)
         items.push_back({b, h, static_cast<int32_t>(t), cost});
@@ -103,9 +103,9 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_tile(const 
   std::fill(w.m.begin(), w.m.end(), kNegInf);
   std::fill(w.l.begin(), w.l.end(), 0.0f);
 
-  // The keys any row of the tile sees (the bounds grow with the row).
-  const int64_t k_begin = first_visible_key(p.window, row0, len_q, len_k);
-  const int64_t k_end = key_end(p.window, row0 + rows - 1, len_q, len_k);
+  // The keys any row of the tile sees.
+  const Span seen = keys_seen_by_rows(p.window, row0, row0 + rows, len_q, len_k);
+  const int64_t k_begin = seen.begin, k_end = seen.empty() ? seen.begin : seen.end;
   for (int64_t k0 = k_begin; k0 < k_end; k0 += kCols) {
     const int cols = static_cast<int>(std::min<int64_t>(kCols, k_end - k0));
     // K transposed to [d][kCols] so the score loop runs along keys.

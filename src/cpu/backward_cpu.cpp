@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/float_convert.hpp"
+#include "common/tile_visibility.hpp"
 #include "common/visibility.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/score_overflow.hpp"
@@ -126,8 +127,36 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_unit(const 
     for (int c = 0; c < d; ++c) kt[c * kCols + j % kCols] = kj[c];
     for (int c = 0; c < d_v; ++c) vt[c * kCols + j % kCols] = vj[c];
   }
+  // dq rows row0 .. row0 + rows - 1 of head h: the part in `src` (rows width apart) or zeros, into
+  // the unit's partials or straight into dq.
+  auto store_dq_rows = [&](int32_t h, int64_t row0, int64_t rows, const float* src) {
+    if (unit.partial >= 0) {
+      float* part = partials + unit.partial + ((h - g * group) * len_q + row0) * d;
+      for (int64_t i = 0; i < rows; ++i) {
+        if (src != nullptr)
+          std::copy_n(&src[i * width], d, part + i * d);
+        else
+          std::fill_n(part + i * d, d, 0.0f);
+      }
+      return;
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t token = q0 + row0 + i;
+      const int64_t at = token * bp.dq_layout.token_stride + h * bp.dq_layout.head_stride;
+      for (int c = 0; c < d; ++c)
+        store_from_float(bp.dq, at + c, p.dtype, src != nullptr ? src[i * width + c] : 0.0f);
+    }
+  };
+  // Only the q tiles holding a row that sees one of the unit's keys are walked (under a window a
+  // few of them); the other rows' dq parts are zero.
+  const Span seeing = rows_seeing_keys(p.window, key_lo, unit.key_hi, len_q, seq_len_k);
+  const int64_t walk_begin = seeing.empty() ? 0 : seeing.begin / kRows * kRows;
+  const int64_t walk_end =
+      seeing.empty() ? 0 : std::min<int64_t>(len_q, (seeing.end + kRows - 1) / kRows * kRows);
   for (int32_t h = g * group; h < (g + 1) * group; ++h) {
-    for (int64_t row0 = 0; row0 < len_q; row0 += kRows) {
+    store_dq_rows(h, 0, walk_begin, nullptr);
+    store_dq_rows(h, walk_end, len_q - walk_end, nullptr);
+    for (int64_t row0 = walk_begin; row0 < walk_end; row0 += kRows) {
       const int rows = static_cast<int>(std::min<int64_t>(kRows, len_q - row0));
       std::fill(w.q.begin(), w.q.end(), 0.0f);
       std::fill(w.q_scaled.begin(), w.q_scaled.end(), 0.0f);
@@ -202,17 +231,7 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_unit(const 
         accumulate_pv(w.t.data(), w.q.data(), dk, width);                    // dK += scale dS^T Q
         accumulate_pv(w.dp.data(), &w.k[key0 * width], w.dq.data(), width);  // dQ += scale dS K
       }
-      if (unit.partial >= 0) {
-        float* part = partials + unit.partial + ((h - g * group) * len_q + row0) * d;
-        for (int i = 0; i < rows; ++i)
-          std::copy_n(&w.dq[i * width], d, part + static_cast<int64_t>(i) * d);
-      } else {
-        for (int i = 0; i < rows; ++i) {
-          const int64_t token = q0 + row0 + i;
-          const int64_t at = token * bp.dq_layout.token_stride + h * bp.dq_layout.head_stride;
-          for (int c = 0; c < d; ++c) store_from_float(bp.dq, at + c, p.dtype, w.dq[i * width + c]);
-        }
-      }
+      store_dq_rows(h, row0, rows, w.dq.data());
     }
   }
   for (int64_t j = 0; j < len_k; ++j) {

@@ -80,8 +80,9 @@ jfa::JaggedTensor view(HostBuffer& buffer, const JaggedBatch& b, bool keys, int3
 }
 
 // Lengths 0 and 1, partial and whole tiles, len_q > len_k and len_q < len_k, an empty key
-// sequence.
-const std::vector<int32_t> kLq = {0, 1, 70, 5, 130, 9, 3}, kLk = {3, 1, 70, 0, 100, 20, 67};
+// sequence, and whole q tiles whose rows see no key under the causal mask or a window (300 / 100).
+const std::vector<int32_t> kLq = {0, 1, 70, 5, 130, 9, 3, 300},
+                           kLk = {3, 1, 70, 0, 100, 20, 67, 100};
 
 TEST(LocalAttention, CpuForwardMatchesReference) {
   std::mt19937_64 rng(jfa::testing::logged_seed());
@@ -112,58 +113,64 @@ TEST(LocalAttention, CpuForwardMatchesReference) {
     }
 }
 
+// The edge lengths above, and one long sequence under MQA: fewer (sequence, kv head) pairs than
+// CPU threads (with two or more), so its keys are split into blocks, and under a window each block
+// walks only the q tiles that see its keys.
 TEST(LocalAttention, CpuBackwardMatchesReference) {
   std::mt19937_64 rng(jfa::testing::logged_seed());
-  for (const Feature& f : kFeatures)
-    for (DType dtype : {DType::kFloat32, DType::kFloat16})
-      for (bool with_dlse : {false, true}) {
-        SCOPED_TRACE(name(f) + " " + jfa::tools::dtype_name(dtype) + (with_dlse ? " dlse" : ""));
-        JaggedBatch b = jfa::tools::make_batch(kLq, kLk, 4, 2, 16, dtype, rng(), 8);
-        const std::vector<float> sinks = make_sinks(f.sinks, b.heads_q, rng);
-        HostBuffer out = b.make_output(), dout = b.make_output();
-        std::mt19937_64 fill(rng());
-        jfa::tools::fill_normal(dout, fill);
-        std::vector<float> lse(static_cast<size_t>(b.total_q()) * b.heads_q);
-        std::vector<float> dlse(lse.size());
-        std::normal_distribution<float> normal;
-        for (float& x : dlse) x = normal(fill);
-        jfa::AttentionOptions options = options_for(f, sinks);
-        options.lse = lse.data();
-        jfa::attention(b.q_view(), b.k_view(), b.v_view(), view(out, b, false, 8), b.cu_q.data(),
-                       b.cu_k.data(), b.batch(), options);
-        HostBuffer dq(dtype, b.total_q() * b.heads_q * 16);
-        HostBuffer dk(dtype, b.total_k() * b.heads_kv * 16);
-        HostBuffer dv(dtype, b.total_k() * b.heads_kv * 8);
-        for (HostBuffer* g : {&dq, &dk, &dv}) jfa::tools::poison(*g);
-        std::vector<float> dsinks(b.heads_q, std::nanf(""));
-        jfa::BackwardViews grads{view(dout, b, false, 8),
-                                 view(dq, b, false, 16),
-                                 view(dk, b, true, 16),
-                                 view(dv, b, true, 8),
-                                 with_dlse ? dlse.data() : nullptr,
-                                 f.sinks == Sinks::kNone ? nullptr : dsinks.data()};
-        jfa::attention_backward(b.q_view(), b.k_view(), b.v_view(), view(out, b, false, 8), grads,
-                                b.cu_q.data(), b.cu_k.data(), b.batch(), options);
-        const jfa::ReferenceGradients ref = jfa::attention_backward_reference(
-            b.q_view(), b.k_view(), b.v_view(), view(dout, b, false, 8), b.cu_q.data(),
-            b.cu_k.data(), b.batch(), options, with_dlse ? dlse.data() : nullptr);
-        const double tol = jfa::tools::tolerance(dtype);
-        // Rows that see one key only have P = 1 and dQ = dK = 0 exactly; float32 gets a rounding
-        // of that zero (relative_error is then absolute).
-        const bool one_key = f.left == 0 && (f.causal || f.right == 0);
-        const double dqk_tol = one_key ? std::max(tol, 1e-4) : tol;
-        EXPECT_LE(jfa::tools::relative_error(dq, ref.dq, {}, int64_t{b.heads_q} * 16), dqk_tol);
-        EXPECT_LE(jfa::tools::relative_error(dk, ref.dk, {}, int64_t{b.heads_kv} * 16), dqk_tol);
-        EXPECT_LE(jfa::tools::relative_error(dv, ref.dv, {}, int64_t{b.heads_kv} * 8), tol);
-        if (f.sinks != Sinks::kNone) {
-          double norm = 0;
-          for (double x : ref.dsinks) norm = std::max(norm, std::abs(x));
-          for (int32_t h = 0; h < b.heads_q; ++h)
-            EXPECT_NEAR(dsinks[h], ref.dsinks[h], 10 * tol * (1 + norm)) << "dsinks[" << h << "]";
-        } else {
-          for (double x : ref.dsinks) EXPECT_EQ(x, 0.0);
+  for (bool long_mqa : {false, true})
+    for (const Feature& f : kFeatures)
+      for (DType dtype : {DType::kFloat32, DType::kFloat16})
+        for (bool with_dlse : {false, true}) {
+          SCOPED_TRACE(name(f) + " " + jfa::tools::dtype_name(dtype) + (with_dlse ? " dlse" : "") +
+                       (long_mqa ? " one long sequence, MQA" : ""));
+          JaggedBatch b = long_mqa ? jfa::tools::make_batch({700}, {700}, 4, 1, 16, dtype, rng(), 8)
+                                   : jfa::tools::make_batch(kLq, kLk, 4, 2, 16, dtype, rng(), 8);
+          const std::vector<float> sinks = make_sinks(f.sinks, b.heads_q, rng);
+          HostBuffer out = b.make_output(), dout = b.make_output();
+          std::mt19937_64 fill(rng());
+          jfa::tools::fill_normal(dout, fill);
+          std::vector<float> lse(static_cast<size_t>(b.total_q()) * b.heads_q);
+          std::vector<float> dlse(lse.size());
+          std::normal_distribution<float> normal;
+          for (float& x : dlse) x = normal(fill);
+          jfa::AttentionOptions options = options_for(f, sinks);
+          options.lse = lse.data();
+          jfa::attention(b.q_view(), b.k_view(), b.v_view(), view(out, b, false, 8), b.cu_q.data(),
+                         b.cu_k.data(), b.batch(), options);
+          HostBuffer dq(dtype, b.total_q() * b.heads_q * 16);
+          HostBuffer dk(dtype, b.total_k() * b.heads_kv * 16);
+          HostBuffer dv(dtype, b.total_k() * b.heads_kv * 8);
+          for (HostBuffer* g : {&dq, &dk, &dv}) jfa::tools::poison(*g);
+          std::vector<float> dsinks(b.heads_q, std::nanf(""));
+          jfa::BackwardViews grads{view(dout, b, false, 8),
+                                   view(dq, b, false, 16),
+                                   view(dk, b, true, 16),
+                                   view(dv, b, true, 8),
+                                   with_dlse ? dlse.data() : nullptr,
+                                   f.sinks == Sinks::kNone ? nullptr : dsinks.data()};
+          jfa::attention_backward(b.q_view(), b.k_view(), b.v_view(), view(out, b, false, 8), grads,
+                                  b.cu_q.data(), b.cu_k.data(), b.batch(), options);
+          const jfa::ReferenceGradients ref = jfa::attention_backward_reference(
+              b.q_view(), b.k_view(), b.v_view(), view(dout, b, false, 8), b.cu_q.data(),
+              b.cu_k.data(), b.batch(), options, with_dlse ? dlse.data() : nullptr);
+          const double tol = jfa::tools::tolerance(dtype);
+          // Rows that see one key only have P = 1 and dQ = dK = 0 exactly; float32 gets a rounding
+          // of that zero (relative_error is then absolute).
+          const bool one_key = f.left == 0 && (f.causal || f.right == 0);
+          const double dqk_tol = one_key ? std::max(tol, 1e-4) : tol;
+          EXPECT_LE(jfa::tools::relative_error(dq, ref.dq, {}, int64_t{b.heads_q} * 16), dqk_tol);
+          EXPECT_LE(jfa::tools::relative_error(dk, ref.dk, {}, int64_t{b.heads_kv} * 16), dqk_tol);
+          EXPECT_LE(jfa::tools::relative_error(dv, ref.dv, {}, int64_t{b.heads_kv} * 8), tol);
+          if (f.sinks != Sinks::kNone) {
+            double norm = 0;
+            for (double x : ref.dsinks) norm = std::max(norm, std::abs(x));
+            for (int32_t h = 0; h < b.heads_q; ++h)
+              EXPECT_NEAR(dsinks[h], ref.dsinks[h], 10 * tol * (1 + norm)) << "dsinks[" << h << "]";
+          } else {
+            for (double x : ref.dsinks) EXPECT_EQ(x, 0.0);
+          }
         }
-      }
 }
 
 // A naive forward of one sequence: the mask written as the inequality of jfa.h, every score
