@@ -155,6 +155,7 @@ JFA_DEVICE void fence_operand(AFragment<T, kCols>& f) {
 template <typename T, typename BTile, int kN, int kK>
 JFA_DEVICE void gemm_rs_mn_major(AccumFragment<kN>& acc, const AFragment<T, kK>& a,
                                  const BTile& b) {
+  static_assert(BTile::cols == kN && BTile::rows >= kK, "B holds N columns and K rows");
   const uint64_t desc = mn_major_desc<BTile>(b.box_addr(0));
   wgmma_fence();
 #pragma unroll
