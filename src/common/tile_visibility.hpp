@@ -19,6 +19,7 @@ struct Span {
   int64_t begin = 0;
   int64_t end = 0;
   JFA_HOST_DEVICE constexpr bool empty() const { return end <= begin; }
+  JFA_HOST_DEVICE constexpr int64_t size() const { return empty() ? 0 : end - begin; }
 };
 
 JFA_HOST_DEVICE constexpr int64_t clamp_to(int64_t x, int64_t lo, int64_t hi) {

@@ -56,8 +56,7 @@ std::vector<WorkItem> make_work_items(const Params& p) {
     for (int64_t t = 0; t < tiles; ++t) {
       const Span seen =
           keys_seen_by_rows(p.window, t * kRows, std::min(len_q, (t + 1) * kRows), len_q, len_k);
-      const int64_t keys = seen.empty() ? 0 : seen.end - seen.begin;
-      const double cost = static_cast<double>(kRows) * static_cast<double>(keys + kCols);
+      const double cost = static_cast<double>(kRows) * static_cast<double>(seen.size() + kCols);
       for (int32_t h = 0; h < p.heads_q; ++h)
         items.push_back({b, h, static_cast<int32_t>(t), cost});
     }
@@ -105,9 +104,8 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool run_tile(const 
 
   // The keys any row of the tile sees.
   const Span seen = keys_seen_by_rows(p.window, row0, row0 + rows, len_q, len_k);
-  const int64_t k_begin = seen.begin, k_end = seen.empty() ? seen.begin : seen.end;
-  for (int64_t k0 = k_begin; k0 < k_end; k0 += kCols) {
-    const int cols = static_cast<int>(std::min<int64_t>(kCols, k_end - k0));
+  for (int64_t k0 = seen.begin; k0 < seen.end; k0 += kCols) {
+    const int cols = static_cast<int>(std::min<int64_t>(kCols, seen.end - k0));
     // K transposed to [d][kCols] so the score loop runs along keys.
     for (int j = 0; j < cols; ++j) {
       const int64_t token = k_start + k0 + j;

@@ -149,6 +149,24 @@ JFA_DEVICE void fence_operand(AFragment<T, kCols>& f) {
   fence_operand(f.reg);
 }
 
+// acc = A B^T for rows a_row0 .. a_row0 + 63 of A and every row of B, both tiles read K-major
+// (their columns are K: Q K^T in the forward, K Q^T and V dO^T in the backward): one SS wgmma per
+// 16 columns, committed as one group.
+template <typename T, int kRowsA, int kK, int kSwA, int kN, int kSwB>
+JFA_DEVICE void gemm_ss_k_major(AccumFragment<kN>& acc, const SwizzledTile<T, kRowsA, kK, kSwA>& a,
+                                int a_row0, const SwizzledTile<T, kN, kK, kSwB>& b) {
+  using ATile = SwizzledTile<T, kRowsA, kK, kSwA>;
+  using BTile = SwizzledTile<T, kN, kK, kSwB>;
+  const uint64_t a_desc = k_major_desc<ATile>(a.box_addr(0) + ATile::row_bytes(a_row0));
+  const uint64_t b_desc = k_major_desc<BTile>(b.box_addr(0));
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kK / 16; ++kk)
+    wgmma_ss<T, kN, 0>(acc.reg, desc_advance(a_desc, ATile::k_step_bytes(kk)),
+                       desc_advance(b_desc, BTile::k_step_bytes(kk)), kk > 0 ? 1u : 0u);
+  wgmma_commit();
+}
+
 // acc (+)= A B, A as register fragments over K and B a SwizzledTile read MN-major (its columns
 // are N, its rows K: P V in the forward, P^T dO and dS^T Q in the backward): one RS wgmma per 16
 // rows of B, committed as one group.

@@ -13,8 +13,7 @@
 
 namespace jfa::tlx {
 
-inline constexpr int kSwizzleBytes = 128;       // the widest swizzle, and the default
-inline constexpr int kSwizzleAtomBytes = 1024;  // 8 rows of 128 bytes
+inline constexpr int kSwizzleAtomBytes = 1024;  // 8 rows of 128 bytes: the widest atom
 
 // The widest swizzle (bytes a box row) whose boxes tile kCols 16-bit columns; 0 if none does.
 constexpr int swizzle_for_columns(int cols) {

@@ -90,8 +90,8 @@ struct BwdConfig {
   using QTile = typename Shared::QTile;
   using DsTile = typename Shared::DsTile;
   using KeyRowsTile = typename Shared::KeyRowsTile;
-  static constexpr int kSmemBytes = static_cast<int>(sizeof(Shared)) + kSmemAlignBytes;
-  static_assert(kSmemBytes <= kMaxDynamicSmemBytes, "over the shared memory a CTA may opt in to");
+  static constexpr int kSmemBytes = kCtaSmemBytes<Shared>;
+  static_assert(kFitsInCta<Shared>, "over the shared memory a CTA may opt in to");
 
   // Warp group 0: one thread produces, warps 1 to 3 write dQ; groups 1 and 2 consume, each the K
   // tile's keys 64 g .. 64 g + 63.

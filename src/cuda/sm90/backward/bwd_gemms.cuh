@@ -21,19 +21,7 @@ template <typename Cfg>
 __device__ __forceinline__ void gemm_keys_by_rows(ScoreTile<Cfg>& out,
                                                   const typename Cfg::KVTile& keys,
                                                   const typename Cfg::QTile& rows, int group) {
-  using T = typename Cfg::Element;
-  using KVTile = typename Cfg::KVTile;
-  using QTile = typename Cfg::QTile;
-  const uint64_t a_desc =
-      tlx::k_major_desc<KVTile>(keys.box_addr(0) + KVTile::row_bytes(group * 64));
-  const uint64_t b_desc = tlx::k_major_desc<QTile>(rows.box_addr(0));
-  tlx::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < Cfg::kD / 16; ++kk)
-    tlx::wgmma_ss<T, Cfg::kBlockM, 0>(out.reg, tlx::desc_advance(a_desc, KVTile::k_step_bytes(kk)),
-                                      tlx::desc_advance(b_desc, QTile::k_step_bytes(kk)),
-                                      kk > 0 ? 1u : 0u);
-  tlx::wgmma_commit();
+  tlx::gemm_ss_k_major(out, keys, group * 64, rows);
 }
 
 // acc += a * rows: dV += P^T dO or dK += dS^T Q (RS wgmma, the q tile read as an MN-major B).

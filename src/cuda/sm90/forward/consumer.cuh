@@ -33,19 +33,7 @@ struct ConsumerState {
 template <typename Cfg>
 __device__ __forceinline__ void gemm_qk(ScoreTile<Cfg>& s, const typename Cfg::QTile& q,
                                         const typename Cfg::KTile& k, int group) {
-  using T = typename Cfg::Element;
-  using QTile = typename Cfg::QTile;
-  using KTile = typename Cfg::KTile;
-  const uint64_t q_desc = tlx::k_major_desc<QTile>(q.box_addr(0) + QTile::row_bytes(group * 64));
-  const uint64_t k_desc = tlx::k_major_desc<KTile>(k.box_addr(0));
-  tlx::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < Cfg::kD / 16; ++kk) {
-    tlx::wgmma_ss<T, Cfg::kBlockN, 0>(s.reg, tlx::desc_advance(q_desc, QTile::k_step_bytes(kk)),
-                                      tlx::desc_advance(k_desc, KTile::k_step_bytes(kk)),
-                                      kk > 0 ? 1u : 0u);
-  }
-  tlx::wgmma_commit();
+  tlx::gemm_ss_k_major(s, q, group * 64, k);
 }
 
 // O += P V: P from registers, V [kBlockN x D] read as an MN-major B (RS wgmma).

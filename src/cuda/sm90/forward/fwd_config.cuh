@@ -58,20 +58,18 @@ struct FwdConfig {
 
   template <int kQ, int kOCols>
   using SharedWith = FwdShared<T, kBlockM, kBlockN, kD, kDv, kGroups, kStages, kQ, kOCols>;
-  template <typename S>
-  static constexpr bool kFits = sizeof(S) + kSmemAlignBytes <= kMaxDynamicSmemBytes;
   // O is staged whole where it fits beside one Q tile, else half of its columns at a time (head_dim
   // 256: Q, the two-stage K/V ring and whole staging tiles would need 256 KB).
-  static constexpr int kOStageCols = kFits<SharedWith<1, kDv>> ? kDv : kDv / 2;
-  static constexpr int kQStagesThatFit = kFits<SharedWith<2, kOStageCols>> ? 2 : 1;
+  static constexpr int kOStageCols = kFitsInCta<SharedWith<1, kDv>> ? kDv : kDv / 2;
+  static constexpr int kQStagesThatFit = kFitsInCta<SharedWith<2, kOStageCols>> ? 2 : 1;
   static constexpr int kQStages = kQStagesCap < kQStagesThatFit ? kQStagesCap : kQStagesThatFit;
   using Shared = SharedWith<kQStages, kOStageCols>;
   using QTile = typename Shared::QTile;
   using KTile = typename Shared::KTile;
   using VTile = typename Shared::VTile;
   using OTile = typename Shared::OTile;
-  static constexpr int kSmemBytes = static_cast<int>(sizeof(Shared)) + kSmemAlignBytes;
-  static_assert(kSmemBytes <= kMaxDynamicSmemBytes, "over the shared memory a CTA may opt in to");
+  static constexpr int kSmemBytes = kCtaSmemBytes<Shared>;
+  static_assert(kFitsInCta<Shared>, "over the shared memory a CTA may opt in to");
 
   // Warp group 0 produces, groups 1 .. kConsumerGroups consume.
   static constexpr int kThreads = 128 * (1 + kConsumerGroups);

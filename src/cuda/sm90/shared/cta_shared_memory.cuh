@@ -20,6 +20,13 @@ __device__ __forceinline__ Shared& shared_layout(unsigned char* smem_raw) {
   return *reinterpret_cast<Shared*>(aligned);
 }
 
+// The dynamic shared memory a kernel asks for to hold `Shared` from an aligned start, and whether a
+// CTA may have that much.
+template <typename Shared>
+inline constexpr int kCtaSmemBytes = static_cast<int>(sizeof(Shared)) + kSmemAlignBytes;
+template <typename Shared>
+inline constexpr bool kFitsInCta = kCtaSmemBytes<Shared> <= kMaxDynamicSmemBytes;
+
 inline constexpr int kItemSlots = 4;  // work items the producer has claimed ahead (dynamic items)
 
 }  // namespace jfa::sm90
