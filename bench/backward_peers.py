@@ -62,7 +62,7 @@ clock under sustained work, so figures move from run to run with it.
 
 usage: python3 bench/backward_peers.py --lib build/gpu/src/libjfa.so [--cli build/gpu/tools/jfa]
            [--fa3-lib flash_attn_3.so] [--workloads W1,W2,W3,W4] [--dtypes fp16,bf16]
-           [--causal both|on|off] [--head-dim 64|128] [--heads-kv N] [--deterministic]
+           [--causal both|on|off] [--head-dim 32|64|96|128] [--heads-kv N] [--deterministic]
            [--pass backward|step|both] [--methods jfa,fa2_varlen,...] [--rounds N] [--quick]
            [--json PATH] [--chart PATH.png]
 """
@@ -99,7 +99,7 @@ KNOWN_WORKLOADS = ["W1", "W2", "W3", "W4", "X1", "X2"]
 DEFAULT_WORKLOADS = ["W1", "W2", "W3", "W4"]
 QUICK_WORKLOADS = ["W1", "W4"]
 CAUSAL = {"both": (False, True), "on": (True,), "off": (False,)}
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (32, 64, 96, 128)  # the CUDA backward's sizes
 PASSES = ("backward", "step")
 PASS_CHOICES = {"backward": ("backward",), "step": ("step",), "both": PASSES}
 

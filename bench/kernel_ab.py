@@ -36,7 +36,7 @@ FORWARD_CELLS = ("W1", "W1c", "W2", "W2c", "W3", "W3c", "W4", "W4c")
 PASSES = ("backward", "forward")
 # The head sizes of the CUDA kernels (equal q.k and v sizes), per pass.
 FORWARD_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
-BACKWARD_HEAD_DIMS = (64, 128)
+BACKWARD_HEAD_DIMS = (32, 64, 96, 128)
 
 
 def parse_cell(cell, pass_name="backward"):
@@ -180,8 +180,8 @@ def main(argv=None):
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.pass_name == "backward" and args.head_dim not in BACKWARD_HEAD_DIMS:
-        ap.error(f"--head-dim {args.head_dim}: the backward takes "
-                 f"{' or '.join(map(str, BACKWARD_HEAD_DIMS))}")
+        *rest, last = map(str, BACKWARD_HEAD_DIMS)
+        ap.error(f"--head-dim {args.head_dim}: the backward takes {', '.join(rest)} or {last}")
     if args.heads_kv is not None and (args.heads_kv < 1 or W.HEADS % args.heads_kv != 0):
         ap.error(f"--heads-kv {args.heads_kv}: a divisor of the {W.HEADS} query heads")
     if args.cells is None:

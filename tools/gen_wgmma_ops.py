@@ -6,9 +6,10 @@ import argparse
 import pathlib
 import sys
 
-# N of m64nNk16 per operand form: S = Q K^T (ss) has N = keys per K tile (64 at head_dim 192 and
-# in the tile-layer tests), O += P V (rs) has N = the value head size.
-SHAPES = {"ss": [64, 128, 160], "rs": [32, 64, 96, 128, 192, 256]}
+# N of m64nNk16 per operand form: ss has N = keys per K tile in S = Q K^T (64 at head_dim 192 and
+# in the tile-layer tests) and the columns of a backward dQ part (32, 64, 96: dQ = dS K), rs has
+# N = the value head size (O += P V) or head_dim (the backward's dK and dV).
+SHAPES = {"ss": [32, 64, 96, 128, 160], "rs": [32, 64, 96, 128, 192, 256]}
 TYPES = [("Fp16", "f16"), ("Bf16", "bf16")]
 TARGET = pathlib.Path(__file__).resolve().parent.parent / "src/cuda/tlx/wgmma_ops.inc"
 

@@ -106,10 +106,14 @@ TEST(BackwardWorkspace, RegionsAreAlignedAndDisjoint) {
 }
 
 // The accumulator's layout: every (token, head, column) has its own float inside total_q x heads x
-// d, a q tile's rows of one 64-column part are contiguous (what one bulk reduction adds), and the
-// pairs (c, c + 1), c even, that the kernel stages stay adjacent.
+// d, a q tile's rows of one part (64 columns, or all 32 or 96) are contiguous (what one bulk
+// reduction adds), and the pairs (c, c + 1), c even, that the kernel stages stay adjacent.
 TEST(BackwardWorkspace, DqAccumulatorLayoutIsAPermutation) {
-  for (int d : {64, 128})
+  EXPECT_EQ(jfa::sm90::dq_part_cols(32), 32);
+  EXPECT_EQ(jfa::sm90::dq_part_cols(96), 96);
+  EXPECT_EQ(jfa::sm90::dq_part_cols(128), 64);
+  EXPECT_EQ(jfa::sm90::dq_part_cols(256), 64);
+  for (int d : {32, 64, 96, 128, 192, 256})
     for (int64_t total_q : {1, 7, 64, 131}) {
       const int64_t heads = 3;
       std::vector<int> seen(static_cast<size_t>(total_q * heads * d), 0);
@@ -120,8 +124,9 @@ TEST(BackwardWorkspace, DqAccumulatorLayoutIsAPermutation) {
             ASSERT_GE(at, 0);
             ASSERT_LT(at, static_cast<int64_t>(seen.size()));
             ++seen[static_cast<size_t>(at)];
-            const int64_t part = jfa::sm90::dq_part_base(total_q, d, h, c / jfa::sm90::kDqPartCols);
-            EXPECT_EQ((at - part) / jfa::sm90::kDqPartCols, t);
+            const int cols = jfa::sm90::dq_part_cols(d);
+            const int64_t part = jfa::sm90::dq_part_base(total_q, d, h, c / cols);
+            EXPECT_EQ((at - part) / cols, t);
             EXPECT_EQ(at % 4, c % 4);
           }
       for (int n : seen) EXPECT_EQ(n, 1);

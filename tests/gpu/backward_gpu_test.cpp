@@ -34,7 +34,7 @@ using jfa::tools::JaggedBatch;
 
 namespace {
 
-constexpr int kHeadDims[] = {64, 128};
+constexpr int kHeadDims[] = {32, 64, 96, 128};
 constexpr DType kDtypes[] = {DType::kFloat16, DType::kBFloat16};
 constexpr size_t kGuardBytes = 4096;  // poisoned bytes before and after every gradient
 
@@ -417,15 +417,16 @@ void run_case(const Case& c) {
   run_and_check(runner, &g);
 }
 
-// Every combination of dtype, head_dim and mask (index bit 0: bf16, bit 1: head_dim 128, bit 2:
-// causal); in quick mode only those whose index is listed.
+// Every combination of dtype, head_dim and mask (index bit 0: bf16, bits 1 and 2: kHeadDims' index
+// (32, 64, 96, 128), bit 3: causal); in quick mode only those whose index is listed.
 template <typename F>
 void for_each_combination(std::initializer_list<int> quick_picks, F&& f) {
-  for (int combo = 0; combo < 8; ++combo) {
+  static_assert(std::size(kHeadDims) == 4, "two index bits of head sizes");
+  for (int combo = 0; combo < 16; ++combo) {
     if (quick_mode() &&
         std::find(quick_picks.begin(), quick_picks.end(), combo) == quick_picks.end())
       continue;
-    f(kDtypes[combo & 1], kHeadDims[(combo >> 1) & 1], (combo & 4) != 0);
+    f(kDtypes[combo & 1], kHeadDims[(combo >> 1) & 3], (combo & 8) != 0);
   }
 }
 
@@ -434,8 +435,9 @@ void for_each_combination(std::initializer_list<int> quick_picks, F&& f) {
 // One sequence of each length at the edges of the 64- and 128-row tiles, and the empty one.
 TEST(BackwardGpu, EdgeLengthsOneSequence) {
   const int32_t lengths[] = {0, 1, 63, 64, 65, 127, 128, 129};
-  for (int i = 0; i < 8; ++i)  // quick mode: each length in one combination, all eight covered
-    for_each_combination({i}, [&](DType dtype, int d, bool causal) {
+  // Quick mode: each length in one combination, every head size with both masks and both dtypes.
+  for (int i = 0; i < 8; ++i)
+    for_each_combination({2 * i + (i & 1)}, [&](DType dtype, int d, bool causal) {
       Case c;
       c.lq = c.lk = {lengths[i]};
       c.heads_q = c.heads_kv = 2;
@@ -448,7 +450,7 @@ TEST(BackwardGpu, EdgeLengthsOneSequence) {
 
 // The edge lengths side by side in one batch, sequences starting mid-tile.
 TEST(BackwardGpu, EdgeLengthsMixedBatch) {
-  for_each_combination({0, 7}, [&](DType dtype, int d, bool causal) {
+  for_each_combination({2, 15, 4, 9}, [&](DType dtype, int d, bool causal) {
     Case c;
     c.lq = c.lk = {0, 1, 63, 64, 65, 127, 128, 129, 2, 200, 0};
     c.heads_q = c.heads_kv = 3;
@@ -474,12 +476,22 @@ TEST(BackwardGpu, LongSequences) {
   c.dtype = DType::kBFloat16;
   c.causal = false;
   run_case(c);
+  // The sizes whose K tiles take the 64-byte swizzle.
+  c.lq = c.lk = {4096, 65};
+  c.head_dim = 96;
+  c.causal = true;
+  run_case(c);
+  c.lq = c.lk = {3, 4096};
+  c.head_dim = 32;
+  c.dtype = DType::kFloat16;
+  c.causal = false;
+  run_case(c);
 }
 
 // Query and key lengths that differ both ways (under the causal mask the first len_q - len_k rows
 // see no key), queries without keys and keys without queries, with GQA.
 TEST(BackwardGpu, CrossLengthsGqa) {
-  for_each_combination({2, 5}, [&](DType dtype, int d, bool causal) {
+  for_each_combination({6, 11, 12, 1}, [&](DType dtype, int d, bool causal) {
     Case c;
     c.lq = {1, 100, 300, 0, 64, 129, 5, 250};
     c.lk = {200, 17, 300, 50, 0, 64, 260, 129};
@@ -535,17 +547,19 @@ TEST(BackwardGpu, GqaAndMqa) {
     }
 }
 
-// Thousands of sequences of 1 to 16 tokens: many sequences per tile, at head_dim 64.
+// Thousands of sequences of 1 to 16 tokens: many sequences per tile, at every head size (each
+// with one mask and one dtype, both masks and dtypes over the sizes).
 TEST(BackwardGpu, ManyTinySequences) {
   std::mt19937_64 rng(fresh_seed("tiny backward lengths"));
-  for (bool causal : {false, true}) {
+  for (int i = 0; i < static_cast<int>(std::size(kHeadDims)); ++i) {
+    const bool causal = (i & 1) != 0;
     Case c;
     c.lq = random_lengths(rng, quick_mode() ? 300 : 4096, 1, 16);
     c.lk = causal ? c.lq : random_lengths(rng, static_cast<int>(c.lq.size()), 1, 16);
     c.heads_q = 4;
     c.heads_kv = 2;
-    c.head_dim = 64;
-    c.dtype = causal ? DType::kFloat16 : DType::kBFloat16;
+    c.head_dim = kHeadDims[i];
+    c.dtype = (i & 2) != 0 ? DType::kFloat16 : DType::kBFloat16;
     c.causal = causal;
     run_case(c);
   }
@@ -557,7 +571,7 @@ TEST(BackwardGpu, ManyTinySequences) {
 // combination of dtype, head_dim and mask.
 TEST(BackwardGpu, SharedTilesOfShortSequences) {
   std::mt19937_64 rng(fresh_seed("shared-tile backward lengths"));
-  for_each_combination({1, 6}, [&](DType dtype, int d, bool causal) {
+  for_each_combination({3, 14, 0, 13}, [&](DType dtype, int d, bool causal) {
     Case c;
     const int n = quick_mode() ? 60 : 400;
     c.lq = random_lengths(rng, n, 0, 80);
@@ -578,7 +592,7 @@ TEST(BackwardGpu, SharedTilesOfShortSequences) {
 // tiles per step): their rows' dQ is stored, the other rows' added, also into strided layouts.
 TEST(BackwardGpu, SharedTilesAmongLongSequences) {
   std::mt19937_64 rng(fresh_seed("shared tiles among long sequences"));
-  for_each_combination({0, 5}, [&](DType dtype, int d, bool causal) {
+  for_each_combination({2, 11, 5, 8}, [&](DType dtype, int d, bool causal) {
     Case c;
     for (int run = 0; run < (quick_mode() ? 3 : 8); ++run) {
       for (int32_t len : random_lengths(rng, 6, 0, 40)) c.lq.push_back(len);
@@ -656,7 +670,7 @@ TEST(BackwardGpu, RandomBatchesFreshSeeds) {
     c.lk = (rng() % 2) ? c.lq : random_lengths(rng, batch, 0, 400);
     c.heads_kv = std::uniform_int_distribution<int>(1, 3)(rng);
     c.heads_q = c.heads_kv * std::uniform_int_distribution<int>(1, 4)(rng);
-    c.head_dim = kHeadDims[rng() % 2];
+    c.head_dim = kHeadDims[rng() % std::size(kHeadDims)];
     c.dtype = kDtypes[rng() % 2];
     c.causal = rng() % 2;
     c.with_dlse = rng() % 2;
@@ -702,32 +716,33 @@ TEST(BackwardGpu, DeterministicRunsAreBitIdentical) {
   }
 }
 
-// deterministic=1 gives the same bits whether or not the max_seqlen hints are passed: the head_dim
-// 64 kernel's step shape (one q tile or two, which sum in different orders) is chosen from the
+// deterministic=1 gives the same bits whether or not the max_seqlen hints are passed: at head_dim
+// 32 and 64 the step shape (one q tile or two, which sum in different orders) is chosen from the
 // shapes, not from the hint. One long sequence among many short ones sets the hint and the mean
 // length on different sides of one tile.
 TEST(BackwardGpu, DeterministicBitsDoNotDependOnHints) {
-  for (bool causal : {false, true}) {
-    Case c;
-    c.lq = {200, 1, 3, 1, 2};
-    c.lk = c.lq;
-    c.heads_q = 4;
-    c.heads_kv = 2;
-    c.head_dim = 64;
-    c.causal = causal;
-    c.deterministic = true;
-    const uint64_t seed = fresh_seed(describe(c).c_str());
-    Gradients with_hints, without;
-    c.hints = true;
-    BackwardRunner hinted(c, seed);
-    ASSERT_NO_FATAL_FAILURE(run_and_check(hinted, &with_hints));
-    c.hints = false;
-    BackwardRunner plain(c, seed);
-    ASSERT_NO_FATAL_FAILURE(run_and_check(plain, &without));
-    EXPECT_TRUE(with_hints.dq == without.dq) << "dq depends on the hints";
-    EXPECT_TRUE(with_hints.dk == without.dk) << "dk depends on the hints";
-    EXPECT_TRUE(with_hints.dv == without.dv) << "dv depends on the hints";
-  }
+  for (int d : {32, 64})
+    for (bool causal : {false, true}) {
+      Case c;
+      c.lq = {200, 1, 3, 1, 2};
+      c.lk = c.lq;
+      c.heads_q = 4;
+      c.heads_kv = 2;
+      c.head_dim = d;
+      c.causal = causal;
+      c.deterministic = true;
+      const uint64_t seed = fresh_seed(describe(c).c_str());
+      Gradients with_hints, without;
+      c.hints = true;
+      BackwardRunner hinted(c, seed);
+      ASSERT_NO_FATAL_FAILURE(run_and_check(hinted, &with_hints));
+      c.hints = false;
+      BackwardRunner plain(c, seed);
+      ASSERT_NO_FATAL_FAILURE(run_and_check(plain, &without));
+      EXPECT_TRUE(with_hints.dq == without.dq) << "dq depends on the hints";
+      EXPECT_TRUE(with_hints.dk == without.dk) << "dk depends on the hints";
+      EXPECT_TRUE(with_hints.dv == without.dv) << "dv depends on the hints";
+    }
 }
 
 // The shape of the workspace tests: GQA, causal, cross lengths, deterministic so that results can
@@ -996,13 +1011,15 @@ struct CapturedGraph {
 
 // Forward and backward captured once, with caller workspaces; replays follow the device offsets:
 // new lengths (same totals) written in place give the gradients of the new lengths.
-TEST(BackwardGpu, GraphReplaysWithNewLengths) {
+class BackwardGraph : public ::testing::TestWithParam<int> {};
+
+TEST_P(BackwardGraph, ReplaysWithNewLengths) {
   Case c;
   c.lq = {100, 200, 50};
   c.lk = {80, 230, 64};
   c.heads_q = 4;
   c.heads_kv = 2;
-  c.head_dim = 128;
+  c.head_dim = GetParam();
   c.dtype = DType::kBFloat16;
   c.causal = true;
   c.with_dlse = true;
@@ -1044,6 +1061,8 @@ TEST(BackwardGpu, GraphReplaysWithNewLengths) {
   ASSERT_NO_FATAL_FAILURE(replay_and_check());
 }
 
+INSTANTIATE_TEST_SUITE_P(BackwardGpu, BackwardGraph, ::testing::ValuesIn(kHeadDims));
+
 // ---- Rejections ---------------------------------------------------------------------------------
 
 // Valid calls the CUDA backward does not take: JFA_ERROR_UNSUPPORTED with a message, nothing
@@ -1057,9 +1076,10 @@ TEST(BackwardGpuApi, UnsupportedCombinationsAreReported) {
   ASSERT_NO_FATAL_FAILURE(runner.upload_and_forward());
   Gradients g;
 
-  // head_dim 96 over the strides of the 128-wide buffers, so every view stays inside them.
+  // head_dim 80 (the CPU backend's) over the strides of the 128-wide buffers, so every view stays
+  // inside them.
   jfa_attention_backward_params p = runner.params();
-  p.forward.head_dim = 96;
+  p.forward.head_dim = 80;
   const jfa_tensor_layout wide = {3 * 128, 128};
   p.forward.q_layout = p.forward.k_layout = p.forward.v_layout = p.forward.out_layout = wide;
   p.dout_layout = p.dq_layout = p.dk_layout = p.dv_layout = wide;
@@ -1067,7 +1087,7 @@ TEST(BackwardGpuApi, UnsupportedCombinationsAreReported) {
   EXPECT_NE(std::string(jfa_last_error_message()).find("head_dim"), std::string::npos)
       << jfa_last_error_message();
   JFA_CUDA_OK(cudaDeviceSynchronize());
-  EXPECT_TRUE(all_poison(runner.download_gradients())) << "head_dim 96 wrote a gradient";
+  EXPECT_TRUE(all_poison(runner.download_gradients())) << "head_dim 80 wrote a gradient";
 
   // head_dim 192 has a forward kernel but no backward one yet: two heads of 192 over the three of
   // 128 of each token.
@@ -1078,9 +1098,9 @@ TEST(BackwardGpuApi, UnsupportedCombinationsAreReported) {
   p.forward.q_layout = p.forward.k_layout = p.forward.v_layout = p.forward.out_layout = wide192;
   p.dout_layout = p.dq_layout = p.dk_layout = p.dv_layout = wide192;
   EXPECT_EQ(runner.run(&g, p), JFA_ERROR_UNSUPPORTED);
-  EXPECT_NE(
-      std::string(jfa_last_error_message()).find("the CUDA backward takes head_dim 64 and 128"),
-      std::string::npos)
+  EXPECT_NE(std::string(jfa_last_error_message())
+                .find("the CUDA backward takes head_dim 32, 64, 96 and 128"),
+            std::string::npos)
       << jfa_last_error_message();
   JFA_CUDA_OK(cudaDeviceSynchronize());
   EXPECT_TRUE(all_poison(runner.download_gradients())) << "head_dim 192 wrote a gradient";

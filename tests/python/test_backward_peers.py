@@ -112,7 +112,7 @@ def test_options_defaults_quick_and_refusals(monkeypatch):
     assert full.chart == "out/bwd.png" and full.passes == ("backward", "step")
     monkeypatch.setenv("FA3_LIB", "/x/flash_attn_3.so")
     assert bp.parse_args([]).fa3_lib == "/x/flash_attn_3.so"
-    for bad in (["--heads-kv", "3"], ["--heads-kv", "0"], ["--head-dim", "96"],
+    for bad in (["--heads-kv", "3"], ["--heads-kv", "0"], ["--head-dim", "192"],
                 ["--rounds", "0"], ["--runs", "0"], ["--warmup", "-1"], ["--causal", "yes"],
                 ["--workloads", "W9"], ["--workloads", "W1-d64"], ["--dtypes", "fp8"],
                 ["--methods", "flash"], ["--tolerance-scale", "0"], ["--pass", "forward"],
@@ -459,6 +459,19 @@ def test_the_readme_backward_tables_are_those_of_the_results_file_it_cites():
     assert cited, "the backward section cites no results file"
     doc = json.loads((BENCH.parent / cited[0]).read_text())
     assert bp.readme_tables(doc["results"]) in section
+
+
+def test_the_readme_tables_at_other_head_sizes_are_those_of_the_results_file_they_cite():
+    import json
+    import re
+    readme = (BENCH.parent / "README.md").read_text()
+    section = readme[readme.index("### Backward at head_dim 32 and 96"):]
+    section = section[:section.index("\n### ", 1)]
+    cited = re.findall(r"`(bench/results/[^`]*backward[^`]*\.json)`", section)
+    assert cited, "the section cites no results file"
+    doc = json.loads((BENCH.parent / cited[0]).read_text())
+    for head_dim in (96, 32):
+        assert bp.readme_tables(doc["results"], head_dim=head_dim) in section
 
 
 def test_clock_lines_say_the_clock_and_how_often_the_power_limit_held_it():

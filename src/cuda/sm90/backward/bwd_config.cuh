@@ -33,9 +33,9 @@ struct DqDestination {
 // The item's K and V tiles, rings of Q and dO tiles (kBlockM rows) with their LSE and D rows, two
 // buffers of dS^T (keys x queries: the A operand of dQ += dS K, read M-major), each group's dV and
 // then dK rows staged for their TMA stores (during a shared tile's walk, its rows' key ranges),
-// each group's dQ of a step staged for the dQ writer (one 64 x 64 part, in the accumulator's
-// layout), and the barriers.
-template <typename T, int kD, int kStages, int kBlockM>
+// each group's dQ of a step staged for the dQ writer (one part: 64 rows x kDqCols, in the
+// accumulator's layout), and the barriers.
+template <typename T, int kD, int kStages, int kBlockM, int kDqCols>
 struct BwdShared {
   using KVTile = tlx::SwizzledTile<T, kBwdBlockN, kD>;
   using QTile = tlx::SwizzledTile<T, kBlockM, kD>;
@@ -47,7 +47,7 @@ struct BwdShared {
   QTile dout[kStages];
   DsTile ds[2];
   KeyRowsTile key_rows[2];
-  alignas(128) float dq[2][kBwdTileRows * kDqPartCols];
+  alignas(128) float dq[2][kBwdTileRows * kDqCols];
   // A step's LSE and D rows: TMA reads a row's floats from a 16-byte boundary, so the load starts
   // at the boundary at or before the step's first token (in the shifted copy if that token is odd,
   // so that the step's rows start on 8 bytes) and takes kRowTermsBox floats; each stage starts on
@@ -64,28 +64,32 @@ struct BwdShared {
   BwdItem item[kItemSlots];
 };
 
-// How the two consumer groups share a step's dQ = dS K, one 64 x 64 part each.
+// How the two consumer groups share a step's dQ = dS K, one part (64 rows x dq_part_cols) each.
 enum class DqSplit {
   kColumns,  // a half of the columns each, over all keys of the tile (head_dim 128)
   kKeys,     // all columns each, over the group's own 64 keys: two partial sums of one q tile
   kRows,     // one q tile each of a two-tile step, over all keys
 };
 
-// kRowsPerStep: query rows per step. At head_dim 64 a step of one q tile leaves the MMAs small
-// against the step's fixed costs (barriers, the dQ hand-off), so a step takes two unless the
-// sequences are at most one q tile long on average (bwd_dispatch.cu).
+// kRowsPerStep: query rows per step. At head_dim 32 and 64 a step of one q tile leaves the MMAs
+// small against the step's fixed costs (barriers, the dQ hand-off), so a step takes two unless the
+// sequences are at most one q tile long on average (bwd_dispatch.cu). At 96 and 128 a step of two
+// would need more registers than a consumer has (dK, dV, S^T and dP^T of 128 rows).
 template <typename T, int kHeadDim,
-          int kRowsPerStep = kHeadDim == 64 ? 2 * kBwdTileRows : kBwdTileRows>
+          int kRowsPerStep = kHeadDim <= 64 ? 2 * kBwdTileRows : kBwdTileRows>
 struct BwdConfig {
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
+  static_assert(kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128,
+                "head_dim 32, 64, 96 or 128");
   static_assert(kRowsPerStep == kBwdTileRows ||
-                    (kRowsPerStep == 2 * kBwdTileRows && kHeadDim == 64),
-                "steps of one q tile, or of two at head_dim 64");
+                    (kRowsPerStep == 2 * kBwdTileRows && kHeadDim <= 64),
+                "steps of one q tile, or of two at head_dim 32 and 64");
   using Element = T;
   static constexpr int kD = kHeadDim;
   static constexpr int kStages = 2;
   static constexpr int kBlockM = kRowsPerStep;
-  using Shared = BwdShared<T, kD, kStages, kBlockM>;
+  // Columns of a dQ part (bwd_workspace.hpp): 64, or all of them at 32 and 96.
+  static constexpr int kDqPartCols = dq_part_cols(kD);
+  using Shared = BwdShared<T, kD, kStages, kBlockM, kDqPartCols>;
   using KVTile = typename Shared::KVTile;
   using QTile = typename Shared::QTile;
   using DsTile = typename Shared::DsTile;

@@ -17,6 +17,29 @@ size_t backward_workspace_bytes(int64_t total_q, int64_t total_k, int64_t batch,
   return backward_workspace_layout(total_q, total_k, batch, heads_q, head_dim).bytes;
 }
 
+namespace {
+
+// The instantiation for the call's dtype.
+template <int kD, int kRows>
+[[maybe_unused]] jfa_status backward_in(const jfa::detail::BackwardParams& b,
+                                        const DeviceFacts& facts) {
+  return b.fwd.dtype == JFA_DTYPE_FLOAT16 ? backward_shape<__half, kD, kRows>(b, facts)
+                                          : backward_shape<__nv_bfloat16, kD, kRows>(b, facts);
+}
+
+// At head_dim 32 and 64: steps of two q tiles, unless the sequences are at most one tile long on
+// average: then the second tile would be mostly padding. The shapes decide, not the max_seqlen_q
+// hint, so that deterministic mode gives the same bits for the same tensors (the two step shapes
+// sum in different orders).
+template <int kD>
+[[maybe_unused]] jfa_status backward_by_rows(const jfa::detail::BackwardParams& b,
+                                             const DeviceFacts& facts) {
+  if (b.fwd.total_q <= kBwdTileRows * b.fwd.batch) return backward_in<kD, kBwdTileRows>(b, facts);
+  return backward_in<kD, 2 * kBwdTileRows>(b, facts);
+}
+
+}  // namespace
+
 jfa_status backward(const jfa::detail::BackwardParams& b) {
   using jfa::detail::fail;
   const jfa::detail::Params& p = b.fwd;
@@ -33,27 +56,18 @@ jfa_status backward(const jfa::detail::BackwardParams& b) {
                 p.heads_q);
   if (b.dlse != nullptr && (reinterpret_cast<uintptr_t>(b.dlse) & 3u) != 0)
     return fail(JFA_ERROR_INVALID_ARGUMENT, "dlse must be 4-byte aligned");
-  const bool half = p.dtype == JFA_DTYPE_FLOAT16;
+#ifdef JFA_SM90_BUILT_D32
+  if (p.head_dim == 32) return backward_by_rows<32>(b, *facts);
+#endif
 #ifdef JFA_SM90_BUILT_D64
-  if (p.head_dim == 64) {
-    // Steps of two q tiles, unless the sequences are at most one tile long on average: then the
-    // second tile would be mostly padding. The shapes decide, not the max_seqlen_q hint, so that
-    // deterministic mode gives the same bits for the same tensors (the two step shapes sum in
-    // different orders).
-    const bool one_tile = p.total_q <= kBwdTileRows * p.batch;
-    if (one_tile)
-      return half ? backward_shape<__half, 64, kBwdTileRows>(b, *facts)
-                  : backward_shape<__nv_bfloat16, 64, kBwdTileRows>(b, *facts);
-    return half ? backward_shape<__half, 64, 2 * kBwdTileRows>(b, *facts)
-                : backward_shape<__nv_bfloat16, 64, 2 * kBwdTileRows>(b, *facts);
-  }
+  if (p.head_dim == 64) return backward_by_rows<64>(b, *facts);
+#endif
+#ifdef JFA_SM90_BUILT_D96
+  if (p.head_dim == 96) return backward_in<96, kBwdTileRows>(b, *facts);
 #endif
 #ifdef JFA_SM90_BUILT_D128
-  if (p.head_dim == 128)
-    return half ? backward_shape<__half, 128, kBwdTileRows>(b, *facts)
-                : backward_shape<__nv_bfloat16, 128, kBwdTileRows>(b, *facts);
+  if (p.head_dim == 128) return backward_in<128, kBwdTileRows>(b, *facts);
 #endif
-  (void)half;
   return fail(JFA_ERROR_INTERNAL, "no backward kernel for head_dim %d", p.head_dim);
 }
 

@@ -29,24 +29,25 @@ __device__ __forceinline__ int32_t load_acquire(const int32_t* p) {
 // sequence's end or (causal) before the first row that sees the item's keys; then it adds nothing
 // (no bytes), and in deterministic mode it does not count on the q tile's semaphore.
 template <typename Cfg>
-__device__ __forceinline__ void stage_dq(typename Cfg::Shared& s, const DqTile& dq,
+__device__ __forceinline__ void stage_dq(typename Cfg::Shared& s, const DqTile<Cfg>& dq,
                                          const BwdArgs& a, const BwdItem& w, int32_t head,
                                          int32_t m, int group, uint32_t& dq_phase) {
+  using Frag = DqTile<Cfg>;
+  constexpr int kCols = Cfg::kDqPartCols;
   s.dq_empty[group].wait(dq_phase ^ 1u);
   // Row r and the column pair (c, c + 1) of the fragment: chunk c / 4 of the row, permuted by the
   // token's index (dq_chunk_offset); the thread's two rows are 8 apart, so they share it.
-  const int r0 = DqTile::row(0);
+  const int r0 = Frag::row(0);
   const int perm = ((w.seq.q_start + r0) & 3) << 1;  // q_start + 64 (q tile) + r0 = the token
-  const uint32_t base = tlx::smem_addr(&s.dq[group][r0 * kDqPartCols]);
-  const int pair = DqTile::col(0, 0);  // 2 (t % 4): chunk (t % 4) / 2, offset 2 (t % 2)
+  const uint32_t base = tlx::smem_addr(&s.dq[group][r0 * kCols]);
+  const int pair = Frag::col(0, 0);  // 2 (t % 4): chunk (t % 4) / 2, offset 2 (t % 2)
 #pragma unroll
-  for (int j = 0; j < DqTile::kBlocks; ++j) {
+  for (int j = 0; j < Frag::kBlocks; ++j) {
     const int chunk = ((2 * j + (pair >> 2)) ^ perm);
     const uint32_t at = base + ((chunk << 2) + (pair & 3)) * sizeof(float);
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      tlx::st_shared_f32x2(at + 8 * h * kDqPartCols * sizeof(float), dq.at(j, h, 0),
-                           dq.at(j, h, 1));
+      tlx::st_shared_f32x2(at + 8 * h * kCols * sizeof(float), dq.at(j, h, 0), dq.at(j, h, 1));
   }
   if (threadIdx.x % 128 == 0) {
     const DqAdd add = dq_add_of_step<Cfg::kBlockM>(a, w, m, group);
@@ -54,10 +55,10 @@ __device__ __forceinline__ void stage_dq(typename Cfg::Shared& s, const DqTile& 
     const int part = Cfg::kDqSplit == DqSplit::kColumns ? group : 0;
     const int32_t first = w.seq.q_start + add.q_tile * kBwdTileRows;
     s.dq_dest[group] = DqDestination{a.dq_acc + dq_part_base(a.total_q, Cfg::kD, head, part) +
-                                         static_cast<int64_t>(first) * kDqPartCols,
+                                         static_cast<int64_t>(first) * kCols,
                                      w.n_seqs > 1 ? nullptr : a.sems + tile,
                                      add.rank,
-                                     static_cast<uint32_t>(add.rows * kDqPartCols * sizeof(float)),
+                                     static_cast<uint32_t>(add.rows * kCols * sizeof(float)),
                                      head,
                                      first};
   }
@@ -87,15 +88,15 @@ __device__ __forceinline__ DqDestination warp_broadcast(const DqDestination& d) 
 
 // Converts a shared tile's staged dQ part into dq: softmax_scale times the part's rows (with kKeys,
 // times the sum of both groups' parts, which cover the same rows over different keys), rounded to
-// T, at columns col0 .. col0 + 63 of the destination's head. The writer threads take the part's
-// 16-byte chunks in row order (16 per row), so that a row's stores go together. Returns whether an
+// T, at columns col0 .. col0 + kDqPartCols - 1 of the destination's head. The writer threads take
+// the part's 16-byte chunks in row order, so that a row's stores go together. Returns whether an
 // element was NaN or infinite.
 template <typename Cfg>
 __device__ __forceinline__ bool store_staged_dq(const float* staged, const float* other,
                                                 const DqDestination& d, int col0, const BwdArgs& a,
                                                 int writer) {
   using T = typename Cfg::Element;
-  constexpr int kChunks = kDqPartCols / 4;
+  constexpr int kCols = Cfg::kDqPartCols, kChunks = kCols / 4;
   const int n = static_cast<int>(d.bytes / (4 * sizeof(float)));  // rows x kChunks
   T* dq = static_cast<T*>(a.dq) + d.head * a.dq_head_stride + col0;
   const uint32_t base = tlx::smem_addr(staged);
@@ -104,7 +105,7 @@ __device__ __forceinline__ bool store_staged_dq(const float* staged, const float
   for (int i = writer; i < n; i += Cfg::kDqWriterThreads) {
     const int r = i / kChunks, c = 4 * (i % kChunks);
     const int64_t token = d.first + r;
-    const uint32_t at = (r * kDqPartCols + dq_chunk_offset(token, c)) * sizeof(float);
+    const uint32_t at = (r * kCols + dq_chunk_offset(token, c)) * sizeof(float);
     float4 x = tlx::ld_shared_f32x4(base + at);
     if (other != nullptr) {
       const float4 y = tlx::ld_shared_f32x4(other_base + at);
@@ -158,7 +159,7 @@ __device__ __forceinline__ void bwd_dq_writer(typename Cfg::Shared& s, const Bwd
         not_finite |= store_staged_dq<Cfg>(s.dq[0], kKeys ? s.dq[1] : nullptr, d0, 0, a, writer);
       if (!kKeys && d1.bytes > 0)
         not_finite |=
-            store_staged_dq<Cfg>(s.dq[1], nullptr, d1, kRows ? 0 : kDqPartCols, a, writer);
+            store_staged_dq<Cfg>(s.dq[1], nullptr, d1, kRows ? 0 : Cfg::kDqPartCols, a, writer);
       s.dq_empty[0].arrive();
       s.dq_empty[1].arrive();
       continue;

@@ -10,10 +10,11 @@
 
 namespace jfa::sm90 {
 
-// A group's 64 keys x the step's queries (S^T, dP^T), and a dQ part (64 rows x 64 columns).
+// A group's 64 keys x the step's queries (S^T, dP^T), and a dQ part (64 rows x kDqPartCols).
 template <typename Cfg>
 using ScoreTile = tlx::AccumFragment<Cfg::kBlockM>;
-using DqTile = tlx::AccumFragment<kDqPartCols>;
+template <typename Cfg>
+using DqTile = tlx::AccumFragment<Cfg::kDqPartCols>;
 
 // out = rows x cols^T for this group's 64 keys: S^T = K Q^T or dP^T = V dO^T (SS wgmma, both
 // operands K-major over head_dim).
@@ -36,21 +37,24 @@ __device__ __forceinline__ void gemm_accumulate(
 // kRows the group's q tile is the tile's column box `group`, with kKeys its keys are the group's
 // rows), K as an MN-major B (with kColumns its column box `group`).
 template <typename Cfg>
-__device__ __forceinline__ void gemm_dq(DqTile& dq, const typename Cfg::DsTile& ds,
+__device__ __forceinline__ void gemm_dq(DqTile<Cfg>& dq, const typename Cfg::DsTile& ds,
                                         const typename Cfg::KVTile& k, int group) {
   using T = typename Cfg::Element;
   using DsTile = typename Cfg::DsTile;
   using KVTile = typename Cfg::KVTile;
-  static_assert(DsTile::kSwizzleRowBytes == KVTile::kSwizzleRowBytes, "one row pitch for both");
-  const int key_rows = Cfg::kDqSplit == DqSplit::kKeys ? KVTile::row_bytes(group * 64) : 0;
-  const uint32_t a_addr = ds.box_addr(Cfg::kDqSplit == DqSplit::kRows ? group : 0) + key_rows;
-  const uint32_t b_addr = k.box_addr(Cfg::kDqSplit == DqSplit::kColumns ? group : 0) + key_rows;
+  // With kKeys both operands start at the group's first key (a row of each tile, whose row pitches
+  // differ where K takes the 64-byte swizzle).
+  const int key0 = Cfg::kDqSplit == DqSplit::kKeys ? group * 64 : 0;
+  const uint32_t a_addr =
+      ds.box_addr(Cfg::kDqSplit == DqSplit::kRows ? group : 0) + DsTile::row_bytes(key0);
+  const uint32_t b_addr =
+      k.box_addr(Cfg::kDqSplit == DqSplit::kColumns ? group : 0) + KVTile::row_bytes(key0);
   const uint64_t a_desc = tlx::mn_major_desc<DsTile>(a_addr);
   const uint64_t b_desc = tlx::mn_major_desc<KVTile>(b_addr);
   tlx::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < Cfg::kDqKeys / 16; ++kk)
-    tlx::wgmma_ss<T, kDqPartCols, 1, 1>(
+    tlx::wgmma_ss<T, Cfg::kDqPartCols, 1, 1>(
         dq.reg, tlx::desc_advance(a_desc, DsTile::row_bytes(16 * kk)),
         tlx::desc_advance(b_desc, KVTile::row_bytes(16 * kk)), kk > 0 ? 1u : 0u);
   tlx::wgmma_commit();

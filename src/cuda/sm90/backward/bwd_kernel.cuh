@@ -2,10 +2,10 @@
 // of one sequence, or the keys of several short sequences together (a shared tile, at most 128
 // keys and 128 query rows; bwd_work_list.cuh); a persistent grid claims items from a global
 // counter. The item's K and V stay in shared memory while it walks the query rows (64 per step at
-// head_dim 128, 128 at 64) of each query head of its group that see any of its keys; dK and dV
-// accumulate in registers over the whole walk, so they need no atomics and are summed over the
-// group's query heads in a fixed order; at the item's end they go out by TMA stores
-// (store_key_rows).
+// head_dim 96 and 128, 128 at 32 and 64) of each query head of its group that see any of its
+// keys; dK and dV accumulate in registers over the whole walk, so they need no atomics and are
+// summed over the group's query heads in a fixed order; at the item's end they go out by TMA
+// stores (store_key_rows).
 //
 // Roles (128 threads per warp group, one CTA per SM):
 //   warp group 0   producer: one thread loads K and V per item and, per step, Q and dO with their
@@ -14,8 +14,9 @@
 //                  S^T = K Q^T and dP^T = V dO^T (SS wgmma), P^T = exp2(S^T scale log2e - LSE2),
 //                  dS^T = P^T (dP^T - D); dV += P^T dO and dK += dS^T Q (RS wgmma, dO and Q read
 //                  as MN-major B); dS^T to shared memory, dQ = dS K (SS wgmma, both operands
-//                  MN-major; each group one 64 x 64 part: half the columns at head_dim 128, one
-//                  q tile's rows at 64), staged in shared memory for the dQ writer.
+//                  MN-major; each group one part of 64 rows: half the columns at head_dim 128,
+//                  one q tile's rows at 32 and 64, all 96 columns over its own keys at 96),
+//                  staged in shared memory for the dQ writer.
 //   warp 1 of group 0  dQ writer: adds each group's staged dQ with one bulk reduction per step (in
 //                  deterministic mode in a fixed order of the K tiles, one semaphore per q tile;
 //                  a shared tile's rows get dQ from that item alone and need no order).

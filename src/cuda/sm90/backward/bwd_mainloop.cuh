@@ -82,7 +82,7 @@ struct StepOperands {
 template <typename Cfg>
 __device__ __forceinline__ void step_gradients(typename Cfg::Shared& s, ScoreTile<Cfg>& sc,
                                                ScoreTile<Cfg>& dp, tlx::AccumFragment<Cfg::kD>& dk,
-                                               tlx::AccumFragment<Cfg::kD>& dv, DqTile& dq,
+                                               tlx::AccumFragment<Cfg::kD>& dv, DqTile<Cfg>& dq,
                                                StepOperands<Cfg>& ops, const BwdArgs& a,
                                                const BwdItem& w, int32_t m, int group,
                                                const tlx::PipelineState<Cfg::kStages>& st,
@@ -181,7 +181,7 @@ __device__ __forceinline__ void walk_item(typename Cfg::Shared& s, tlx::AccumFra
   int32_t head = w.kv_head * a.group, i_head = 0, m = walk_q_tile(a, w, 0);
   for (int32_t i = 0; i < steps; ++i) {
     ScoreTile<Cfg> sc, dp;
-    DqTile dq;
+    DqTile<Cfg> dq;
     issue_scores<Cfg>(s, sc, st, group);
     StepOperands<Cfg> ops;
     step_gradients<Cfg>(s, sc, dp, dk, dv, dq, ops, a, w, m, group, st, ds_buf);

@@ -27,23 +27,29 @@ inline constexpr int kBwdTileRows = 64;
 inline constexpr int kBwdBlockN = 128;  // keys per backward work item (two consumer groups of 64)
 
 // The float32 dQ accumulator, total_q x heads_q x head_dim floats (no padding), laid out so that
-// the rows of one q tile and 64 columns of one head are contiguous: parts of 64 columns, part
-// (head, col / 64) holding every token's 64 floats in token order, the 16-byte chunks of token t's
-// row permuted by 2 (t % 4). A thread of the MMA fragment stages two adjacent chunks' halves of one
-// row; with that permutation the four rows of a half warp (whose 8-byte stores go together) fall
-// on different banks. A q tile's rows of a part are what one bulk reduction adds.
-inline constexpr int kDqPartCols = 64;
+// the rows of one q tile and the columns of one dQ part of one head are contiguous: parts of
+// dq_part_cols(head_dim) columns (64 where head_dim is a multiple of 64, else all of them: 32 or
+// 96), part (head, col / part columns) holding every token's floats in token order, the 16-byte
+// chunks of token t's row permuted by 2 (t % 4) within each run of eight. A thread of the MMA
+// fragment stages two adjacent chunks' halves of one row; with that permutation the four rows of a
+// half warp (whose 8-byte stores go together) fall on different banks. A q tile's rows of a part
+// are what one bulk reduction adds.
+JFA_HOST_DEVICE constexpr int dq_part_cols(int64_t head_dim) {
+  return head_dim % 64 == 0 ? 64 : static_cast<int>(head_dim);
+}
 JFA_HOST_DEVICE constexpr int64_t dq_part_base(int64_t total_q, int64_t head_dim, int64_t head,
                                                int64_t part) {
-  return (head * (head_dim / kDqPartCols) + part) * total_q * kDqPartCols;
+  return (head * (head_dim / dq_part_cols(head_dim)) + part) * total_q * dq_part_cols(head_dim);
 }
-JFA_HOST_DEVICE constexpr int dq_chunk_offset(int64_t token, int col) {  // col in [0, 64)
+// col in [0, part columns), a multiple of 32: the permutation stays inside each run of 8 chunks.
+JFA_HOST_DEVICE constexpr int dq_chunk_offset(int64_t token, int col) {
   return (((col >> 2) ^ (static_cast<int>(token & 3) << 1)) << 2) + (col & 3);
 }
 JFA_HOST_DEVICE constexpr int64_t dq_acc_offset(int64_t total_q, int64_t head_dim, int64_t token,
                                                 int64_t head, int col) {  // col in [0, head_dim)
-  return dq_part_base(total_q, head_dim, head, col / kDqPartCols) + token * kDqPartCols +
-         dq_chunk_offset(token, col % kDqPartCols);
+  const int cols = dq_part_cols(head_dim);
+  return dq_part_base(total_q, head_dim, head, col / cols) + token * cols +
+         dq_chunk_offset(token, col % cols);
 }
 
 // Short sequences share a work item: at most kBwdBlockN keys and kBwdPackRows query rows of
