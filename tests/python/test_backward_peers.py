@@ -449,27 +449,27 @@ def test_readme_tables_put_both_masks_and_the_replay_in_one_cell():
     assert "bf16" not in text and "143" not in text
 
 
-def test_the_readme_backward_tables_are_those_of_the_results_file_it_cites():
+def _readme_section_and_results(heading, cited_pattern):
+    """The README's section under `heading` and the results file it cites first."""
     import json
     import re
     readme = (BENCH.parent / "README.md").read_text()
-    section = readme[readme.index("### Backward"):]
+    section = readme[readme.index(heading):]
     section = section[:section.index("\n### ", 1)]
-    cited = re.findall(r"`(bench/results/[^`]*backward-step[^`]*\.json)`", section)
-    assert cited, "the backward section cites no results file"
-    doc = json.loads((BENCH.parent / cited[0]).read_text())
+    cited = re.findall(cited_pattern, section)
+    assert cited, f"the section {heading!r} cites no results file"
+    return section, json.loads((BENCH.parent / cited[0]).read_text())
+
+
+def test_the_readme_backward_tables_are_those_of_the_results_file_it_cites():
+    section, doc = _readme_section_and_results(
+        "### Backward", r"`(bench/results/[^`]*backward-step[^`]*\.json)`")
     assert bp.readme_tables(doc["results"]) in section
 
 
 def test_the_readme_tables_at_other_head_sizes_are_those_of_the_results_file_they_cite():
-    import json
-    import re
-    readme = (BENCH.parent / "README.md").read_text()
-    section = readme[readme.index("### Backward at head_dim 32 and 96"):]
-    section = section[:section.index("\n### ", 1)]
-    cited = re.findall(r"`(bench/results/[^`]*backward[^`]*\.json)`", section)
-    assert cited, "the section cites no results file"
-    doc = json.loads((BENCH.parent / cited[0]).read_text())
+    section, doc = _readme_section_and_results(
+        "### Backward at head_dim 32 and 96", r"`(bench/results/[^`]*backward[^`]*\.json)`")
     for head_dim in (96, 32):
         assert bp.readme_tables(doc["results"], head_dim=head_dim) in section
 
