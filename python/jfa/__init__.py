@@ -15,14 +15,15 @@ from ._errors import (JfaBackendUnavailableError, JfaCudaError, JfaError,
 from ._library import cuda_available, library_path, device_check_message, version
 from ._torch_support import unavailable_reason as _torch_unavailable_reason
 from .attention import attention_reference, jagged_attention
-from .jagged import (from_nested, lengths_to_offsets, max_length, offsets_to_lengths, pad,
-                     to_nested, unpad, validate_offsets)
+from .jagged import (from_nested, lengths_to_offsets, max_length, offsets_from_position_ids,
+                     offsets_to_lengths, pad, to_nested, unpad, validate_offsets)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "jagged_attention", "attention_reference", "device_check_message",
-    "lengths_to_offsets", "offsets_to_lengths", "max_length", "validate_offsets", "pad", "unpad",
+    "lengths_to_offsets", "offsets_to_lengths", "offsets_from_position_ids", "max_length",
+    "validate_offsets", "pad", "unpad",
     "from_nested", "to_nested",
     "JfaError", "JfaInvalidArgumentError", "JfaUnsupportedError", "JfaBackendUnavailableError",
     "JfaCudaError", "JfaOutOfMemoryError", "LibraryNotFoundError",

@@ -84,10 +84,12 @@ def layout(name: str, shape: Sequence[int], strides: Sequence[int], how_to_fix: 
 
 
 def offsets_1d(name: str, shape: Sequence[int]) -> int:
-    """The number of entries of 1-D offsets (batch + 1)."""
+    """The number of entries of 1-D offsets (batch + 1), as the shape holds it (not converted: a
+    size that torch.compile traces symbolically stays symbolic, so a new batch size does not
+    recompile)."""
     if len(shape) != 1:
         raise ValueError(f"{name} must be 1-D (batch + 1 offsets), got shape {tuple(shape)}")
-    return int(shape[0])
+    return shape[0]
 
 
 def offsets_batch(name: str, n: int) -> int:
@@ -125,7 +127,9 @@ def scale_value(value: Optional[float]) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"softmax_scale must be a float or None, got {type(value).__name__}")
     value = float(value)
-    if not math.isfinite(value) or abs(value) > FLOAT32_MAX:
+    # One comparison, false for NaN and the infinities too: it also holds for a value that
+    # torch.compile traces symbolically (math.isfinite would break its graph).
+    if not abs(value) <= FLOAT32_MAX:
         raise ValueError("softmax_scale must be finite in float32 (or None for 1/sqrt(head_dim)), "
                          f"got {value}")
     return value

@@ -173,6 +173,45 @@ def lengths_to_offsets(lengths, *, device=None):
     return out
 
 
+def offsets_from_position_ids(position_ids):
+    """Offsets of the sequences packed in ``position_ids`` (a torch integer tensor, ``[tokens]`` or
+    ``[rows, tokens]``, read row after row), where a sequence starts at every token whose position
+    is not the previous token's plus one (position 0 after a sequence, as packing collators write).
+
+    Returns int32 offsets of a fixed size, ``tokens + 1`` (all of position_ids' tokens counted):
+    the sequences found, then empty ones up to that size. The size depends on the shape only and
+    nothing is read on the host, so the call does not synchronize and, under torch.compile, new
+    lengths do not recompile. A row of ``position_ids`` always starts a sequence.
+    """
+    if torch is None:
+        raise ImportError("offsets_from_position_ids needs torch")
+    if not _is_tensor(position_ids):
+        raise TypeError(f"position_ids must be a torch.Tensor, got {type(position_ids).__name__}")
+    if position_ids.dtype.is_floating_point or position_ids.dtype.is_complex or \
+            position_ids.dtype == torch.bool:
+        raise TypeError(f"position_ids must be an integer tensor, got {position_ids.dtype}")
+    if position_ids.dim() not in (1, 2):
+        raise ValueError(f"position_ids must be [tokens] or [rows, tokens], got shape "
+                         f"{tuple(position_ids.shape)}")
+    pos = position_ids.to(torch.int64)
+    if pos.dim() == 1:
+        pos = pos.unsqueeze(0)
+    rows, width = pos.shape
+    starts = torch.ones_like(pos, dtype=torch.bool)
+    if width > 1:
+        starts[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1
+    starts = starts.reshape(-1)
+    total = rows * width
+    # Token t belongs to sequence cumsum(starts)[t] - 1; the lengths are counted into a vector of
+    # one slot per token (at most that many sequences), so the shapes never depend on the values.
+    seq = torch.cumsum(starts.to(torch.int64), 0) - 1
+    lengths = torch.zeros(total, dtype=torch.int64, device=pos.device)
+    lengths.scatter_add_(0, seq, torch.ones_like(seq))
+    out = torch.zeros(total + 1, dtype=torch.int32, device=pos.device)
+    out[1:] = torch.cumsum(lengths, 0)
+    return out
+
+
 def offsets_to_lengths(cu_seqlens):
     """Sequence lengths (cu_seqlens[i + 1] - cu_seqlens[i])."""
     if _is_tensor(cu_seqlens):

@@ -1,5 +1,5 @@
 """The README's Python examples run as written: the numpy one everywhere, the torch one where torch
-and a usable CUDA backend are present."""
+and a usable CUDA backend are present, the transformers one where transformers is installed."""
 
 import re
 from pathlib import Path
@@ -11,8 +11,10 @@ import jfa
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-def python_blocks():
-    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+def python_blocks(transformers=False):
+    """The README's Python examples, those with transformers or those without."""
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    return [b for b in blocks if ("import transformers" in b) == transformers]
 
 
 def test_readme_has_both_examples():
@@ -44,3 +46,13 @@ def test_torch_example_runs():
     for block in python_blocks():
         if "import torch" in block and "# CPU example" not in block:
             exec(compile(block, "README.md (torch example)", "exec"), {})
+
+
+def test_transformers_example_runs():
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    if not jfa.torch_available():
+        pytest.skip(f"torch path unavailable: {jfa.torch_unavailable_reason()}")
+    blocks = python_blocks(transformers=True)
+    assert blocks
+    for block in blocks:
+        exec(compile(block, "README.md (transformers example)", "exec"), {})

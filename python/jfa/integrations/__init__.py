@@ -1,0 +1,1 @@
+"""Framework integrations of jfa (each imports its framework on its own import)."""
