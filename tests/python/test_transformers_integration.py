@@ -42,7 +42,18 @@ def _gemma2():
                                      query_pre_attn_scalar=12, max_position_embeddings=256)
 
 
-CONFIGS = {"llama": (_llama, "sdpa"), "qwen2": (_qwen2, "sdpa"), "gemma2": (_gemma2, "eager")}
+def _gpt_oss():
+    # Attention sinks (one learned logit per query head), a sliding window of 4 keys on every other
+    # layer, a small mixture of experts.
+    return transformers.GptOssConfig(vocab_size=97, hidden_size=64, intermediate_size=64,
+                                     num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, head_dim=16, num_local_experts=4,
+                                     num_experts_per_tok=2, sliding_window=4,
+                                     max_position_embeddings=256)
+
+
+CONFIGS = {"llama": (_llama, "sdpa"), "qwen2": (_qwen2, "sdpa"), "gemma2": (_gemma2, "eager"),
+           "gpt_oss": (_gpt_oss, "eager")}
 
 
 def _models(name, seed=0):
@@ -53,12 +64,13 @@ def _models(name, seed=0):
                                                           attn_implementation="jfa")
     ref = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(make()),
                                                         attn_implementation=reference)
-    if name == "gemma2":
-        # Scores well past the cap, so that the softcap shapes the softmax.
-        with torch.no_grad():
-            for layer in model.model.layers:
+    with torch.no_grad():
+        for layer in model.model.layers:
+            if name == "gemma2":  # scores well past the cap, so that the softcap shapes the softmax
                 layer.self_attn.q_proj.weight.mul_(6.0)
                 layer.self_attn.k_proj.weight.mul_(6.0)
+            if name == "gpt_oss":  # sinks that take a visible share of each row's probability
+                layer.self_attn.sinks.normal_(0.0, 2.0)
     ref.load_state_dict(model.state_dict())
     assert model.config._attn_implementation == "jfa"
     return model, ref
