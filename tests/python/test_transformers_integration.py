@@ -52,8 +52,21 @@ def _gpt_oss():
                                      max_position_embeddings=256)
 
 
+def _deepseek_v3():
+    # Multi-head latent attention: q and k of 24 columns (16 + 8 rotary), v of 12 (a value head
+    # size of its own), experts after the first layer.
+    return transformers.DeepseekV3Config(vocab_size=97, hidden_size=64, intermediate_size=96,
+                                         moe_intermediate_size=32, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=4,
+                                         n_routed_experts=4, num_experts_per_tok=2,
+                                         n_shared_experts=1, first_k_dense_replace=1, n_group=1,
+                                         topk_group=1, kv_lora_rank=16, q_lora_rank=24,
+                                         qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12,
+                                         max_position_embeddings=256)
+
+
 CONFIGS = {"llama": (_llama, "sdpa"), "qwen2": (_qwen2, "sdpa"), "gemma2": (_gemma2, "eager"),
-           "gpt_oss": (_gpt_oss, "eager")}
+           "gpt_oss": (_gpt_oss, "eager"), "deepseek_v3": (_deepseek_v3, "sdpa")}
 
 
 def _models(name, seed=0):
