@@ -44,7 +44,7 @@ cmake -S . -B "$BUILD" -DJFA_TORCH_OPS=ON -DJFA_TORCH_DIR="$SITE/torch" >/dev/nu
 export JFA_LIBRARY="$PWD/$BUILD/src/libjfa.so"
 python3 -m pytest tests/python/test_torch.py tests/python/test_torch_cuda_backward.py \
   tests/python/test_torch_local_attention.py tests/python/test_transformers_integration.py \
-  tests/python/test_readme.py -q -rs || exit 1
+  tests/python/test_transformers_step_bench.py tests/python/test_readme.py -q -rs || exit 1
 JFA_TORCH_OPS=ctypes python3 -m pytest tests/python/test_torch.py \
   tests/python/test_torch_local_attention.py tests/python/test_transformers_integration.py \
   tests/python/test_torch_cuda_backward.py -q || exit 1

@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""A training step of a transformers model on a packed batch: attn_implementation="jfa" against
+the model's other ways to see the same sequences.
+
+Methods (each checked first: its logits on the batch against per-sequence sdpa's):
+- jfa: one packed row, position_ids restarting at each sequence (jfa.integrations.transformers).
+- flash_attention_2: the same packed row, where flash-attn is installed.
+- sdpa_padded: the sequences as a right-padded batch with its attention mask.
+- sdpa_per_sequence: one forward and backward per sequence (gradients accumulate).
+
+A step is forward, a cross-entropy loss over every real token, backward and an SGD update;
+timed with CUDA events (or the wall clock on the CPU), warm-up steps first, the median of
+--steps. Peak memory: torch.cuda.max_memory_allocated over the timed steps. Tokens per second
+count the real tokens only.
+
+usage: python3 bench/transformers_step.py [--lengths 1500,700,3000 | --workload W2 --cli
+           build/tools/jfa] [--model llama|qwen2|gemma2] [--layers 4] [--dtype bf16]
+           [--methods jfa,sdpa_padded,...] [--steps 10] [--warmup 3] [--json out.json]
+           [--tiny] (a small model on the CPU, for a smoke run)
+"""
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+METHODS = ("jfa", "flash_attention_2", "sdpa_padded", "sdpa_per_sequence")
+
+
+def model_config(transformers, name, layers, tiny):
+    """A Llama-, Qwen2- or Gemma-2-shaped config: 16 query heads of 128 on 8 key/value heads (a
+    tiny one with --tiny)."""
+    if tiny:
+        size = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16)
+    else:
+        size = dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                    num_attention_heads=16, num_key_value_heads=8, head_dim=128)
+    common = dict(num_hidden_layers=layers, max_position_embeddings=32768, **size)
+    if name == "llama":
+        return transformers.LlamaConfig(**common)
+    if name == "qwen2":
+        return transformers.Qwen2Config(**common)
+    if name == "gemma2":
+        return transformers.Gemma2Config(sliding_window=4096, attn_logit_softcapping=50.0,
+                                         final_logit_softcapping=None, **common)
+    raise ValueError(f"unknown model {name!r}")
+
+
+def batch_inputs(torch, lengths, vocab, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    seqs = [torch.randint(0, vocab, (n,), generator=g).to(device) for n in lengths]
+    packed = torch.cat(seqs)[None]
+    positions = torch.cat([torch.arange(n, device=device) for n in lengths])[None]
+    width = max(lengths)
+    padded = torch.zeros(len(lengths), width, dtype=torch.long, device=device)
+    mask = torch.zeros_like(padded)
+    for i, s in enumerate(seqs):
+        padded[i, :len(s)] = s
+        mask[i, :len(s)] = 1
+    return seqs, packed, positions, padded, mask
+
+
+def step_fn(torch, method, model, inputs):
+    """One forward + loss + backward (no update) for `method`; returns the real tokens' logits."""
+    seqs, packed, positions, padded, mask = inputs
+    ce = torch.nn.functional.cross_entropy
+    if method in ("jfa", "flash_attention_2"):
+        logits = model(input_ids=packed, position_ids=positions, use_cache=False).logits[0]
+        ce(logits.float(), packed[0]).backward()
+        return logits
+    if method == "sdpa_padded":
+        logits = model(input_ids=padded, attention_mask=mask, use_cache=False).logits
+        real = logits[mask.bool()]
+        ce(real.float(), padded[mask.bool()]).backward()
+        return real
+    out = []
+    total = sum(len(s) for s in seqs)
+    for s in seqs:
+        logits = model(input_ids=s[None], use_cache=False).logits[0]
+        (ce(logits.float(), s, reduction="sum") / total).backward()
+        out.append(logits.detach())
+    return torch.cat(out)
+
+
+def run(args):
+    import torch
+    import transformers
+
+    import jfa.integrations.transformers  # noqa: F401  registers "jfa"
+
+    device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    if device == "cpu":
+        dtype = torch.float32
+    lengths = args.lengths
+    config = model_config(transformers, args.model, args.layers, args.tiny)
+    torch.manual_seed(args.seed)
+    base = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config),
+                                                         attn_implementation="sdpa")
+    base = base.to(device=device, dtype=dtype)
+    state = base.state_dict()
+    inputs = batch_inputs(torch, lengths, config.vocab_size, device, args.seed)
+    with torch.no_grad():
+        reference = torch.cat([base(input_ids=s[None], use_cache=False).logits[0].float()
+                               for s in inputs[0]])
+    scale = reference.abs().max().item()
+    tol = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 5e-2}[dtype]
+    records = []
+    for method in args.methods:
+        rec = {"method": method, "model": args.model, "layers": args.layers, "dtype": args.dtype,
+               "device": device, "tokens": sum(lengths), "sequences": len(lengths)}
+        records.append(rec)
+        impl = {"jfa": "jfa", "flash_attention_2": "flash_attention_2"}.get(method, "sdpa")
+        try:
+            model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config),
+                                                                  attn_implementation=impl)
+        except (ImportError, ValueError) as e:
+            rec.update(status="unavailable", reason=str(e).splitlines()[0])
+            continue
+        model = model.to(device=device, dtype=dtype)
+        model.load_state_dict(state)
+        model.train()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the weights stay equal
+        logits = step_fn(torch, method, model, inputs).detach().float()
+        err = (logits - reference).abs().max().item() / max(scale, 1e-6)
+        rec["max_rel_error"] = err
+        if not err <= tol:
+            rec.update(status="wrong", reason=f"logits differ by {err:.2e} of the largest")
+            continue
+        times = []
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        for i in range(args.warmup + args.steps):
+            optimizer.zero_grad(set_to_none=True)
+            if device == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+            t0 = time.perf_counter()
+            step_fn(torch, method, model, inputs)
+            optimizer.step()
+            if device == "cuda":
+                end.record()
+                torch.cuda.synchronize()
+                ms = start.elapsed_time(end)
+            else:
+                ms = (time.perf_counter() - t0) * 1e3
+            if i >= args.warmup:
+                times.append(ms)
+        ms = statistics.median(times)
+        rec.update(status="timed", step_ms=ms, tokens_per_s=sum(lengths) / ms * 1e3)
+        if device == "cuda":
+            rec["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        del model, optimizer
+    return records
+
+
+def table(records):
+    lines = ["| method | status | step ms | tokens/s | peak GiB | max rel. error |",
+             "|---|---|---|---|---|---|"]
+    for r in records:
+        def f(key, fmt):
+            return fmt.format(r[key]) if key in r else "-"
+        lines.append(f"| {r['method']} | {r['status']} | {f('step_ms', '{:.2f}')} | "
+                     f"{f('tokens_per_s', '{:.0f}')} | {f('peak_memory_gib', '{:.2f}')} | "
+                     f"{f('max_rel_error', '{:.1e}')} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lengths", default=None, help="comma-separated sequence lengths")
+    ap.add_argument("--workload", default=None, help="W1..W4: lengths from the CLI (--cli)")
+    ap.add_argument("--cli", default=None, help="the jfa CLI, for --workload")
+    ap.add_argument("--model", default="llama", choices=["llama", "qwen2", "gemma2"])
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tiny", action="store_true", help="a tiny model on the CPU (smoke run)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    args.methods = [m for m in args.methods.split(",") if m]
+    bad = [m for m in args.methods if m not in METHODS]
+    if bad:
+        ap.error(f"unknown method {bad[0]!r}; choose from {', '.join(METHODS)}")
+    if args.lengths is not None:
+        args.lengths = [int(x) for x in args.lengths.split(",") if x]
+    elif args.workload is not None:
+        import workloads as W
+        args.lengths = W.cli_lengths(W.find_cli(args.cli), args.workload)
+    else:
+        args.lengths = [1500, 700, 3000, 120, 2048]
+    if not args.lengths or min(args.lengths) < 1:
+        ap.error("--lengths: at least one sequence, every length >= 1")
+    if args.steps < 1 or args.warmup < 0 or args.layers < 1:
+        ap.error("--steps and --layers must be >= 1, --warmup >= 0")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    records = run(args)
+    print(table(records))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"lengths": args.lengths, "results": records}, f, indent=1)
+    return 0 if all(r["status"] in ("timed", "unavailable") for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
