@@ -114,6 +114,11 @@ def _t_check_offsets(name, cu, total=None, max_len=None):
         raise ValueError(f"sequence {b} has length {int(d[b])} > max_len {max_len}")
 
 
+def _t_check_integer(name, t):
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got {t.dtype}")
+
+
 def _t_positions(cu64, total, device):
     """(sequence index, position) of tokens 0..total-1; no host sync."""
     batch = cu64.shape[0] - 1
@@ -137,8 +142,7 @@ def lengths_to_offsets(lengths, *, device=None):
             raise ImportError("device= needs torch")
         lengths = torch.tensor(lengths, dtype=torch.int64, device=device)
     if _is_tensor(lengths):
-        if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
-            raise TypeError(f"lengths must be an integer tensor, got {lengths.dtype}")
+        _t_check_integer("lengths", lengths)
         if lengths.dim() != 1:
             raise ValueError(f"lengths must be 1-D, got shape {tuple(lengths.shape)}")
         csum = torch.cumsum(lengths.to(torch.int64), 0)
@@ -187,9 +191,7 @@ def offsets_from_position_ids(position_ids):
         raise ImportError("offsets_from_position_ids needs torch")
     if not _is_tensor(position_ids):
         raise TypeError(f"position_ids must be a torch.Tensor, got {type(position_ids).__name__}")
-    if position_ids.dtype.is_floating_point or position_ids.dtype.is_complex or \
-            position_ids.dtype == torch.bool:
-        raise TypeError(f"position_ids must be an integer tensor, got {position_ids.dtype}")
+    _t_check_integer("position_ids", position_ids)
     if position_ids.dim() not in (1, 2):
         raise ValueError(f"position_ids must be [tokens] or [rows, tokens], got shape "
                          f"{tuple(position_ids.shape)}")

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import jagged_attention, offsets_from_position_ids
+from .. import jagged_attention, lengths_to_offsets, offsets_from_position_ids
 
 NAME = "jfa"
 
@@ -60,26 +60,26 @@ def jfa_attention_forward(module, query, key, value, attention_mask, dropout=0.0
         raise ValueError("attn_implementation='jfa' does not return attention weights "
                          "(output_attentions=True); use 'eager' for them")
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
-    batch, heads_q, q_len, head_dim = query.shape
+    batch, heads_q, q_len, _ = query.shape
     kv_len = key.shape[2]
-    q = query.transpose(1, 2)  # [batch, q_len, heads, dim]
-    k = key.transpose(1, 2)
-    v = value.transpose(1, 2)
+    # One row of tokens, [batch * len, heads, dim], as jfa takes them.
+    q, k, v = (t.transpose(1, 2).reshape(-1, t.shape[1], t.shape[3]) for t in (query, key, value))
     options = dict(causal=causal, softmax_scale=None if scaling is None else float(scaling),
                    window_size=_window(sliding_window, causal),
                    softcap=float(softcap) if softcap else 0.0,
                    sinks=s_aux.float() if s_aux is not None else None)
 
-    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
-    if cu_q is not None and cu_k is not None:
-        out = jagged_attention(q.reshape(-1, heads_q, head_dim), k.reshape(-1, *k.shape[2:]),
-                               v.reshape(-1, *v.shape[2:]), cu_q.to(torch.int32),
-                               cu_k.to(torch.int32), kwargs.get("max_length_q"),
-                               kwargs.get("max_length_k"), **options)
+    def attend(cu_q, cu_k, max_q=None, max_k=None):
+        out = jagged_attention(q, k, v, cu_q, cu_k, max_q, max_k, **options)
         return out.view(batch, q_len, heads_q, -1), None
 
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if cu_q is not None and cu_k is not None:
+        return attend(cu_q.to(torch.int32), cu_k.to(torch.int32), kwargs.get("max_length_q"),
+                      kwargs.get("max_length_k"))
+
     if attention_mask is not None and attention_mask.dim() == 2:
-        return _attend_padded(q, k, v, attention_mask, options), None
+        return _attend_padded(q, k, v, attention_mask, batch, q_len, options), None
     if attention_mask is not None:
         raise ValueError(f"attn_implementation='jfa' takes a 2-D padding mask, got one of shape "
                          f"{tuple(attention_mask.shape)}")
@@ -87,35 +87,25 @@ def jfa_attention_forward(module, query, key, value, attention_mask, dropout=0.0
     position_ids = kwargs.get("position_ids")
     if position_ids is not None and q_len == kv_len:
         cu = offsets_from_position_ids(position_ids.expand(batch, -1))
-        out = jagged_attention(q.reshape(-1, heads_q, head_dim), k.reshape(-1, *k.shape[2:]),
-                               v.reshape(-1, *v.shape[2:]), cu, cu, **options)
-        return out.view(batch, q_len, heads_q, -1), None
+        return attend(cu, cu)
 
-    out = jagged_attention(q.reshape(-1, heads_q, head_dim), k.reshape(-1, *k.shape[2:]),
-                           v.reshape(-1, *v.shape[2:]), _offsets_of_rows(batch, q_len, q.device),
-                           _offsets_of_rows(batch, kv_len, q.device), q_len, kv_len, **options)
-    return out.view(batch, q_len, heads_q, -1), None
+    return attend(_offsets_of_rows(batch, q_len, q.device),
+                  _offsets_of_rows(batch, kv_len, q.device), q_len, kv_len)
 
 
-def _attend_padded(q, k, v, mask, options):
+def _attend_padded(q, k, v, mask, batch, q_len, options):
     """Attention over the tokens a 2-D padding mask ``[batch, kv_len]`` keeps (its last q_len
-    columns are the queries'), scattered back into ``[batch, q_len, heads, dim_v]`` with zeros at
-    the padding."""
-    batch, q_len, heads_q, _ = q.shape
-    kv_len = k.shape[1]
+    columns are the queries'), of q, k, v as rows of ``batch`` x their lengths, scattered back
+    into ``[batch, q_len, heads, dim_v]`` with zeros at the padding."""
+    kv_len = k.shape[0] // batch
     mask = mask[:, -kv_len:].to(torch.bool)
     q_mask = mask[:, -q_len:]
     keep_k = mask.reshape(-1).nonzero().squeeze(1)
     keep_q = q_mask.reshape(-1).nonzero().squeeze(1)
-    cu_k = torch.zeros(batch + 1, dtype=torch.int32, device=q.device)
-    cu_k[1:] = torch.cumsum(mask.sum(1), 0)
-    cu_q = torch.zeros(batch + 1, dtype=torch.int32, device=q.device)
-    cu_q[1:] = torch.cumsum(q_mask.sum(1), 0)
-    out = jagged_attention(q.reshape(-1, *q.shape[2:])[keep_q], k.reshape(-1, *k.shape[2:])[keep_k],
-                           v.reshape(-1, *v.shape[2:])[keep_k], cu_q, cu_k, **options)
-    full = out.new_zeros(batch * q_len, heads_q, out.shape[-1])
-    full = full.index_copy(0, keep_q, out)
-    return full.view(batch, q_len, heads_q, -1)
+    out = jagged_attention(q[keep_q], k[keep_k], v[keep_k], lengths_to_offsets(q_mask.sum(1)),
+                           lengths_to_offsets(mask.sum(1)), **options)
+    full = out.new_zeros(batch * q_len, out.shape[1], out.shape[2]).index_copy(0, keep_q, out)
+    return full.view(batch, q_len, out.shape[1], -1)
 
 
 def register() -> None:
