@@ -99,7 +99,7 @@ KNOWN_WORKLOADS = ["W1", "W2", "W3", "W4", "X1", "X2"]
 DEFAULT_WORKLOADS = ["W1", "W2", "W3", "W4"]
 QUICK_WORKLOADS = ["W1", "W4"]
 CAUSAL = {"both": (False, True), "on": (True,), "off": (False,)}
-HEAD_DIMS = (32, 64, 96, 128)  # the CUDA backward's sizes
+HEAD_DIMS = (32, 64, 96, 128, 192, 256)  # the CUDA backward's sizes
 PASSES = ("backward", "step")
 PASS_CHOICES = {"backward": ("backward",), "step": ("step",), "both": PASSES}
 

@@ -13,7 +13,8 @@
 #        on a machine without a GPU, instead of building), SKIP_GPU_SUITE=1 (neither the GPU nor
 #        the CPU ctest suite), SKIP_PYTHON=1, SKIP_SANITIZERS=1,
 #        SKIP_BENCH=1, GPU_TEST_TIMEOUT
-#        (default 400), SANITIZER_TIMEOUT (default 600 per tool), CLI_TIMEOUT (seconds per run),
+#        (default 400), SANITIZER_TOOLS (default "memcheck racecheck"), SANITIZER_TIMEOUT (default
+#        600 per tool), CLI_TIMEOUT (seconds per run),
 #        PEERS_FULL=1 (the full peers run instead of --quick: both dtypes, all workloads, and the
 #        results JSON and chart <date>-h200.json/.png in OUTDIR), SKIP_PEERS=1,
 #        CALL_OVERHEAD=quick|full|off (default quick), BWD_BENCH=quick|full|off (default quick:
@@ -76,7 +77,7 @@ fi
 
 if [ -z "${SKIP_SANITIZERS:-}" ] && [ -n "$GPU_TESTS" ] && command -v compute-sanitizer >/dev/null; then
   FILTER='TlxTma.*:TlxMBarrier.*:TlxWgmma.Fp16D128N128:AttentionGpu.OtherLaunchChoicesMatchReference:AttentionGpu.EdgeLengths*:AttentionGpu.DifferentQueryAndKeyLengthsGqa:AttentionGpu.GarbageDeviceOffsetsStayInBounds:AttentionGpu.CheckedModeReportsInvalidDeviceOffsets:AttentionGpu.CheckedModeReportsResultsBeyondFloat32:AttentionGpu.NoKeysAnywhere:AttentionGpu.ManyTinySequences:AttentionGpu.AlternativeSchedulesMatchReference:AttentionGpu.ShortSequencesShareTiles:AttentionGpuApi.CallerWorkspace:AttentionGpuApi.KeptWorkspaceGrows:BackwardGpu.EdgeLengths*:BackwardGpu.CrossLengthsGqa:BackwardGpu.EmptySequences:BackwardGpu.ManyTinySequences:BackwardGpu.SharedTilesOfShortSequences:BackwardGpu.DeterministicSharedTiles:BackwardGpuApi.StaleWorkspaceDoesNotReachSharedTiles:BackwardGpu.StridedGradientLayouts:BackwardGpu.DeterministicRunsAreBitIdentical:BackwardGpuApi.CallerWorkspaceGivesTheSameGradients:BackwardGpuApi.CheckedModeReportsInvalidDeviceOffsets:BackwardGpuApi.CheckedModeReportsGradientsThatAreNotFinite'
-  for tool in memcheck racecheck; do
+  for tool in ${SANITIZER_TOOLS:-memcheck racecheck}; do
     JFA_GPU_TESTS_QUICK=1 timeout "${SANITIZER_TIMEOUT:-600}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
       "$GPU_TESTS" --gtest_filter="$FILTER" >"$OUT/$tool.log" 2>&1
     rc=$?

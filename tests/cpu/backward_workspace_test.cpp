@@ -16,7 +16,7 @@ namespace {
 using jfa::sm90::backward_workspace_layout;
 using jfa::sm90::BwdWorkspaceLayout;
 using jfa::sm90::first_sem_tile;
-using jfa::sm90::kBwdBlockN;
+using jfa::sm90::kBwdMinBlockN;
 using jfa::sm90::kBwdTileRows;
 
 int64_t tiles(int64_t len, int64_t block) { return (len + block - 1) / block; }
@@ -30,7 +30,7 @@ void expect_tiles_fit(const std::vector<int64_t>& lengths) {
   const BwdWorkspaceLayout lay = backward_workspace_layout(total, total, batch, 4, 128);
   int64_t start = 0, prev_end = 0, k_tiles = 0;
   for (int64_t b = 0; b < batch; ++b) {
-    k_tiles += tiles(lengths[b], kBwdBlockN);
+    k_tiles += tiles(lengths[b], kBwdMinBlockN);  // the smaller K tiles: the most entries
     const int64_t first = first_sem_tile(start, b);
     EXPECT_GE(first, prev_end) << "sequence " << b << " overlaps the one before";
     prev_end = first + tiles(lengths[b], kBwdTileRows);
@@ -112,7 +112,8 @@ TEST(BackwardWorkspace, DqAccumulatorLayoutIsAPermutation) {
   EXPECT_EQ(jfa::sm90::dq_part_cols(32), 32);
   EXPECT_EQ(jfa::sm90::dq_part_cols(96), 96);
   EXPECT_EQ(jfa::sm90::dq_part_cols(128), 64);
-  EXPECT_EQ(jfa::sm90::dq_part_cols(256), 64);
+  EXPECT_EQ(jfa::sm90::dq_part_cols(192), 96);
+  EXPECT_EQ(jfa::sm90::dq_part_cols(256), 128);
   for (int d : {32, 64, 96, 128, 192, 256})
     for (int64_t total_q : {1, 7, 64, 131}) {
       const int64_t heads = 3;

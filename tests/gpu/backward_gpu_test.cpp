@@ -34,7 +34,10 @@ using jfa::tools::JaggedBatch;
 
 namespace {
 
-constexpr int kHeadDims[] = {32, 64, 96, 128};
+constexpr int kHeadDims[] = {32, 64, 96, 128, 192, 256};
+// Every (head_dim, value head size) pair the backward takes: the equal ones and 192/128.
+constexpr std::pair<int, int> kSizes[] = {{32, 32},   {64, 64},   {96, 96},  {128, 128},
+                                          {192, 192}, {192, 128}, {256, 256}};
 constexpr DType kDtypes[] = {DType::kFloat16, DType::kBFloat16};
 constexpr size_t kGuardBytes = 4096;  // poisoned bytes before and after every gradient
 
@@ -50,6 +53,7 @@ constexpr double kZeroScale = 1e-3;
 struct Case {
   std::vector<int32_t> lq, lk;
   int32_t heads_q = 2, heads_kv = 2, head_dim = 64;
+  int32_t head_dim_v = 0;  // 0: head_dim
   DType dtype = DType::kFloat16;
   bool causal = false;
   bool with_dlse = false;  // a random gradient of the forward's LSE
@@ -67,10 +71,11 @@ std::string describe(const Case& c) {
   char buf[256];
   std::snprintf(
       buf, sizeof buf,
-      "%s d=%d hq=%d hkv=%d causal=%d batch=%zu tq=%lld tk=%lld dlse=%d strided=%d det=%d",
-      jfa::tools::dtype_name(c.dtype), c.head_dim, c.heads_q, c.heads_kv, c.causal ? 1 : 0,
-      c.lq.size(), static_cast<long long>(total_q), static_cast<long long>(total_k),
-      c.with_dlse ? 1 : 0, c.strided ? 1 : 0, c.deterministic ? 1 : 0);
+      "%s d=%d dv=%d hq=%d hkv=%d causal=%d batch=%zu tq=%lld tk=%lld dlse=%d strided=%d det=%d",
+      jfa::tools::dtype_name(c.dtype), c.head_dim, c.head_dim_v == 0 ? c.head_dim : c.head_dim_v,
+      c.heads_q, c.heads_kv, c.causal ? 1 : 0, c.lq.size(), static_cast<long long>(total_q),
+      static_cast<long long>(total_k), c.with_dlse ? 1 : 0, c.strided ? 1 : 0,
+      c.deterministic ? 1 : 0);
   return buf;
 }
 
@@ -199,27 +204,28 @@ void check_gradient(const char* name, const std::vector<unsigned char>& bytes, c
 class BackwardRunner {
  public:
   BackwardRunner(const Case& c, uint64_t seed) : c_(c), seed_(seed) {
-    b_ = jfa::tools::make_batch(c.lq, c.lk, c.heads_q, c.heads_kv, c.head_dim, c.dtype, seed);
+    b_ = jfa::tools::make_batch(c.lq, c.lk, c.heads_q, c.heads_kv, c.head_dim, c.dtype, seed,
+                                c.head_dim_v);
     std::mt19937_64 rng(seed ^ 0xbac4a2dULL);
-    dout_ = HostBuffer(c.dtype, b_.total_q() * c.heads_q * c.head_dim);
+    dout_ = HostBuffer(c.dtype, b_.total_q() * c.heads_q * b_.value_dim());
     jfa::tools::fill_normal(dout_, rng, c.dout_stddev);
     if (c.with_dlse) {
       std::normal_distribution<float> normal(0.0f, 1.0f);
       dlse_.resize(b_.total_q() * c.heads_q);
       for (float& x : dlse_) x = normal(rng);
     }
-    const int32_t d = c.head_dim;
-    dout_shape_ = {b_.total_q(), c.heads_q, d, {}};
-    dq_shape_ = dout_shape_;
+    const int32_t d = c.head_dim, dv = b_.value_dim();
+    dout_shape_ = {b_.total_q(), c.heads_q, dv, {}};
+    dq_shape_ = {b_.total_q(), c.heads_q, d, {}};
     dk_shape_ = {b_.total_k(), c.heads_kv, d, {}};
-    dv_shape_ = dk_shape_;
+    dv_shape_ = {b_.total_k(), c.heads_kv, dv, {}};
     if (c.strided) {  // strides stay multiples of 8 elements, as the CUDA backend needs
-      dout_shape_.layout = {int64_t{c.heads_q} * d + 24, d};
+      dout_shape_.layout = {int64_t{c.heads_q} * dv + 24, dv};
       dq_shape_.layout = {d, std::max<int64_t>(b_.total_q(), 1) * d};
       dk_shape_.layout = {int64_t{c.heads_kv} * (d + 8), d + 8};
       // dV goes out by TMA stores clipped at each sequence's end: head-major, three tokens of gap
       // between heads, which must stay untouched.
-      dv_shape_.layout = {d, (std::max<int64_t>(b_.total_k(), 1) + 3) * d};
+      dv_shape_.layout = {dv, (std::max<int64_t>(b_.total_k(), 1) + 3) * dv};
     }
   }
 
@@ -233,7 +239,7 @@ class BackwardRunner {
     dlse_dev_ = upload(dlse_.data(), dlse_.size() * sizeof(float));
     cu_q_ = upload(b_.cu_q.data(), b_.cu_q.size() * sizeof(int32_t));
     cu_k_ = upload(b_.cu_k.data(), b_.cu_k.size() * sizeof(int32_t));
-    out_ = DeviceBuffer(std::max<size_t>(b_.q.bytes.size(), 16));
+    out_ = DeviceBuffer(std::max<size_t>(b_.make_output().bytes.size(), 16));
     lse_ = DeviceBuffer(std::max<size_t>(b_.total_q() * c_.heads_q * sizeof(float), 16));
     const size_t es = jfa::dtype_size(c_.dtype);
     dq_ = DeviceBuffer(dq_shape_.span() * es + 2 * kGuardBytes);
@@ -289,7 +295,7 @@ class BackwardRunner {
 
   void download_forward() {
     const std::vector<unsigned char> out = download(out_), lse = download(lse_);
-    out_host_ = HostBuffer(c_.dtype, b_.total_q() * c_.heads_q * c_.head_dim);
+    out_host_ = b_.make_output();
     std::memcpy(out_host_.data(), out.data(), out_host_.bytes.size());
     lse_host_.resize(b_.total_q() * c_.heads_q);
     std::memcpy(lse_host_.data(), lse.data(), lse_host_.size() * sizeof(float));
@@ -348,7 +354,8 @@ class BackwardRunner {
  private:
   jfa::tools::CallShape call_shape() const {
     const auto dtype = static_cast<jfa_dtype>(c_.dtype);
-    return {b_.batch(), b_.total_q(), b_.total_k(), c_.heads_q, c_.heads_kv, c_.head_dim, dtype};
+    return {b_.batch(),  b_.total_q(), b_.total_k(), c_.heads_q,
+            c_.heads_kv, c_.head_dim,  dtype,        c_.head_dim_v};
   }
 
   void set_options(jfa_attention_params* p) const {
@@ -373,7 +380,7 @@ class BackwardRunner {
     p.dlse = c_.with_dlse ? dlse_.data() : nullptr;
     ref_dq_.assign(b_.total_q() * c_.heads_q * c_.head_dim, 0.0);
     ref_dk_.assign(b_.total_k() * c_.heads_kv * c_.head_dim, 0.0);
-    ref_dv_.assign(ref_dk_.size(), 0.0);
+    ref_dv_.assign(b_.total_k() * c_.heads_kv * b_.value_dim(), 0.0);
     ASSERT_EQ(jfa_attention_backward_reference(&p, ref_dq_.data(), ref_dk_.data(), ref_dv_.data()),
               JFA_SUCCESS)
         << jfa_last_error_message();
@@ -417,16 +424,17 @@ void run_case(const Case& c) {
   run_and_check(runner, &g);
 }
 
-// Every combination of dtype, head_dim and mask (index bit 0: bf16, bits 1 and 2: kHeadDims' index
-// (32, 64, 96, 128), bit 3: causal); in quick mode only those whose index is listed.
+// Every combination of dtype, head sizes and mask (index bit 0: bf16, bit 1: causal, index / 4:
+// kSizes' index, 32 .. 256 with 192/128 sixth); in quick mode only those whose index is listed.
+// f(dtype, head_dim, causal, value head size).
 template <typename F>
 void for_each_combination(std::initializer_list<int> quick_picks, F&& f) {
-  static_assert(std::size(kHeadDims) == 4, "two index bits of head sizes");
-  for (int combo = 0; combo < 16; ++combo) {
+  for (int combo = 0; combo < 4 * static_cast<int>(std::size(kSizes)); ++combo) {
     if (quick_mode() &&
         std::find(quick_picks.begin(), quick_picks.end(), combo) == quick_picks.end())
       continue;
-    f(kDtypes[combo & 1], kHeadDims[(combo >> 1) & 3], (combo & 8) != 0);
+    const auto [d, dv] = kSizes[combo / 4];
+    f(kDtypes[combo & 1], d, (combo & 2) != 0, dv);
   }
 }
 
@@ -435,13 +443,14 @@ void for_each_combination(std::initializer_list<int> quick_picks, F&& f) {
 // One sequence of each length at the edges of the 64- and 128-row tiles, and the empty one.
 TEST(BackwardGpu, EdgeLengthsOneSequence) {
   const int32_t lengths[] = {0, 1, 63, 64, 65, 127, 128, 129};
-  // Quick mode: each length in one combination, every head size with both masks and both dtypes.
+  // Quick mode: each length in one combination, the sizes and both masks and dtypes among them.
   for (int i = 0; i < 8; ++i)
-    for_each_combination({2 * i + (i & 1)}, [&](DType dtype, int d, bool causal) {
+    for_each_combination({(i & 3) + 4 * (i % 7)}, [&](DType dtype, int d, bool causal, int dv) {
       Case c;
       c.lq = c.lk = {lengths[i]};
       c.heads_q = c.heads_kv = 2;
       c.head_dim = d;
+      c.head_dim_v = dv;
       c.dtype = dtype;
       c.causal = causal;
       run_case(c);
@@ -450,11 +459,12 @@ TEST(BackwardGpu, EdgeLengthsOneSequence) {
 
 // The edge lengths side by side in one batch, sequences starting mid-tile.
 TEST(BackwardGpu, EdgeLengthsMixedBatch) {
-  for_each_combination({2, 15, 4, 9}, [&](DType dtype, int d, bool causal) {
+  for_each_combination({4, 15, 8, 3, 18, 21, 25}, [&](DType dtype, int d, bool causal, int dv) {
     Case c;
     c.lq = c.lk = {0, 1, 63, 64, 65, 127, 128, 129, 2, 200, 0};
     c.heads_q = c.heads_kv = 3;
     c.head_dim = d;
+    c.head_dim_v = dv;
     c.dtype = dtype;
     c.causal = causal;
     run_case(c);
@@ -486,18 +496,30 @@ TEST(BackwardGpu, LongSequences) {
   c.dtype = DType::kFloat16;
   c.causal = false;
   run_case(c);
+  // The sizes whose groups split the work by role, one K tile of 64 keys an item.
+  c.lq = c.lk = {2000, 65};
+  c.head_dim = 256;
+  c.dtype = DType::kBFloat16;
+  c.causal = true;
+  run_case(c);
+  c.lq = c.lk = {129, 2500};
+  c.head_dim = 192;
+  c.head_dim_v = 128;
+  c.causal = false;
+  run_case(c);
 }
 
 // Query and key lengths that differ both ways (under the causal mask the first len_q - len_k rows
 // see no key), queries without keys and keys without queries, with GQA.
 TEST(BackwardGpu, CrossLengthsGqa) {
-  for_each_combination({6, 11, 12, 1}, [&](DType dtype, int d, bool causal) {
+  for_each_combination({6, 13, 10, 1, 19, 20, 26}, [&](DType dtype, int d, bool causal, int dv) {
     Case c;
     c.lq = {1, 100, 300, 0, 64, 129, 5, 250};
     c.lk = {200, 17, 300, 50, 0, 64, 260, 129};
     c.heads_q = 8;
     c.heads_kv = 2;
     c.head_dim = d;
+    c.head_dim_v = dv;
     c.dtype = dtype;
     c.causal = causal;
     c.hints = causal;
@@ -571,7 +593,7 @@ TEST(BackwardGpu, ManyTinySequences) {
 // combination of dtype, head_dim and mask.
 TEST(BackwardGpu, SharedTilesOfShortSequences) {
   std::mt19937_64 rng(fresh_seed("shared-tile backward lengths"));
-  for_each_combination({3, 14, 0, 13}, [&](DType dtype, int d, bool causal) {
+  for_each_combination({5, 14, 0, 11, 17, 22, 24}, [&](DType dtype, int d, bool causal, int dv) {
     Case c;
     const int n = quick_mode() ? 60 : 400;
     c.lq = random_lengths(rng, n, 0, 80);
@@ -582,6 +604,7 @@ TEST(BackwardGpu, SharedTilesOfShortSequences) {
     c.heads_q = 4;
     c.heads_kv = 2;
     c.head_dim = d;
+    c.head_dim_v = dv;
     c.dtype = dtype;
     c.causal = causal;
     run_case(c);
@@ -592,7 +615,7 @@ TEST(BackwardGpu, SharedTilesOfShortSequences) {
 // tiles per step): their rows' dQ is stored, the other rows' added, also into strided layouts.
 TEST(BackwardGpu, SharedTilesAmongLongSequences) {
   std::mt19937_64 rng(fresh_seed("shared tiles among long sequences"));
-  for_each_combination({2, 11, 5, 8}, [&](DType dtype, int d, bool causal) {
+  for_each_combination({4, 12, 9, 2, 16, 23, 27}, [&](DType dtype, int d, bool causal, int dv) {
     Case c;
     for (int run = 0; run < (quick_mode() ? 3 : 8); ++run) {
       for (int32_t len : random_lengths(rng, 6, 0, 40)) c.lq.push_back(len);
@@ -602,6 +625,7 @@ TEST(BackwardGpu, SharedTilesAmongLongSequences) {
     c.heads_q = 4;
     c.heads_kv = 2;
     c.head_dim = d;
+    c.head_dim_v = dv;
     c.dtype = dtype;
     c.causal = causal;
     c.strided = causal;
@@ -764,12 +788,13 @@ Case workspace_case() {
 // queries longer than the keys (rows that see none), lengths that end in the first or second q
 // tile of a step, GQA; three runs give the same bits and match the reference.
 TEST(BackwardGpu, DeterministicCrossLengths) {
-  for (int d : kHeadDims)
+  for (const auto& [d, dv] : kSizes)
     for (bool causal : {true, false}) {
       Case c = workspace_case();
       c.lq = {100, 700, 5, 300, 64, 65};
       c.lk = {900, 200, 5, 310, 1, 191};
       c.head_dim = d;
+      c.head_dim_v = dv;
       c.causal = causal;
       expect_bit_identical_runs(c);
     }
@@ -1070,7 +1095,7 @@ INSTANTIATE_TEST_SUITE_P(BackwardGpu, BackwardGraph, ::testing::ValuesIn(kHeadDi
 TEST(BackwardGpuApi, UnsupportedCombinationsAreReported) {
   Case c;
   c.lq = c.lk = {10};
-  c.heads_q = c.heads_kv = 3;  // 384 elements a token: room for two heads of 192
+  c.heads_q = c.heads_kv = 3;  // 384 elements a token: room for two heads of 160
   c.head_dim = 128;
   BackwardRunner runner(c, fresh_seed("backward unsupported"));
   ASSERT_NO_FATAL_FAILURE(runner.upload_and_forward());
@@ -1089,21 +1114,20 @@ TEST(BackwardGpuApi, UnsupportedCombinationsAreReported) {
   JFA_CUDA_OK(cudaDeviceSynchronize());
   EXPECT_TRUE(all_poison(runner.download_gradients())) << "head_dim 80 wrote a gradient";
 
-  // head_dim 192 has a forward kernel but no backward one yet: two heads of 192 over the three of
-  // 128 of each token.
+  // head_dim 160 (the CPU backend's) in two heads over the three of 128 of each token.
   p = runner.params();
-  p.forward.head_dim = 192;
+  p.forward.head_dim = 160;
   p.forward.heads_q = p.forward.heads_kv = 2;
-  const jfa_tensor_layout wide192 = {3 * 128, 192};
-  p.forward.q_layout = p.forward.k_layout = p.forward.v_layout = p.forward.out_layout = wide192;
-  p.dout_layout = p.dq_layout = p.dk_layout = p.dv_layout = wide192;
+  const jfa_tensor_layout wide160 = {3 * 128, 160};
+  p.forward.q_layout = p.forward.k_layout = p.forward.v_layout = p.forward.out_layout = wide160;
+  p.dout_layout = p.dq_layout = p.dk_layout = p.dv_layout = wide160;
   EXPECT_EQ(runner.run(&g, p), JFA_ERROR_UNSUPPORTED);
   EXPECT_NE(std::string(jfa_last_error_message())
-                .find("the CUDA backward takes head_dim 32, 64, 96 and 128"),
+                .find("the CUDA backward takes head_dim 32, 64, 96, 128, 192, 192/128 and 256"),
             std::string::npos)
       << jfa_last_error_message();
   JFA_CUDA_OK(cudaDeviceSynchronize());
-  EXPECT_TRUE(all_poison(runner.download_gradients())) << "head_dim 192 wrote a gradient";
+  EXPECT_TRUE(all_poison(runner.download_gradients())) << "head_dim 160 wrote a gradient";
 
   // float32 (a CPU dtype): twice the bytes of an element, so half the tokens.
   for (jfa_backend backend : {JFA_BACKEND_AUTO, JFA_BACKEND_CUDA}) {
@@ -1118,27 +1142,27 @@ TEST(BackwardGpuApi, UnsupportedCombinationsAreReported) {
   }
 }
 
-// head_dim 192 with value head size 128 has a forward kernel but no backward one: the sizes
-// arrive in the backward's Params and are reported, nothing written. The buffers are those of a
-// 192/192 forward, so the 128 columns of v, out, dout and dv stay inside them.
-TEST(BackwardGpuApi, HeadDim192Value128IsUnsupported) {
+// A value head size the CUDA backward has no kernel for (256 with 128; the CPU backend takes it):
+// the sizes arrive in the backward's Params and are reported, nothing written. The buffers are
+// those of a 256/256 forward, so the 128 columns of v, out, dout and dv stay inside them.
+TEST(BackwardGpuApi, UnbuiltValueHeadSizeIsUnsupported) {
   Case c;
   c.lq = c.lk = {10, 0, 3};
-  c.head_dim = 192;
-  BackwardRunner runner(c, fresh_seed("backward 192/128 unsupported"));
+  c.head_dim = 256;
+  BackwardRunner runner(c, fresh_seed("backward 256/128 unsupported"));
   ASSERT_NO_FATAL_FAILURE(runner.upload_and_forward());
   Gradients g;
   jfa_attention_backward_params p = runner.params();
   p.forward.head_dim_v = 128;
-  const jfa_tensor_layout wide = {2 * 192, 192};  // packed 192-column rows of 2 heads
+  const jfa_tensor_layout wide = {2 * 256, 256};  // packed 256-column rows of 2 heads
   p.forward.q_layout = p.forward.k_layout = p.forward.v_layout = p.forward.out_layout = wide;
   p.dout_layout = p.dq_layout = p.dk_layout = p.dv_layout = wide;
   EXPECT_EQ(runner.run(&g, p), JFA_ERROR_UNSUPPORTED);
-  EXPECT_NE(std::string(jfa_last_error_message()).find("head_dim 192 with value head size 128"),
+  EXPECT_NE(std::string(jfa_last_error_message()).find("head_dim 256 with value head size 128"),
             std::string::npos)
       << jfa_last_error_message();
   JFA_CUDA_OK(cudaDeviceSynchronize());
-  EXPECT_TRUE(all_poison(runner.download_gradients())) << "192/128 wrote a gradient";
+  EXPECT_TRUE(all_poison(runner.download_gradients())) << "256/128 wrote a gradient";
 }
 
 }  // namespace

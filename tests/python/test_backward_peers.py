@@ -112,7 +112,7 @@ def test_options_defaults_quick_and_refusals(monkeypatch):
     assert full.chart == "out/bwd.png" and full.passes == ("backward", "step")
     monkeypatch.setenv("FA3_LIB", "/x/flash_attn_3.so")
     assert bp.parse_args([]).fa3_lib == "/x/flash_attn_3.so"
-    for bad in (["--heads-kv", "3"], ["--heads-kv", "0"], ["--head-dim", "192"],
+    for bad in (["--heads-kv", "3"], ["--heads-kv", "0"], ["--head-dim", "48"],
                 ["--rounds", "0"], ["--runs", "0"], ["--warmup", "-1"], ["--causal", "yes"],
                 ["--workloads", "W9"], ["--workloads", "W1-d64"], ["--dtypes", "fp8"],
                 ["--methods", "flash"], ["--tolerance-scale", "0"], ["--pass", "forward"],

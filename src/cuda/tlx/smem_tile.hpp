@@ -92,6 +92,13 @@ JFA_DEVICE float2 ld_shared_f32x2(uint32_t addr) {
   return v;
 }
 
+// A 32-bit word from a shared-memory address.
+JFA_DEVICE uint32_t ld_shared_u32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+
 // Two 32-bit words from an 8-byte-aligned shared-memory address.
 JFA_DEVICE uint2 ld_shared_u32x2(uint32_t addr) {
   uint2 v;

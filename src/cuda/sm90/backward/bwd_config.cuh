@@ -37,14 +37,18 @@ struct DqDestination {
 // accumulator's layout), and the barriers.
 template <typename T, int kD, int kStages, int kBlockM, int kDqCols>
 struct BwdShared {
-  using KVTile = tlx::SwizzledTile<T, kBwdBlockN, kD>;
+  using KTile = tlx::SwizzledTile<T, kBwdBlockN, kD>;
+  using VTile = KTile;
   using QTile = tlx::SwizzledTile<T, kBlockM, kD>;
+  using DoTile = QTile;
   using DsTile = tlx::SwizzledTile<T, kBwdBlockN, kBlockM>;
   using KeyRowsTile = tlx::SwizzledTile<T, 64, kD>;  // one group's rows of dK or dV
-  KVTile k;
-  KVTile v;
+  using DkStageTile = KeyRowsTile;
+  using DvStageTile = KeyRowsTile;
+  KTile k;
+  VTile v;
   QTile q[kStages];
-  QTile dout[kStages];
+  DoTile dout[kStages];
   DsTile ds[2];
   KeyRowsTile key_rows[2];
   alignas(128) float dq[2][kBwdTileRows * kDqCols];
@@ -64,9 +68,44 @@ struct BwdShared {
   BwdItem item[kItemSlots];
 };
 
+// From head_dim 192 up (BwdConfig::kSplitRoles): one K tile of 64 keys that both groups share, V
+// (head_dim_v columns), rings of Q and dO, P^T handed from group 0 to group 1 in the fragment's
+// order (word i of every thread together), two buffers of dS^T, each group's dQ part staged for the
+// writer, and a shared tile's key ranges. K's boxes start at each group's half of the columns (the
+// 64-byte swizzle at 192); dK and dV are staged in the K and V tiles at the item's end.
+template <typename T, int kD, int kDv, int kStages, int kBlockM, int kDqCols>
+struct BwdSplitRolesShared {
+  using KTile = tlx::SwizzledTile<T, kBwdMinBlockN, kD, tlx::swizzle_for_columns(kD / 2)>;
+  using VTile = tlx::SwizzledTile<T, kBwdMinBlockN, kDv>;
+  using QTile = tlx::SwizzledTile<T, kBlockM, kD>;
+  using DoTile = tlx::SwizzledTile<T, kBlockM, kDv>;
+  using DsTile = tlx::SwizzledTile<T, kBwdMinBlockN, kBlockM>;
+  using DkStageTile = KTile;  // dK and dV are staged where K and V were
+  using DvStageTile = VTile;
+  static constexpr int kPWords = kBlockM / 16 * 4;  // an AFragment's registers
+  KTile k;
+  VTile v;
+  QTile q[kStages];
+  DoTile dout[kStages];
+  DsTile ds[2];
+  alignas(128) uint32_t p[kPWords][128];
+  alignas(128) float dq[2][kBwdTileRows * kDqCols];
+  static constexpr int kRowTermsBox = kBlockM + 4;
+  static constexpr int kRowTermsStride = (kRowTermsBox + 31) / 32 * 32;
+  alignas(128) float lse2[kStages][kRowTermsStride];
+  alignas(128) float dpsum[kStages][kRowTermsStride];
+  uint32_t key_ranges[kBwdPackRows];  // KeyRange as lo | hi << 16 per row of a shared tile
+  DqDestination dq_dest[2];
+  tlx::MBarrier dq_full[2], dq_empty[2];
+  tlx::MBarrier kv_full, kv_empty;
+  tlx::MBarrier full[kStages], empty[kStages];
+  tlx::MBarrier item_full[kItemSlots], item_empty[kItemSlots];
+  BwdItem item[kItemSlots];
+};
+
 // How the two consumer groups share a step's dQ = dS K, one part (64 rows x dq_part_cols) each.
 enum class DqSplit {
-  kColumns,  // a half of the columns each, over all keys of the tile (head_dim 128)
+  kColumns,  // a half of the columns each, over all keys of the tile (head_dim 128 and up)
   kKeys,     // all columns each, over the group's own 64 keys: two partial sums of one q tile
   kRows,     // one q tile each of a two-tile step, over all keys
 };
@@ -75,30 +114,50 @@ enum class DqSplit {
 // small against the step's fixed costs (barriers, the dQ hand-off), so a step takes two unless the
 // sequences are at most one q tile long on average (bwd_dispatch.cu). At 96 and 128 a step of two
 // would need more registers than a consumer has (dK, dV, S^T and dP^T of 128 rows).
-template <typename T, int kHeadDim,
+//
+// Up to head_dim 128 each group takes 64 of the item's 128 keys and holds their dK and dV. From
+// 192 up (kSplitRoles) dK and dV of 64 keys alone would fill a consumer's registers, so both groups
+// take the same 64 keys and split the work by role: group 0 forms S^T, P^T and dV += P^T dO and
+// hands P^T to group 1, which forms dP^T, dS^T and dK += dS^T Q; each computes half of dQ's
+// columns. The ring has two stages where they fit, else one (head_dim 256).
+template <typename T, int kHeadDim, int kHeadDimV = kHeadDim,
           int kRowsPerStep = kHeadDim <= 64 ? 2 * kBwdTileRows : kBwdTileRows>
 struct BwdConfig {
-  static_assert(kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128,
-                "head_dim 32, 64, 96 or 128");
+  static_assert(((kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128) &&
+                 kHeadDimV == kHeadDim) ||
+                    ((kHeadDim == 192 || kHeadDim == 256) && kHeadDimV % 64 == 0 &&
+                     kHeadDimV <= kHeadDim),
+                "head_dim 32, 64, 96 or 128, or 192 or 256 with value head size a multiple of 64");
   static_assert(kRowsPerStep == kBwdTileRows ||
                     (kRowsPerStep == 2 * kBwdTileRows && kHeadDim <= 64),
                 "steps of one q tile, or of two at head_dim 32 and 64");
   using Element = T;
   static constexpr int kD = kHeadDim;
-  static constexpr int kStages = 2;
+  static constexpr int kDv = kHeadDimV;
+  static constexpr bool kSplitRoles = kD >= 192;
+  static constexpr int kBlockN = kSplitRoles ? kBwdMinBlockN : kBwdBlockN;
   static constexpr int kBlockM = kRowsPerStep;
-  // Columns of a dQ part (bwd_workspace.hpp): 64, or all of them at 32 and 96.
+  // Columns of a dQ part (bwd_workspace.hpp): all of them up to 96, half from 128 up.
   static constexpr int kDqPartCols = dq_part_cols(kD);
-  using Shared = BwdShared<T, kD, kStages, kBlockM, kDqPartCols>;
-  using KVTile = typename Shared::KVTile;
+  template <int kRing>
+  using SharedOf =
+      std::conditional_t<kSplitRoles, BwdSplitRolesShared<T, kD, kDv, kRing, kBlockM, kDqPartCols>,
+                         BwdShared<T, kD, kRing, kBlockM, kDqPartCols>>;
+  static constexpr int kStages = kFitsInCta<SharedOf<2>> ? 2 : 1;
+  using Shared = SharedOf<kStages>;
+  using KTile = typename Shared::KTile;
+  using VTile = typename Shared::VTile;
   using QTile = typename Shared::QTile;
+  using DoTile = typename Shared::DoTile;
   using DsTile = typename Shared::DsTile;
-  using KeyRowsTile = typename Shared::KeyRowsTile;
+  // Where a group stages its dK or dV rows for their stores.
+  using DkStageTile = typename Shared::DkStageTile;
+  using DvStageTile = typename Shared::DvStageTile;
   static constexpr int kSmemBytes = kCtaSmemBytes<Shared>;
   static_assert(kFitsInCta<Shared>, "over the shared memory a CTA may opt in to");
 
   // Warp group 0: one thread produces, warps 1 to 3 write dQ; groups 1 and 2 consume, each the K
-  // tile's keys 64 g .. 64 g + 63.
+  // tile's keys 64 g .. 64 g + 63 (with kSplitRoles both the same 64).
   static constexpr int kConsumerGroups = 2;
   static constexpr int kDqWriterFirstThread = 32;
   static constexpr int kDqWriterThreads = 96;
@@ -106,10 +165,10 @@ struct BwdConfig {
   static constexpr int kConsumerWarps = 4 * kConsumerGroups;
   // Over all keys, both groups' dS must be in shared memory first; over its own keys a group
   // waits for nobody.
-  static constexpr DqSplit kDqSplit = kD == 2 * kDqPartCols     ? DqSplit::kColumns
-                                      : kBlockM == kBwdTileRows ? DqSplit::kKeys
-                                                                : DqSplit::kRows;
-  static constexpr int kDqKeys = kDqSplit == DqSplit::kKeys ? 64 : kBwdBlockN;
+  static constexpr DqSplit kDqSplit = kSplitRoles || kD == 2 * kDqPartCols ? DqSplit::kColumns
+                                      : kBlockM == kBwdTileRows            ? DqSplit::kKeys
+                                                                           : DqSplit::kRows;
+  static constexpr int kDqKeys = kDqSplit == DqSplit::kKeys ? 64 : kBlockN;
   // dS from bf16 pairs (step_gradients says why not in fp16).
   static constexpr bool kPackedDs = std::is_same_v<T, __nv_bfloat16>;
   static constexpr int kProducerRegs = 40;
@@ -121,6 +180,11 @@ struct BwdConfig {
   static constexpr uint32_t kDsBarrier0 = 1;
   // Named barrier of a group's dK/dV staging (one per group, after the dS ones).
   static constexpr uint32_t kKeyRowsBarrier0 = 3;
+  // kSplitRoles: P^T handed to group 1, both groups done with K and V at an item's end, and a
+  // shared tile's key ranges written (by group 0).
+  static constexpr uint32_t kPBarrier = 5;
+  static constexpr uint32_t kItemEndBarrier = 6;
+  static constexpr uint32_t kKeyRangesBarrier = 7;
 };
 
 }  // namespace jfa::sm90

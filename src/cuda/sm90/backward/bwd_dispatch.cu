@@ -20,11 +20,11 @@ size_t backward_workspace_bytes(int64_t total_q, int64_t total_k, int64_t batch,
 namespace {
 
 // The instantiation for the call's dtype.
-template <int kD, int kRows>
+template <int kD, int kRows, int kDv = kD>
 [[maybe_unused]] jfa_status backward_in(const jfa::detail::BackwardParams& b,
                                         const DeviceFacts& facts) {
-  return b.fwd.dtype == JFA_DTYPE_FLOAT16 ? backward_shape<__half, kD, kRows>(b, facts)
-                                          : backward_shape<__nv_bfloat16, kD, kRows>(b, facts);
+  return b.fwd.dtype == JFA_DTYPE_FLOAT16 ? backward_shape<__half, kD, kDv, kRows>(b, facts)
+                                          : backward_shape<__nv_bfloat16, kD, kDv, kRows>(b, facts);
 }
 
 // At head_dim 32 and 64: steps of two q tiles, unless the sequences are at most one tile long on
@@ -67,6 +67,14 @@ jfa_status backward(const jfa::detail::BackwardParams& b) {
 #endif
 #ifdef JFA_SM90_BUILT_D128
   if (p.head_dim == 128) return backward_in<128, kBwdTileRows>(b, *facts);
+#endif
+#ifdef JFA_SM90_BUILT_D192
+  if (p.head_dim == 192 && p.head_dim_v == 128)
+    return backward_in<192, kBwdTileRows, 128>(b, *facts);
+  if (p.head_dim == 192) return backward_in<192, kBwdTileRows>(b, *facts);
+#endif
+#ifdef JFA_SM90_BUILT_D256
+  if (p.head_dim == 256) return backward_in<256, kBwdTileRows>(b, *facts);
 #endif
   return fail(JFA_ERROR_INTERNAL, "no backward kernel for head_dim %d", p.head_dim);
 }

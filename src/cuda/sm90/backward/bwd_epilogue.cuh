@@ -14,18 +14,17 @@
 
 namespace jfa::sm90 {
 
-// dK (times `scale`) or dV rows of this group's keys, staged in the group's tile and stored through
-// the ragged map `tm` (ragged_rows_store.cuh). dK's staging waits until dV's store has read the
-// tile: 16 KB at head_dim 128, in place of the 64 scattered 4-byte global stores per thread and
-// gradient that it replaces.
-template <typename Cfg>
-__device__ __forceinline__ void store_key_rows(const tlx::AccumFragment<Cfg::kD>& acc, float scale,
-                                               typename Cfg::KeyRowsTile& tile,
-                                               const CUtensorMap* tm, const BwdArgs& a,
-                                               const BwdItem& w, int group) {
+// dK (times `scale`) or dV rows of the group's 64 keys from key0 (in the item's sequence), staged
+// in `tile` and stored through the ragged map `tm` (ragged_rows_store.cuh). dK's staging waits
+// until dV's store has read the tile: 16 KB at head_dim 128, in place of the 64 scattered 4-byte
+// global stores per thread and gradient that it replaces.
+template <typename Cfg, int kCols, typename Tile>
+__device__ __forceinline__ void store_key_rows(const tlx::AccumFragment<kCols>& acc, float scale,
+                                               Tile& tile, const CUtensorMap* tm, const BwdArgs& a,
+                                               const BwdItem& w, int group, int32_t key0) {
   using T = typename Cfg::Element;
-  using Frag = tlx::AccumFragment<Cfg::kD>;
-  const int32_t key0 = w.n_block * kBwdBlockN + group * 64;
+  using Frag = tlx::AccumFragment<kCols>;
+  static_assert(Tile::cols == kCols && Tile::rows >= 64, "the tile holds the group's rows");
   if (key0 < 0 || key0 >= w.seq.len_k) return;  // warp-group uniform: no key of the group
   const RaggedRowsStore out{Cfg::kKeyRowsBarrier0 + group, threadIdx.x % 128 == 0};
   const uint32_t tile_addr = tlx::smem_addr(&tile);
@@ -39,8 +38,7 @@ __device__ __forceinline__ void store_key_rows(const tlx::AccumFragment<Cfg::kD>
     for (int j = 0; j < Frag::kBlocks; ++j) {
       const uint32_t pair = tlx::pack2<T>(acc.at(j, h, 0) * scale, acc.at(j, h, 1) * scale);
       if (check) not_finite |= tlx::pair_not_finite<T>(pair);
-      tlx::st_shared_u32(tile_addr + Cfg::KeyRowsTile::offset_bytes(Frag::row(h), Frag::col(j, 0)),
-                         pair);
+      tlx::st_shared_u32(tile_addr + Tile::offset_bytes(Frag::row(h), Frag::col(j, 0)), pair);
     }
   }
   if (not_finite) atomicOr(a.device_check, JFA_CHECK_RESULT_NOT_FINITE);
@@ -49,24 +47,28 @@ __device__ __forceinline__ void store_key_rows(const tlx::AccumFragment<Cfg::kD>
             static_cast<int64_t>(w.seq.k_start) + w.seq.len_k);
 }
 
-// A shared tile's key range for each of its rows (KeyRange as lo | hi << 16: the item has at most
-// kBwdPackRows rows and kBwdBlockN keys), one row per thread, in the group's dK/dV staging tile,
-// which is idle during the walk: acquired as store_key_rows acquires it (the previous item's
-// stores have read it, and every warp of the group is done with the previous walk), and the
-// item's stores acquire it back.
-template <typename Cfg>
-__device__ __forceinline__ void shared_tile_key_ranges(typename Cfg::Shared& s, const BwdArgs& a,
-                                                       const BwdItem& w, int group) {
-  static_assert(kBwdPackRows == 128 && kBwdPackRows * 4 <= sizeof(typename Cfg::KeyRowsTile),
-                "one row per thread of the group, in the staging tile");
-  const RaggedRowsStore tile{Cfg::kKeyRowsBarrier0 + group, threadIdx.x % 128 == 0};
-  tile.acquire();
-  const int32_t row = threadIdx.x % 128;
+// Row `row`'s key range of a shared tile (KeyRange as lo | hi << 16: the item has at most
+// kBwdPackRows rows and kBlockN keys) into word `row` at shared address `ranges`.
+__device__ __forceinline__ void store_shared_tile_row_keys(uint32_t ranges, const BwdArgs& a,
+                                                           const BwdItem& w, int32_t row) {
   const KeyRange r = shared_tile_row_keys(a.cu_q, a.cu_k, a.total_q, w.seq, w.first_seq, w.n_seqs,
                                           a.causal != 0, row);
-  tlx::st_shared_u32(tlx::smem_addr(&s.key_rows[group]) + 4 * row,
-                     static_cast<uint32_t>(r.lo) | static_cast<uint32_t>(r.hi) << 16);
-  tlx::NamedBarrier::sync(Cfg::kKeyRowsBarrier0 + group, 128);
+  tlx::st_shared_u32(ranges + 4 * row, static_cast<uint32_t>(r.lo) | static_cast<uint32_t>(r.hi)
+                                                                         << 16);
+}
+
+// A shared tile's key range for each of its rows, one row per thread of the group, at shared
+// address `ranges` (kBwdPackRows words): the group's dK/dV staging tile, idle during the walk,
+// acquired as store_key_rows acquires it (the previous item's stores have read it, and every warp
+// of the group is done with the previous walk); the item's stores acquire it back.
+template <typename Cfg>
+__device__ __forceinline__ void shared_tile_key_ranges(uint32_t ranges, uint32_t barrier,
+                                                       const BwdArgs& a, const BwdItem& w) {
+  static_assert(kBwdPackRows == 128, "one row per thread of the group");
+  const RaggedRowsStore tile{barrier, threadIdx.x % 128 == 0};
+  tile.acquire();
+  store_shared_tile_row_keys(ranges, a, w, threadIdx.x % 128);
+  tlx::NamedBarrier::sync(barrier, 128);
 }
 
 }  // namespace jfa::sm90

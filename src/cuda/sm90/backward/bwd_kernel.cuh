@@ -43,6 +43,7 @@
 #include "cuda/sm90/backward/bwd_mainloop.cuh"
 #include "cuda/sm90/backward/bwd_producer.cuh"
 #include "cuda/sm90/backward/bwd_scheduler.cuh"
+#include "cuda/sm90/backward/bwd_split_roles.cuh"
 #include "cuda/tlx/mbarrier.hpp"
 #include "cuda/tlx/warpgroup.hpp"
 
@@ -61,15 +62,20 @@ __device__ __forceinline__ void bwd_consumer(typename Cfg::Shared& s, const CUte
   while (items.next(s, a, n_items, w)) {
     dk.fill(0.f);
     dv.fill(0.f);
-    if (w.n_seqs > 1 && w.q_tiles() > 0) shared_tile_key_ranges<Cfg>(s, a, w, group);
+    static_assert(kBwdPackRows * 4 <= sizeof(typename Cfg::Shared::KeyRowsTile),
+                  "a shared tile's key ranges fit in the staging tile");
+    if (w.n_seqs > 1 && w.q_tiles() > 0)
+      shared_tile_key_ranges<Cfg>(tlx::smem_addr(&s.key_rows[group]), Cfg::kKeyRowsBarrier0 + group,
+                                  a, w);
     if (w.q_tiles() > 0) {
       s.kv_full.wait(kv_phase);
       kv_phase ^= 1u;
       walk_item<Cfg>(s, dk, dv, a, w, group, st, ds_buf, dq_phase);
       if (tlx::lane_is_leader()) s.kv_empty.arrive();
     }
-    store_key_rows<Cfg>(dv, 1.f, s.key_rows[group], tm_dv, a, w, group);
-    store_key_rows<Cfg>(dk, a.softmax_scale, s.key_rows[group], tm_dk, a, w, group);
+    const int32_t key0 = w.n_block * Cfg::kBlockN + group * 64;
+    store_key_rows<Cfg>(dv, 1.f, s.key_rows[group], tm_dv, a, w, group, key0);
+    store_key_rows<Cfg>(dk, a.softmax_scale, s.key_rows[group], tm_dk, a, w, group, key0);
   }
   if (threadIdx.x % 128 == 0) tlx::tma_store_wait<0>();  // dK and dV written before the CTA ends
   // No more steps: the dQ writer stops.
@@ -131,7 +137,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       bwd_dq_writer<Cfg>(s, args);
   } else {
     tlx::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
-    bwd_consumer<Cfg>(s, &tm_dk, &tm_dv, args, n_items, group - 1);
+    if constexpr (Cfg::kSplitRoles) {
+      if (group == 1)
+        bwd_consumer_split_roles<Cfg, 0>(s, &tm_dk, &tm_dv, args, n_items);
+      else
+        bwd_consumer_split_roles<Cfg, 1>(s, &tm_dk, &tm_dv, args, n_items);
+    } else {
+      bwd_consumer<Cfg>(s, &tm_dk, &tm_dv, args, n_items, group - 1);
+    }
   }
 }
 

@@ -72,18 +72,18 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
                            no_rows ? p.heads_kv : p.heads_q, Cfg::kD,
                            no_rows ? p.k_layout : p.q_layout, Cfg::kBlockM, Cfg::QTile::kBoxCols,
                            &tm_q, &err) ||
-        !encode_qkv_map<T>(no_rows ? p.k : b.dout, no_rows ? p.total_k : p.total_q,
-                           no_rows ? p.heads_kv : p.heads_q, Cfg::kD,
-                           no_rows ? p.k_layout : b.dout_layout, Cfg::kBlockM, Cfg::QTile::kBoxCols,
-                           &tm_do, &err) ||
-        !encode_qkv_map<T>(p.k, p.total_k, p.heads_kv, Cfg::kD, p.k_layout, kBwdBlockN,
-                           Cfg::KVTile::kBoxCols, &tm_k, &err) ||
-        !encode_qkv_map<T>(p.v, p.total_k, p.heads_kv, Cfg::kD, p.v_layout, kBwdBlockN,
-                           Cfg::KVTile::kBoxCols, &tm_v, &err) ||
+        !encode_qkv_map<T>(no_rows ? p.v : b.dout, no_rows ? p.total_k : p.total_q,
+                           no_rows ? p.heads_kv : p.heads_q, Cfg::kDv,
+                           no_rows ? p.v_layout : b.dout_layout, Cfg::kBlockM,
+                           Cfg::DoTile::kBoxCols, &tm_do, &err) ||
+        !encode_qkv_map<T>(p.k, p.total_k, p.heads_kv, Cfg::kD, p.k_layout, Cfg::kBlockN,
+                           Cfg::KTile::kBoxCols, &tm_k, &err) ||
+        !encode_qkv_map<T>(p.v, p.total_k, p.heads_kv, Cfg::kDv, p.v_layout, Cfg::kBlockN,
+                           Cfg::VTile::kBoxCols, &tm_v, &err) ||
         !encode_out_map<T>(b.dk, p.total_k, key_ragged_rows, p.heads_kv, Cfg::kD, b.dk_layout,
-                           Cfg::KeyRowsTile::kBoxCols, &tm_dk, &err) ||
-        !encode_out_map<T>(b.dv, p.total_k, key_ragged_rows, p.heads_kv, Cfg::kD, b.dv_layout,
-                           Cfg::KeyRowsTile::kBoxCols, &tm_dv, &err))
+                           Cfg::DkStageTile::kBoxCols, &tm_dk, &err) ||
+        !encode_out_map<T>(b.dv, p.total_k, key_ragged_rows, p.heads_kv, Cfg::kDv, b.dv_layout,
+                           Cfg::DvStageTile::kBoxCols, &tm_dv, &err))
       return fail(JFA_ERROR_CUDA, "tensor map encoding failed: %s", err.c_str());
     // The LSE rows of every head, then the D rows, then both shifted: one array
     // (bwd_workspace.hpp).
@@ -94,7 +94,7 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
         s != JFA_SUCCESS)
       return s;
 
-    build_bwd_work_list<kBwdBlockN><<<1, kListThreads, 0, stream>>>(
+    build_bwd_work_list<Cfg::kBlockN><<<1, kListThreads, 0, stream>>>(
         p.cu_seqlens_q, p.cu_seqlens_k, p.batch, p.total_q, p.total_k, work, count, next_item,
         lay.list_capacity, p.max_seqlen_q, p.max_seqlen_k, p.device_check, stored_rows);
     if (const jfa_status s = launch_error("work-list kernel"); s != JFA_SUCCESS) return s;
@@ -108,7 +108,7 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
   const dim3 tiles(static_cast<unsigned>(lay.row_len / kBwdTileRows),
                    static_cast<unsigned>(p.heads_q));
   if (p.total_q > 0) {
-    bwd_preprocess<T, Cfg::kD><<<tiles, kPreprocessThreads, 0, stream>>>(
+    bwd_preprocess<T, Cfg::kD, Cfg::kDv><<<tiles, kPreprocessThreads, 0, stream>>>(
         static_cast<const T*>(p.out), p.out_layout.token_stride, p.out_layout.head_stride,
         static_cast<const T*>(b.dout), b.dout_layout.token_stride, b.dout_layout.head_stride, p.lse,
         b.dlse, p.cu_seqlens_q, p.cu_seqlens_k, p.batch, p.total_q, p.total_k, p.causal ? 1 : 0,
@@ -164,9 +164,9 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
   return JFA_SUCCESS;
 }
 
-template <typename T, int kHeadDim, int kRowsPerStep>
+template <typename T, int kHeadDim, int kHeadDimV, int kRowsPerStep>
 jfa_status backward_shape(const jfa::detail::BackwardParams& b, const DeviceFacts& device) {
-  return run_backward<BwdConfig<T, kHeadDim, kRowsPerStep>>(b, device);
+  return run_backward<BwdConfig<T, kHeadDim, kHeadDimV, kRowsPerStep>>(b, device);
 }
 
 }  // namespace jfa::sm90

@@ -24,7 +24,7 @@ __device__ __forceinline__ void issue_scores(typename Cfg::Shared& s, ScoreTile<
                                              const tlx::PipelineState<Cfg::kStages>& st,
                                              int group) {
   s.full[st.stage].wait(st.phase);
-  gemm_keys_by_rows<Cfg>(sc, s.k, s.q[st.stage], group);
+  gemm_keys_by_rows<Cfg>(sc, s.k, s.q[st.stage], group * 64);
 }
 
 // Which pairs of a step may see each other, beyond P = exp2(S^T scale log2e - LSE2).
@@ -68,6 +68,77 @@ __device__ __forceinline__ void probabilities(Tile& sc, uint32_t lse2, float sca
   }
 }
 
+// P^T of a step's 64 keys from key0 (in the item's sequence) and its rows from q0, masked as the
+// step needs: all keys seen, unless the tile holds keys past the sequence's end, rows past it or
+// (causal) keys past the diagonal of its first query row; a shared tile always masks (its rows'
+// key ranges at shared address `key_ranges`).
+template <typename Cfg>
+__device__ __forceinline__ void step_probabilities(ScoreTile<Cfg>& sc, uint32_t lse2,
+                                                   const BwdArgs& a, const BwdItem& w, int32_t key0,
+                                                   int32_t q0, uint32_t key_ranges) {
+  const int32_t diag = w.seq.causal_shift();
+  const bool masked = key0 + 64 > w.seq.len_k || q0 + Cfg::kBlockM > w.seq.len_q ||
+                      (a.causal && q0 + diag < key0 + 63);
+  if (w.n_seqs > 1)
+    probabilities<StepMask::kSharedTile>(sc, lse2, a.scale_log2, key0, q0, w.seq.len_k, w.seq.len_q,
+                                         diag, a.causal != 0, key_ranges);
+  else if (masked)
+    probabilities<StepMask::kSequence>(sc, lse2, a.scale_log2, key0, q0, w.seq.len_k, w.seq.len_q,
+                                       diag, a.causal != 0, key_ranges);
+  else
+    probabilities<StepMask::kNone>(sc, lse2, a.scale_log2, key0, q0, w.seq.len_k, w.seq.len_q, diag,
+                                   a.causal != 0, key_ranges);
+}
+
+// dS^T = P^T (dP^T - D) as the A operand of dK += dS^T Q, from P^T's packed form (which the dV
+// MMA holds anyway: a float32 copy would need as many registers again) and dP^T; the thread's D
+// values start at shared address `dpsum`. to_a's order: register reg[j / 2][2 (j % 2) + h] holds
+// column block j, row half h. In bf16 the difference is rounded to bf16 too and multiplied in
+// pairs (three roundings where the float32 product has two, 13–15% more rounding error in dQ and
+// dK, for ~48 fewer instructions per step); in fp16 the difference can exceed fp16's range where
+// dS does not, so the product is formed in float32.
+template <typename Cfg>
+__device__ __forceinline__ void form_ds(
+    const tlx::AFragment<typename Cfg::Element, Cfg::kBlockM>& p, ScoreTile<Cfg>& dp,
+    uint32_t dpsum, tlx::AFragment<typename Cfg::Element, Cfg::kBlockM>& ds) {
+  using T = typename Cfg::Element;
+  using Tile = ScoreTile<Cfg>;
+#pragma unroll
+  for (int j = 0; j < Tile::kBlocks; ++j) {
+    const float2 d = tlx::ld_shared_f32x2(dpsum + 32 * j);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t pj = p.reg[j / 2][2 * (j % 2) + h];
+      if constexpr (Cfg::kPackedDs) {
+        ds.reg[j / 2][2 * (j % 2) + h] =
+            tlx::mul2<T>(pj, tlx::pack2<T>(dp.at(j, h, 0) - d.x, dp.at(j, h, 1) - d.y));
+      } else {
+        const float2 pf = tlx::unpack2<T>(pj);
+        dp.at(j, h, 0) = pf.x * (dp.at(j, h, 0) - d.x);
+        dp.at(j, h, 1) = pf.y * (dp.at(j, h, 1) - d.y);
+      }
+    }
+  }
+  if constexpr (!Cfg::kPackedDs) dp.to_a(ds);
+}
+
+// dS^T into rows key0 .. key0 + 63 of a dS^T tile, from its packed form (register ds.reg[kk][i]
+// holds the pair of column block 2 kk + i / 2, row half i % 2).
+template <typename Cfg>
+__device__ __forceinline__ void store_ds(
+    const tlx::AFragment<typename Cfg::Element, Cfg::kBlockM>& ds, typename Cfg::DsTile& tile,
+    int key0) {
+  using Tile = ScoreTile<Cfg>;
+  const uint32_t addr = tlx::smem_addr(&tile);
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kBlockM / 16; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      tlx::st_shared_u32(
+          addr + Cfg::DsTile::offset_bytes(key0 + Tile::row(i % 2), Tile::col(2 * kk + i / 2, 0)),
+          ds.reg[kk][i]);
+}
+
 // The operands of a step's RS MMAs, which must keep their registers until those MMAs are waited
 // for.
 template <typename Cfg>
@@ -87,76 +158,31 @@ __device__ __forceinline__ void step_gradients(typename Cfg::Shared& s, ScoreTil
                                                const BwdItem& w, int32_t m, int group,
                                                const tlx::PipelineState<Cfg::kStages>& st,
                                                int ds_buf) {
-  using T = typename Cfg::Element;
   using Tile = ScoreTile<Cfg>;
-  // Which keys the step's queries see: all, unless the tile holds keys past the sequence's end,
-  // rows past it or (causal) keys past the diagonal of its first query row; a shared tile always
-  // masks.
-  const int32_t key0 = w.n_block * kBwdBlockN + group * 64;  // of this group, in the sequence
+  const int32_t key0 = w.n_block * Cfg::kBlockN + group * 64;  // of this group, in the sequence
   const int32_t q0 = m * Cfg::kBlockM;
-  const int32_t diag = w.seq.causal_shift();
-  const bool masked = key0 + 64 > w.seq.len_k || q0 + Cfg::kBlockM > w.seq.len_q ||
-                      (a.causal && q0 + diag < key0 + 63);
   // The thread's first column of the step's LSE and D rows; column block j is 8 j further.
   const int32_t first = row_terms_at(w.seq.q_start + q0, a.heads_q).first;
   const uint32_t lse2 = tlx::smem_addr(s.lse2[st.stage] + first + Tile::col(0, 0));
   const uint32_t dpsum = tlx::smem_addr(s.dpsum[st.stage] + first + Tile::col(0, 0));
-  gemm_keys_by_rows<Cfg>(dp, s.v, s.dout[st.stage], group);
+  gemm_keys_by_rows<Cfg>(dp, s.v, s.dout[st.stage], group * 64);
 
   // P^T (S^T done, dP^T may still run), packed at once as the A operand of dV += P^T dO.
   tlx::wgmma_wait<1>();
   tlx::fence_operand(sc.reg);
-  const uint32_t key_ranges = tlx::smem_addr(&s.key_rows[group]);  // shared_tile_key_ranges
-  if (w.n_seqs > 1)
-    probabilities<StepMask::kSharedTile>(sc, lse2, a.scale_log2, key0, q0, w.seq.len_k, w.seq.len_q,
-                                         diag, a.causal != 0, key_ranges);
-  else if (masked)
-    probabilities<StepMask::kSequence>(sc, lse2, a.scale_log2, key0, q0, w.seq.len_k, w.seq.len_q,
-                                       diag, a.causal != 0, key_ranges);
-  else
-    probabilities<StepMask::kNone>(sc, lse2, a.scale_log2, key0, q0, w.seq.len_k, w.seq.len_q, diag,
-                                   a.causal != 0, key_ranges);
+  step_probabilities<Cfg>(sc, lse2, a, w, key0, q0,
+                          tlx::smem_addr(&s.key_rows[group]));  // shared_tile_key_ranges
   sc.to_a(ops.p);
   gemm_accumulate<Cfg>(dv, ops.p, s.dout[st.stage]);
 
-  // dS^T = P^T (dP^T - D), packed, then dK += dS^T Q. P^T comes from its packed form, which the
-  // dV MMA holds anyway (a float32 copy would need as many registers again); to_a's order:
-  // register reg[j / 2][2 (j % 2) + h] holds column block j, row half h. In bf16 the difference is
-  // rounded to bf16 too and multiplied in pairs (three roundings where the float32 product has two,
-  // 13–15% more rounding error in dQ and dK, for ~48 fewer instructions per step); in fp16 the
-  // difference can exceed fp16's range where dS does not, so the product is formed in float32.
+  // dS^T = P^T (dP^T - D), packed, then dK += dS^T Q; dS^T into shared memory for dQ (the other
+  // group's dQ of two steps ago has read this buffer: it waited for its MMAs before the last
+  // barrier).
   tlx::wgmma_wait<1>();
   tlx::fence_operand(dp.reg);
-#pragma unroll
-  for (int j = 0; j < Tile::kBlocks; ++j) {
-    const float2 d = tlx::ld_shared_f32x2(dpsum + 32 * j);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t pj = ops.p.reg[j / 2][2 * (j % 2) + h];
-      if constexpr (Cfg::kPackedDs) {
-        ops.ds.reg[j / 2][2 * (j % 2) + h] =
-            tlx::mul2<T>(pj, tlx::pack2<T>(dp.at(j, h, 0) - d.x, dp.at(j, h, 1) - d.y));
-      } else {
-        const float2 p = tlx::unpack2<T>(pj);
-        dp.at(j, h, 0) = p.x * (dp.at(j, h, 0) - d.x);
-        dp.at(j, h, 1) = p.y * (dp.at(j, h, 1) - d.y);
-      }
-    }
-  }
-  if constexpr (!Cfg::kPackedDs) dp.to_a(ops.ds);
-
-  // dS^T into shared memory for dQ, from its packed form (register ds.reg[kk][i] holds the pair
-  // of column block 2 kk + i / 2, row half i % 2); the other group's dQ of two steps ago has read
-  // this buffer (it waited for its MMAs before the last barrier).
+  form_ds<Cfg>(ops.p, dp, dpsum, ops.ds);
   typename Cfg::DsTile& ds = s.ds[ds_buf];
-  const uint32_t ds_addr = tlx::smem_addr(&ds);
-#pragma unroll
-  for (int kk = 0; kk < Cfg::kBlockM / 16; ++kk)
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      tlx::st_shared_u32(ds_addr + Cfg::DsTile::offset_bytes(group * 64 + Tile::row(i % 2),
-                                                             Tile::col(2 * kk + i / 2, 0)),
-                         ops.ds.reg[kk][i]);
+  store_ds<Cfg>(ops.ds, ds, group * 64);
   tlx::fence_proxy_async_smem();
   if constexpr (Cfg::kDqSplit == DqSplit::kKeys)
     tlx::NamedBarrier::sync(Cfg::kDsBarrier0 + group, 128);

@@ -26,14 +26,14 @@ inline constexpr int kPreprocessThreads = 256;  // 8 warps, 8 rows each: one q t
 // rows of tokens also clear their row of the dQ accumulator, except those a shared tile stores
 // (the stored rows).
 //
-// A row is read by kD / 8 lanes rounded up to a power of two (lanes past the row's end read
-// nothing), 16 bytes each (the supported strides and alignment keep them aligned), so that a
-// warp's load takes several whole rows and its sum needs only a few shuffles:
+// A row of O and dO (kDv columns) is read by kDv / 8 lanes rounded up to a power of two (lanes past
+// the row's end read nothing), 16 bytes each (the supported strides and alignment keep them
+// aligned), so that a warp's load takes several whole rows and its sum needs only a few shuffles:
 // the kernel is short of instructions, not bytes, when the rows are few per sequence. A warp
 // issues the loads of all its rows before its first sum: one row's loads at a time leave too few
 // bytes in flight where no clearing writes fill the time (batches of tiny sequences, whose rows
 // are stored).
-template <typename T, int kD>
+template <typename T, int kD, int kDv>
 __global__ void __launch_bounds__(kPreprocessThreads)
     bwd_preprocess(const T* out, int64_t out_token_stride, int64_t out_head_stride, const T* dout,
                    int64_t dout_token_stride, int64_t dout_head_stride, const float* lse,
@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(kPreprocessThreads)
                    float* dpsum, float* dq_acc, const uint32_t* stored_rows,
                    int32_t* device_check) {
   constexpr int kWarps = kPreprocessThreads / 32, kRows = kBwdTileRows / kWarps;
-  constexpr int kLanesPerRow = kD <= 32 ? 4 : kD <= 64 ? 8 : kD <= 128 ? 16 : 32;
+  constexpr int kLanesPerRow = kDv <= 32 ? 4 : kDv <= 64 ? 8 : kDv <= 128 ? 16 : 32;
   constexpr int kRowsPerLoad = 32 / kLanesPerRow;
   constexpr int kLoads = kRows / kRowsPerLoad;
   static_assert(kRows <= 32 && kRows % kRowsPerLoad == 0, "whole rows per load; a lane per LSE");
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kPreprocessThreads)
 #pragma unroll
   for (int j = 0; j < kLoads; ++j) {
     const int64_t token = first + j * kRowsPerLoad + sub;
-    if (token < total_q && 8 * part < kD) {
+    if (token < total_q && 8 * part < kDv) {
       o[j] = *reinterpret_cast<const uint4*>(out + token * out_token_stride + h * out_head_stride +
                                              8 * part);
       g[j] = *reinterpret_cast<const uint4*>(dout + token * dout_token_stride +

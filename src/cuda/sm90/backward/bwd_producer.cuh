@@ -24,31 +24,46 @@ __device__ __forceinline__ void bwd_producer(typename Cfg::Shared& s, const CUte
   BwdItemScheduler<Cfg, true> items;
   BwdItem w;
   while (items.next(s, a, n_items, w)) {
-    if (w.q_tiles() <= 0) continue;
-    s.kv_empty.wait_suspended(kv_phase ^ 1u);
-    s.kv_full.arrive_expect_tx(2 * Cfg::KVTile::kBytes);
-    const int32_t key_row = w.seq.k_start + w.n_block * kBwdBlockN;
-#pragma unroll
-    for (int bx = 0; bx < Cfg::KVTile::kBoxes; ++bx) {
-      const int col = bx * Cfg::KVTile::kBoxCols;
-      tlx::tma_load_3d(tm_k, &s.kv_full, s.k.box(bx), col, w.kv_head, key_row);
-      tlx::tma_load_3d(tm_v, &s.kv_full, s.v.box(bx), col, w.kv_head, key_row);
+    if constexpr (Cfg::kSplitRoles) {
+      // The consumers stage dK and dV in the K and V tiles, so they own the tiles for every item:
+      // an item without steps gets them with nothing loaded.
+      s.kv_empty.wait_suspended(kv_phase ^ 1u);
+      kv_phase ^= 1u;
+      if (w.q_tiles() <= 0) {
+        s.kv_full.arrive();
+        continue;
+      }
+    } else {
+      if (w.q_tiles() <= 0) continue;
+      s.kv_empty.wait_suspended(kv_phase ^ 1u);
+      kv_phase ^= 1u;
     }
-    kv_phase ^= 1u;
+    s.kv_full.arrive_expect_tx(Cfg::KTile::kBytes + Cfg::VTile::kBytes);
+    const int32_t key_row = w.seq.k_start + w.n_block * Cfg::kBlockN;
+#pragma unroll
+    for (int bx = 0; bx < Cfg::KTile::kBoxes; ++bx)
+      tlx::tma_load_3d(tm_k, &s.kv_full, s.k.box(bx), bx * Cfg::KTile::kBoxCols, w.kv_head,
+                       key_row);
+#pragma unroll
+    for (int bx = 0; bx < Cfg::VTile::kBoxes; ++bx)
+      tlx::tma_load_3d(tm_v, &s.kv_full, s.v.box(bx), bx * Cfg::VTile::kBoxCols, w.kv_head,
+                       key_row);
     for (int32_t g = 0; g < a.group; ++g) {
       const int32_t head = w.kv_head * a.group + g;
       for (int32_t i = 0; i < w.q_tiles(); ++i) {
         const int32_t m = walk_q_tile(a, w, i);
         s.empty[st.stage].wait_suspended(st.phase ^ 1u);
         tlx::MBarrier* full = &s.full[st.stage];
-        full->arrive_expect_tx(2 * Cfg::QTile::kBytes + 2 * kRowBytes);
+        full->arrive_expect_tx(Cfg::QTile::kBytes + Cfg::DoTile::kBytes + 2 * kRowBytes);
         const int32_t q_row = w.seq.q_start + m * Cfg::kBlockM;
 #pragma unroll
-        for (int bx = 0; bx < Cfg::QTile::kBoxes; ++bx) {
-          const int col = bx * Cfg::QTile::kBoxCols;
-          tlx::tma_load_3d(tm_q, full, s.q[st.stage].box(bx), col, head, q_row);
-          tlx::tma_load_3d(tm_do, full, s.dout[st.stage].box(bx), col, head, q_row);
-        }
+        for (int bx = 0; bx < Cfg::QTile::kBoxes; ++bx)
+          tlx::tma_load_3d(tm_q, full, s.q[st.stage].box(bx), bx * Cfg::QTile::kBoxCols, head,
+                           q_row);
+#pragma unroll
+        for (int bx = 0; bx < Cfg::DoTile::kBoxes; ++bx)
+          tlx::tma_load_3d(tm_do, full, s.dout[st.stage].box(bx), bx * Cfg::DoTile::kBoxCols, head,
+                           q_row);
         const RowTermsAt at = row_terms_at(q_row, a.heads_q);
         tlx::tma_load_2d(tm_rows, full, s.lse2[st.stage], at.col, at.row + head);
         tlx::tma_load_2d(tm_rows, full, s.dpsum[st.stage], at.col, at.row + a.heads_q + head);

@@ -18,7 +18,7 @@ struct BwdItemScheduler {
                                        BwdItem& w) {
     if constexpr (kProducer) {
       const int64_t claimed = static_cast<int64_t>(atomicAdd(a.next_item, 1ull));
-      w = claimed < n_items ? decode_bwd_item<Cfg::kBlockM>(a, claimed) : BwdItem{};
+      w = claimed < n_items ? decode_bwd_item<Cfg::kBlockM, Cfg::kBlockN>(a, claimed) : BwdItem{};
       s.item_empty[slot.stage].wait_suspended(slot.phase ^ 1u);
       s.item[slot.stage] = w;
       s.item_full[slot.stage].arrive();

@@ -13,12 +13,13 @@ namespace jfa::sm90 {
 // failure.
 jfa_status backward(const jfa::detail::BackwardParams& b);
 
-// Device workspace bytes of a backward call (any dtype and head_dim up to 128).
+// Device workspace bytes of a backward call (any dtype and head size).
 size_t backward_workspace_bytes(int64_t total_q, int64_t total_k, int64_t batch, int32_t heads_q,
                                 int32_t head_dim);
 
-// One per (dtype, head_dim, query rows per step) instantiation (src/cuda/sm90/instantiations/).
-template <typename T, int kHeadDim, int kRowsPerStep>
+// One per (dtype, head_dim, value head size, query rows per step) instantiation, generated from
+// the table of src/CMakeLists.txt.
+template <typename T, int kHeadDim, int kHeadDimV, int kRowsPerStep>
 jfa_status backward_shape(const jfa::detail::BackwardParams& b, const DeviceFacts& device);
 
 }  // namespace jfa::sm90

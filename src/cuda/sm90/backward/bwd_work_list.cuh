@@ -20,6 +20,7 @@ struct BwdEntrySpan {
   SeqBounds bounds;
 };
 
+template <int kBlockN = kBwdBlockN>
 __host__ __device__ __forceinline__ BwdEntrySpan bwd_entry_span(const int32_t* cu_q,
                                                                 const int32_t* cu_k, int64_t batch,
                                                                 int64_t total_q, int64_t total_k,
@@ -29,7 +30,7 @@ __host__ __device__ __forceinline__ BwdEntrySpan bwd_entry_span(const int32_t* c
   sp.bounds = seq_bounds(cu_q, cu_k, total_q, total_k, sp.seqs.first, sp.seqs.n);
   if (sp.seqs.n > 1) {
     sp.bounds.len_q = min(sp.bounds.len_q, kBwdPackRows);
-    sp.bounds.len_k = min(sp.bounds.len_k, kBwdBlockN);
+    sp.bounds.len_k = min(sp.bounds.len_k, kBlockN);
   }
   return sp;
 }
@@ -45,13 +46,12 @@ __device__ __forceinline__ void mark_stored_rows(uint32_t* bits, int64_t first, 
   }
 }
 
-// Backward entries: a sequence's K tiles, ascending, and tiles shared by short sequences (at most
-// kBwdBlockN keys and kBwdPackRows query rows) that hold keys (dK and dV are written for every key;
-// a run without keys has nothing to do, its rows' dQ stays 0).
+// Backward entries: a sequence's K tiles of kBlockN keys, ascending, and tiles shared by short
+// sequences (at most kBlockN keys and kBwdPackRows query rows) that hold keys (dK and dV are
+// written for every key; a run without keys has nothing to do, its rows' dQ stays 0).
+template <int kBlockN>
 struct BackwardLister {
-  __device__ int32_t tiles(int32_t, int32_t len_k) const {
-    return (len_k + kBwdBlockN - 1) / kBwdBlockN;
-  }
+  __device__ int32_t tiles(int32_t, int32_t len_k) const { return (len_k + kBlockN - 1) / kBlockN; }
   __device__ BwdListEntry tile(int32_t seq, int32_t t, int32_t tiles) const {
     return BwdListEntry{seq, t, tiles, 1};
   }
@@ -74,15 +74,15 @@ __global__ void __launch_bounds__(kListThreads)
                         int32_t max_k, int32_t* device_check, uint32_t* stored_rows) {
   if (device_check != nullptr)
     check_offsets(cu_q, cu_k, batch, total_q, total_k, max_q, max_k, device_check);
-  static_assert(kBlockN == kBwdBlockN, "the backward's K tile");
+  static_assert(kBlockN == 64 || kBlockN == kBwdBlockN, "K tiles of 64 or 128 keys");
   __shared__ int64_t scratch[32];
   const int64_t running = list_sequences<kBwdPackRows, kBlockN>(
-      BackwardLister{}, cu_q, cu_k, batch, total_q, total_k, work, capacity, scratch);
+      BackwardLister<kBlockN>{}, cu_q, cu_k, batch, total_q, total_k, work, capacity, scratch);
   const int64_t n = running < capacity ? running : capacity;
   if (stored_rows != nullptr) {
     __syncthreads();  // every entry written
     for (int64_t i = threadIdx.x; i < n; i += kListThreads) {
-      const BwdEntrySpan sp = bwd_entry_span(cu_q, cu_k, batch, total_q, total_k, work[i]);
+      const BwdEntrySpan sp = bwd_entry_span<kBlockN>(cu_q, cu_k, batch, total_q, total_k, work[i]);
       // As the item walks them: none without keys (only invalid offsets give such a tile).
       if (sp.seqs.n > 1 && sp.bounds.len_k > 0)
         mark_stored_rows(stored_rows, sp.bounds.q_start, sp.bounds.len_q);
@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(kListThreads)
   }
 }
 
-// One work item: the K tile n_block (kBwdBlockN keys) of one kv head of one sequence, with the
+// One work item: the K tile n_block (kBlockN keys) of one kv head of one sequence, with the
 // steps [m_first, m_end) (kBlockM query rows each) of each of the group's query heads that see any
 // of its keys; or (n_seqs > 1) the keys of the short sequences first_seq .. first_seq + n_seqs - 1
 // together (`seq` their bounds, n_block 0), whose steps walk all their rows.
@@ -115,17 +115,17 @@ struct BwdItem {
 // of one kv head, then the next), so the CTAs at work on a sequence stream the same Q and dO
 // through L2, and the K tiles of one head are claimed in ascending order, descending in
 // deterministic mode under the causal mask (the order of dQ's adds, dq_add_rank, relies on it).
-template <int kBlockM>
+template <int kBlockM, int kBlockN = kBwdBlockN>
 __host__ __device__ __forceinline__ BwdItem decode_bwd_item(const BwdArgs& a, int64_t item) {
   BwdItem w{};
   const int64_t slot = item / a.heads_kv;
   const BwdListEntry e = a.work[slot];
-  const BwdEntrySpan sp = bwd_entry_span(a.cu_q, a.cu_k, a.batch, a.total_q, a.total_k, e);
+  const BwdEntrySpan sp = bwd_entry_span<kBlockN>(a.cu_q, a.cu_k, a.batch, a.total_q, a.total_k, e);
   const int32_t b = sp.seqs.first;
   w.first_seq = sp.seqs.first;
   w.n_seqs = sp.seqs.n;
   w.seq = sp.bounds;
-  const int32_t tiles = (w.seq.len_k + kBwdBlockN - 1) / kBwdBlockN;
+  const int32_t tiles = (w.seq.len_k + kBlockN - 1) / kBlockN;
   w.kv_head = static_cast<int32_t>(item - slot * a.heads_kv);
   w.n_block = e.n_block;
   if (e.n_block >= 0 && e.n_block < tiles && e.n_tiles == tiles) {
@@ -144,7 +144,7 @@ __host__ __device__ __forceinline__ BwdItem decode_bwd_item(const BwdArgs& a, in
     w.m_first = w.m_end;  // only invalid offsets get here: nothing to walk
   } else if (a.causal && w.n_seqs == 1) {
     // The first row that sees the tile's first key.
-    const int64_t first_row = static_cast<int64_t>(w.n_block) * kBwdBlockN - w.seq.causal_shift();
+    const int64_t first_row = static_cast<int64_t>(w.n_block) * kBlockN - w.seq.causal_shift();
     if (first_row >= w.seq.len_q)
       w.m_first = w.m_end;
     else if (first_row > 0)
@@ -167,20 +167,22 @@ __host__ __device__ __forceinline__ int32_t walk_q_tile(const BwdArgs& a, const 
 // before K tile w.n_block does. Without the causal mask every K tile adds to every q tile, in
 // ascending order: they reach each q tile at the same step, and the ones claimed first add first.
 // Under it the K tiles that see q tile m are 0 .. n_last(m), walking up from their diagonals
-// (walk_q_tile), so K tile n + 1 reaches q tile m steps before K tile n (128 rows later: two steps
-// of 64 rows, one of 128); they add in descending order, and with a head's K tiles claimed last to
-// first (decode_bwd_item) each add waits only for items claimed before it, whose adds are due
-// earlier. (Walking down and adding in ascending order, all K tiles reached a q tile together, and
-// K tile n's add waited for a chain of n others. That chain is left for the K tiles that every
-// query row sees, len_k - len_q >= 128: they all start at the first rows.)
+// (walk_q_tile), so K tile n + 1 reaches q tile m steps before K tile n (kBlockN rows later: with
+// 128 keys two steps of 64 rows or one of 128, with 64 keys one step); they add in descending
+// order, and with a head's K tiles claimed last to first (decode_bwd_item) each add waits only for
+// items claimed before it, whose adds are due earlier. (Walking down and adding in ascending order,
+// all K tiles reached a q tile together, and K tile n's add waited for a chain of n others. That
+// chain is left for the K tiles that every query row sees, len_k - len_q >= kBlockN: they all start
+// at the first rows.)
+template <int kBlockN = kBwdBlockN>
 __host__ __device__ __forceinline__ int32_t dq_add_rank(const BwdArgs& a, const BwdItem& w,
                                                         int32_t m) {
   if (!a.causal) return w.n_block;
   const int64_t last_row = min(w.seq.len_q, (m + 1) * kBwdTileRows) - 1;
   const int64_t last_key = last_row + w.seq.causal_shift();
   if (last_key < 0) return -1;  // the q tile sees no key (a two-tile step's first tile)
-  const int32_t tiles = (w.seq.len_k + kBwdBlockN - 1) / kBwdBlockN;
-  const int64_t n_last = last_key / kBwdBlockN < tiles - 1 ? last_key / kBwdBlockN : tiles - 1;
+  const int32_t tiles = (w.seq.len_k + kBlockN - 1) / kBlockN;
+  const int64_t n_last = last_key / kBlockN < tiles - 1 ? last_key / kBlockN : tiles - 1;
   return static_cast<int32_t>(n_last - w.n_block);
 }
 
@@ -193,7 +195,7 @@ struct DqAdd {
   int32_t q_tile, rows, rank;
 };
 
-template <int kRowsPerStep>
+template <int kRowsPerStep, int kBlockN = kBwdBlockN>
 __host__ __device__ __forceinline__ DqAdd dq_add_of_step(const BwdArgs& a, const BwdItem& w,
                                                          int32_t m, int group) {
   constexpr bool kTwoTiles = kRowsPerStep == 2 * kBwdTileRows;
@@ -201,7 +203,7 @@ __host__ __device__ __forceinline__ DqAdd dq_add_of_step(const BwdArgs& a, const
   int32_t rows = max(0, min(kBwdTileRows, w.seq.len_q - q_tile * kBwdTileRows));
   // A shared tile's rows get dQ from that item alone: no order to keep.
   const bool ranked = w.n_seqs == 1 && (a.deterministic || (kTwoTiles && a.causal));
-  const int32_t rank = ranked ? dq_add_rank(a, w, q_tile) : 0;
+  const int32_t rank = ranked ? dq_add_rank<kBlockN>(a, w, q_tile) : 0;
   if (kTwoTiles && rank < 0) rows = 0;
   return DqAdd{q_tile, rows, rank};
 }

@@ -25,17 +25,20 @@ namespace jfa::sm90 {
 // of the kernel takes one or two q tiles).
 inline constexpr int kBwdTileRows = 64;
 inline constexpr int kBwdBlockN = 128;  // keys per backward work item (two consumer groups of 64)
+// Keys per work item from head_dim 192 up, where both consumer groups take the same 64 keys
+// (BwdConfig::kSplitRoles); the work list's capacity counts tiles of this size.
+inline constexpr int kBwdMinBlockN = 64;
 
 // The float32 dQ accumulator, total_q x heads_q x head_dim floats (no padding), laid out so that
 // the rows of one q tile and the columns of one dQ part of one head are contiguous: parts of
-// dq_part_cols(head_dim) columns (64 where head_dim is a multiple of 64, else all of them: 32 or
-// 96), part (head, col / part columns) holding every token's floats in token order, the 16-byte
+// dq_part_cols(head_dim) columns (all of them up to 96, half from 128 up: one consumer group's),
+// part (head, col / part columns) holding every token's floats in token order, the 16-byte
 // chunks of token t's row permuted by 2 (t % 4) within each run of eight. A thread of the MMA
 // fragment stages two adjacent chunks' halves of one row; with that permutation the four rows of a
 // half warp (whose 8-byte stores go together) fall on different banks. A q tile's rows of a part
 // are what one bulk reduction adds.
 JFA_HOST_DEVICE constexpr int dq_part_cols(int64_t head_dim) {
-  return head_dim % 64 == 0 ? 64 : static_cast<int>(head_dim);
+  return static_cast<int>(head_dim <= 96 ? head_dim : head_dim / 2);
 }
 JFA_HOST_DEVICE constexpr int64_t dq_part_base(int64_t total_q, int64_t head_dim, int64_t head,
                                                int64_t part) {
@@ -99,7 +102,7 @@ constexpr BwdWorkspaceLayout backward_workspace_layout(int64_t total_q, int64_t 
                                                        int64_t batch, int64_t heads_q,
                                                        int64_t head_dim) {
   BwdWorkspaceLayout w{};
-  w.list_capacity = (total_k + kBwdBlockN - 1) / kBwdBlockN + batch;
+  w.list_capacity = (total_k + kBwdMinBlockN - 1) / kBwdMinBlockN + batch;
   // Every token and the shifted copy's last, in whole q tiles (at least two). The preprocess
   // writes every row up to row_len, and TMA reads a row past it as zeros: a step that reaches past
   // total_q reads defined values, which it masks as rows past its sequence's end.

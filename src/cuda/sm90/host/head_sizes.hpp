@@ -18,7 +18,8 @@ struct HeadSize {
 
 inline constexpr HeadSize kForwardHeadSizes[] = {{32, 32},   {64, 64},   {96, 96},  {128, 128},
                                                  {192, 192}, {192, 128}, {256, 256}};
-inline constexpr HeadSize kBackwardHeadSizes[] = {{32, 32}, {64, 64}, {96, 96}, {128, 128}};
+inline constexpr HeadSize kBackwardHeadSizes[] = {{32, 32},   {64, 64},   {96, 96},  {128, 128},
+                                                  {192, 192}, {192, 128}, {256, 256}};
 
 constexpr bool head_dim_built(int d) {
   switch (d) {
