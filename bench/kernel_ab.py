@@ -167,7 +167,7 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--head-dim", type=int, default=128, choices=HEAD_DIMS,
-                    help="q, k and v columns (the backward: 64 or 128)")
+                    help="q, k and v columns")
     ap.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"))
     ap.add_argument("--heads-kv", type=int, default=None,
                     help=f"K/V heads (GQA), a divisor of the {W.HEADS} query heads (default "

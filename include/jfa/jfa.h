@@ -26,8 +26,8 @@ extern "C" {
 #define JFA_VERSION_PATCH 0
 #define JFA_VERSION_STRING "0.1.0"
 
-/* The largest head_dim (and head_dim_v) any backend takes (the CUDA backend's forward takes 32,
- * 64, 96, 128, 192, 256 and 192 with head_dim_v 128, its backward 32, 64, 96 and 128). */
+/* The largest head_dim (and head_dim_v) any backend takes (the CUDA backend takes 32, 64, 96,
+ * 128, 192, 256 and 192 with head_dim_v 128, forward and backward). */
 #define JFA_MAX_HEAD_DIM 512
 
 typedef enum jfa_status {
