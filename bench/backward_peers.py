@@ -99,7 +99,6 @@ KNOWN_WORKLOADS = ["W1", "W2", "W3", "W4", "X1", "X2"]
 DEFAULT_WORKLOADS = ["W1", "W2", "W3", "W4"]
 QUICK_WORKLOADS = ["W1", "W4"]
 CAUSAL = {"both": (False, True), "on": (True,), "off": (False,)}
-HEAD_DIMS = (32, 64, 96, 128, 192, 256)  # the CUDA backward's sizes
 PASSES = ("backward", "step")
 PASS_CHOICES = {"backward": ("backward",), "step": ("step",), "both": PASSES}
 
@@ -472,7 +471,7 @@ def parse_args(argv=None):
     ap.add_argument("--dtypes", default="fp16", help="fp16,bf16 (default fp16)")
     ap.add_argument("--causal", default="both", choices=list(CAUSAL),
                     help="masks: both, on (causal only) or off (non-causal only)")
-    ap.add_argument("--head-dim", type=int, default=128, choices=HEAD_DIMS)
+    ap.add_argument("--head-dim", type=int, default=128, choices=W.CUDA_HEAD_DIMS)
     ap.add_argument("--heads-kv", type=int, default=W.HEADS,
                     help=f"K/V heads (GQA), a divisor of the {W.HEADS} query heads "
                          f"(default {W.HEADS})")

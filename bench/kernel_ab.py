@@ -34,8 +34,6 @@ CELLS = ("W1", "W1c", "W2", "W2c", "W3", "W3c", "W4", "W4c", "W1d", "W1cd")
 
 FORWARD_CELLS = ("W1", "W1c", "W2", "W2c", "W3", "W3c", "W4", "W4c")
 PASSES = ("backward", "forward")
-# The head sizes of the CUDA kernels (equal q.k and v sizes), forward and backward.
-HEAD_DIMS = (32, 64, 96, 128, 192, 256)
 
 
 def parse_cell(cell, pass_name="backward"):
@@ -166,7 +164,7 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--head-dim", type=int, default=128, choices=HEAD_DIMS,
+    ap.add_argument("--head-dim", type=int, default=128, choices=W.CUDA_HEAD_DIMS,
                     help="q, k and v columns")
     ap.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"))
     ap.add_argument("--heads-kv", type=int, default=None,

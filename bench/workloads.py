@@ -21,6 +21,8 @@ import sys
 from dataclasses import dataclass, field
 
 HEADS = 16
+# The head sizes of the CUDA kernels with equal q.k and v sizes, forward and backward.
+CUDA_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
 DTYPES = ("fp16", "bf16")
 ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 
