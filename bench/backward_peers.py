@@ -15,6 +15,9 @@ The methods:
 - fa3: torch.ops.flash_attn_3.bwd after torch.ops.flash_attn_3.fwd, varlen, when FA3's op library
   is loaded (--fa3-lib or $FA3_LIB; else an installed flash_attn_interface, if any). Both calls are
   built from the ops' schemas, which differ between FA3 versions.
+- fa4: flash-attn-4's flash_attn.cute.flash_attn_varlen_func (CuTe DSL; on Hopper its SM90 forward
+  and backward, the FA3-class kernels at every head size it takes), differentiated by torch
+  autograd as FlexAttention is; each shape's kernels are compiled at their first call (not timed).
 - fa2_varlen: torch.ops.aten._flash_attention_backward after aten._flash_attention_forward
   (varlen FlashAttention-2 inside torch); the call is built from the schema found at run time, so a
   schema this script does not know is reported as the method failing.
@@ -85,12 +88,13 @@ import workloads as W  # noqa: E402
 from peers import parse_list, write_json  # noqa: E402
 from workloads import mask_name  # noqa: E402
 
-METHOD_ORDER = ["jfa", "jfa_det", "fa3", "fa2_varlen", "flex", "cudnn_padded"]
+METHOD_ORDER = ["jfa", "jfa_det", "fa3", "fa4", "fa2_varlen", "flex", "cudnn_padded"]
 LABELS = {"jfa": "jfa", "jfa_det": "jfa deterministic", "fa3": "FA3 varlen",
+          "fa4": "FA4 varlen (Hopper)",
           "fa2_varlen": "varlen FA2 (aten)", "flex": "FlexAttention",
           "cudnn_padded": "padded cuDNN"}
 PADDED = ("cudnn_padded",)        # computes on [B, H, Lmax, D] padded inputs
-AUTOGRAD = ("flex", "cudnn_padded")  # differentiated by torch autograd
+AUTOGRAD = ("fa4", "flex", "cudnn_padded")  # differentiated by torch autograd
 BASELINE = "fa2_varlen"
 TIMED = rounds.TIMED
 CELL = {"wrong": "wrong", "unavailable": "n/a", "error": "err", "skipped": "skip"}
@@ -380,14 +384,16 @@ def format_tables(records, workload_order=None):
                   "the useful FLOPs only."]
     if present & set(AUTOGRAD):
         names = ", ".join(LABELS[m] for m in AUTOGRAD if m in present)
-        lines += [f"{names}: differentiated by torch autograd (its host work is in the eager "
+        lines += [f"{names}: differentiated by torch autograd (their host work is in the eager "
                   "time); jfa, FA2 and FA3 call their forward and backward ops directly."]
     lines += co.note_lines(records, LABELS, (("no graph", "graph_reason"),))
     return "\n".join(lines)
 
 
 README_LABELS = {"jfa": "jfa", "jfa_det": "jfa, `deterministic=True`",
-                 "fa3": "FlashAttention-3 (varlen)", "fa2_varlen": "varlen FA2 (aten)",
+                 "fa3": "FlashAttention-3 (varlen)",
+                 "fa4": "FlashAttention-4, Hopper kernels (varlen)",
+                 "fa2_varlen": "varlen FA2 (aten)",
                  "flex": "FlexAttention (document mask)", "cudnn_padded": "padded cuDNN"}
 README_TITLES = {"backward": "backward", "step": "step (forward + backward)"}
 
@@ -896,6 +902,25 @@ def _autograd_peer(step, attend, inputs, dout, unpack, context=None, **about):
                     keep=(saved, grad_out, leaves), **about)
 
 
+def prepare_fa4(G, ctx, bc, causal, step=False):
+    try:
+        from flash_attn.cute import flash_attn_varlen_func as fa4_varlen
+    except Exception as e:
+        raise G.Unavailable(f"flash_attn.cute: {G.short(e, 120)}")
+    c = bc.case
+
+    def attend(q, k, v):
+        o = fa4_varlen(q, k, v, cu_seqlens_q=c.cu_q, cu_seqlens_k=c.cu_k, max_seqlen_q=c.max_q,
+                       max_seqlen_k=c.max_k, softmax_scale=c.scale, causal=bool(causal))
+        return o[0] if isinstance(o, (tuple, list)) else o
+
+    versions = (G._dist_version("flash-attn-4"), G._dist_version("nvidia-cutlass-dsl"))
+    return _autograd_peer(
+        step, attend, (c.q, c.k, c.v), bc.dout, lambda grads: tuple(grads),
+        provider="flash_attn.cute.flash_attn_varlen_func (flash-attn-4 %s, nvidia-cutlass-dsl %s), "
+                 "autograd" % versions)
+
+
 def prepare_flex(G, ctx, bc, causal, step=False):
     import torch
     # The backward-only timing runs one compiled backward again and again (retain_graph), which
@@ -970,7 +995,8 @@ def prepare_cudnn_padded(G, ctx, bc, causal, step=False):
 
 
 PREPARE = {"jfa": prepare_jfa, "jfa_det": prepare_jfa_det, "fa3": prepare_fa3,
-           "fa2_varlen": prepare_fa2, "flex": prepare_flex, "cudnn_padded": prepare_cudnn_padded}
+           "fa4": prepare_fa4, "fa2_varlen": prepare_fa2, "flex": prepare_flex,
+           "cudnn_padded": prepare_cudnn_padded}
 
 
 def _op(namespace, name):

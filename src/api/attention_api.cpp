@@ -9,8 +9,7 @@
 #include "cpu/attention_cpu.hpp"
 #include "cpu/parallel.hpp"
 #ifdef JFA_WITH_CUDA
-#include "cuda/sm90/forward/fwd_sm90.hpp"
-#include "cuda/sm90/forward/workspace.hpp"
+#include "cuda/gpu_backends.hpp"
 #endif
 
 using jfa::detail::BufferView;
@@ -45,7 +44,9 @@ jfa_status jfa_attention_forward(const jfa_attention_params* params) {
 #ifdef JFA_WITH_CUDA
     if (backend == JFA_BACKEND_CUDA) {
       if ((s = jfa::detail::check_cuda_features(p)) != JFA_SUCCESS) return s;
-      return jfa::sm90::forward(p);
+      const jfa::cuda::GpuBackend* gpu = nullptr;
+      if ((s = jfa::cuda::current_gpu_backend(&gpu)) != JFA_SUCCESS) return s;
+      return gpu->forward(p);
     }
 #endif
     if ((s = jfa::detail::validate_host_offsets(p)) != JFA_SUCCESS) return s;
@@ -65,7 +66,7 @@ jfa_status jfa_attention_workspace_size(const jfa_attention_params* params, size
         s != JFA_SUCCESS)
       return s;
 #ifdef JFA_WITH_CUDA
-    *bytes = jfa::sm90::forward_workspace_bytes(p.total_q, p.batch);
+    *bytes = jfa::cuda::forward_workspace_bytes(p.total_q, p.batch);
 #else
     *bytes = 0;
 #endif
@@ -170,7 +171,7 @@ int jfa_cpu_thread_count(void) { return jfa::detail::cpu_thread_count(); }
 
 int jfa_cuda_available(void) {
 #ifdef JFA_WITH_CUDA
-  return jfa::sm90::hopper_available() ? 1 : 0;
+  return jfa::cuda::gpu_backend_available() ? 1 : 0;
 #else
   return 0;
 #endif

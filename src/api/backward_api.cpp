@@ -8,7 +8,7 @@
 #include "api/validate.hpp"
 #include "cpu/backward_cpu.hpp"
 #ifdef JFA_WITH_CUDA
-#include "cuda/sm90/backward/bwd_sm90.hpp"
+#include "cuda/gpu_backends.hpp"
 #endif
 
 using jfa::detail::BackwardParams;
@@ -44,7 +44,9 @@ jfa_status jfa_attention_backward(const jfa_attention_backward_params* params) {
 #ifdef JFA_WITH_CUDA
     if (backend == JFA_BACKEND_CUDA) {
       if ((s = jfa::detail::check_cuda_features(b.fwd)) != JFA_SUCCESS) return s;
-      return jfa::sm90::backward(b);
+      const jfa::cuda::GpuBackend* gpu = nullptr;
+      if ((s = jfa::cuda::current_gpu_backend(&gpu)) != JFA_SUCCESS) return s;
+      return gpu->backward(b);
     }
 #endif
     if ((s = jfa::detail::validate_host_offsets(b.fwd)) != JFA_SUCCESS) return s;
@@ -78,7 +80,7 @@ jfa_status jfa_attention_backward_workspace_size(const jfa_attention_backward_pa
                   "total_k (%lld), heads_q (%d) or head_dim (%d) is out of range",
                   static_cast<long long>(f.total_k), f.heads_q, f.head_dim);
     *bytes =
-        jfa::sm90::backward_workspace_bytes(f.total_q, f.total_k, f.batch, f.heads_q, f.head_dim);
+        jfa::cuda::backward_workspace_bytes(f.total_q, f.total_k, f.batch, f.heads_q, f.head_dim);
 #else
     *bytes = 0;  // the CPU backward needs none
 #endif

@@ -7,7 +7,7 @@
 #include "api/validate.hpp"
 #include "common/params.hpp"
 #include "common/status.hpp"
-#include "cuda/sm90/host/device_facts.hpp"
+#include "cuda/common/device_facts.hpp"
 
 namespace jfa::gpu_test {
 
@@ -28,7 +28,7 @@ jfa_status run_variant(const jfa_attention_params* params, const KernelVariant& 
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess)
     return jfa::detail::fail(JFA_ERROR_CUDA, "cudaGetDevice failed");
-  const jfa::sm90::DeviceFacts& facts = jfa::sm90::device_facts(device);
+  const jfa::cuda::DeviceFacts& facts = jfa::cuda::device_facts(device);
   switch (v.loop) {
     case VariantLoop::kOneTileAtATime:
       return forward_one_tile(p, facts, v);

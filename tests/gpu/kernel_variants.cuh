@@ -7,16 +7,16 @@
 
 #include "common/params.hpp"
 #include "common/status.hpp"
+#include "cuda/common/device_facts.hpp"
 #include "cuda/sm90/forward/choices.hpp"
 #include "cuda/sm90/forward/fwd_launch.cuh"
-#include "cuda/sm90/host/device_facts.hpp"
 #include "kernel_variants.hpp"
 
 namespace jfa::gpu_test {
 
 // Head_dim 64 and 32: two or three consumer groups, forced by the variant or by the mean length.
 template <typename Choices, int kD>
-jfa_status forward_by_rows(const jfa::detail::Params& p, const jfa::sm90::DeviceFacts& device,
+jfa_status forward_by_rows(const jfa::detail::Params& p, const jfa::cuda::DeviceFacts& device,
                            const KernelVariant& v) {
   using jfa::sm90::FwdConfig;
   using jfa::sm90::run_forward;
@@ -32,7 +32,7 @@ jfa_status forward_by_rows(const jfa::detail::Params& p, const jfa::sm90::Device
 }
 
 template <typename Choices>
-jfa_status forward_with(const jfa::detail::Params& p, const jfa::sm90::DeviceFacts& device,
+jfa_status forward_with(const jfa::detail::Params& p, const jfa::cuda::DeviceFacts& device,
                         const KernelVariant& v) {
   using jfa::sm90::FwdConfig;
   using jfa::sm90::run_forward;

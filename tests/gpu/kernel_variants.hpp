@@ -6,7 +6,7 @@
 #include <string>
 
 #include "common/params.hpp"
-#include "cuda/sm90/host/device_facts.hpp"
+#include "cuda/common/device_facts.hpp"
 #include "jfa/jfa.h"
 
 namespace jfa::gpu_test {
@@ -45,11 +45,11 @@ class ScopedVariant {
 };
 
 // One per set of kernel choices (kernel_variants_*.cu).
-jfa_status forward_shipped(const jfa::detail::Params& p, const jfa::sm90::DeviceFacts& device,
+jfa_status forward_shipped(const jfa::detail::Params& p, const jfa::cuda::DeviceFacts& device,
                            const KernelVariant& v);
-jfa_status forward_one_tile(const jfa::detail::Params& p, const jfa::sm90::DeviceFacts& device,
+jfa_status forward_one_tile(const jfa::detail::Params& p, const jfa::cuda::DeviceFacts& device,
                             const KernelVariant& v);
-jfa_status forward_independent(const jfa::detail::Params& p, const jfa::sm90::DeviceFacts& device,
+jfa_status forward_independent(const jfa::detail::Params& p, const jfa::cuda::DeviceFacts& device,
                                const KernelVariant& v);
 
 }  // namespace jfa::gpu_test

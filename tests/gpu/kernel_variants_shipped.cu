@@ -2,7 +2,7 @@
 #include "kernel_variants.cuh"
 
 namespace jfa::gpu_test {
-jfa_status forward_shipped(const jfa::detail::Params& p, const jfa::sm90::DeviceFacts& device,
+jfa_status forward_shipped(const jfa::detail::Params& p, const jfa::cuda::DeviceFacts& device,
                            const KernelVariant& v) {
   return forward_with<jfa::sm90::ShippedKernel>(p, device, v);
 }

@@ -85,7 +85,7 @@ def test_options_defaults_quick_and_refusals(monkeypatch):
     args = bp.parse_args([])
     assert args.workload_ids == ["W1", "W2", "W3", "W4"]
     assert args.dtype_names == ["fp16"] and args.masks == (False, True)
-    assert args.method_names == ["jfa", "fa3", "fa2_varlen", "flex", "cudnn_padded"]
+    assert args.method_names == ["jfa", "fa3", "fa4", "fa2_varlen", "flex", "cudnn_padded"]
     assert (args.head_dim, args.heads_kv, args.rounds, args.runs, args.warmup) == (
         128, 16, 3, 30, 5)
     assert args.fa3_lib is None and args.json is None and args.chart is None
@@ -100,7 +100,7 @@ def test_options_defaults_quick_and_refusals(monkeypatch):
     both = bp.parse_args(["--dtypes", "fp16,bf16", "--head-dim", "64", "--heads-kv", "4"])
     assert both.dtype_names == ["fp16", "bf16"] and (both.head_dim, both.heads_kv) == (64, 4)
     assert bp.parse_args(["--deterministic"]).method_names == [
-        "jfa", "jfa_det", "fa3", "fa2_varlen", "flex", "cudnn_padded"]
+        "jfa", "jfa_det", "fa3", "fa4", "fa2_varlen", "flex", "cudnn_padded"]
     assert bp.parse_args(["--methods", "fa2_varlen,jfa", "--deterministic"]).method_names == [
         "fa2_varlen", "jfa", "jfa_det"]
     assert bp.parse_args(["--methods", "cudnn_padded,flex"]).method_names == [
@@ -195,9 +195,9 @@ def test_padded_peers_skip_causal_cells_whose_q_and_k_lengths_differ():
     assert why == bp.peers.padded_skip_reason(True, True)  # the forward benchmark's rule
     assert bp.skip_reason("cudnn_padded", cross=True, causal=False) == ""
     assert bp.skip_reason("cudnn_padded", cross=False, causal=True) == ""
-    for method in ("jfa", "jfa_det", "fa3", "fa2_varlen", "flex"):
+    for method in ("jfa", "jfa_det", "fa3", "fa4", "fa2_varlen", "flex"):
         assert bp.skip_reason(method, cross=True, causal=True) == ""
-    assert bp.PADDED == ("cudnn_padded",) and set(bp.AUTOGRAD) == {"flex", "cudnn_padded"}
+    assert bp.PADDED == ("cudnn_padded",) and set(bp.AUTOGRAD) == {"fa4", "flex", "cudnn_padded"}
 
 
 def test_padded_peers_are_checked_where_they_compute_the_same_attention():

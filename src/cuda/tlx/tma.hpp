@@ -21,6 +21,12 @@ JFA_DEVICE void tma_prefetch_descriptor(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(tensor_map_addr(map)) : "memory");
 }
 
+// Every map of a kernel, from its first thread, before the roles start.
+template <typename... Maps>
+JFA_DEVICE void tma_prefetch_descriptors(const Maps*... maps) {
+  (tma_prefetch_descriptor(maps), ...);
+}
+
 JFA_DEVICE void tma_load_2d(const CUtensorMap* map, MBarrier* bar, void* smem_dst, int32_t c0,
                             int32_t c1) {
   asm volatile(

@@ -9,6 +9,7 @@
 
 #include "cuda/sm90/backward/bwd_work_list.cuh"
 #include "cuda/sm90/shared/cta_shared_memory.cuh"
+#include "cuda/sm90/shared/item_ring.cuh"
 #include "cuda/tlx/mbarrier.hpp"
 #include "cuda/tlx/smem_tile.hpp"
 
@@ -28,6 +29,41 @@ struct DqDestination {
   uint32_t bytes;
   int32_t head;
   int32_t first;
+};
+
+// The barriers and hand-over slots of both backward layouts: the Q/dO ring (full, empty), the
+// item's K and V (kv_full, kv_empty), each group's staged dQ part and where it goes (dq_full,
+// dq_empty, dq_dest; the writer's side in bwd_dq_writer.cuh) and the item ring.
+template <int kStages>
+struct BwdSync {
+  DqDestination dq_dest[2];
+  tlx::MBarrier dq_full[2], dq_empty[2];
+  tlx::MBarrier kv_full, kv_empty;
+  tlx::MBarrier full[kStages], empty[kStages];
+  ItemRing<BwdItem> items;
+
+  __device__ __forceinline__ void init(uint32_t consumer_warps, uint32_t dq_writer_threads) {
+    kv_full.init(1);
+    kv_empty.init(consumer_warps);
+#pragma unroll
+    for (int g = 0; g < 2; ++g) {
+      dq_full[g].init(consumer_warps / 2 * 32);  // a count per consumer thread
+      dq_empty[g].init(dq_writer_threads);       // a count per writer thread
+    }
+#pragma unroll
+    for (int i = 0; i < kStages; ++i) {
+      full[i].init(1);
+      empty[i].init(consumer_warps);
+    }
+    items.init(consumer_warps * 32);
+  }
+
+  // A consumer group's last hand-off to the dQ writer: no more steps, the writer stops.
+  __device__ __forceinline__ void stop_dq_writer(int group, uint32_t dq_phase) {
+    dq_empty[group].wait(dq_phase ^ 1u);
+    if (threadIdx.x % 128 == 0) dq_dest[group] = DqDestination{};
+    dq_full[group].arrive();
+  }
 };
 
 // The item's K and V tiles, rings of Q and dO tiles (kBlockM rows) with their LSE and D rows, two
@@ -60,12 +96,7 @@ struct BwdShared {
   static constexpr int kRowTermsStride = (kRowTermsBox + 31) / 32 * 32;
   alignas(128) float lse2[kStages][kRowTermsStride];
   alignas(128) float dpsum[kStages][kRowTermsStride];
-  DqDestination dq_dest[2];
-  tlx::MBarrier dq_full[2], dq_empty[2];
-  tlx::MBarrier kv_full, kv_empty;
-  tlx::MBarrier full[kStages], empty[kStages];
-  tlx::MBarrier item_full[kItemSlots], item_empty[kItemSlots];
-  BwdItem item[kItemSlots];
+  BwdSync<kStages> sync;
 };
 
 // From head_dim 192 up (BwdConfig::kSplitRoles): one K tile of 64 keys that both groups share, V
@@ -95,12 +126,7 @@ struct BwdSplitRolesShared {
   alignas(128) float lse2[kStages][kRowTermsStride];
   alignas(128) float dpsum[kStages][kRowTermsStride];
   uint32_t key_ranges[kBwdPackRows];  // KeyRange as lo | hi << 16 per row of a shared tile
-  DqDestination dq_dest[2];
-  tlx::MBarrier dq_full[2], dq_empty[2];
-  tlx::MBarrier kv_full, kv_empty;
-  tlx::MBarrier full[kStages], empty[kStages];
-  tlx::MBarrier item_full[kItemSlots], item_empty[kItemSlots];
-  BwdItem item[kItemSlots];
+  BwdSync<kStages> sync;
 };
 
 // How the two consumer groups share a step's dQ = dS K, one part (64 rows x dq_part_cols) each.

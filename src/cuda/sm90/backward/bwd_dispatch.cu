@@ -22,7 +22,7 @@ namespace {
 // The instantiation for the call's dtype.
 template <int kD, int kRows, int kDv = kD>
 [[maybe_unused]] jfa_status backward_in(const jfa::detail::BackwardParams& b,
-                                        const DeviceFacts& facts) {
+                                        const jfa::cuda::DeviceFacts& facts) {
   return b.fwd.dtype == JFA_DTYPE_FLOAT16 ? backward_shape<__half, kD, kDv, kRows>(b, facts)
                                           : backward_shape<__nv_bfloat16, kD, kDv, kRows>(b, facts);
 }
@@ -33,7 +33,7 @@ template <int kD, int kRows, int kDv = kD>
 // sum in different orders).
 template <int kD>
 [[maybe_unused]] jfa_status backward_by_rows(const jfa::detail::BackwardParams& b,
-                                             const DeviceFacts& facts) {
+                                             const jfa::cuda::DeviceFacts& facts) {
   if (b.fwd.total_q <= kBwdTileRows * b.fwd.batch) return backward_in<kD, kBwdTileRows>(b, facts);
   return backward_in<kD, 2 * kBwdTileRows>(b, facts);
 }
@@ -43,7 +43,7 @@ template <int kD>
 jfa_status backward(const jfa::detail::BackwardParams& b) {
   using jfa::detail::fail;
   const jfa::detail::Params& p = b.fwd;
-  const DeviceFacts* facts = nullptr;
+  const jfa::cuda::DeviceFacts* facts = nullptr;
   if (const jfa_status s = check_supported(p, Pass::kBackward, &facts); s != JFA_SUCCESS) return s;
   const TensorArg tensors[] = {{b.dout, &b.dout_layout, "dout"},
                                {b.dq, &b.dq_layout, "dq"},

@@ -12,6 +12,7 @@
 #include "cuda/tlx/fence.hpp"
 #include "cuda/tlx/named_barrier.hpp"
 #include "cuda/tlx/tma.hpp"
+#include "cuda/tlx/warp_broadcast.hpp"
 #include "cuda/tlx/warpgroup.hpp"
 #include "jfa/jfa.h"
 
@@ -34,7 +35,7 @@ __device__ __forceinline__ void stage_dq(typename Cfg::Shared& s, const DqTile<C
                                          int32_t m, int group, uint32_t& dq_phase) {
   using Frag = DqTile<Cfg>;
   constexpr int kCols = Cfg::kDqPartCols;
-  s.dq_empty[group].wait(dq_phase ^ 1u);
+  s.sync.dq_empty[group].wait(dq_phase ^ 1u);
   // Row r and the column pair (c, c + 1) of the fragment: chunk c / 4 of the row, permuted by the
   // token's index (dq_chunk_offset); the thread's two rows are 8 apart, so they share it.
   const int r0 = Frag::row(0);
@@ -54,36 +55,25 @@ __device__ __forceinline__ void stage_dq(typename Cfg::Shared& s, const DqTile<C
     const int64_t tile = static_cast<int64_t>(head) * a.sem_tiles + w.sem_tile + add.q_tile;
     const int part = Cfg::kDqSplit == DqSplit::kColumns ? group : 0;
     const int32_t first = w.seq.q_start + add.q_tile * kBwdTileRows;
-    s.dq_dest[group] = DqDestination{a.dq_acc + dq_part_base(a.total_q, Cfg::kD, head, part) +
-                                         static_cast<int64_t>(first) * kCols,
-                                     w.n_seqs > 1 ? nullptr : a.sems + tile,
-                                     add.rank,
-                                     static_cast<uint32_t>(add.rows * kCols * sizeof(float)),
-                                     head,
-                                     first};
+    s.sync.dq_dest[group] = DqDestination{a.dq_acc + dq_part_base(a.total_q, Cfg::kD, head, part) +
+                                              static_cast<int64_t>(first) * kCols,
+                                          w.n_seqs > 1 ? nullptr : a.sems + tile,
+                                          add.rank,
+                                          static_cast<uint32_t>(add.rows * kCols * sizeof(float)),
+                                          head,
+                                          first};
   }
   tlx::fence_proxy_async_smem();  // the writer's bulk reduction reads it (async proxy)
   // The writer threads that convert a shared tile's part read what each thread staged, so then
   // every thread arrives; otherwise only the bulk reduction reads it, and a warp's leader arrives
   // for the warp.
   if (w.n_seqs > 1) {
-    s.dq_full[group].arrive();
+    s.sync.dq_full[group].arrive();
   } else {
     __syncwarp();
-    if (tlx::lane_is_leader()) s.dq_full[group].arrive(32);
+    if (tlx::lane_is_leader()) s.sync.dq_full[group].arrive(32);
   }
   dq_phase ^= 1u;
-}
-
-// Lane 0's destination, in every lane of the warp.
-__device__ __forceinline__ DqDestination warp_broadcast(const DqDestination& d) {
-  auto lane0 = [](auto x) { return __shfl_sync(0xffffffffu, x, 0); };
-  return DqDestination{reinterpret_cast<float*>(lane0(reinterpret_cast<uintptr_t>(d.part))),
-                       reinterpret_cast<int32_t*>(lane0(reinterpret_cast<uintptr_t>(d.sem))),
-                       lane0(d.target),
-                       lane0(d.bytes),
-                       lane0(d.head),
-                       lane0(d.first)};
 }
 
 // Converts a shared tile's staged dQ part into dq: softmax_scale times the part's rows (with kKeys,
@@ -139,8 +129,8 @@ __device__ __forceinline__ void bwd_dq_writer(typename Cfg::Shared& s, const Bwd
   bool not_finite = false;
   uint32_t phase = 0;
   for (;;) {
-    s.dq_full[0].wait_suspended(phase);
-    s.dq_full[1].wait_suspended(phase);
+    s.sync.dq_full[0].wait_suspended(phase);
+    s.sync.dq_full[1].wait_suspended(phase);
     phase ^= 1u;
     // Lane 0 of each warp reads the destinations for its warp. In a step that only the bulk
     // reductions serve, a warp's lane 0 arrives on dq_empty for the warp (which lets the groups
@@ -148,20 +138,20 @@ __device__ __forceinline__ void bwd_dq_writer(typename Cfg::Shared& s, const Bwd
     // every thread reads staged dQ and arrives for itself.
     DqDestination d0{}, d1{};
     if (lane == 0) {
-      d0 = s.dq_dest[0];
-      d1 = s.dq_dest[1];
+      d0 = s.sync.dq_dest[0];
+      d1 = s.sync.dq_dest[1];
     }
     if (__shfl_sync(0xffffffffu, d0.part == nullptr ? 1 : 0, 0)) break;  // both groups stop
     if (__shfl_sync(0xffffffffu, d0.sem == nullptr ? 1 : 0, 0)) {        // a shared tile's step
-      d0 = warp_broadcast(d0);
-      d1 = warp_broadcast(d1);
+      d0 = tlx::warp_broadcast(d0);
+      d1 = tlx::warp_broadcast(d1);
       if (d0.bytes > 0)
         not_finite |= store_staged_dq<Cfg>(s.dq[0], kKeys ? s.dq[1] : nullptr, d0, 0, a, writer);
       if (!kKeys && d1.bytes > 0)
         not_finite |=
             store_staged_dq<Cfg>(s.dq[1], nullptr, d1, kRows ? 0 : Cfg::kDqPartCols, a, writer);
-      s.dq_empty[0].arrive();
-      s.dq_empty[1].arrive();
+      s.sync.dq_empty[0].arrive();
+      s.sync.dq_empty[1].arrive();
       continue;
     }
     const bool adds0 = d0.bytes > 0, adds1 = d1.bytes > 0;  // lane 0's
@@ -184,8 +174,8 @@ __device__ __forceinline__ void bwd_dq_writer(typename Cfg::Shared& s, const Bwd
       tlx::tma_store_wait_read<0>();
     }
     if (lane == 0) {
-      s.dq_empty[0].arrive(32);
-      s.dq_empty[1].arrive(32);
+      s.sync.dq_empty[0].arrive(32);
+      s.sync.dq_empty[1].arrive(32);
     }
     if (leader && a.deterministic) {
       tlx::tma_store_wait<0>();

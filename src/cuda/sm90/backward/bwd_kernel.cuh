@@ -68,42 +68,17 @@ __device__ __forceinline__ void bwd_consumer(typename Cfg::Shared& s, const CUte
       shared_tile_key_ranges<Cfg>(tlx::smem_addr(&s.key_rows[group]), Cfg::kKeyRowsBarrier0 + group,
                                   a, w);
     if (w.q_tiles() > 0) {
-      s.kv_full.wait(kv_phase);
+      s.sync.kv_full.wait(kv_phase);
       kv_phase ^= 1u;
       walk_item<Cfg>(s, dk, dv, a, w, group, st, ds_buf, dq_phase);
-      if (tlx::lane_is_leader()) s.kv_empty.arrive();
+      if (tlx::lane_is_leader()) s.sync.kv_empty.arrive();
     }
     const int32_t key0 = w.n_block * Cfg::kBlockN + group * 64;
     store_key_rows<Cfg>(dv, 1.f, s.key_rows[group], tm_dv, a, w, group, key0);
     store_key_rows<Cfg>(dk, a.softmax_scale, s.key_rows[group], tm_dk, a, w, group, key0);
   }
   if (threadIdx.x % 128 == 0) tlx::tma_store_wait<0>();  // dK and dV written before the CTA ends
-  // No more steps: the dQ writer stops.
-  s.dq_empty[group].wait(dq_phase ^ 1u);
-  if (threadIdx.x % 128 == 0) s.dq_dest[group] = DqDestination{};
-  s.dq_full[group].arrive();
-}
-
-template <typename Cfg>
-__device__ __forceinline__ void init_bwd_barriers(typename Cfg::Shared& s) {
-  s.kv_full.init(1);
-  s.kv_empty.init(Cfg::kConsumerWarps);
-#pragma unroll
-  for (int g = 0; g < 2; ++g) {
-    s.dq_full[g].init(Cfg::kConsumerWarps / 2 * 32);  // a count per consumer thread
-    s.dq_empty[g].init(Cfg::kDqWriterThreads);        // a count per writer thread
-  }
-#pragma unroll
-  for (int i = 0; i < Cfg::kStages; ++i) {
-    s.full[i].init(1);
-    s.empty[i].init(Cfg::kConsumerWarps);
-  }
-#pragma unroll
-  for (int i = 0; i < kItemSlots; ++i) {
-    s.item_full[i].init(1);
-    s.item_empty[i].init(Cfg::kConsumerWarps * 32);
-  }
-  tlx::fence_barrier_init();
+  s.sync.stop_dq_writer(group, dq_phase);
 }
 
 template <typename Cfg>
@@ -117,14 +92,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto& s = shared_layout<typename Cfg::Shared>(smem_raw);
   const int group = tlx::warp_group_index();
   if (threadIdx.x == 0) {
-    init_bwd_barriers<Cfg>(s);
-    tlx::tma_prefetch_descriptor(&tm_q);
-    tlx::tma_prefetch_descriptor(&tm_k);
-    tlx::tma_prefetch_descriptor(&tm_v);
-    tlx::tma_prefetch_descriptor(&tm_do);
-    tlx::tma_prefetch_descriptor(&tm_rows);
-    tlx::tma_prefetch_descriptor(&tm_dk);
-    tlx::tma_prefetch_descriptor(&tm_dv);
+    s.sync.init(Cfg::kConsumerWarps, Cfg::kDqWriterThreads);
+    tlx::fence_barrier_init();
+    tlx::tma_prefetch_descriptors(&tm_q, &tm_k, &tm_v, &tm_do, &tm_rows, &tm_dk, &tm_dv);
   }
   __syncthreads();
   const int64_t n_items =

@@ -13,11 +13,11 @@
 
 #include "common/params.hpp"
 #include "common/status.hpp"
+#include "cuda/common/device_facts.hpp"
 #include "cuda/sm90/backward/bwd_kernel.cuh"
 #include "cuda/sm90/backward/bwd_preprocess.cuh"
 #include "cuda/sm90/backward/bwd_sm90.hpp"
 #include "cuda/sm90/host/call_workspace.hpp"
-#include "cuda/sm90/host/device_facts.hpp"
 #include "cuda/sm90/host/launch_error.hpp"
 #include "cuda/sm90/host/offsets_check.hpp"
 #include "cuda/sm90/host/shared_memory_opt_in.hpp"
@@ -26,7 +26,8 @@
 namespace jfa::sm90 {
 
 template <typename Cfg>
-jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts& device) {
+jfa_status run_backward(const jfa::detail::BackwardParams& b,
+                        const jfa::cuda::DeviceFacts& device) {
   using jfa::detail::fail;
   using T = typename Cfg::Element;
   const jfa::detail::Params& p = b.fwd;
@@ -118,29 +119,15 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
 
   if (p.total_k > 0) {
     BwdArgs a{};
-    a.cu_q = p.cu_seqlens_q;
-    a.cu_k = p.cu_seqlens_k;
+    static_cast<Problem&>(a) = make_problem(p, count, next_item, lay.list_capacity);
     a.work = work;
-    a.work_count = count;
-    a.next_item = next_item;
     a.lse2 = lse2;
     a.dpsum = dpsum;
     a.sems = sems;
     a.dq_acc = dq_acc;
-    a.device_check = p.device_check;
-    a.batch = p.batch;
-    a.total_q = p.total_q;
-    a.total_k = p.total_k;
     a.row_len = lay.row_len;
     a.sem_tiles = lay.sem_tiles;
-    a.heads_q = p.heads_q;
-    a.heads_kv = p.heads_kv;
-    a.group = p.group_size();
-    a.work_capacity = static_cast<int32_t>(lay.list_capacity);
     a.key_ragged_rows = static_cast<int32_t>(key_ragged_rows);
-    a.softmax_scale = p.softmax_scale;
-    a.scale_log2 = static_cast<float>(static_cast<double>(p.softmax_scale) * 1.4426950408889634);
-    a.causal = p.causal ? 1 : 0;
     a.deterministic = b.deterministic ? 1 : 0;
     a.dq = b.dq;
     a.dq_token_stride = b.dq_layout.token_stride;
@@ -165,7 +152,8 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const DeviceFacts&
 }
 
 template <typename T, int kHeadDim, int kHeadDimV, int kRowsPerStep>
-jfa_status backward_shape(const jfa::detail::BackwardParams& b, const DeviceFacts& device) {
+jfa_status backward_shape(const jfa::detail::BackwardParams& b,
+                          const jfa::cuda::DeviceFacts& device) {
   return run_backward<BwdConfig<T, kHeadDim, kHeadDimV, kRowsPerStep>>(b, device);
 }
 

@@ -23,7 +23,7 @@ template <typename Cfg>
 __device__ __forceinline__ void issue_scores(typename Cfg::Shared& s, ScoreTile<Cfg>& sc,
                                              const tlx::PipelineState<Cfg::kStages>& st,
                                              int group) {
-  s.full[st.stage].wait(st.phase);
+  s.sync.full[st.stage].wait(st.phase);
   gemm_keys_by_rows<Cfg>(sc, s.k, s.q[st.stage], group * 64);
 }
 
@@ -193,6 +193,34 @@ __device__ __forceinline__ void step_gradients(typename Cfg::Shared& s, ScoreTil
   gemm_accumulate<Cfg>(dk, ops.ds, s.q[st.stage]);
 }
 
+// Where an item's walk stands: the step's query head and q tile (walk_q_tile's order).
+struct StepCursor {
+  int32_t head, i_head, m;
+
+  __device__ __forceinline__ StepCursor(const BwdArgs& a, const BwdItem& w)
+      : head(w.kv_head * a.group), i_head(0), m(walk_q_tile(a, w, 0)) {}
+};
+
+// A step's end in either consumer layout: its Q/dO stage has been read (the MMAs waited for, LSE
+// and D in registers) and goes back to the producer; then the next step's stage, dS^T buffer,
+// query head and q tile. No proxy fence before the release: a read that has returned its value
+// cannot see the producer's next TMA write, and the fence (with the MEMBAR it brings) stood
+// between every step's last MMA and the next step's first.
+template <typename Cfg>
+__device__ __forceinline__ void end_step(typename Cfg::Shared& s, const BwdArgs& a,
+                                         const BwdItem& w, tlx::PipelineState<Cfg::kStages>& st,
+                                         int& ds_buf, StepCursor& at) {
+  __syncwarp();
+  if (tlx::lane_is_leader()) s.sync.empty[st.stage].arrive();
+  st.advance();
+  ds_buf ^= 1;
+  if (++at.i_head == w.q_tiles()) {
+    at.i_head = 0;
+    ++at.head;
+  }
+  at.m = walk_q_tile(a, w, at.i_head);
+}
+
 // Walks an item's steps (the q tiles of each query head of its group, in walk_q_tile's order) for
 // one consumer group; each step's dQ goes to the dQ writer. No MMA is in flight across the loop's
 // back edge: an accumulator carried in flight from one iteration to the next makes the compiler
@@ -204,34 +232,22 @@ __device__ __forceinline__ void walk_item(typename Cfg::Shared& s, tlx::AccumFra
                                           tlx::PipelineState<Cfg::kStages>& st, int& ds_buf,
                                           uint32_t& dq_phase) {
   const int32_t steps = a.group * w.q_tiles();
-  int32_t head = w.kv_head * a.group, i_head = 0, m = walk_q_tile(a, w, 0);
+  StepCursor at(a, w);
   for (int32_t i = 0; i < steps; ++i) {
     ScoreTile<Cfg> sc, dp;
     DqTile<Cfg> dq;
     issue_scores<Cfg>(s, sc, st, group);
     StepOperands<Cfg> ops;
-    step_gradients<Cfg>(s, sc, dp, dk, dv, dq, ops, a, w, m, group, st, ds_buf);
+    step_gradients<Cfg>(s, sc, dp, dk, dv, dq, ops, a, w, at.m, group, st, ds_buf);
     tlx::wgmma_wait<1>();  // dV and dQ done, dK still running
     tlx::fence_operand(dv.reg);
     tlx::fence_operand(dq.reg);
     tlx::fence_operand(ops.p.reg);
-    stage_dq<Cfg>(s, dq, a, w, head, m, group, dq_phase);
+    stage_dq<Cfg>(s, dq, a, w, at.head, at.m, group, dq_phase);
     tlx::wgmma_wait<0>();
     tlx::fence_operand(dk.reg);
     tlx::fence_operand(ops.ds.reg);
-    // The stage has been read (by the MMAs, waited for above, and by every lane for LSE and D,
-    // whose values are in registers and used): back to the producer. No proxy fence: a read that
-    // has returned its value cannot see the producer's next TMA write, and the fence (with the
-    // MEMBAR it brings) stood between every step's last MMA and the next step's first.
-    __syncwarp();
-    if (tlx::lane_is_leader()) s.empty[st.stage].arrive();
-    st.advance();
-    ds_buf ^= 1;
-    if (++i_head == w.q_tiles()) {
-      i_head = 0;
-      ++head;
-    }
-    m = walk_q_tile(a, w, i_head);
+    end_step<Cfg>(s, a, w, st, ds_buf, at);
   }
 }
 

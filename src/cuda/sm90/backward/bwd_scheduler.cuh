@@ -1,5 +1,5 @@
 // The backward's item scheduler: the producer claims items from the global counter and hands
-// them to the consumers through a ring in shared memory.
+// them to the consumers through the item ring (item_ring.cuh).
 #pragma once
 
 #include <cstdint>
@@ -19,15 +19,10 @@ struct BwdItemScheduler {
     if constexpr (kProducer) {
       const int64_t claimed = static_cast<int64_t>(atomicAdd(a.next_item, 1ull));
       w = claimed < n_items ? decode_bwd_item<Cfg::kBlockM, Cfg::kBlockN>(a, claimed) : BwdItem{};
-      s.item_empty[slot.stage].wait_suspended(slot.phase ^ 1u);
-      s.item[slot.stage] = w;
-      s.item_full[slot.stage].arrive();
+      s.sync.items.put(slot, w);
     } else {
-      s.item_full[slot.stage].wait(slot.phase);
-      w = warp_uniform(s.item[slot.stage]);
-      s.item_empty[slot.stage].arrive();  // every thread releases its own reads
+      w = s.sync.items.take(slot);
     }
-    slot.advance();
     return w.valid != 0;
   }
 };

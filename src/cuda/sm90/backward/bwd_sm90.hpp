@@ -4,7 +4,7 @@
 #include <cstddef>
 
 #include "common/params.hpp"
-#include "cuda/sm90/host/device_facts.hpp"
+#include "cuda/common/device_facts.hpp"
 #include "jfa/jfa.h"
 
 namespace jfa::sm90 {
@@ -20,6 +20,7 @@ size_t backward_workspace_bytes(int64_t total_q, int64_t total_k, int64_t batch,
 // One per (dtype, head_dim, value head size, query rows per step) instantiation, generated from
 // the table of src/CMakeLists.txt.
 template <typename T, int kHeadDim, int kHeadDimV, int kRowsPerStep>
-jfa_status backward_shape(const jfa::detail::BackwardParams& b, const DeviceFacts& device);
+jfa_status backward_shape(const jfa::detail::BackwardParams& b,
+                          const jfa::cuda::DeviceFacts& device);
 
 }  // namespace jfa::sm90

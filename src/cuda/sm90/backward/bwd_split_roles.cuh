@@ -41,7 +41,7 @@ __device__ __forceinline__ void split_roles_step(
   // The thread's first column of the step's LSE and D rows; column block j is 8 j further.
   const int32_t first = row_terms_at(w.seq.q_start + q0, a.heads_q).first + Tile::col(0, 0);
   const uint32_t thread = threadIdx.x % 128;
-  s.full[st.stage].wait(st.phase);
+  s.sync.full[st.stage].wait(st.phase);
   Tile sc;
   if constexpr (kRole == 0) {
     gemm_keys_by_rows<Cfg>(sc, s.k, s.q[st.stage], 0);
@@ -90,27 +90,17 @@ __device__ __forceinline__ void walk_item_split_roles(typename Cfg::Shared& s,
                                                       tlx::PipelineState<Cfg::kStages>& st,
                                                       int& ds_buf, uint32_t& dq_phase) {
   const int32_t steps = a.group * w.q_tiles();
-  int32_t head = w.kv_head * a.group, i_head = 0, m = walk_q_tile(a, w, 0);
+  StepCursor at(a, w);
   for (int32_t i = 0; i < steps; ++i) {
     DqTile<Cfg> dq;
     tlx::AFragment<typename Cfg::Element, Cfg::kBlockM> op;
-    split_roles_step<Cfg, kRole>(s, grad, dq, op, a, w, m, st, ds_buf);
+    split_roles_step<Cfg, kRole>(s, grad, dq, op, a, w, at.m, st, ds_buf);
     tlx::wgmma_wait<0>();
     tlx::fence_operand(grad.reg);
     tlx::fence_operand(dq.reg);
     tlx::fence_operand(op.reg);
-    stage_dq<Cfg>(s, dq, a, w, head, m, kRole, dq_phase);
-    // The stage has been read (the MMAs waited for above; LSE and D in registers): back to the
-    // producer.
-    __syncwarp();
-    if (tlx::lane_is_leader()) s.empty[st.stage].arrive();
-    st.advance();
-    ds_buf ^= 1;
-    if (++i_head == w.q_tiles()) {
-      i_head = 0;
-      ++head;
-    }
-    m = walk_q_tile(a, w, i_head);
+    stage_dq<Cfg>(s, dq, a, w, at.head, at.m, kRole, dq_phase);
+    end_step<Cfg>(s, a, w, st, ds_buf, at);
   }
 }
 
@@ -143,7 +133,7 @@ __device__ __forceinline__ void bwd_consumer_split_roles(typename Cfg::Shared& s
     grad.fill(0.f);
     if (w.n_seqs > 1 && w.q_tiles() > 0) split_roles_key_ranges<Cfg, kRole>(s, a, w);
     // The K and V tiles are this item's (loaded, or with no steps only free to stage in).
-    s.kv_full.wait(kv_phase);
+    s.sync.kv_full.wait(kv_phase);
     kv_phase ^= 1u;
     if (w.q_tiles() > 0) walk_item_split_roles<Cfg, kRole>(s, grad, a, w, st, ds_buf, dq_phase);
     // Both groups are done with K and V: dV goes out from V's tile, dK from K's.
@@ -156,13 +146,10 @@ __device__ __forceinline__ void bwd_consumer_split_roles(typename Cfg::Shared& s
     // The store has read the tile before the next item's K and V may arrive there.
     if (threadIdx.x % 128 == 0) tlx::tma_store_wait_read<0>();
     tlx::NamedBarrier::sync(Cfg::kKeyRowsBarrier0 + kRole, 128);
-    if (tlx::lane_is_leader()) s.kv_empty.arrive();
+    if (tlx::lane_is_leader()) s.sync.kv_empty.arrive();
   }
   if (threadIdx.x % 128 == 0) tlx::tma_store_wait<0>();  // dK and dV written before the CTA ends
-  // No more steps: the dQ writer stops.
-  s.dq_empty[kRole].wait(dq_phase ^ 1u);
-  if (threadIdx.x % 128 == 0) s.dq_dest[kRole] = DqDestination{};
-  s.dq_full[kRole].arrive();
+  s.sync.stop_dq_writer(kRole, dq_phase);
 }
 
 }  // namespace jfa::sm90

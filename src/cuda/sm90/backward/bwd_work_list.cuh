@@ -208,22 +208,4 @@ __host__ __device__ __forceinline__ DqAdd dq_add_of_step(const BwdArgs& a, const
   return DqAdd{q_tile, rows, rank};
 }
 
-__device__ __forceinline__ BwdItem warp_uniform(const BwdItem& w) {
-  auto lane0 = [](auto x) { return __shfl_sync(0xffffffffu, x, 0); };
-  BwdItem u;
-  u.seq.q_start = lane0(w.seq.q_start);
-  u.seq.len_q = lane0(w.seq.len_q);
-  u.seq.k_start = lane0(w.seq.k_start);
-  u.seq.len_k = lane0(w.seq.len_k);
-  u.kv_head = lane0(w.kv_head);
-  u.n_block = lane0(w.n_block);
-  u.m_first = lane0(w.m_first);
-  u.m_end = lane0(w.m_end);
-  u.first_seq = lane0(w.first_seq);
-  u.n_seqs = lane0(w.n_seqs);
-  u.sem_tile = lane0(w.sem_tile);
-  u.valid = lane0(w.valid);
-  return u;
-}
-
 }  // namespace jfa::sm90

@@ -7,6 +7,7 @@
 #include "cuda/sm90/forward/choices.hpp"
 #include "cuda/sm90/forward/work_items.cuh"
 #include "cuda/sm90/shared/cta_shared_memory.cuh"
+#include "cuda/sm90/shared/item_ring.cuh"
 #include "cuda/tlx/mbarrier.hpp"
 #include "cuda/tlx/smem_tile.hpp"
 
@@ -30,8 +31,7 @@ struct FwdShared {
   OTile o[kGroups];
   // The small members last, so that no 1024-byte-aligned tile follows them.
   tlx::MBarrier q_full[kQStages], q_empty[kQStages];
-  tlx::MBarrier item_full[kItemSlots], item_empty[kItemSlots];
-  WorkItem item[kItemSlots];  // decoded by the producer, read by the consumers
+  ItemRing<WorkItem> items;  // decoded by the producer, read by the consumers
   tlx::MBarrier k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages];
 };
 

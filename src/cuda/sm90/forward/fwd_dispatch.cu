@@ -7,9 +7,9 @@
 #include <cstdint>
 
 #include "common/status.hpp"
+#include "cuda/common/device_facts.hpp"
 #include "cuda/sm90/forward/choices.hpp"
 #include "cuda/sm90/forward/fwd_sm90.hpp"
-#include "cuda/sm90/host/device_facts.hpp"
 #include "cuda/sm90/host/support.hpp"
 #ifdef JFA_SM90_TUNING
 #include "cuda/sm90/host/tuning_switch.hpp"
@@ -42,7 +42,7 @@ int keys_at_head_dim_128(const jfa::detail::Params& p) {
 // Head_dim 64 and 32: 128- or 192-row Q tiles (two or three consumer groups) by the mean query
 // length, K tiles of 128 keys.
 template <int kD>
-jfa_status forward_by_rows(const jfa::detail::Params& p, const DeviceFacts& facts) {
+jfa_status forward_by_rows(const jfa::detail::Params& p, const jfa::cuda::DeviceFacts& facts) {
   const bool half = p.dtype == JFA_DTYPE_FLOAT16;
   if (groups_at_head_dim_64(p) == 2)
     return half ? forward_shape<__half, kD, 2, 128, kD>(p, facts)
@@ -54,10 +54,10 @@ jfa_status forward_by_rows(const jfa::detail::Params& p, const DeviceFacts& fact
 }  // namespace
 
 jfa_status forward(const jfa::detail::Params& p) {
-  const DeviceFacts* facts_ptr = nullptr;
+  const jfa::cuda::DeviceFacts* facts_ptr = nullptr;
   if (const jfa_status s = check_supported(p, Pass::kForward, &facts_ptr); s != JFA_SUCCESS)
     return s;
-  const DeviceFacts& facts = *facts_ptr;
+  const jfa::cuda::DeviceFacts& facts = *facts_ptr;
   const bool half = p.dtype == JFA_DTYPE_FLOAT16;
 #ifdef JFA_SM90_BUILT_D32
   if (p.head_dim == 32) return forward_by_rows<32>(p, facts);

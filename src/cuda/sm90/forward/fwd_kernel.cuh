@@ -42,11 +42,7 @@ __device__ __forceinline__ void init_barriers(typename Cfg::Shared& s) {
     s.q_full[i].init(1);
     s.q_empty[i].init(Cfg::kConsumerWarps);
   }
-#pragma unroll
-  for (int i = 0; i < kItemSlots; ++i) {
-    s.item_full[i].init(1);
-    s.item_empty[i].init(Cfg::kConsumerWarps * 32);
-  }
+  s.items.init(Cfg::kConsumerWarps * 32);
 #pragma unroll
   for (int i = 0; i < Cfg::kStages; ++i) {
     s.k_full[i].init(1);
@@ -81,10 +77,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (threadIdx.x == 0) {
     init_barriers<Cfg>(s);
-    tlx::tma_prefetch_descriptor(&tm_q);
-    tlx::tma_prefetch_descriptor(&tm_k);
-    tlx::tma_prefetch_descriptor(&tm_v);
-    tlx::tma_prefetch_descriptor(&tm_o);
+    tlx::tma_prefetch_descriptors(&tm_q, &tm_k, &tm_v, &tm_o);
   }
   // Launched as a programmatic dependent of the work-list kernel, the CTA gets here while the list
   // is being built; nothing before this point reads it.

@@ -12,11 +12,11 @@
 
 #include "common/params.hpp"
 #include "common/status.hpp"
+#include "cuda/common/device_facts.hpp"
 #include "cuda/sm90/forward/fwd_kernel.cuh"
 #include "cuda/sm90/forward/fwd_work_list.cuh"
 #include "cuda/sm90/forward/workspace.hpp"
 #include "cuda/sm90/host/call_workspace.hpp"
-#include "cuda/sm90/host/device_facts.hpp"
 #include "cuda/sm90/host/launch_error.hpp"
 #include "cuda/sm90/host/offsets_check.hpp"
 #include "cuda/sm90/host/shared_memory_opt_in.hpp"
@@ -25,7 +25,7 @@
 namespace jfa::sm90 {
 
 template <typename Cfg>
-jfa_status run_forward(const jfa::detail::Params& p, const DeviceFacts& device,
+jfa_status run_forward(const jfa::detail::Params& p, const jfa::cuda::DeviceFacts& device,
                        const LaunchChoices& launch) {
   using jfa::detail::fail;
   using T = typename Cfg::Element;
@@ -84,23 +84,9 @@ jfa_status run_forward(const jfa::detail::Params& p, const DeviceFacts& device,
   if (const jfa_status s = launch_error("work-list kernel"); s != JFA_SUCCESS) return s;
 
   FwdArgs a{};
-  a.lse = p.lse;
-  a.device_check = p.device_check;
-  a.cu_q = p.cu_seqlens_q;
-  a.cu_k = p.cu_seqlens_k;
+  static_cast<Problem&>(a) = make_problem(p, count, next_item, capacity);
   a.work = work;
-  a.work_count = count;
-  a.next_item = next_item;
-  a.batch = p.batch;
-  a.total_q = p.total_q;
-  a.total_k = p.total_k;
-  a.heads_q = p.heads_q;
-  a.heads_kv = p.heads_kv;
-  a.group = p.group_size();
-  a.work_capacity = capacity;
-  a.softmax_scale = p.softmax_scale;
-  a.scale_log2 = static_cast<float>(static_cast<double>(p.softmax_scale) * 1.4426950408889634);
-  a.causal = p.causal ? 1 : 0;
+  a.lse = p.lse;
   a.out_ragged_rows = static_cast<int32_t>(ragged_rows);
 
   const int64_t max_items = capacity64 * p.heads_q;

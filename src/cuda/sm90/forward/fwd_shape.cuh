@@ -14,7 +14,7 @@ namespace jfa::sm90 {
 
 #ifdef JFA_SM90_TUNING
 template <typename T, int kHeadDim, int kGroups, int kKeys, int kHeadDimV, Mainloop kLoop>
-jfa_status forward_tuned(const jfa::detail::Params& p, const DeviceFacts& device,
+jfa_status forward_tuned(const jfa::detail::Params& p, const jfa::cuda::DeviceFacts& device,
                          const LaunchChoices& launch, bool head_major) {
   using HeadMajor = FwdConfig<T, kHeadDim, kGroups, kKeys, KernelChoices<kLoop, true>, kHeadDimV>;
   using TileMajor = FwdConfig<T, kHeadDim, kGroups, kKeys, KernelChoices<kLoop, false>, kHeadDimV>;
@@ -24,7 +24,7 @@ jfa_status forward_tuned(const jfa::detail::Params& p, const DeviceFacts& device
 #endif
 
 template <typename T, int kHeadDim, int kGroups, int kKeys, int kHeadDimV>
-jfa_status forward_shape(const jfa::detail::Params& p, const DeviceFacts& device) {
+jfa_status forward_shape(const jfa::detail::Params& p, const jfa::cuda::DeviceFacts& device) {
 #ifdef JFA_SM90_TUNING
   const LaunchChoices launch{
       tuning_switch(TuningSwitch::kLpt, kShippedLaunch.sort_work_list) != 0,

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cuda/sm90/forward/work_items.cuh"
+#include "cuda/sm90/shared/item_ring.cuh"
 #include "cuda/tlx/mbarrier.hpp"
 
 namespace jfa::sm90 {
@@ -32,18 +33,10 @@ struct ItemScheduler {
         w = decode_item<Cfg::kBlockM, Cfg::kBlockN, Cfg::Kernel::kHeadMajorRuns>(a, claimed);
       else
         w.n_blocks = -1;
-      s.item_empty[slot.stage].wait_suspended(slot.phase ^ 1u);
-      s.item[slot.stage] = w;
-      s.item_full[slot.stage].arrive();
-      slot.advance();
+      s.items.put(slot, w);
       return w.n_blocks >= 0;
     } else {
-      s.item_full[slot.stage].wait(slot.phase);
-      w = warp_uniform(s.item[slot.stage]);
-      // Every thread releases its own reads of the slot (a lane's arrive would not cover the
-      // others' loads, which may still be in flight).
-      s.item_empty[slot.stage].arrive();
-      slot.advance();
+      w = s.items.take(slot);
       return w.n_blocks >= 0;
     }
   }

@@ -55,24 +55,4 @@ __device__ __forceinline__ WorkItem decode_item(const FwdArgs& a, int64_t item) 
   return w;
 }
 
-// The item as lane 0 of the warp has it. Every lane holds the same values already; taking them from
-// one lane lets the compiler prove it, so that the ring positions, barrier addresses and wgmma
-// descriptors derived from the item live in uniform registers instead of being moved there before
-// every wgmma.
-__device__ __forceinline__ WorkItem warp_uniform(const WorkItem& w) {
-  auto lane0 = [](auto x) { return __shfl_sync(0xffffffffu, x, 0); };
-  WorkItem u;
-  u.seq.q_start = lane0(w.seq.q_start);
-  u.seq.len_q = lane0(w.seq.len_q);
-  u.seq.k_start = lane0(w.seq.k_start);
-  u.seq.len_k = lane0(w.seq.len_k);
-  u.first_seq = lane0(w.first_seq);
-  u.n_seqs = lane0(w.n_seqs);
-  u.head = lane0(w.head);
-  u.m_block = lane0(w.m_block);
-  u.n_blocks = lane0(w.n_blocks);
-  u.active = lane0(static_cast<int>(w.active)) != 0;
-  return u;
-}
-
 }  // namespace jfa::sm90

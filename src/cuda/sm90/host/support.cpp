@@ -23,19 +23,6 @@ bool stride_ok(const jfa::detail::Layout& l) {
 
 }  // namespace
 
-bool hopper_available() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count <= 0) {
-    cudaGetLastError();
-    return false;
-  }
-  for (int d = 0; d < count; ++d) {
-    const DeviceFacts& facts = device_facts(d);
-    if (facts.error == cudaSuccess && facts.major == 9 && facts.minor == 0) return true;
-  }
-  return false;
-}
-
 jfa_status check_tensors_supported(const TensorArg* tensors, int n) {
   using jfa::detail::fail;
   for (int i = 0; i < n; ++i) {
@@ -52,7 +39,8 @@ jfa_status check_tensors_supported(const TensorArg* tensors, int n) {
   return JFA_SUCCESS;
 }
 
-jfa_status check_supported(const jfa::detail::Params& p, Pass pass, const DeviceFacts** facts_out) {
+jfa_status check_supported(const jfa::detail::Params& p, Pass pass,
+                           const jfa::cuda::DeviceFacts** facts_out) {
   using jfa::detail::fail;
   int device = 0;
   const cudaError_t e = cudaGetDevice(&device);
@@ -60,7 +48,7 @@ jfa_status check_supported(const jfa::detail::Params& p, Pass pass, const Device
     cudaGetLastError();
     return fail(JFA_ERROR_CUDA, "cannot query the current CUDA device: %s", cudaGetErrorString(e));
   }
-  const DeviceFacts& facts = device_facts(device);
+  const jfa::cuda::DeviceFacts& facts = jfa::cuda::device_facts(device);
   if (facts.error != cudaSuccess)
     return fail(JFA_ERROR_CUDA, "cannot query CUDA device %d: %s", device,
                 cudaGetErrorString(facts.error));

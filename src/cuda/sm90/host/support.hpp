@@ -4,14 +4,11 @@
 #pragma once
 
 #include "common/params.hpp"
-#include "cuda/sm90/host/device_facts.hpp"
+#include "cuda/common/device_facts.hpp"
 #include "cuda/sm90/host/head_sizes.hpp"
 #include "jfa/jfa.h"
 
 namespace jfa::sm90 {
-
-// Whether a compute-capability-9.0 GPU is visible.
-bool hopper_available();
 
 // A 16-bit tensor the kernels read or write: its base and layout.
 struct TensorArg {
@@ -23,7 +20,8 @@ struct TensorArg {
 // Checks the current device and the forward's parameters (q, k, v, out and lse) for the pass (its
 // head sizes); on success *facts is the current device's. Returns the status and sets the message
 // otherwise.
-jfa_status check_supported(const jfa::detail::Params& p, Pass pass, const DeviceFacts** facts);
+jfa_status check_supported(const jfa::detail::Params& p, Pass pass,
+                           const jfa::cuda::DeviceFacts** facts);
 
 // The alignment and stride rules of check_supported for further tensors.
 jfa_status check_tensors_supported(const TensorArg* tensors, int n);

@@ -1,5 +1,5 @@
 // What both kernels' shared-memory layouts share: the dynamic shared memory a CTA may take on
-// sm_90, the alignment of the layout, and the ring of work items the producer hands the consumers.
+// sm_90 and the alignment of the layout.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +26,5 @@ template <typename Shared>
 inline constexpr int kCtaSmemBytes = static_cast<int>(sizeof(Shared)) + kSmemAlignBytes;
 template <typename Shared>
 inline constexpr bool kFitsInCta = kCtaSmemBytes<Shared> <= kMaxDynamicSmemBytes;
-
-inline constexpr int kItemSlots = 4;  // work items the producer has claimed ahead (dynamic items)
 
 }  // namespace jfa::sm90

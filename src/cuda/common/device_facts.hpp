@@ -4,7 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
-namespace jfa::sm90 {
+namespace jfa::cuda {
 
 struct DeviceFacts {
   cudaError_t error = cudaSuccess;  // of the queries; the other fields are valid when cudaSuccess
@@ -17,4 +17,4 @@ struct DeviceFacts {
 // The facts of `device`. A failed query is not kept (the next call asks again).
 const DeviceFacts& device_facts(int device);
 
-}  // namespace jfa::sm90
+}  // namespace jfa::cuda

@@ -1,9 +1,9 @@
-#include "cuda/sm90/host/device_facts.hpp"
+#include "cuda/common/device_facts.hpp"
 
 #include <atomic>
 #include <mutex>
 
-namespace jfa::sm90 {
+namespace jfa::cuda {
 namespace {
 
 constexpr int kMaxDevices = 64;
@@ -44,4 +44,4 @@ const DeviceFacts& device_facts(int device) {
   return kept[device];
 }
 
-}  // namespace jfa::sm90
+}  // namespace jfa::cuda
