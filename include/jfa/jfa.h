@@ -141,7 +141,7 @@ typedef struct jfa_attention_params {
   /* Columns of v and out (and of dout and dv in the backward): 0 (the default) means head_dim.
    * At most JFA_MAX_HEAD_DIM (JFA_ERROR_UNSUPPORTED above, JFA_ERROR_INVALID_ARGUMENT when
    * negative); backends narrow the pairs (head_dim, head_dim_v) they take: the CPU backend any,
-   * the CUDA forward 192 with 128 besides equal sizes, the CUDA backward equal sizes only. The
+   * the CUDA forward and backward 192 with 128 besides equal sizes. The
    * default softmax scale stays 1/sqrt(head_dim). */
   int32_t head_dim_v;
 

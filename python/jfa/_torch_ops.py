@@ -204,6 +204,11 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c
     local = (window_left, window_right, _checks.softcap_value(softcap), sinks)
     args = (q, k, v, cu_q, cu_k, _hint("max_seqlen_q", max_seqlen_q),
             _hint("max_seqlen_k", max_seqlen_k), _checks.flag("causal", causal), scale)
+    if _is_compiling():
+        # Traced here, a rejection is raised as the exception itself; raised by the op's fake
+        # kernel, torch would wrap it in its own TorchRuntimeError.
+        check_inputs(q, k, v, cu_q, cu_k)
+        check_sinks(sinks, q.shape[1], q.device)
     try:
         if _is_compiling() or (_grad_enabled() and (
                 q.requires_grad or k.requires_grad or v.requires_grad

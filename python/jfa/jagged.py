@@ -29,12 +29,12 @@ def _is_tensor(x) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def _max_len_arg(max_len):
+def _max_len_arg(max_len, name="max_len"):
     if isinstance(max_len, bool) or not isinstance(max_len, numbers.Integral):
-        raise TypeError(f"max_len must be an int or None, got {type(max_len).__name__}")
+        raise TypeError(f"{name} must be an int or None, got {type(max_len).__name__}")
     max_len = int(max_len)
     if max_len < 0 or max_len > _checks.INT32_MAX:
-        raise ValueError(f"max_len must be in [0, 2^31 - 1], got {max_len}")
+        raise ValueError(f"{name} must be in [0, 2^31 - 1], got {max_len}")
     return max_len
 
 
@@ -388,18 +388,28 @@ def from_nested(nt):
     if nt.lengths() is not None:
         raise ValueError("nt has holes (lengths() is set): its values are not packed end to end; "
                          "call .contiguous() on it first")
-    return nt.values(), nt.offsets().to(torch.int32)
+    values, offsets = nt.values(), nt.offsets()
+    # torch builds such tensors from any offsets: hand back only ones that address the values.
+    _t_check_offsets("nt.offsets()", offsets, values.shape[0])
+    return values, offsets.to(torch.int32)
 
 
 def to_nested(values, cu_seqlens, max_seqlen=None):
     """``(values [total, ...], cu_seqlens)`` -> a ``torch.nested`` jagged-layout tensor
-    ``[B, j, ...]`` that views ``values``."""
+    ``[B, j, ...]`` that views ``values``.
+
+    CPU offsets are checked as :func:`pad` checks them (0 first, non-decreasing, last equal to
+    ``values.shape[0]``, no sequence longer than ``max_seqlen`` when given); CUDA offsets are not
+    read, to avoid a host sync."""
     if torch is None:
         raise ImportError("to_nested needs torch")
     if not _is_tensor(values):
         raise TypeError(f"values must be a torch.Tensor, got {type(values).__name__}")
+    if values.dim() < 1:
+        raise ValueError("values must have a leading token dimension [total, ...]")
     cu = _t_offsets("cu_seqlens", cu_seqlens, values.device)
     kwargs = {}
     if max_seqlen is not None:
-        kwargs["max_seqlen"] = int(max_seqlen)
+        kwargs["max_seqlen"] = _max_len_arg(max_seqlen, "max_seqlen")
+    _t_check_offsets("cu_seqlens", cu, values.shape[0], kwargs.get("max_seqlen"))
     return torch.nested.nested_tensor_from_jagged(values, offsets=cu.to(torch.int64), **kwargs)

@@ -665,6 +665,36 @@ def test_cpu_jagged_helpers(seed):
         jfa.from_nested(strided)
 
 
+def test_to_nested_rejects_offsets_that_pad_rejects():
+    """to_nested checks CPU offsets as pad, unpad and jagged_attention do (offsets past the
+    values, a decrease, a first offset not 0, a sequence over max_seqlen), and from_nested does
+    not hand back offsets that do not address its values."""
+    values = torch.randn(20, 2, 4)
+    with pytest.raises(ValueError, match=r"cu_seqlens\[-1\]=21 must equal the total 20"):
+        jfa.to_nested(values, torch.tensor([0, 3, 3, 21], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"cu_seqlens\[-1\]=19 must equal the total 20"):
+        jfa.to_nested(values, torch.tensor([0, 3, 19], dtype=torch.int32))
+    with pytest.raises(ValueError, match="non-decreasing"):
+        jfa.to_nested(values, torch.tensor([0, 5, 3, 20], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"cu_seqlens\[0\] must be 0"):
+        jfa.to_nested(values, torch.tensor([1, 5, 20], dtype=torch.int64))
+    with pytest.raises(ValueError, match="sequence 1 has length 15 > max_len 10"):
+        jfa.to_nested(values, torch.tensor([0, 5, 20], dtype=torch.int32), max_seqlen=10)
+    with pytest.raises(ValueError, match="max_seqlen must be in"):
+        jfa.to_nested(values, torch.tensor([0, 5, 20], dtype=torch.int32), max_seqlen=-1)
+    # Valid offsets, with and without a hint, still round-trip and unbind.
+    cu = torch.tensor([0, 3, 3, 20], dtype=torch.int32)
+    for hint in (None, 17):
+        nt = jfa.to_nested(values, cu, max_seqlen=hint)
+        assert [p.shape[0] for p in nt.unbind()] == [3, 0, 17]
+        vals, cu2 = jfa.from_nested(nt)
+        assert vals.data_ptr() == values.data_ptr() and torch.equal(cu2, cu)
+    # A nested tensor torch built from offsets past its values is refused, not handed back.
+    bad = torch.nested.nested_tensor_from_jagged(values, offsets=torch.tensor([0, 3, 3, 21]))
+    with pytest.raises(ValueError, match=r"nt.offsets\(\)\[-1\]=21 must equal the total 20"):
+        jfa.from_nested(bad)
+
+
 def test_native_op_registered_from_cpp():
     """Where libjfa_torch.so was built next to libjfa.so, the ops are its C++ kernels (unless
     JFA_TORCH_OPS=ctypes asks for the Python ones)."""
@@ -940,6 +970,34 @@ def test_direct_op_calls_under_inference_mode(seed):
             jfa.jagged_attention(q, k, v, cu, max_seqlen_q=-1)
         with pytest.raises(jfa.JfaInvalidArgumentError, match=r"cu_seqlens_q\[0\] must be 0"):
             jfa.jagged_attention(q, k, v, cu + 1)
+
+
+@pytest.mark.parametrize("fullgraph", [False, True], ids=["graph-breaks", "fullgraph"])
+def test_compiled_calls_raise_the_documented_exceptions(seed, fullgraph):
+    """Under torch.compile jfa.jagged_attention rejects bad inputs with its own exception (checked
+    while tracing, not by the op's fake kernel, whose errors torch wraps in TorchRuntimeError);
+    with fullgraph=True torch reports it as Unsupported quoting jfa's message, as the README says.
+    libjfa's run-time errors pass through unchanged either way."""
+    q, k, v, cu, _ = _inputs(seed, [4, 6], None, 2, 2, 8, torch.float32, "cpu")
+    cases = [(lambda: (q.double(), k.double(), v.double(), cu), TypeError,
+              "q must be float16, bfloat16 or float32, got torch.float64"),
+             (lambda: (q, k[:, :1].repeat(1, 3, 1), v[:, :1].repeat(1, 3, 1), cu), ValueError,
+              "the heads of q must be a multiple of the heads of k and v (GQA/MQA), got heads_q=2 "
+              "and heads_kv=3")]
+    for make, kind, message in cases:
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda q, k, v, cu: jfa.jagged_attention(q, k, v, cu),
+                                 fullgraph=fullgraph, backend="aot_eager")
+        with pytest.raises(torch._dynamo.exc.Unsupported if fullgraph else kind) as info:
+            compiled(*make())
+        assert message in str(info.value)
+        if not fullgraph:
+            assert type(info.value) is kind and str(info.value) == message
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, cu: jfa.jagged_attention(q, q, q, cu),
+                             fullgraph=fullgraph, backend="aot_eager")
+    with pytest.raises(jfa.JfaInvalidArgumentError, match=r"cu_seqlens_q\[2\]=11 must equal"):
+        compiled(q, torch.tensor([0, 4, 11], dtype=torch.int32))
 
 
 @pytest.mark.parametrize("direct", [False, True], ids=["jagged_attention", "op"])
