@@ -34,7 +34,9 @@ usage: python3 bench/call_overhead.py --lib build/gpu/src/libjfa.so --cli build/
 """
 import argparse
 import datetime
+import glob
 import os
+import re
 import statistics
 import sys
 import time
@@ -566,16 +568,67 @@ def schema_arguments(schema):
     return out
 
 
-def load_fa3_library(ctx, lib_path):
-    """torch.ops.load_library(lib_path), FA3's op library; False, with ctx's fa3_error, if it
-    fails."""
-    import torch
+def missing_shared_object(message):
+    """The file name of the library a failed dlopen could not find ("libcudart.so.13: cannot
+    open shared object file ..." -> "libcudart.so.13"), or None."""
+    m = re.search(r"([\w.+-]+\.so(?:\.[\w.]+)?): cannot open shared object file", str(message))
+    return m.group(1) if m else None
+
+
+def find_shared_object(name, roots):
+    """<root>/nvidia/**/lib/<name> of the first root that has it (the CUDA libraries torch's
+    wheels ship, e.g. nvidia/cu13/lib/libcudart.so.13), or None."""
+    for root in roots:
+        hits = sorted(glob.glob(os.path.join(root, "nvidia", "**", "lib", name), recursive=True))
+        if hits:
+            return hits[0]
+    return None
+
+
+def wheel_library_roots():
+    """The folders that may hold torch's nvidia/ wheels: torch's own site-packages first, then
+    the interpreter's."""
+    roots = []
     try:
-        torch.ops.load_library(lib_path)
-    except Exception as e:
-        ctx["fa3_error"] = f"torch.ops.load_library({lib_path}): {type(e).__name__}: {e}"
-        return False
-    return True
+        import torch
+        roots.append(os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__))))
+    except Exception:
+        pass
+    try:
+        import site
+        roots += site.getsitepackages() + [site.getusersitepackages()]
+    except Exception:
+        pass
+    roots += [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
+    return list(dict.fromkeys(r for r in roots if r and os.path.isdir(r)))
+
+
+def load_fa3_library(ctx, lib_path, tries=4):
+    """torch.ops.load_library(lib_path), FA3's op library; False, with ctx's fa3_error, if it
+    fails. A library it needs that the loader does not find (the CUDA runtime torch's wheels ship,
+    outside LD_LIBRARY_PATH) is loaded from torch's nvidia/ folders first, its path kept in
+    ctx["fa3_preloaded"]."""
+    import ctypes
+    import torch
+    for _ in range(tries):
+        try:
+            torch.ops.load_library(lib_path)
+            return True
+        except Exception as e:
+            error = f"torch.ops.load_library({lib_path}): {type(e).__name__}: {e}"
+            name = missing_shared_object(e)
+            found = find_shared_object(name, wheel_library_roots()) if name else None
+            if found is None or found in ctx.get("fa3_preloaded", []):
+                ctx["fa3_error"] = error
+                return False
+            try:
+                ctypes.CDLL(found, mode=ctypes.RTLD_GLOBAL)
+            except OSError as e2:
+                ctx["fa3_error"] = f"{error} (loading {found} first: {e2})"
+                return False
+            ctx.setdefault("fa3_preloaded", []).append(found)
+    ctx["fa3_error"] = error
+    return False
 
 
 def fa3_provider(op_name, lib_path):

@@ -83,8 +83,11 @@ class Library:
                cu_seqlens_k=None, total_k=None, heads_kv=None, causal=False, softmax_scale=None,
                max_seqlen_q=0, max_seqlen_k=0, backend="cuda", stream=None, lse=None):
         """A filled jfa_attention_params (packed layouts). Pointers are integers (or None)."""
+        # The sized init: the plain one writes the 0.1.0 struct size, whose calls ignore the
+        # fields added since (head_dim_v among them).
         p = _library.AttentionParams()
-        self.check(self.lib.jfa_attention_params_init(ctypes.byref(p)), "jfa_attention_params_init")
+        self.check(self.lib.jfa_attention_params_init_sized(ctypes.byref(p), ctypes.sizeof(p)),
+                   "jfa_attention_params_init_sized")
         p.q, p.k, p.v, p.out = q, k, v, out
         p.lse = lse
         p.cu_seqlens_q = cu_seqlens_q

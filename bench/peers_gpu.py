@@ -1,10 +1,13 @@
 """The GPU side of bench/peers.py: inputs, the float32 reference, the methods and their timing.
 
-Every method is prepared on a Case (one workload in one dtype: packed Q, K, V built once) for one
-mask, returns a Prepared (a zero-argument `run` that is timed, and how to read the rows of a
-sequence back from its output for the check), and is checked against the reference before it is
-timed. A method whose import or preparation fails raises Unavailable / Skipped / any exception; the
-driver records the reason and goes on.
+Every method is prepared on a Case (one workload in one dtype: packed Q, K, V built once; V and the
+output with head_dim_v columns where the workload has a value head size of its own) for one mask,
+returns a Prepared (a zero-argument `run` that is timed, and how to read the rows of a sequence
+back from its output for the check), and is checked against the reference before it is timed. A
+method whose import or preparation fails raises Unavailable / Skipped / any exception; the driver
+records the reason and goes on. measure() prepares, checks and times a method on a side stream of
+its own (a CUDA graph cannot be captured on the legacy default stream): the kernel time, and with
+opts also the eager call and the CUDA-graph replay (bench/call_overhead.py's timing).
 """
 import contextlib
 import math
@@ -19,8 +22,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import call_overhead as co  # noqa: E402
 import workloads as W  # noqa: E402
-from peers import padded_skip_reason  # noqa: E402
+from peers import FA3_CLASS_LABEL, FA3_LABEL, fa3_head_dim_reason, padded_skip_reason  # noqa: E402
 
 TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 TOLERANCE = {"fp16": 2e-3, "bf16": 1e-2}
@@ -77,7 +81,8 @@ def environment():
 # ---- inputs and reference ----------------------------------------------------------------------
 
 class Case:
-    """One workload in one dtype on the GPU: packed q, k, v [total, heads, head_dim], offsets."""
+    """One workload in one dtype on the GPU: packed q, k [total, heads, head_dim], v [total_k,
+    heads_kv, head_dim_v] and offsets (Dv: head_dim_v, the columns of v and the output)."""
 
     def __init__(self, workload, dtype_name, device="cuda", seed=DATA_SEED):
         self.w = workload
@@ -86,6 +91,7 @@ class Case:
         self.device = torch.device(device)
         s = workload.spec
         self.H, self.Hkv, self.D = s.heads, s.heads_kv, s.head_dim
+        self.Dv = s.value_dim
         self.lq, self.lk = list(workload.lengths_q), list(workload.lengths_k)
         self.B = len(self.lq)
         self.cu_q_host = [0]
@@ -105,7 +111,7 @@ class Case:
         torch.cuda.manual_seed(seed)
         self.q = torch.randn(self.total_q, self.H, self.D, device=self.device, dtype=self.dtype)
         self.k = torch.randn(self.total_k, self.Hkv, self.D, device=self.device, dtype=self.dtype)
-        self.v = torch.randn(self.total_k, self.Hkv, self.D, device=self.device, dtype=self.dtype)
+        self.v = torch.randn(self.total_k, self.Hkv, self.Dv, device=self.device, dtype=self.dtype)
         self.sample = W.check_sample(self.lq, self.lk)
         self._padded = None
         self._rows = {}
@@ -149,7 +155,7 @@ class Case:
         return x.transpose(1, 2)[seq, pos]
 
     def reference(self, causal):
-        """{sequence index: float32 [Lq, H, D]} on the checked sample, exact float32 math."""
+        """{sequence index: float32 [Lq, H, Dv]} on the checked sample, exact float32 math."""
         if causal not in self._refs:
             self._refs[causal] = {i: reference_rows(self, i, causal) for i in self.sample}
         return self._refs[causal]
@@ -180,9 +186,9 @@ def reference_rows(case, i, causal):
     a, b = case.cu_q_host[i], case.cu_q_host[i + 1]
     c, d = case.cu_k_host[i], case.cu_k_host[i + 1]
     lq, lk = b - a, d - c
-    H, D = case.H, case.D
+    H, Dv = case.H, case.Dv
     if lq == 0 or lk == 0:
-        return torch.zeros(lq, H, D, device=case.device, dtype=torch.float32)
+        return torch.zeros(lq, H, Dv, device=case.device, dtype=torch.float32)
     with torch.no_grad(), _exact_fp32():
         qs = case.q[a:b].float().transpose(0, 1)
         ks = case.k[c:d].float().transpose(0, 1)
@@ -195,7 +201,7 @@ def reference_rows(case, i, causal):
             ii = torch.arange(lq, device=case.device)[:, None]
             jj = torch.arange(lk, device=case.device)[None, :]
             hidden = jj > ii + (lk - lq)
-        out = torch.empty(H, lq, D, device=case.device, dtype=torch.float32)
+        out = torch.empty(H, lq, Dv, device=case.device, dtype=torch.float32)
         chunk = max(1, min(H, (1 << 29) // max(1, lq * lk)))  # <= 2 GiB of scores at a time
         for h0 in range(0, H, chunk):
             h1 = min(H, h0 + chunk)
@@ -279,17 +285,22 @@ def time_ms(fn, t):
 # ---- methods ---------------------------------------------------------------------------------
 
 class Prepared:
-    """run(): the timed call, returns the output. rows(out, i): [Lq_i, H, D] of sequence i, or
+    """run(): the timed call, returns the output. rows(out, i): [Lq_i, H, Dv] of sequence i, or
     None when the output cannot be checked (note says why). dense(out): a tensor holding every
-    real output row (for the finiteness check), or None."""
+    real output row (for the finiteness check), or None. label: the method's label for this
+    preparation where it depends on what runs (method fa3), else "". no_graph: why the call is
+    not captured in a CUDA graph ("" to capture it)."""
 
-    def __init__(self, run, rows=None, note="", dense=None, context=None, provider=""):
+    def __init__(self, run, rows=None, note="", dense=None, context=None, provider="", label="",
+                 no_graph=""):
         self.run = run
         self.rows = rows
         self.note = note
         self.dense = dense
         self.context = context or contextlib.nullcontext
         self.provider = provider
+        self.label = label
+        self.no_graph = no_graph
 
 
 class Method:
@@ -298,6 +309,11 @@ class Method:
 
     def __init__(self, ctx):
         self.ctx = ctx  # shared settings: jfa library, flex options, ...
+
+    def current_label(self):
+        """The label of this method's records (method fa3: what it runs as, known once FA3 is
+        loaded)."""
+        return self.label
 
     def prepare(self, case, causal):  # pragma: no cover - interface
         raise NotImplementedError
@@ -314,7 +330,7 @@ class Jfa(Method):
         lib = self.ctx.get("jfa_lib")
         if lib is None:
             raise Unavailable(self.ctx.get("jfa_error") or "libjfa.so not loaded")
-        out = torch.empty_like(case.q)
+        out = torch.empty(case.total_q, case.H, case.Dv, device=case.device, dtype=case.dtype)
         p = lib.params(q=case.q.data_ptr(), k=case.k.data_ptr(), v=case.v.data_ptr(),
                        out=out.data_ptr(), cu_seqlens_q=case.cu_q.data_ptr(),
                        cu_seqlens_k=case.cu_k.data_ptr(), batch=case.B, total_q=case.total_q,
@@ -322,6 +338,8 @@ class Jfa(Method):
                        dtype=case.dtype_name, causal=causal, softmax_scale=case.scale,
                        max_seqlen_q=case.max_q, max_seqlen_k=case.max_k, backend="cuda",
                        stream=torch.cuda.current_stream().cuda_stream)
+        if case.Dv != case.D:
+            p.head_dim_v = case.Dv
         # A kept workspace, as the torch op takes one from the caching allocator.
         workspace = torch.empty(lib.workspace_size(p), dtype=torch.uint8, device=case.device)
         p.workspace, p.workspace_bytes = workspace.data_ptr(), workspace.numel()
@@ -345,6 +363,8 @@ class TritonJfa(Method):
             import triton_jfa
         except Exception as e:
             raise Unavailable(f"cannot import bench/triton_jfa.py: {short(e)}")
+        if case.Dv != case.D:
+            raise Unavailable("takes one head size for q, k and v (head_dim_v differs here)")
         out = torch.empty_like(case.q)
         out.fill_(float("nan"))
         cfg = triton_jfa.config_for(case.D, causal)
@@ -364,6 +384,9 @@ class Fa2Varlen(Method):
         op = getattr(torch.ops.aten, "_flash_attention_forward", None)
         if op is None:
             raise Unavailable("torch.ops.aten._flash_attention_forward is missing")
+        if case.Dv != case.D:
+            raise Unavailable("FlashAttention-2 takes one head size for q, k and v (head_dim_v "
+                              "differs here)")
         q, k, v, cu_q, cu_k, mq, mk = case.q, case.k, case.v, case.cu_q, case.cu_k, case.max_q, case.max_k
 
         def run_scale():
@@ -428,6 +451,12 @@ class _Padded(Method):
 class Fa2Padded(_Padded):
     name, label, backend_name = "fa2_padded", "padded FA2", "FLASH_ATTENTION"
 
+    def prepare(self, case, causal):
+        if case.Dv != case.D:
+            raise Unavailable("FlashAttention-2 takes one head size for q, k and v (head_dim_v "
+                              "differs here)")
+        return super().prepare(case, causal)
+
 
 class CudnnPadded(_Padded):
     name, label, backend_name = "cudnn_padded", "padded cuDNN", "CUDNN_ATTENTION"
@@ -463,7 +492,7 @@ class NestedSdpa(Method):
                 vals = o.values()
             except Exception:
                 vals = None
-            if vals is None or tuple(vals.shape) != (case.total_q, case.H, case.D):
+            if vals is None or tuple(vals.shape) != (case.total_q, case.H, case.Dv):
                 vals = torch.cat(list(o.unbind()), 0)
             return vals
 
@@ -584,16 +613,83 @@ class Flex(Method):
                              "torch.compile(flex_attention)" % (how, mask_s))
 
 
-class Fa3Class(Method):
-    name, label = "fa3", "FA3-class"
+def load_fa3(ctx, lib_path):
+    """FlashAttention-3 for method fa3, into ctx: with lib_path, its op library (call_overhead's
+    load_fa3: fa3_op, fa3_arguments and fa3_provider, else fa3_error) and the op's schema under
+    ctx["schemas"]; without, FA3's own Python wrapper flash_attn_interface when it imports
+    (fa3_interface, else fa3_interface_error)."""
+    ctx["fa3_lib"] = lib_path
+    if lib_path:
+        co.load_fa3(ctx, lib_path)
+        if ctx.get("fa3_op") is not None:
+            try:
+                ctx.setdefault("schemas", {})["flash_attn_3.fwd"] = str(
+                    ctx["fa3_op"].default._schema)
+            except Exception:
+                pass
+        return
+    try:
+        import flash_attn_interface
+    except Exception as e:
+        ctx["fa3_interface_error"] = short(e, 200)
+    else:
+        ctx["fa3_interface"] = flash_attn_interface
+
+
+def fa3_available(ctx):
+    """Whether method fa3 runs FlashAttention-3 itself (load_fa3 found its op or its wrapper)."""
+    return ctx.get("fa3_op") is not None or ctx.get("fa3_interface") is not None
+
+
+def _fa3_check_head_dims(case):
+    reason = fa3_head_dim_reason(case.D, case.Dv)
+    if reason:
+        raise Unavailable(reason)
+
+
+class Fa3(Method):
+    """FlashAttention-3's varlen forward: the op of --fa3-lib's library (torch.ops.flash_attn_3.fwd,
+    the call built from its schema), else flash_attn_interface.flash_attn_varlen_func; without
+    either (and no --fa3-lib), an FA3-class fallback labelled as such: flash-attn-4's SM90 forward
+    or flashinfer's fa3 backend."""
+    name, label = "fa3", FA3_CLASS_LABEL
+
+    def current_label(self):
+        """FlashAttention-3's label where its library was asked for or its wrapper imports (so
+        that a cell it has no kernel for is in its row), else FA3-class."""
+        real = self.ctx.get("fa3_lib") or self.ctx.get("fa3_interface") is not None
+        return FA3_LABEL if real else FA3_CLASS_LABEL
 
     def prepare(self, case, causal):
+        ctx = self.ctx
+        if ctx.get("fa3_lib"):  # asked for FlashAttention-3's library: that or nothing
+            op = ctx.get("fa3_op")
+            if op is None:
+                raise Unavailable(ctx.get("fa3_error") or "torch.ops.flash_attn_3.fwd is missing")
+            _fa3_check_head_dims(case)
+            values = {"q": case.q, "k": case.k, "v": case.v, "cu_seqlens_q": case.cu_q,
+                      "cu_seqlens_k": case.cu_k, "max_seqlen_q": case.max_q,
+                      "max_seqlen_k": case.max_k, "softmax_scale": case.scale,
+                      "is_causal": bool(causal)}
+            try:
+                args, kwargs = co.fa3_call(ctx["fa3_arguments"], values)
+            except ValueError as e:
+                raise Unavailable(f"torch.ops.flash_attn_3.fwd: {e}")
+
+            def run():
+                return op(*args, **kwargs)[0]
+
+            return Prepared(run, _packed_rows(case), dense=lambda o: o, label=FA3_LABEL,
+                            provider=ctx.get("fa3_provider", "torch.ops.flash_attn_3.fwd"))
         errors = []
-        try:
-            import flash_attn_interface as fa3
-        except Exception as e:
-            errors.append(f"flash_attn_interface: {short(e, 120)}")
-        else:
+        fa3 = ctx.get("fa3_interface")
+        if fa3 is None and "fa3_interface_error" not in ctx:
+            try:
+                import flash_attn_interface as fa3
+            except Exception as e:
+                ctx["fa3_interface_error"] = short(e, 200)
+        if fa3 is not None:
+            _fa3_check_head_dims(case)
             fn = fa3.flash_attn_varlen_func
 
             def run():
@@ -601,8 +697,9 @@ class Fa3Class(Method):
                        softmax_scale=case.scale, causal=causal)
                 return o[0] if isinstance(o, (tuple, list)) else o
 
-            return Prepared(run, _packed_rows(case), dense=lambda o: o,
+            return Prepared(run, _packed_rows(case), dense=lambda o: o, label=FA3_LABEL,
                             provider="flash_attn_interface.flash_attn_varlen_func (FA3)")
+        errors.append(f"flash_attn_interface: {ctx['fa3_interface_error'][:120]}")
         try:  # flash-attn-4 (CuTe DSL); on Hopper it runs its SM90 forward
             from flash_attn.cute import flash_attn_varlen_func as fa4_varlen
         except Exception as e:
@@ -615,52 +712,88 @@ class Fa3Class(Method):
                 return o[0] if isinstance(o, (tuple, list)) else o
 
             versions = (_dist_version("flash-attn-4"), _dist_version("nvidia-cutlass-dsl"))
-            return Prepared(run, _packed_rows(case), dense=lambda o: o,
+            return Prepared(run, _packed_rows(case), dense=lambda o: o, label=FA3_CLASS_LABEL,
                             provider="flash_attn.cute.flash_attn_varlen_func (flash-attn-4 %s, "
                                      "nvidia-cutlass-dsl %s)" % versions)
         try:
             import flashinfer
         except Exception as e:
             errors.append(f"flashinfer: {short(e, 120)}")
-            raise Unavailable("; ".join(errors))
+            raise Unavailable("FlashAttention-3 and FA3-class peers: " + "; ".join(errors))
         ws = torch.empty(256 << 20, dtype=torch.uint8, device=case.device)
         wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend="fa3")
         wrapper.plan(case.cu_q, case.cu_k, case.H, case.Hkv, case.D, causal=causal,
-                     sm_scale=case.scale, q_data_type=case.dtype, kv_data_type=case.dtype)
+                     sm_scale=case.scale, q_data_type=case.dtype, kv_data_type=case.dtype,
+                     **({"head_dim_vo": case.Dv} if case.Dv != case.D else {}))
 
         def run():
             return wrapper.run(case.q, case.k, case.v)
 
         run.keep = (ws, wrapper)
-        return Prepared(run, _packed_rows(case), dense=lambda o: o,
+        return Prepared(run, _packed_rows(case), dense=lambda o: o, label=FA3_CLASS_LABEL,
                         provider="flashinfer BatchPrefillWithRaggedKVCacheWrapper backend=fa3 "
                                  "(%s)" % "; ".join(errors))
 
 
-METHODS = [Jfa, TritonJfa, Fa3Class, Fa2Varlen, Flex, CudnnPadded, NestedSdpa, Fa2Padded]
+METHODS = [Jfa, TritonJfa, Fa3, Fa2Varlen, Flex, CudnnPadded, NestedSdpa, Fa2Padded]
 METHOD_NAMES = [m.name for m in METHODS]
 LABELS = {m.name: m.label for m in METHODS}
 
 
 # ---- one measurement -------------------------------------------------------------------------
 
-def measure(method, case, causal, timing):
-    """A result record for method on case (one mask): checked first, then timed."""
+_SIDE = []
+
+
+def side_stream():
+    """The one stream every measurement runs on (made on first use): a CUDA graph is captured on
+    the stream a call launches on, and jfa's C entry launches on the stream it was prepared on."""
+    if not _SIDE:
+        _SIDE.append(torch.cuda.Stream())
+    return _SIDE[0]
+
+
+def measure(method, case, causal, timing, opts=None):
+    """A result record for method on case (one mask): checked first, then timed (median_ms); with
+    opts ({"runs", "warmup"}) also eager_ms and graph_ms (the replay checked too). Runs on
+    side_stream()."""
     w = case.w
     flops = w.flops(causal)
     nbytes = w.bytes(case.dtype_name)
-    rec = {"method": method.name, "label": method.label, "workload": w.id,
-           "dtype": case.dtype_name, "causal": bool(causal), "head_dim": case.D, "heads": case.H,
+    rec = {"method": method.name, "label": method.current_label(), "workload": w.id,
+           "dtype": case.dtype_name, "causal": bool(causal), "head_dim": case.D,
+           "head_dim_v": case.Dv, "heads": case.H, "heads_kv": case.Hkv,
            "status": None, "reason": "", "note": "", "provider": "", "median_ms": None,
            "min_ms": None, "runs": 0, "useful_tflops": None, "eff_tbps": None, "rel_error": None,
            "tolerance": TOLERANCE[case.dtype_name], "checked_sequences": len(case.sample),
            "setup_s": None, "useful_gflop": flops / 1e9, "min_bytes": nbytes}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # SDPA's and torch.compile's chatter; reasons are recorded
-        return _measure(method, case, causal, timing, rec, flops, nbytes)
+    if opts is not None:
+        rec.update(eager_ms=None, graph_ms=None, graph_reason="")
+    stream = side_stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    try:
+        with warnings.catch_warnings(), torch.cuda.stream(stream):
+            warnings.simplefilter("ignore")  # SDPA's and torch.compile's chatter; reasons recorded
+            return _measure(method, case, causal, timing, rec, flops, nbytes, opts)
+    finally:
+        co.synchronize_quietly()
+        torch.cuda.current_stream().wait_stream(stream)
 
 
-def _measure(method, case, causal, timing, rec, flops, nbytes):
+def check_output(case, causal, prep, out, tolerance):
+    """(status, relative error, why wrong or "") of an output against the reference: "unchecked"
+    where the method's output cannot be checked."""
+    if prep.rows is None:
+        return "unchecked", None, ""
+    err = rel_error(case, causal, prep.rows, out)
+    if prep.dense is not None and not bool(torch.isfinite(prep.dense(out)).all().item()):
+        return "wrong", err, "non-finite values in the output"
+    if not (err <= tolerance):
+        return "wrong", err, f"relative error {err:.3g} > {tolerance:g}"
+    return "ok", err, ""
+
+
+def _measure(method, case, causal, timing, rec, flops, nbytes, opts=None):
     t0 = time.perf_counter()
     prep = None
     try:
@@ -679,37 +812,60 @@ def _measure(method, case, causal, timing, rec, flops, nbytes):
         rec.update(status="error", reason="prepare: " + short(e))
         return rec
     rec["note"], rec["provider"] = prep.note, prep.provider
+    if prep.label:
+        rec["label"] = prep.label
     try:
         with prep.context():
             out = prep.run()
             torch.cuda.synchronize()
             rec["setup_s"] = round(time.perf_counter() - t0, 3)
-            wrong = None
-            if prep.rows is None:
-                status = "unchecked"
-            else:
-                err = rel_error(case, causal, prep.rows, out)
-                rec["rel_error"] = err
-                finite = True
-                if prep.dense is not None:
-                    finite = bool(torch.isfinite(prep.dense(out)).all().item())
-                if not finite:
-                    wrong = "non-finite values in the output"
-                elif not (err <= rec["tolerance"]):
-                    wrong = f"relative error {err:.3g} > {rec['tolerance']:g}"
-                status = "wrong" if wrong else "ok"
+            status, rec["rel_error"], wrong = check_output(case, causal, prep, out,
+                                                           rec["tolerance"])
+            # A plain tensor output is filled with NaN before the replay that is checked, so the
+            # check sees only what the replay wrote.
+            plain = isinstance(out, torch.Tensor) and not getattr(out, "is_nested", False)
             del out
             median, fastest, runs = time_ms(prep.run, timing)
-        rec.update(status=status, median_ms=median, min_ms=fastest, runs=runs,
-                   useful_tflops=flops / (median * 1e-3) / 1e12,
-                   eff_tbps=nbytes / (median * 1e-3) / 1e12)
-        if wrong:
-            rec["reason"] = wrong
+            rec.update(status=status, median_ms=median, min_ms=fastest, runs=runs,
+                       useful_tflops=flops / (median * 1e-3) / 1e12,
+                       eff_tbps=nbytes / (median * 1e-3) / 1e12)
+            if wrong:
+                rec["reason"] = wrong
+            if opts is not None and status in ("ok", "unchecked"):
+                rec.update(co.eager_time(prep.run, opts["runs"], opts["warmup"]))
+                if prep.no_graph:
+                    rec["graph_reason"] = prep.no_graph
+                else:
+                    _time_graph(case, causal, prep, rec, opts, plain)
     except torch.cuda.OutOfMemoryError as e:
         rec.update(status="error", reason="out of memory: " + short(e, 150))
     except Exception as e:
         rec.update(status="error", reason=short(e))
     finally:
         prep = None
+        co.synchronize_quietly()
         torch.cuda.empty_cache()
     return rec
+
+
+def _time_graph(case, causal, prep, rec, opts, plain):
+    """graph_ms of the call captured in a CUDA graph on the current stream (call_overhead's
+    time_replays), its replay checked as the first call was; else graph_reason."""
+    if plain:
+        def run():
+            return (prep.run(),)
+
+        def unwrap(out):
+            return out[0]
+    else:
+        run, unwrap = prep.run, (lambda out: out)
+
+    def check_replay(out):
+        if rec["status"] != "ok":
+            return ""  # an unchecked method's replay goes unchecked too
+        status, rec["graph_rel_error"], why = check_output(case, causal, prep, unwrap(out),
+                                                           rec["tolerance"])
+        return "" if status == "ok" else f"the replay's output is wrong: {why}"
+
+    co.time_replays(sys.modules[__name__], run, rec, opts, check_replay, nan_outputs=plain,
+                    stream=torch.cuda.current_stream())

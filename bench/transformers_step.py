@@ -5,8 +5,17 @@ the model's other ways to see the same sequences.
 Methods (each checked first: its logits on the batch against per-sequence sdpa's):
 - jfa: one packed row, position_ids restarting at each sequence (jfa.integrations.transformers).
 - flash_attention_2: the same packed row, where flash-attn is installed.
+- flash_attention_3: the same packed row through transformers' own
+  attn_implementation="flash_attention_3" (FlashAttention-3's varlen forward and backward), where
+  FA3's Python wrapper flash_attn_interface imports: --fa3-python DIR (default $FA3_PYTHON, else
+  .peers/python of this checkout where it exists) is put first on sys.path for it, and --fa3-lib
+  (default $FA3_LIB, else .peers/fa3_varlen.so of this checkout where it exists) names the op
+  library it loads (loaded here first, with the CUDA runtime of torch's wheels where the loader
+  does not find it). Skipped, with the reason, on the CPU, in fp32, or where the wrapper does not
+  import.
 - sdpa_padded: the sequences as a right-padded batch with its attention mask.
 - sdpa_per_sequence: one forward and backward per sequence (gradients accumulate).
+A method whose first step fails is recorded as an error with the reason, and the run goes on.
 
 A step is forward, a cross-entropy loss over every real token, backward and an SGD update;
 timed with CUDA events (or the wall clock on the CPU), warm-up steps first, the median of
@@ -16,6 +25,7 @@ count the real tokens only.
 usage: python3 bench/transformers_step.py [--lengths 1500,700,3000 | --workload W2 --cli
            build/tools/jfa] [--model llama|qwen2|gemma2] [--layers 4] [--dtype bf16]
            [--methods jfa,sdpa_padded,...] [--steps 10] [--warmup 3] [--json out.json]
+           [--fa3-python DIR] [--fa3-lib fa3_varlen.so]
            [--tiny] (a small model on the CPU, for a smoke run)
 """
 import argparse
@@ -27,9 +37,94 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-METHODS = ("jfa", "flash_attention_2", "sdpa_padded", "sdpa_per_sequence")
+METHODS = ("jfa", "flash_attention_2", "flash_attention_3", "sdpa_padded", "sdpa_per_sequence")
+# The methods that attend over one packed row with position_ids restarting at each sequence.
+PACKED = ("jfa", "flash_attention_2", "flash_attention_3")
+# Where FlashAttention-3's Python wrapper and op library may lie in a checkout (not tracked).
+FA3_PYTHON_IN_CHECKOUT = os.path.join(REPO, ".peers", "python")
+FA3_LIB_IN_CHECKOUT = os.path.join(REPO, ".peers", "fa3_varlen.so")
+
+
+def default_fa3_python():
+    """$FA3_PYTHON, else .peers/python of this checkout where it exists, else None."""
+    if os.environ.get("FA3_PYTHON"):
+        return os.environ["FA3_PYTHON"]
+    return FA3_PYTHON_IN_CHECKOUT if os.path.isdir(FA3_PYTHON_IN_CHECKOUT) else None
+
+
+def default_fa3_lib():
+    """$FA3_LIB, else .peers/fa3_varlen.so of this checkout where it exists, else None."""
+    if os.environ.get("FA3_LIB"):
+        return os.environ["FA3_LIB"]
+    return FA3_LIB_IN_CHECKOUT if os.path.isfile(FA3_LIB_IN_CHECKOUT) else None
+
+
+def put_first_on_path(directory):
+    """directory first on sys.path (once), where FA3's wrapper and its flash_attn_3 package are
+    looked for."""
+    if directory:
+        directory = os.path.abspath(directory)
+        if directory in sys.path:
+            sys.path.remove(directory)
+        sys.path.insert(0, directory)
+
+
+def fa3_import_reason(fa3_python=None):
+    """Why flash_attn_interface (FlashAttention-3's Python wrapper, which transformers'
+    flash_attention_3 calls) does not import ("" where it does)."""
+    import importlib
+    where = ""
+    if fa3_python:
+        put_first_on_path(fa3_python)
+        if not os.path.isdir(fa3_python):
+            where = f"; --fa3-python {fa3_python} is not a directory"
+    importlib.invalidate_caches()
+    try:
+        importlib.import_module("flash_attn_interface")
+    except Exception as e:
+        text = f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
+        return (f"FlashAttention-3's Python wrapper flash_attn_interface does not import ({text})"
+                f"{where}; pass --fa3-python DIR (the folder holding flash_attn_interface.py) or "
+                "set FA3_PYTHON")
+    return ""
+
+
+def fa3_skip_reason(device, dtype, fa3_python=None, transformers=None):
+    """Why method flash_attention_3 is skipped ("" where it runs): it needs a CUDA GPU, fp16 or
+    bf16, FlashAttention-3's wrapper, and a transformers that sees FlashAttention-3."""
+    if device != "cuda":
+        return "flash_attention_3 needs a CUDA GPU (this run is on the CPU)"
+    if dtype not in ("fp16", "bf16"):
+        return f"FlashAttention-3 takes fp16 and bf16 only (--dtype {dtype})"
+    reason = fa3_import_reason(fa3_python)
+    if reason:
+        return reason
+    check = getattr(getattr(transformers, "utils", None), "is_flash_attn_3_available", None)
+    if check is not None:
+        if hasattr(check, "cache_clear"):
+            check.cache_clear()  # it may have looked before --fa3-python was on sys.path
+        if not check():
+            return ("transformers does not see FlashAttention-3 (transformers.utils."
+                    "is_flash_attn_3_available() is False: it looks for the flash_attn_3 package "
+                    "next to flash_attn_interface)")
+    return ""
+
+
+def load_fa3_library(lib_path):
+    """Loads FA3's op library (FA3_LIB, which its flash_attn_3 package loads too) before the
+    wrapper is imported, with the CUDA runtime of torch's wheels where the loader does not find
+    it; the error, or ""."""
+    if not lib_path:
+        return ""
+    import call_overhead as co
+    os.environ["FA3_LIB"] = os.path.abspath(lib_path)
+    ctx = {}
+    if co.load_fa3_library(ctx, os.environ["FA3_LIB"]):
+        return ""
+    return ctx.get("fa3_error", "cannot load FA3's op library")
 
 
 def model_config(transformers, name, layers, tiny):
@@ -70,7 +165,7 @@ def step_fn(torch, method, model, inputs):
     """One forward + loss + backward (no update) for `method`; returns the real tokens' logits."""
     seqs, packed, positions, padded, mask = inputs
     ce = torch.nn.functional.cross_entropy
-    if method in ("jfa", "flash_attention_2"):
+    if method in PACKED:
         logits = model(input_ids=packed, position_ids=positions, use_cache=False).logits[0]
         ce(logits.float(), packed[0]).backward()
         return logits
@@ -116,7 +211,14 @@ def run(args):
         rec = {"method": method, "model": args.model, "layers": args.layers, "dtype": args.dtype,
                "device": device, "tokens": sum(lengths), "sequences": len(lengths)}
         records.append(rec)
-        impl = {"jfa": "jfa", "flash_attention_2": "flash_attention_2"}.get(method, "sdpa")
+        if method == "flash_attention_3":
+            why = (load_fa3_library(args.fa3_lib) if device == "cuda" else "") or \
+                fa3_skip_reason(device, args.dtype, args.fa3_python, transformers)
+            if why:
+                rec.update(status="unavailable", reason=why)
+                print(f"{method}: skipped: {why}", flush=True)
+                continue
+        impl = method if method in PACKED else "sdpa"
         try:
             model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config),
                                                                   attn_implementation=impl)
@@ -127,7 +229,14 @@ def run(args):
         model.load_state_dict(state)
         model.train()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the weights stay equal
-        logits = step_fn(torch, method, model, inputs).detach().float()
+        try:
+            logits = step_fn(torch, method, model, inputs).detach().float()
+        except Exception as e:
+            text = f"{type(e).__name__}: {e}".replace("\n", " ")
+            rec.update(status="error", reason=f"first step failed: {text[:300]}")
+            print(f"{method}: error: {rec['reason']}", flush=True)
+            del model, optimizer
+            continue
         err = (logits - reference).abs().max().item() / max(scale, 1e-6)
         rec["max_rel_error"] = err
         if not err <= tol:
@@ -170,6 +279,10 @@ def table(records):
         lines.append(f"| {r['method']} | {r['status']} | {f('step_ms', '{:.2f}')} | "
                      f"{f('tokens_per_s', '{:.0f}')} | {f('peak_memory_gib', '{:.2f}')} | "
                      f"{f('max_rel_error', '{:.1e}')} |")
+    reasons = [f"- {r['method']} ({r['status']}): {r['reason']}" for r in records
+               if r.get("reason")]
+    if reasons:
+        lines += [""] + reasons
     return "\n".join(lines)
 
 
@@ -186,6 +299,16 @@ def parse_args(argv):
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tiny", action="store_true", help="a tiny model on the CPU (smoke run)")
+    ap.add_argument("--fa3-python", default=default_fa3_python(),
+                    help="a folder put first on sys.path for FlashAttention-3's Python wrapper "
+                         "(flash_attn_interface, and the flash_attn_3 package it imports) "
+                         "(default: $FA3_PYTHON, else .peers/python of this checkout if it "
+                         "exists)")
+    ap.add_argument("--fa3-lib", default=default_fa3_lib(),
+                    help="FlashAttention-3's op library, loaded before the wrapper is imported "
+                         "and passed to it as FA3_LIB (default: $FA3_LIB, else .peers/"
+                         "fa3_varlen.so of this checkout if it exists; without either the "
+                         "wrapper loads its own)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     args.methods = [m for m in args.methods.split(",") if m]
@@ -208,6 +331,8 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
+    if "flash_attention_3" in args.methods:
+        put_first_on_path(args.fa3_python)  # before transformers looks for flash_attn_3
     records = run(args)
     print(table(records))
     if args.json:

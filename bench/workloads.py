@@ -8,7 +8,8 @@ cross-attention workloads (X1, X2) are fixed functions of W1's lengths; the equi
 Counting:
 - useful FLOPs = 4 * sum_b pairs_b * heads_q * head_dim, pairs_b = Lq_b * Lk_b; causal counts half
   for equal lengths and the exact number of visible (query, key) pairs otherwise, bottom-right
-  aligned: query row i (0-based) sees keys j <= i + (Lk - Lq).
+  aligned: query row i (0-based) sees keys j <= i + (Lk - Lq). With a value head size of its own
+  (head_dim_v: the columns of V and O), 2 * sum_b pairs_b * heads_q * (head_dim + head_dim_v).
 - minimal bytes = Q, K, V read once and O written once.
 
 Only the standard library is needed. `python3 bench/workloads.py --cli build/cpu/tools/jfa`
@@ -42,6 +43,11 @@ class WorkloadSpec:
     cross: str = ""         # "" (k lengths = q lengths) or a rule name of CROSS_RULES
     causal: tuple = (False, True)
     dtypes: tuple = DTYPES
+    head_dim_v: int = 0     # columns of v and the output; 0: head_dim
+
+    @property
+    def value_dim(self):
+        return self.head_dim_v or self.head_dim
 
 
 def _reverse(lengths):
@@ -82,6 +88,10 @@ SPECS = [
     WorkloadSpec("W2-d256", "W2", 256, "W2 at head_dim 256"),
     WorkloadSpec("W3-d256", "W3", 256, "W3 at head_dim 256"),
     WorkloadSpec("W4-d256", "W4", 256, "W4 at head_dim 256"),
+    WorkloadSpec("W1-d192v128", "W1", 192, "W1 at head_dim 192, head_dim_v 128", head_dim_v=128),
+    WorkloadSpec("W2-d192v128", "W2", 192, "W2 at head_dim 192, head_dim_v 128", head_dim_v=128),
+    WorkloadSpec("W3-d192v128", "W3", 192, "W3 at head_dim 192, head_dim_v 128", head_dim_v=128),
+    WorkloadSpec("W4-d192v128", "W4", 192, "W4 at head_dim 192, head_dim_v 128", head_dim_v=128),
     WorkloadSpec("X1", "W1", 128, "cross attention: q lengths = W1, k lengths = W1 reversed",
                  cross="reverse"),
     WorkloadSpec("X2", "W1", 128, "cross attention: q = the last quarter of each W1 sequence "
@@ -136,11 +146,11 @@ class Workload:
 
     def flops(self, causal):
         return useful_flops(self.lengths_q, self.lengths_k, self.spec.heads, self.spec.head_dim,
-                            causal)
+                            causal, self.spec.head_dim_v)
 
     def bytes(self, dtype):
         return minimal_bytes(self.lengths_q, self.lengths_k, self.spec.heads, self.spec.heads_kv,
-                             self.spec.head_dim, dtype)
+                             self.spec.head_dim, dtype, self.spec.head_dim_v)
 
     def summary(self):
         def stats(ls):
@@ -149,7 +159,8 @@ class Workload:
                     "max": max(ls, default=0), "mean": (sum(ls) / n) if n else 0.0}
         return {"id": self.id, "base": self.spec.base, "description": self.spec.description,
                 "heads": self.spec.heads, "heads_kv": self.spec.heads_kv,
-                "head_dim": self.spec.head_dim, "lengths_q": stats(self.lengths_q),
+                "head_dim": self.spec.head_dim, "head_dim_v": self.spec.value_dim,
+                "lengths_q": stats(self.lengths_q),
                 "lengths_k": stats(self.lengths_k),
                 "flops_noncausal": self.flops(False), "flops_causal": self.flops(True),
                 "bytes_fp16": self.bytes("fp16"), "cli": cli_command(self)}
@@ -176,20 +187,22 @@ def visible_pairs(lq, lk, causal):
     return float(prefix(lk) - prefix(lk - lq))
 
 
-def useful_flops(lengths_q, lengths_k, heads_q, head_dim, causal):
+def useful_flops(lengths_q, lengths_k, heads_q, head_dim, causal, head_dim_v=0):
+    """2 * pairs * heads_q * (head_dim + head_dim_v): Q K^T and P V (head_dim_v 0: head_dim)."""
     lengths_k = lengths_q if lengths_k is None else lengths_k
     if len(lengths_q) != len(lengths_k):
         raise ValueError("lengths_q and lengths_k differ in count")
     pairs = sum(visible_pairs(a, b, causal) for a, b in zip(lengths_q, lengths_k))
-    return 4.0 * pairs * heads_q * head_dim
+    return 2.0 * pairs * heads_q * (head_dim + (head_dim_v or head_dim))
 
 
-def minimal_bytes(lengths_q, lengths_k, heads_q, heads_kv, head_dim, dtype):
-    """Q, K, V read once and O written once."""
+def minimal_bytes(lengths_q, lengths_k, heads_q, heads_kv, head_dim, dtype, head_dim_v=0):
+    """Q, K (head_dim columns) and V (head_dim_v; 0: head_dim) read once and O written once."""
     lengths_k = lengths_q if lengths_k is None else lengths_k
     e = ELEMENT_BYTES[dtype]
     tq, tk = sum(lengths_q), sum(lengths_k)
-    return float(e * head_dim * (2 * tq * heads_q + 2 * tk * heads_kv))
+    dv = head_dim_v or head_dim
+    return float(e * (head_dim + dv) * (tq * heads_q + tk * heads_kv))
 
 
 def floors(workload, dtype, causal):
@@ -315,6 +328,8 @@ def check_sample(lengths_q, lengths_k=None, few=4, tiny_len=256, tiny_count=64):
 def cli_command(w):
     """The `jfa bench` command that runs the same batch."""
     d = f" --head-dim {w.spec.head_dim}" if w.spec.head_dim != 128 else ""
+    if w.spec.value_dim != w.spec.head_dim:
+        d += f" --head-dim-v {w.spec.value_dim}"
     if not w.is_cross:
         return f"jfa bench --workload {w.spec.base}{d}"
     q = ",".join(str(x) for x in w.lengths_q)
@@ -323,6 +338,12 @@ def cli_command(w):
 
 
 # ---- the floors table (for NOTES.md) ----------------------------------------------------------
+
+def head_dims(spec):
+    """"128", or "192/128" where v has a head size of its own."""
+    d, dv = spec.head_dim, spec.value_dim
+    return str(d) if d == dv else f"{d}/{dv}"
+
 
 def floors_markdown(workloads, dtype="fp16"):
     lines = [
@@ -334,7 +355,7 @@ def floors_markdown(workloads, dtype="fp16"):
     for w in workloads:
         fn, fc = floors(w, dtype, False), floors(w, dtype, True)
         lines.append(
-            f"| {w.id} | {w.batch} | {w.total_q:,} | {w.total_k:,} | {w.spec.head_dim} | "
+            f"| {w.id} | {w.batch} | {w.total_q:,} | {w.total_k:,} | {head_dims(w.spec)} | "
             f"{fn['flops'] / 1e9:,.1f} / {fc['flops'] / 1e9:,.1f} | {fn['bytes'] / 1e6:,.1f} | "
             f"{fn['compute_floor_ms']:.3f} / {fc['compute_floor_ms']:.3f} | "
             f"{fn['memory_floor_ms']:.3f} | {fn['ceiling_tflops']:.0f} / {fc['ceiling_tflops']:.0f} |")

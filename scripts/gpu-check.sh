@@ -1,147 +1,243 @@
 #!/usr/bin/env bash
-# Everything the GPU machine can check: build (all cores, the torch op library included), GPU, CPU
-# and Python tests (the torch ops native, then over ctypes), compute-sanitizer memcheck and
-# racecheck over a reduced GPU case set, the CLI benchmark, the peers benchmark (bench/peers.py
-# --quick: jfa, varlen FA2, the plain Triton JFA and the others, every output checked before
-# timing), the call-overhead benchmark (bench/call_overhead.py) and the backward benchmark
-# (bench/backward_peers.py: jfa's backward and training step against varlen FA2, FA3,
-# FlexAttention and padded cuDNN, gradients checked against float64 before timing). Logs go to
-# OUTDIR; a summary table is printed last.
+# The GPU checks, in stages that each fit one command of a GPU machine lent for a few minutes at a
+# time (each stage ends within about 8 minutes on an H100; the limits below see to it):
 #
-# usage: scripts/gpu-check.sh OUTDIR
-# env:   BUILD_DIR (default build/gpu-check), PREBUILT=1 (use BUILD_DIR as built elsewhere, e.g.
-#        on a machine without a GPU, instead of building), SKIP_GPU_SUITE=1 (neither the GPU nor
-#        the CPU ctest suite), SKIP_PYTHON=1, SKIP_SANITIZERS=1,
-#        SKIP_BENCH=1, GPU_TEST_TIMEOUT
-#        (default 400), SANITIZER_TOOLS (default "memcheck racecheck"), SANITIZER_TIMEOUT (default
-#        600 per tool), CLI_TIMEOUT (seconds per run),
-#        PEERS_FULL=1 (the full peers run instead of --quick: both dtypes, all workloads, and the
-#        results JSON and chart <date>-h200.json/.png in OUTDIR), SKIP_PEERS=1,
-#        CALL_OVERHEAD=quick|full|off (default quick), BWD_BENCH=quick|full|off (default quick:
-#        W1 and W4, fp16, both masks, 3 rounds, the backward; full: W1-W4, the backward and the
-#        training step, chart backward_peers.png in OUTDIR), FA3_LIB (FlashAttention-3's op
-#        library for the call-overhead and backward benchmarks)
+#   build           on a machine WITHOUT a GPU (nvcc is enough): configure and build the library,
+#                   the GPU tests, the CLI and the torch op library, and gather what the other
+#                   stages run into CARRY_DIR (default build/gpu-carry), whose size it prints. Also
+#                   unpacks FlashAttention-3's op library into .peers/ when FA3_PREBUILT names a
+#                   folder holding flash_attn_3_varlen.so.xz (and its python/ wrapper).
+#   suite           the GPU tests (jfa_gpu_tests, in SUITE_SHARDS gtest shards at once on the one
+#                   GPU) and the Python tests with torch on CUDA (native ops, then the ctypes ops).
+#   sanitize        compute-sanitizer memcheck and racecheck over the reduced case set
+#                   (JFA_GPU_TESTS_QUICK=1), both tools and SANITIZER_SHARDS shards at once.
+#   bench-forward   jfa against FlashAttention-3 (varlen FA2 and FlexAttention at head_dim 32, where
+#                   FA3 has no kernel): every head size, fp16 and bf16, W1-W4, both masks, eager
+#                   and CUDA-graph replay, every output checked against a float reference first.
+#   bench-backward  the same for the backward op (gradients checked against float64 first).
+#   bench           bench-forward, then bench-backward.
+#   all             every stage above but build's gathering (builds in place when no CARRY_DIR
+#                   exists), for a machine without the per-command limit.
+#
+# Each stage writes its logs and JSON into OUTDIR and prints one summary line (also appended to
+# OUTDIR/summary.txt). Stages after build run only what CARRY_DIR holds: carry it (and .peers for
+# the benchmarks) to the GPU machine with the sources.
+#
+# usage: scripts/gpu-check.sh STAGE OUTDIR
+# env:   BUILD_DIR (build: default build/gpu-check; build/release reuses scripts/test.sh's build),
+#        CARRY_DIR (default build/gpu-carry), TORCH_DIR (build: the torch package directory to
+#        build the op library against; default build/torch-site/torch, else python3's torch),
+#        FA3_PREBUILT (build: folder of flash_attn_3_varlen.so.xz), FA3_LIB (benchmarks: default
+#        .peers/fa3_varlen.so), SUITE_SHARDS (default 3), SANITIZER_SHARDS (default 2),
+#        STAGE_SECONDS (the time a stage plans for, default 450), HEAD_DIMS (benchmarks: default
+#        "64 96 128 192 192/128 256 32"), BENCH_ROUNDS (default 2), BENCH_DTYPES (default
+#        fp16,bf16), BENCH_WORKLOADS (default "W1 W2 W3 W4")
 set -u -o pipefail
-OUT=${1:?usage: scripts/gpu-check.sh OUTDIR}
+STAGE=${1:?usage: scripts/gpu-check.sh build|suite|sanitize|bench-forward|bench-backward|bench|all OUTDIR}
+OUT=${2:?usage: scripts/gpu-check.sh STAGE OUTDIR}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/.."
+ROOT=$PWD
 BUILD=${BUILD_DIR:-build/gpu-check}
-JOBS=$(nproc 2>/dev/null || echo 4)
-declare -a SUMMARY=()
-note() { SUMMARY+=("$(printf '%-28s %s' "$1" "$2")"); }
-# FlashAttention-3's library needs the CUDA runtime that torch's wheels ship, which the dynamic
-# loader does not find by itself.
-fa3_runtime() {
-  [ -n "${FA3_CUDART_DIR+set}" ] && return
-  FA3_CUDART_DIR=$(python3 -c 'import glob, site; print(next(iter(sorted(glob.glob(site.getsitepackages()[0] + "/nvidia/**/libcudart.so.*", recursive=True))), "").rpartition("/")[0])' 2>/dev/null)
-  [ -n "$FA3_CUDART_DIR" ] && export LD_LIBRARY_PATH="$FA3_CUDART_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+CARRY=${CARRY_DIR:-build/gpu-carry}
+STAGE_SECONDS=${STAGE_SECONDS:-450}
+HEAD_DIMS=${HEAD_DIMS:-"64 96 128 192 192/128 256 32"}  # 32 last: its peers compile (FlexAttention)
+START=$SECONDS
+
+summary() {  # one line per stage, on stdout and in OUTDIR/summary.txt
+  local line
+  line="$(printf '%-15s %s (%ds)' "$1" "$2" $((SECONDS - START)))"
+  echo "$line" | tee -a "$OUT/summary.txt"
+}
+left() { echo $((STAGE_SECONDS - (SECONDS - START))); }
+gpu_name() { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1; }
+
+# What the run stages need on the GPU machine: the carried libraries first on the loader's path,
+# then the CUDA runtime of the toolkit and of torch's wheels (FlashAttention-3's library and the CLI
+# link it dynamically).
+runtime_env() {
+  [ -d "$CARRY" ] || { echo "no $CARRY: run 'scripts/gpu-check.sh build' first and carry it" >&2; return 1; }
+  CARRY=$(cd "$CARRY" && pwd)
+  local libs="$CARRY/lib" cudart
+  [ -d /usr/local/cuda/lib64 ] && libs="$libs:/usr/local/cuda/lib64"
+  cudart=$(python3 -c 'import glob, site; print(next(iter(sorted(glob.glob(site.getsitepackages()[0] + "/nvidia/**/libcudart.so.*", recursive=True))), "").rpartition("/")[0])' 2>/dev/null)
+  [ -n "$cudart" ] && libs="$libs:$cudart"
+  export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export JFA_LIBRARY="$CARRY/lib/libjfa.so" PYTHONUNBUFFERED=1
+  export FA3_LIB=${FA3_LIB:-$ROOT/.peers/fa3_varlen.so}
+  [ -d "$ROOT/.peers/python" ] && export PYTHONPATH="$ROOT/.peers/python${PYTHONPATH:+:$PYTHONPATH}"
+  return 0
 }
 
-# A googletest install may be carried next to the sources (.gtest/, a copy of an install prefix).
-EXTRA=()
-[ -d .gtest ] && EXTRA+=("-DCMAKE_PREFIX_PATH=$PWD/.gtest")
+stage_build() {
+  local torch_dir=${TORCH_DIR:-}
+  [ -z "$torch_dir" ] && [ -d build/torch-site/torch ] && torch_dir=$PWD/build/torch-site/torch
+  [ -z "$torch_dir" ] && torch_dir=$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null)
+  local torch_flag=(-DJFA_TORCH_OPS=OFF)
+  [ -d "$torch_dir/include" ] && torch_flag=(-DJFA_TORCH_OPS=ON "-DJFA_TORCH_DIR=$torch_dir")
+  echo "build: configuring $BUILD (sm_90a kernels take several minutes on 2 cores; log in $OUT/build.log)"
+  if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DJFA_BUILD_TOOLS=ON \
+           -DJFA_BUILD_TESTS=ON -DJFA_BUILD_BENCH=OFF "${torch_flag[@]}" &&
+         cmake --build "$BUILD" -j"$(nproc)" --target jfa_lib jfa_gpu_tests jfa_cli \
+           $([ -d "$torch_dir/include" ] && echo jfa_torch); } >"$OUT/build.log" 2>&1; then
+    summary build "FAILED (see build.log)"
+    return 1
+  fi
+  rm -rf "$CARRY" && mkdir -p "$CARRY/lib" "$CARRY/bin"
+  # The real file under its soname, libjfa.so a link beside it (links inside a carried folder
+  # travel as links); binaries stripped of symbols to keep the carried size down.
+  local real soname
+  real=$(readlink -f "$BUILD/src/libjfa.so")
+  soname=$(objdump -p "$real" | awk '/SONAME/ {print $2}')
+  cp "$real" "$CARRY/lib/${soname:-libjfa.so}"
+  [ -n "$soname" ] && [ "$soname" != libjfa.so ] && ln -s "$soname" "$CARRY/lib/libjfa.so"
+  [ -f "$BUILD/src/libjfa_torch.so" ] && cp "$BUILD/src/libjfa_torch.so" "$CARRY/lib/"
+  cp "$(find "$BUILD" -name jfa_gpu_tests -type f | head -1)" "$CARRY/bin/"
+  cp "$BUILD/tools/jfa" "$CARRY/bin/"
+  strip --strip-unneeded "$CARRY"/lib/*.so* "$CARRY"/bin/* 2>/dev/null
+  local fa3=""
+  if [ -n "${FA3_PREBUILT:-}" ] && [ -f "$FA3_PREBUILT/flash_attn_3_varlen.so.xz" ]; then
+    mkdir -p .peers
+    xz -dc "$FA3_PREBUILT/flash_attn_3_varlen.so.xz" >.peers/fa3_varlen.so
+    [ -d "$FA3_PREBUILT/python" ] && rm -rf .peers/python && cp -r "$FA3_PREBUILT/python" .peers/python
+    chmod -R u+w .peers
+    fa3=", .peers $(du -sh .peers | cut -f1)"
+  fi
+  summary build "ok: carry $CARRY ($(du -sh "$CARRY" | cut -f1)$fa3; torch ops: $([ -f "$CARRY/lib/libjfa_torch.so" ] && echo built || echo 'not built, no torch'))"
+}
 
-if [ -n "${PREBUILT:-}" ]; then
-  note build "prebuilt ($BUILD)"
-elif cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DJFA_BUILD_TOOLS=ON -DJFA_BUILD_BENCH=OFF \
-     -DPython3_EXECUTABLE="$(command -v python3)" \
-     "${EXTRA[@]}" >"$OUT/build.log" 2>&1 &&
-   cmake --build "$BUILD" -j"$JOBS" -- -k 0 >>"$OUT/build.log" 2>&1; then
-  note build ok
-else
-  note build "FAILED (see build.log; continuing with what was built)"
-fi
-
-GPU_TESTS=$(find "$BUILD" -name jfa_gpu_tests -type f | head -1)
-if [ -z "${SKIP_GPU_SUITE:-}" ]; then
-  # A hung kernel must not eat the machine's time: the GPU suite gets GPU_TEST_TIMEOUT seconds.
-  (cd "$BUILD" && timeout "${GPU_TEST_TIMEOUT:-400}" ctest -L gpu --output-on-failure) >"$OUT/ctest_gpu.log" 2>&1
-  note "ctest -L gpu" "$(grep -E 'tests passed|tests failed' "$OUT/ctest_gpu.log" | tail -1) $(grep -c '\[  FAILED  \]' "$OUT/ctest_gpu.log") failed-lines"
-  (cd "$BUILD" && ctest -L cpu --output-on-failure -j"$JOBS") >"$OUT/ctest_cpu.log" 2>&1
-  note "ctest -L cpu" "$(grep -E 'tests passed|tests failed' "$OUT/ctest_cpu.log" | tail -1)"
-fi
-
-LIB=$(find "$BUILD" -name 'libjfa.so' | head -1)
-if [ -z "${SKIP_PYTHON:-}" ] && [ -n "$LIB" ] && python3 -c 'import torch, pytest' 2>/dev/null; then
-  JFA_LIBRARY="$(realpath "$LIB")" PYTHONUNBUFFERED=1 timeout 600 python3 -m pytest tests/python -q -rs \
-    >"$OUT/pytest.log" 2>&1
-  note "pytest (torch + CUDA)" "rc=$? $(tail -1 "$OUT/pytest.log")"
-  JFA_TORCH_OPS=ctypes JFA_LIBRARY="$(realpath "$LIB")" PYTHONUNBUFFERED=1 timeout 600 \
-    python3 -m pytest tests/python/test_torch.py tests/python/test_torch_cuda_backward.py \
-    tests/python/test_torch_cuda_graph_backward.py tests/python/test_torch_local_attention.py \
-    tests/python/test_readme.py -q -rs \
-    >"$OUT/pytest_ctypes.log" 2>&1
-  note "pytest (ctypes torch ops)" "rc=$? $(tail -1 "$OUT/pytest_ctypes.log")"
-fi
-
-if [ -z "${SKIP_SANITIZERS:-}" ] && [ -n "$GPU_TESTS" ] && command -v compute-sanitizer >/dev/null; then
-  FILTER='TlxTma.*:TlxMBarrier.*:TlxWgmma.Fp16D128N128:AttentionGpu.OtherLaunchChoicesMatchReference:AttentionGpu.EdgeLengths*:AttentionGpu.DifferentQueryAndKeyLengthsGqa:AttentionGpu.GarbageDeviceOffsetsStayInBounds:AttentionGpu.CheckedModeReportsInvalidDeviceOffsets:AttentionGpu.CheckedModeReportsResultsBeyondFloat32:AttentionGpu.NoKeysAnywhere:AttentionGpu.ManyTinySequences:AttentionGpu.AlternativeSchedulesMatchReference:AttentionGpu.ShortSequencesShareTiles:AttentionGpuApi.CallerWorkspace:AttentionGpuApi.KeptWorkspaceGrows:BackwardGpu.EdgeLengths*:BackwardGpu.CrossLengthsGqa:BackwardGpu.EmptySequences:BackwardGpu.ManyTinySequences:BackwardGpu.SharedTilesOfShortSequences:BackwardGpu.DeterministicSharedTiles:BackwardGpuApi.StaleWorkspaceDoesNotReachSharedTiles:BackwardGpu.StridedGradientLayouts:BackwardGpu.DeterministicRunsAreBitIdentical:BackwardGpuApi.CallerWorkspaceGivesTheSameGradients:BackwardGpuApi.CheckedModeReportsInvalidDeviceOffsets:BackwardGpuApi.CheckedModeReportsGradientsThatAreNotFinite'
-  for tool in ${SANITIZER_TOOLS:-memcheck racecheck}; do
-    JFA_GPU_TESTS_QUICK=1 timeout "${SANITIZER_TIMEOUT:-600}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
-      "$GPU_TESTS" --gtest_filter="$FILTER" >"$OUT/$tool.log" 2>&1
-    rc=$?
-    note "compute-sanitizer $tool" "rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.log" | tail -1)"
+stage_suite() {
+  runtime_env || { summary suite "FAILED (nothing carried)"; return 1; }
+  local shards=${SUITE_SHARDS:-3} budget i pids=() rc_gpu=0
+  budget=$(left)
+  # gtest shards of the GPU tests side by side on the one GPU, and the Python tests beside them.
+  for ((i = 0; i < shards; i++)); do
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "$budget" "$CARRY/bin/jfa_gpu_tests" \
+      >"$OUT/gpu_tests_shard$i.log" 2>&1 &
+    pids+=($!)
   done
-fi
+  local pytest_native pytest_ctypes
+  (timeout $((budget * 2 / 3)) python3 -m pytest tests/python -q -rs -p no:cacheprovider \
+     >"$OUT/pytest.log" 2>&1; echo $? >"$OUT/pytest.rc") &
+  local ppid=$!
+  for pid in "${pids[@]}"; do wait "$pid" || rc_gpu=1; done
+  wait $ppid
+  JFA_TORCH_OPS=ctypes timeout "$(left)" python3 -m pytest tests/python/test_torch.py \
+    tests/python/test_torch_cuda_backward.py tests/python/test_torch_cuda_graph_backward.py \
+    tests/python/test_torch_local_attention.py tests/python/test_readme.py -q -rs \
+    -p no:cacheprovider >"$OUT/pytest_ctypes.log" 2>&1
+  echo $? >"$OUT/pytest_ctypes.rc"
+  local passed failed
+  passed=$(cat "$OUT"/gpu_tests_shard*.log | grep -c '^\[       OK \]')
+  failed=$(cat "$OUT"/gpu_tests_shard*.log | grep -c '^\[  FAILED  \].*ms)$')
+  pytest_native="$(tail -1 "$OUT/pytest.log") rc=$(cat "$OUT/pytest.rc")"
+  pytest_ctypes="$(tail -1 "$OUT/pytest_ctypes.log") rc=$(cat "$OUT/pytest_ctypes.rc")"
+  summary suite "$(gpu_name): jfa_gpu_tests $passed passed, $failed failed (rc $rc_gpu, $shards shards); pytest: $pytest_native; ctypes ops: $pytest_ctypes"
+  [ "$rc_gpu" = 0 ] && [ "$(cat "$OUT/pytest.rc")" = 0 ] && [ "$(cat "$OUT/pytest_ctypes.rc")" = 0 ]
+}
 
-if [ -z "${SKIP_BENCH:-}" ]; then
-  CLI=$(find "$BUILD" -path '*tools*' -name jfa -type f -perm -u+x | head -1)
-  if [ -n "$CLI" ]; then
-    : >"$OUT/cli_bench.log"
-    for w in W1 W2 W3 W4; do
-      for c in "" "--causal"; do
-        echo "== $w $c" >>"$OUT/cli_bench.log"
-        timeout "${CLI_TIMEOUT:-120}" "$CLI" bench --workload "$w" --dtype fp16 $c --backend cuda --json --no-padded \
-          >>"$OUT/cli_bench.log" 2>&1 || echo "(exit $?)" >>"$OUT/cli_bench.log"
-      done
+# The reduced case set: the tile layer, every edge of the offsets, shared tiles, workspaces,
+# the checked mode, both passes.
+SANITIZER_FILTER='TlxTma.*:TlxMBarrier.*:TlxWgmma.Fp16D128N128:AttentionGpu.OtherLaunchChoicesMatchReference:AttentionGpu.EdgeLengths*:AttentionGpu.DifferentQueryAndKeyLengthsGqa:AttentionGpu.GarbageDeviceOffsetsStayInBounds:AttentionGpu.CheckedModeReportsInvalidDeviceOffsets:AttentionGpu.CheckedModeReportsResultsBeyondFloat32:AttentionGpu.NoKeysAnywhere:AttentionGpu.ManyTinySequences:AttentionGpu.AlternativeSchedulesMatchReference:AttentionGpu.ShortSequencesShareTiles:AttentionGpuApi.CallerWorkspace:AttentionGpuApi.KeptWorkspaceGrows:BackwardGpu.EdgeLengths*:BackwardGpu.CrossLengthsGqa:BackwardGpu.EmptySequences:BackwardGpu.ManyTinySequences:BackwardGpu.SharedTilesOfShortSequences:BackwardGpu.DeterministicSharedTiles:BackwardGpuApi.StaleWorkspaceDoesNotReachSharedTiles:BackwardGpu.StridedGradientLayouts:BackwardGpu.DeterministicRunsAreBitIdentical:BackwardGpuApi.CallerWorkspaceGivesTheSameGradients:BackwardGpuApi.CheckedModeReportsInvalidDeviceOffsets:BackwardGpuApi.CheckedModeReportsGradientsThatAreNotFinite'
+
+stage_sanitize() {
+  runtime_env || { summary sanitize "FAILED (nothing carried)"; return 1; }
+  command -v compute-sanitizer >/dev/null || { summary sanitize "FAILED (no compute-sanitizer)"; return 1; }
+  local shards=${SANITIZER_SHARDS:-2} budget tool i pids=() words=() rc=0
+  budget=$(left)
+  for tool in memcheck racecheck; do
+    for ((i = 0; i < shards; i++)); do
+      JFA_GPU_TESTS_QUICK=1 GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "$budget" \
+        compute-sanitizer --tool "$tool" --error-exitcode 99 "$CARRY/bin/jfa_gpu_tests" \
+        --gtest_filter="$SANITIZER_FILTER" >"$OUT/$tool.shard$i.log" 2>&1 &
+      pids+=($!)
     done
-    note "jfa bench W1..W4" "see cli_bench.log"
-  else
-    note "jfa bench W1..W4" "skipped (no CLI binary)"
-  fi
-  if [ -n "$LIB" ] && [ "${CALL_OVERHEAD:-quick}" != off ] && python3 -c 'import torch' 2>/dev/null; then
-    CALL=(--lib "$LIB" --out "$OUT")
-    [ "${CALL_OVERHEAD:-quick}" = quick ] && CALL+=(--quick)
-    [ -n "${CLI:-}" ] && CALL+=(--cli "$CLI")
-    if [ -n "${FA3_LIB:-}" ]; then
-      CALL+=(--fa3-lib "$FA3_LIB")
-      fa3_runtime
-    fi
-    PYTHONUNBUFFERED=1 timeout 900 python3 bench/call_overhead.py "${CALL[@]}" >"$OUT/call_overhead.log" 2>&1
-    note "call overhead (${CALL_OVERHEAD:-quick})" "rc=$? (table in call_overhead.log)"
-  fi
-  if [ -n "$LIB" ] && [ -z "${SKIP_PEERS:-}" ] && python3 -c 'import torch' 2>/dev/null; then
-    # jfa against its peers (quick: W1-W4, fp16, both masks; PEERS_FULL=1: the whole set), every
-    # output checked before timing.
-    PEERS=(--lib "$LIB" --out "$OUT")
-    if [ -n "${PEERS_FULL:-}" ]; then kind="full"; else kind="quick, fp16"; PEERS+=(--quick --name peers); fi
-    [ -n "${CLI:-}" ] && PEERS+=(--cli "$CLI")
-    PYTHONUNBUFFERED=1 timeout 900 python3 bench/peers.py "${PEERS[@]}" >"$OUT/peers.log" 2>&1
-    note "peers ($kind)" "rc=$? (table in peers.log)"
-  fi
-  if [ -n "$LIB" ] && [ "${BWD_BENCH:-quick}" != off ] && python3 -c 'import torch' 2>/dev/null; then
-    # The backward against varlen FA2, FlexAttention, padded cuDNN (and FA3 with FA3_LIB),
-    # gradients checked before timing (quick: W1 and W4, fp16, both masks, 3 rounds, the
-    # backward; BWD_BENCH=full: W1-W4, the backward and the training step, and the chart).
-    # FlexAttention compiles once per workload and mask, which the limits allow for.
-    BWD=(--lib "$LIB" --json "$OUT/backward_peers.json")
-    if [ "${BWD_BENCH:-quick}" = full ]; then
-      kind=full; limit=2400; BWD+=(--pass both --chart "$OUT/backward_peers.png")
-    else
-      kind=quick; limit=600; BWD+=(--quick)
-    fi
-    [ -n "${CLI:-}" ] && BWD+=(--cli "$CLI")
-    if [ -n "${FA3_LIB:-}" ]; then
-      BWD+=(--fa3-lib "$FA3_LIB")
-      fa3_runtime
-    fi
-    PYTHONUNBUFFERED=1 timeout "$limit" python3 bench/backward_peers.py "${BWD[@]}" >"$OUT/backward_peers.log" 2>&1
-    note "backward peers ($kind)" "rc=$? (tables in backward_peers.log)"
-  fi
-fi
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  for tool in memcheck racecheck; do
+    local errors=0 tests=0 n
+    for ((i = 0; i < shards; i++)); do
+      n=$(grep -Eo '(ERROR|RACECHECK) SUMMARY: [0-9]+' "$OUT/$tool.shard$i.log" | grep -Eo '[0-9]+$' | tail -1)
+      [ -z "$n" ] && n="?" && rc=1
+      [ "$n" != "?" ] && errors=$((errors + n))
+      tests=$((tests + $(grep -c '^\[       OK \]' "$OUT/$tool.shard$i.log")))
+    done
+    words+=("$tool $errors errors over $tests tests")
+  done
+  summary sanitize "$(gpu_name): ${words[0]}; ${words[1]} (rc $rc)"
+  return $rc
+}
 
-{
-  echo "==== gpu-check summary ($(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
-  for line in "${SUMMARY[@]}"; do echo "$line"; done
-} | tee "$OUT/summary.txt"
+# The benchmarks time one head size per process, each within its share of what is left.
+bench_peers_for() {  # the peers at one head size: FA3 where it has a kernel
+  case $1 in
+    32) echo "${2},fa2_varlen,flex" ;;
+    *) echo "${2},fa3" ;;
+  esac
+}
+
+workloads_at() {  # bench/workloads.py's names at a head size: W1 (128), W1-d64, W1-d192v128, ...
+  local suffix w list=()
+  case $1 in 128) suffix="" ;; */*) suffix="-d${1/\//v}" ;; *) suffix="-d$1" ;; esac
+  for w in ${BENCH_WORKLOADS:-W1 W2 W3 W4}; do list+=("$w$suffix"); done
+  (IFS=,; echo "${list[*]}")
+}
+
+stage_bench_forward() {
+  runtime_env || { summary bench-forward "FAILED (nothing carried)"; return 1; }
+  local dims=($HEAD_DIMS) n=0 done_dims=() d rc=0 share workloads
+  for d in "${dims[@]}"; do
+    share=$(($(left) / (${#dims[@]} - n)))
+    n=$((n + 1))
+    [ "$share" -lt 20 ] && break
+    workloads=$(workloads_at "$d")
+    timeout "$share" python3 bench/peers.py --lib "$JFA_LIBRARY" --cli "$CARRY/bin/jfa" \
+      --fa3-lib "$FA3_LIB" --out "$OUT" --name "forward-d${d/\//v}" --workloads "$workloads" \
+      --dtypes "${BENCH_DTYPES:-fp16,bf16}" --methods "$(bench_peers_for "$d" jfa)" \
+      --rounds "${BENCH_ROUNDS:-2}" --quick >"$OUT/forward-d${d/\//v}.log" 2>&1 || rc=1
+    done_dims+=("$d")
+  done
+  summary bench-forward "$(gpu_name): head sizes ${done_dims[*]} (rc $rc; forward-d*.json, tables in forward-d*.log)"
+  return $rc
+}
+
+stage_bench_backward() {
+  runtime_env || { summary bench-backward "FAILED (nothing carried)"; return 1; }
+  local dims=() n=0 done_dims=() d rc=0 share
+  for d in $HEAD_DIMS; do [ "$d" = 192/128 ] || dims+=("$d"); done  # no backward peer at 192/128
+  for d in "${dims[@]}"; do
+    share=$(($(left) / (${#dims[@]} - n)))
+    n=$((n + 1))
+    [ "$share" -lt 20 ] && break
+    timeout "$share" python3 bench/backward_peers.py --lib "$JFA_LIBRARY" --cli "$CARRY/bin/jfa" \
+      --fa3-lib "$FA3_LIB" --head-dim "$d" --workloads "$(workloads_at 128)" \
+      --dtypes "${BENCH_DTYPES:-fp16,bf16}" --methods "$(bench_peers_for "$d" jfa)" \
+      --rounds "${BENCH_ROUNDS:-2}" --quick --json "$OUT/backward-d$d.json" \
+      >"$OUT/backward-d$d.log" 2>&1 || rc=1
+    done_dims+=("$d")
+  done
+  summary bench-backward "$(gpu_name): head sizes ${done_dims[*]} (rc $rc; backward-d*.json and .log)"
+  return $rc
+}
+
+case $STAGE in
+  build) stage_build ;;
+  suite) stage_suite ;;
+  sanitize) stage_sanitize ;;
+  bench-forward) stage_bench_forward ;;
+  bench-backward) stage_bench_backward ;;
+  bench)
+    STAGE_SECONDS=$((STAGE_SECONDS / 2)) stage_bench_forward; a=$?
+    START=$SECONDS stage_bench_backward; b=$?
+    exit $((a | b)) ;;
+  all)
+    rc=0
+    [ -d "$CARRY" ] || stage_build || exit 1
+    for s in stage_suite stage_sanitize stage_bench_forward stage_bench_backward; do
+      START=$SECONDS STAGE_SECONDS=100000 $s || rc=1
+    done
+    exit $rc ;;
+  *) echo "unknown stage '$STAGE' (build, suite, sanitize, bench-forward, bench-backward, bench, all)" >&2
+     exit 2 ;;
+esac

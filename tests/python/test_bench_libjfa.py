@@ -42,6 +42,23 @@ def test_forward_matches_the_package(rng, causal):
     np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
 
 
+def test_params_carry_the_fields_added_since_0_1_0(rng):
+    """A value head size of its own (192/128 in the benchmarks) reaches the library: params of the
+    0.1.0 size would drop head_dim_v, and the call would read out as head_dim columns wide."""
+    lib = libjfa.Library(jfa.library_path())
+    q, k, _, cu = _inputs(rng, [5, 17, 1, 9], head_dim=24)
+    v = rng.standard_normal((q.shape[0], q.shape[1], 16)).astype(np.float32)
+    # out followed at once by the workspace, as a caching allocator lays them out.
+    block = np.full(q.shape[0] * q.shape[1] * 16 + 64, np.nan, dtype=np.float32)
+    out = block[:-64].reshape(q.shape[0], q.shape[1], 16)
+    p = _params(lib, q, k, v, out, cu, True)
+    p.head_dim_v = 16
+    p.workspace, p.workspace_bytes = block[-64:].ctypes.data, 64 * 4
+    lib.forward_fn(p)()
+    np.testing.assert_allclose(out, jfa.jagged_attention(q, k, v, cu, causal=True), rtol=1e-6,
+                               atol=1e-6)
+
+
 def test_the_package_copy_and_errors_carry_the_library_message(rng):
     lib = libjfa.Library(jfa.library_path(), _library.lib())
     assert lib.lib is _library.lib()

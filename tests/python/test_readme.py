@@ -1,5 +1,6 @@
-"""The README's Python examples run as written: the numpy one everywhere, the torch one where torch
-and a usable CUDA backend are present, the transformers one where transformers is installed."""
+"""The README's Python examples run as written: the numpy one everywhere, the torch ones marked
+"# CPU example" where torch is present, the other torch one where a usable CUDA backend is too,
+the transformers one where transformers is installed."""
 
 import re
 from pathlib import Path

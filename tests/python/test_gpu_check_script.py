@@ -1,0 +1,43 @@
+"""scripts/gpu-check.sh on a machine without the carried build: the run stages fail with one
+summary line saying so (never a silent pass), and an unknown stage is refused."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "scripts", "gpu-check.sh")
+
+
+def run(stage, out, **env):
+    return subprocess.run(["bash", SCRIPT, stage, str(out)], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=60)
+
+
+@pytest.mark.parametrize("stage", ["suite", "sanitize", "bench-forward", "bench-backward"])
+def test_run_stages_need_the_carried_build(tmp_path, stage):
+    r = run(stage, tmp_path / "out", CARRY_DIR=str(tmp_path / "missing"))
+    assert r.returncode != 0
+    lines = (tmp_path / "out" / "summary.txt").read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(stage) and "FAILED (nothing carried)" in lines[0]
+    assert "run 'scripts/gpu-check.sh build' first" in r.stderr
+
+
+def test_unknown_stage_is_refused(tmp_path):
+    r = run("benchmark", tmp_path)
+    assert r.returncode == 2 and "unknown stage 'benchmark'" in r.stderr
+
+
+def test_benchmark_workload_names_per_head_size():
+    """The workloads each benchmark process gets: bench/workloads.py's names at that head size."""
+    script = f"source <(sed -n '/^workloads_at()/,/^}}/p' {SCRIPT}); " \
+             "for d in 128 64 192/128; do workloads_at $d; done"
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["W1,W2,W3,W4", "W1-d64,W2-d64,W3-d64,W4-d64",
+                           "W1-d192v128,W2-d192v128,W3-d192v128,W4-d192v128"]
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import workloads
+    names = {spec.id for spec in workloads.SPECS}
+    for name in out.replace(",", " ").split():
+        assert name in names, name
