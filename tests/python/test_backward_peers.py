@@ -449,29 +449,19 @@ def test_readme_tables_put_both_masks_and_the_replay_in_one_cell():
     assert "bf16" not in text and "143" not in text
 
 
-def _readme_section_and_results(heading, cited_pattern):
-    """The README's section under `heading` and the results file it cites first."""
+def test_the_readme_backward_tables_are_those_of_the_results_files_they_cite():
+    """The README's backward section: a bf16 table per head size, each that of the results file
+    of its head size, and a file cited for every head size the backward serves."""
     import json
-    import re
     readme = (BENCH.parent / "README.md").read_text()
-    section = readme[readme.index(heading):]
+    section = readme[readme.index("### Backward against FlashAttention-3"):]
     section = section[:section.index("\n### ", 1)]
-    cited = re.findall(cited_pattern, section)
-    assert cited, f"the section {heading!r} cites no results file"
-    return section, json.loads((BENCH.parent / cited[0]).read_text())
-
-
-def test_the_readme_backward_tables_are_those_of_the_results_file_it_cites():
-    section, doc = _readme_section_and_results(
-        "### Backward", r"`(bench/results/[^`]*backward-step[^`]*\.json)`")
-    assert bp.readme_tables(doc["results"]) in section
-
-
-def test_the_readme_tables_at_other_head_sizes_are_those_of_the_results_file_they_cite():
-    section, doc = _readme_section_and_results(
-        "### Backward at head_dim 32 and 96", r"`(bench/results/[^`]*backward[^`]*\.json)`")
-    for head_dim in (96, 32):
-        assert bp.readme_tables(doc["results"], head_dim=head_dim) in section
+    for head_dim in (32, 64, 96, 128, 192, 256):
+        path = f"bench/results/2026-12-06-h100-backward-d{head_dim}.json"
+        assert f"-d{head_dim}" in section
+        doc = json.loads((BENCH.parent / path).read_text())
+        table = bp.readme_tables(doc["results"], dtype="bf16", head_dim=head_dim)
+        assert table.count("\n") >= 3 and table in section, head_dim
 
 
 def test_clock_lines_say_the_clock_and_how_often_the_power_limit_held_it():

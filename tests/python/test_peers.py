@@ -367,3 +367,19 @@ def test_a_wrong_output_fails_the_check_and_value_head_peers_say_why_they_are_le
     for cls in (G.Fa2Varlen, G.Fa2Padded):
         with pytest.raises(G.Unavailable, match="one head size"):
             cls({}).prepare(case, False)
+
+
+def test_the_readme_forward_tables_are_those_of_the_results_files_they_cite():
+    """The README's forward section: a bf16 table per head size (FlashAttention-3 beside jfa
+    wherever it has a kernel), each that of the results file of its head size."""
+    import json
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    section = readme[readme.index("### Forward against FlashAttention-3"):]
+    section = section[:section.index("\n### ", 1)]
+    for size in ("32", "64", "96", "128", "192", "192v128", "256"):
+        doc = json.loads((root / f"bench/results/2026-12-06-h100-forward-d{size}.json").read_text())
+        table = peers.readme_tables(doc["results"], dtypes=["bf16"])
+        assert table in section, size
+        if size != "32":
+            assert "| FlashAttention-3 (varlen) |" in table and "| jfa ÷ FA3 |" in table, size
