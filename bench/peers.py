@@ -2,7 +2,7 @@
 """jfa against its peers on the GPU: every workload of bench/workloads.py, fp16 and bf16, causal and not.
 
 For each workload x dtype the inputs are built once (random normal, fixed seed); for each mask a
-float32 reference is computed on a sample of sequences (all of a small batch; else the longest,
+float64 reference is computed on a sample of sequences (all of a small batch; else the longest,
 the shortest, the first and the last; 64 sequences of a batch of tiny ones), and every method is
 checked against it before it is timed (relative error ||out - ref|| / ||ref|| <= 2e-3 fp16,
 1e-2 bf16). A method that fails the check is reported as "wrong" and not ranked; a method that

@@ -1,4 +1,4 @@
-"""The GPU side of bench/peers.py: inputs, the float32 reference, the methods and their timing.
+"""The GPU side of bench/peers.py: inputs, the float64 reference, the methods and their timing.
 
 Every method is prepared on a Case (one workload in one dtype: packed Q, K, V built once; V and the
 output with head_dim_v columns where the workload has a value head size of its own) for one mask,
@@ -155,7 +155,7 @@ class Case:
         return x.transpose(1, 2)[seq, pos]
 
     def reference(self, causal):
-        """{sequence index: float32 [Lq, H, Dv]} on the checked sample, exact float32 math."""
+        """{sequence index: float64 [Lq, H, Dv]} on the checked sample."""
         if causal not in self._refs:
             self._refs[causal] = {i: reference_rows(self, i, causal) for i in self.sample}
         return self._refs[causal]
@@ -167,32 +167,19 @@ class Case:
         self.q = self.k = self.v = None
 
 
-@contextlib.contextmanager
-def _exact_fp32():
-    old = torch.backends.cuda.matmul.allow_tf32
-    old_prec = torch.get_float32_matmul_precision()
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
-        torch.set_float32_matmul_precision(old_prec)
-
-
 def reference_rows(case, i, causal):
-    """softmax(scale q k^T [+ bottom-right causal]) v of sequence i in float32; zeros for a row
+    """softmax(scale q k^T [+ bottom-right causal]) v of sequence i in float64; zeros for a row
     with no visible key (jfa's convention)."""
     a, b = case.cu_q_host[i], case.cu_q_host[i + 1]
     c, d = case.cu_k_host[i], case.cu_k_host[i + 1]
     lq, lk = b - a, d - c
     H, Dv = case.H, case.Dv
     if lq == 0 or lk == 0:
-        return torch.zeros(lq, H, Dv, device=case.device, dtype=torch.float32)
-    with torch.no_grad(), _exact_fp32():
-        qs = case.q[a:b].float().transpose(0, 1)
-        ks = case.k[c:d].float().transpose(0, 1)
-        vs = case.v[c:d].float().transpose(0, 1)
+        return torch.zeros(lq, H, Dv, device=case.device, dtype=torch.float64)
+    with torch.no_grad():
+        qs = case.q[a:b].double().transpose(0, 1)
+        ks = case.k[c:d].double().transpose(0, 1)
+        vs = case.v[c:d].double().transpose(0, 1)
         rep = H // case.Hkv
         if rep > 1:
             ks, vs = ks.repeat_interleave(rep, 0), vs.repeat_interleave(rep, 0)
@@ -201,8 +188,8 @@ def reference_rows(case, i, causal):
             ii = torch.arange(lq, device=case.device)[:, None]
             jj = torch.arange(lk, device=case.device)[None, :]
             hidden = jj > ii + (lk - lq)
-        out = torch.empty(H, lq, Dv, device=case.device, dtype=torch.float32)
-        chunk = max(1, min(H, (1 << 29) // max(1, lq * lk)))  # <= 2 GiB of scores at a time
+        out = torch.empty(H, lq, Dv, device=case.device, dtype=torch.float64)
+        chunk = max(1, min(H, (1 << 28) // max(1, lq * lk)))  # <= 2 GiB of scores at a time
         for h0 in range(0, H, chunk):
             h1 = min(H, h0 + chunk)
             s = torch.matmul(qs[h0:h1], ks[h0:h1].transpose(1, 2)).mul_(case.scale)
@@ -220,9 +207,9 @@ def rel_error(case, causal, rows_fn, out):
     num = torch.zeros((), dtype=torch.float64, device=case.device)
     den = torch.zeros((), dtype=torch.float64, device=case.device)
     for i, r in ref.items():
-        o = rows_fn(out, i).float()
-        num += (o - r).double().pow(2).sum()
-        den += r.double().pow(2).sum()
+        o = rows_fn(out, i).double()
+        num += (o - r).pow(2).sum()
+        den += r.pow(2).sum()
     num, den = num.item(), den.item()
     if not math.isfinite(num):
         return float("nan")
