@@ -398,10 +398,6 @@ README_LABELS = {"jfa": "jfa", "jfa_det": "jfa, `deterministic=True`",
 README_TITLES = {"backward": "backward", "step": "step (forward + backward)"}
 
 
-def _rate(v):
-    return _fmt(v, 0 if v >= 100 else 1)
-
-
 def readme_tables(records, dtype="fp16", head_dim=128):
     """The README's tables for one dtype and head_dim: per pass, a row per method and a column per
     workload, each cell useful TFLOP/s eager non-causal / causal (graph replay's in brackets);
@@ -418,19 +414,16 @@ def readme_tables(records, dtype="fp16", head_dim=128):
             continue
         if lines:
             lines.append("")
-        lines += [f"| {README_TITLES[pass_name]}, non-causal / causal | " + " | ".join(wids) + " |",
-                  "| --- |" + " --- |" * len(wids)]
+        lines += peers.readme_table_head(f"{README_TITLES[pass_name]}, non-causal / causal",
+                                         wids)
         for m in methods:
             cells = []
             for i, wid in enumerate(wids):
                 nc, c = by.get((pass_name, m, wid, False)), by.get((pass_name, m, wid, True))
-                if nc is None or c is None or None in (nc.get("graph_tflops"),
-                                                       c.get("graph_tflops")):
-                    cells.append("-")
-                    continue
-                graph = "graph " if i == 0 else ""
-                cells.append(f"{_rate(nc['eager_tflops'])} / {_rate(c['eager_tflops'])} "
-                             f"({graph}{_rate(nc['graph_tflops'])} / {_rate(c['graph_tflops'])})")
+                # Both masks with their replays, or "-" (the forward's tables say why instead).
+                complete = nc is not None and c is not None and None not in (
+                    nc.get("graph_tflops"), c.get("graph_tflops"))
+                cells.append(peers.readme_cell(nc, c, i == 0) if complete else "-")
             lines.append(f"| {README_LABELS.get(m, m)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -352,6 +352,11 @@ def _readme_value(r, mode):
     return "-" if v is None else readme_rate(v) + ("*" if st == "unchecked" else "")
 
 
+def readme_table_head(title, columns):
+    """The first two lines of a README table: the title cell and the columns, then the rule."""
+    return [f"| {title} | " + " | ".join(columns) + " |", "| --- |" + " --- |" * len(columns)]
+
+
 def readme_cell(nc, c, first=False):
     """"eager non-causal / causal (graph non-causal / causal)" of two records (either may be
     None); "graph " written in the first column only; without any replay, the eager pair alone."""
@@ -414,8 +419,7 @@ def readme_tables(records, dtypes=None, workloads=None):
             continue
         if lines:
             lines.append("")
-        lines += [f"| {dtype}, non-causal / causal | " + " | ".join(wids) + " |",
-                  "| --- |" + " --- |" * len(wids)]
+        lines += readme_table_head(f"{dtype}, non-causal / causal", wids)
         for m, label in rows:
             cells = [readme_cell(by.get((m, label, w, False)), by.get((m, label, w, True)), i == 0)
                      for i, w in enumerate(wids)]
