@@ -7,6 +7,9 @@
 #include "api/enum_bits.hpp"
 #include "api/error.hpp"
 #include "api/params_layouts.hpp"
+#ifdef JFA_SM90_TUNING
+#include "cuda/sm90/host/tuning_switch.hpp"
+#endif
 
 namespace jfa::detail {
 namespace {
@@ -320,7 +323,16 @@ jfa_status validate_host_sinks(const Params& p) {
   return JFA_SUCCESS;
 }
 
-jfa_status check_cuda_features(const Params& p) {
+jfa_status check_cuda_features(const Params& p, CudaPass pass) {
+#ifdef JFA_SM90_TUNING
+  // A tuning build runs the forward's local-attention kernels, not yet verified on a GPU, where
+  // JFA_SM90_LOCAL_ATTENTION=1 asks for them.
+  if (pass == CudaPass::kForward &&
+      jfa::sm90::tuning_switch(jfa::sm90::TuningSwitch::kLocalAttention, 0) == 1)
+    return JFA_SUCCESS;
+#else
+  (void)pass;
+#endif
   if (p.window.left != -1 || (p.window.right != -1 && !p.causal))
     return fail(JFA_ERROR_UNSUPPORTED,
                 "the CUDA backend does not take sliding windows yet (window_left=%d, "

@@ -35,7 +35,9 @@ jfa_status validate_host_offsets(const Params& p);
 jfa_status validate_host_sinks(const Params& p);
 
 // JFA_ERROR_UNSUPPORTED naming the feature when the call asks the CUDA backend for what it does
-// not compute yet: a window other than the causal mask, softcap or sinks.
-jfa_status check_cuda_features(const Params& p);
+// not compute yet: a window other than the causal mask, softcap or sinks (a tuning build lets the
+// forward's through under JFA_SM90_LOCAL_ATTENTION=1).
+enum class CudaPass { kForward, kBackward };
+jfa_status check_cuda_features(const Params& p, CudaPass pass);
 
 }  // namespace jfa::detail

@@ -47,6 +47,11 @@ struct Params {
   int32_t* device_check;  // nullable: the word of the checked mode (jfa.h)
 
   int32_t group_size() const { return heads_q / heads_kv; }
+  // A window beyond the causal mask, softcap or sinks.
+  bool uses_local_attention() const {
+    return window.left != -1 || (window.right != -1 && !causal) || softcap != 0.0f ||
+           sinks != nullptr;
+  }
 };
 
 // The backward's parameters: the forward's (out and lse as the forward wrote them) and the

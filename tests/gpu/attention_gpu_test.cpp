@@ -51,6 +51,10 @@ struct Case {
   float scale = std::numeric_limits<float>::quiet_NaN();
   bool integer_qk = false;  // q and k rounded to integers in [-2, 2]: exact scores, exact ties
   float qk_gain = 1.f;      // q and k multiplied by it (bf16 scores beyond float32)
+  // Local attention (jfa.h): window bounds (-1 unbounded), softcap (0 off), sinks (empty: none).
+  int32_t window_left = -1, window_right = -1;
+  float softcap = 0.f;
+  std::vector<float> sinks;
 
   int32_t dv() const { return head_dim_v == 0 ? head_dim : head_dim_v; }
 };
@@ -67,11 +71,14 @@ void shape_values(HostBuffer& x, const Case& c) {
 }
 
 std::string describe(const Case& c) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "%s d=%d dv=%d hq=%d hkv=%d causal=%d batch=%zu pad=%lld lse=%d",
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "%s d=%d dv=%d hq=%d hkv=%d causal=%d batch=%zu pad=%lld lse=%d window=(%d,%d) "
+                "softcap=%g sinks=%d",
                 jfa::tools::dtype_name(c.dtype), c.head_dim, c.dv(), c.heads_q, c.heads_kv,
                 c.causal ? 1 : 0, c.lq.size(), static_cast<long long>(c.token_pad),
-                c.with_lse ? 1 : 0);
+                c.with_lse ? 1 : 0, c.window_left, c.window_right, static_cast<double>(c.softcap),
+                c.sinks.empty() ? 0 : 1);
   return buf;
 }
 
@@ -110,7 +117,8 @@ class AttentionRunner {
   }
 
   jfa_attention_params params(const void* q, const void* k, const void* v, void* out, float* lse,
-                              const int32_t* cu_q, const int32_t* cu_k) const {
+                              const int32_t* cu_q, const int32_t* cu_k,
+                              const float* sinks = nullptr) const {
     jfa_attention_params p =
         jfa::tools::call_params({q, k, v, out, lse, cu_q, cu_k},
                                 {b_.batch(), b_.total_q(), b_.total_k(), c_.heads_q, c_.heads_kv,
@@ -124,6 +132,10 @@ class AttentionRunner {
     p.softmax_scale = c_.scale;
     p.causal = c_.causal ? 1 : 0;
     p.device_check = device_check_;
+    p.window_left = c_.window_left;
+    p.window_right = c_.window_right;
+    p.softcap = c_.softcap;
+    p.sinks = c_.sinks.empty() ? nullptr : sinks;
     if (c_.hints) {
       p.max_seqlen_q = *std::max_element(c_.lq.begin(), c_.lq.end());
       p.max_seqlen_k = *std::max_element(c_.lk.begin(), c_.lk.end());
@@ -147,6 +159,10 @@ class AttentionRunner {
     const size_t lse_bytes = b_.total_q() * c_.heads_q * 4 + 2 * kGuardBytes;
     dout_ = DeviceBuffer(out_bytes);
     dlse_ = DeviceBuffer(lse_bytes);
+    if (!c_.sinks.empty()) {
+      dsinks_ = DeviceBuffer(c_.sinks.size() * 4);
+      cudaMemcpy(dsinks_.ptr, c_.sinks.data(), c_.sinks.size() * 4, cudaMemcpyHostToDevice);
+    }
   }
 
   // Poisons the outputs (guards included), runs, downloads. Returns the status.
@@ -176,7 +192,7 @@ class AttentionRunner {
         static_cast<unsigned char*>(dout_.ptr) + kGuardBytes,
         c_.with_lse ? reinterpret_cast<float*>(static_cast<unsigned char*>(dlse_.ptr) + kGuardBytes)
                     : nullptr,
-        dcq_.as<int32_t>(), dck_.as<int32_t>());
+        dcq_.as<int32_t>(), dck_.as<int32_t>(), dsinks_.as<float>());
   }
 
   void download(DeviceRun* r) {
@@ -225,7 +241,7 @@ class AttentionRunner {
     }
     jfa_attention_params hp = params(q_host_.data(), b_.total_k() ? k_host_.data() : nullptr,
                                      b_.total_k() ? v_host_.data() : nullptr, nullptr, nullptr,
-                                     b_.cu_q.data(), b_.cu_k.data());
+                                     b_.cu_q.data(), b_.cu_k.data(), c_.sinks.data());
     hp.max_seqlen_q = hp.max_seqlen_k = 0;
     hp.device_check = nullptr;  // a device word: not for the host reference
     const int64_t n = rows.empty() ? b_.total_q() : static_cast<int64_t>(rows.size());
@@ -280,7 +296,7 @@ class AttentionRunner {
   size_t es_ = 2;
   HostBuffer q_host_, k_host_, v_host_;
   int64_t out_elems_ = 0;
-  DeviceBuffer dq_, dk_, dv_, dcq_, dck_, dout_, dlse_;
+  DeviceBuffer dq_, dk_, dv_, dcq_, dck_, dout_, dlse_, dsinks_;
   int32_t* device_check_ = nullptr;
 };
 
@@ -597,6 +613,62 @@ TEST(AttentionGpu, OtherLaunchChoicesMatchReference) {
     c.causal = true;
     run_case(c);
   }
+}
+
+// The local-attention kernels (the library does not route calls to them yet): sliding windows at
+// their edges (0, 1, longer than the sequence, one side only, with the causal mask), softcap small
+// enough to bend the scores, sinks small and large, and all together; over every head size (and
+// 192/128) and both dtypes, on edge lengths, cross lengths with long sequences (whole K tiles below
+// a window skipped) and shared tiles of short sequences, against the float64 reference, which
+// applies the same rule (common/visibility.hpp).
+TEST(AttentionGpu, LocalAttentionKernelsMatchReference) {
+  KernelVariant variant;
+  variant.local_attention = true;
+  SCOPED_TRACE(variant.describe());
+  const ScopedVariant use(variant);
+  std::mt19937_64 rng(fresh_seed("local attention"));
+  std::normal_distribution<float> logit(0.f, 1.f);
+  struct Local {
+    int32_t left, right;
+    bool causal;
+    float softcap, sink_sd;  // sink_sd > 0: sinks ~ N(0, sink_sd)
+  };
+  const Local kinds[] = {
+      {0, 0, false, 0.f, 0.f},       {1, -1, false, 0.f, 0.f},   {-1, 1, false, 0.f, 0.f},
+      {64, 0, true, 0.f, 0.f},       {5, 17, false, 0.f, 0.f},   {300, -1, true, 0.f, 0.f},
+      {4096, 4096, false, 0.f, 0.f}, {-1, -1, false, 0.5f, 0.f}, {-1, -1, true, 0.f, 2.f},
+      {-1, -1, false, 0.f, 30.f},    {130, 0, true, 0.5f, 2.f}};
+  struct Dims {
+    int d, dv;
+  };
+  std::vector<Dims> dims;
+  for (int d : kHeadDims) dims.push_back({d, 0});
+  dims.push_back({192, 128});
+  for (const Dims& hd : dims)
+    for (DType dt : {DType::kFloat16, DType::kBFloat16})
+      for (size_t k = 0; k < std::size(kinds); ++k) {
+        if (quick_mode() && (k + hd.d / 32) % 4 != 0) continue;
+        const Local& l = kinds[k];
+        Case c;
+        c.head_dim = hd.d;
+        c.head_dim_v = hd.dv;
+        c.dtype = dt;
+        c.causal = l.causal;
+        c.window_left = l.left;
+        c.window_right = l.right;
+        c.softcap = l.softcap;
+        c.heads_q = 4;
+        c.heads_kv = 2;
+        for (int h = 0; l.sink_sd > 0.f && h < c.heads_q; ++h)
+          c.sinks.push_back(l.sink_sd * logit(rng));
+        c.lq = c.lk = kEdgeLengths;
+        run_case(c, false);
+        c.lq = {1, 700, 300, 0, 64, 129};
+        c.lk = {200, 517, 300, 50, 0, 64};
+        run_case(c, false);
+        c.lq = c.lk = random_lengths(rng, 200, 0, 40);
+        run_case(c, false);
+      }
 }
 
 // Both tile shapes at head_dim 64 and 32 (forced, so also the one the mean length would not pick):

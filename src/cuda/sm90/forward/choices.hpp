@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 namespace jfa::sm90 {
 
@@ -26,6 +27,21 @@ struct KernelChoices {
 };
 
 using ShippedKernel = KernelChoices<Mainloop::kOverlappedTakingTurns, true>;
+
+// The choices of `Base` with local attention: sliding windows, softcap and attention sinks
+// (FwdLocalArgs). Not shipped yet: tuning builds route such calls to it under
+// JFA_SM90_LOCAL_ATTENTION=1 (see fwd_shape.cuh). The kernels of `Base` itself stay as they were.
+template <typename Base>
+struct WithLocalAttention : Base {
+  static constexpr bool kLocalAttention = true;
+};
+
+// Whether choices K take local attention (only WithLocalAttention's do).
+template <typename K, typename = void>
+struct LocalAttentionOf : std::false_type {};
+template <typename K>
+struct LocalAttentionOf<K, std::void_t<decltype(K::kLocalAttention)>>
+    : std::bool_constant<K::kLocalAttention> {};
 
 // Choices of the launch, taken on the host.
 struct LaunchChoices {

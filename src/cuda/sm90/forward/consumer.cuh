@@ -46,10 +46,30 @@ __device__ __forceinline__ void gemm_pv(tlx::AccumFragment<Cfg::kDv>& o, const P
 // Masks one S tile where it needs it and runs the online softmax on it.
 template <typename Cfg>
 __device__ __forceinline__ void tile_scores(ScoreTile<Cfg>& s, ConsumerState<Cfg>& cs,
-                                            const ItemMask& mask, int32_t key0, int32_t len_k,
-                                            float scale_log2, float (&alpha)[2]) {
+                                            const typename Cfg::Mask& mask, int32_t key0,
+                                            int32_t len_k, float scale_log2, float (&alpha)[2]) {
   if (mask.needs_mask(key0, Cfg::kBlockN, len_k)) mask.apply(s, key0);
   cs.softmax.update(s, scale_log2, alpha);
+}
+
+__device__ __forceinline__ float fast_tanh(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The scores of one S tile in the local-attention kernels: softcap bends the raw scores first (so
+// that masked keys stay -inf), then the mask where the tile needs it (may_mask: where some tile of
+// the range may), then the online softmax over scores that softcap has scaled already.
+template <typename Cfg>
+__device__ __forceinline__ void local_tile_scores(ScoreTile<Cfg>& s, ConsumerState<Cfg>& cs,
+                                                  const FwdLocalArgs& a,
+                                                  const typename Cfg::Mask& mask, int32_t key0,
+                                                  int32_t len_k, bool may_mask, float (&alpha)[2]) {
+  if (a.softcap > 0.f)
+    s.for_each([&](float& x, int, int) { x = a.softcap * fast_tanh(x * a.softcap_in); });
+  if (may_mask && mask.needs_mask(key0, Cfg::kBlockN, len_k)) mask.apply(s, key0);
+  cs.softmax.update(s, a.score_scale_log2, alpha);
 }
 
 // Starts an item for one consumer thread: clears the running state; an item whose rows see no key
@@ -57,8 +77,8 @@ __device__ __forceinline__ void tile_scores(ScoreTile<Cfg>& s, ConsumerState<Cfg
 template <typename Cfg>
 __device__ __forceinline__ bool start_item(ConsumerState<Cfg>& cs, typename Cfg::Shared& s,
                                            const CUtensorMap* tm_o, const FwdArgs& a,
-                                           const WorkItem& w, int group, ItemMask& mask) {
-  mask = ItemMask::of<Cfg::kBlockM, Cfg::kD>(a, w, group);
+                                           const WorkItem& w, int group, typename Cfg::Mask& mask) {
+  mask = Cfg::Mask::template of<Cfg::kBlockM, Cfg::kD>(a, w, group);
   cs.o.fill(0.f);
   cs.softmax.reset();
   if (w.n_blocks == 0) {
@@ -82,10 +102,10 @@ __device__ __forceinline__ void for_each_item(ConsumerState<Cfg>& cs, typename C
   WorkItem w;
   while (items.next(s, a, n_items, w)) {
     if (!w.active) continue;
-    ItemMask mask;
+    typename Cfg::Mask mask;
     if (!start_item<Cfg>(cs, s, tm_o, a, w, group, mask)) continue;
     s.q_full[qs.stage].wait(qs.phase);
-    body(static_cast<const WorkItem&>(w), static_cast<const ItemMask&>(mask));
+    body(static_cast<const WorkItem&>(w), static_cast<const typename Cfg::Mask&>(mask));
   }
 }
 

@@ -21,13 +21,38 @@
 
 namespace jfa::sm90 {
 
+// A row's end in the local-attention kernels: the normaliser of O and the LSE over scores scaled by
+// score_scale, with its head's sink in the denominator where there are sinks (the LSE includes it;
+// a row that sees no key has out 0 and LSE the sink, -inf without). A sink far above the scores
+// makes the normaliser infinite and O zero, its limit.
+struct LocalRowEnd {
+  float inv, lse;
+};
+
+__device__ __forceinline__ LocalRowEnd local_row_end(const FwdLocalArgs& a, int32_t head,
+                                                     float row_max, float l, bool empty) {
+  const float base = row_max * a.score_scale;
+  LocalRowEnd e{empty ? 0.f : 1.f / l, empty ? -INFINITY : base + logf(l)};
+  if (a.sinks != nullptr) {
+    const float sink = __ldg(a.sinks + head);
+    if (empty) {
+      e.lse = sink;
+    } else {
+      e.inv = 1.f / (l + __expf(sink - base));
+      const float hi = fmaxf(e.lse, sink), lo = fminf(e.lse, sink);
+      e.lse = hi + log1pf(__expf(lo - hi));
+    }
+  }
+  return e;
+}
+
 // `no_keys`: no row of the item sees a key (O is zero, LSE -inf; mask.keys not loaded).
 template <typename Cfg>
 __device__ __forceinline__ void epilogue(const tlx::AccumFragment<Cfg::kDv>& o,
                                          const OnlineSoftmax& softmax, typename Cfg::Shared& s,
                                          const CUtensorMap* tm_o, const FwdArgs& a,
-                                         const WorkItem& w, int group, const ItemMask& mask,
-                                         bool no_keys) {
+                                         const WorkItem& w, int group,
+                                         const typename Cfg::Mask& mask, bool no_keys) {
   using T = typename Cfg::Element;
   using Frag = tlx::AccumFragment<Cfg::kDv>;
   const RaggedRowsStore out{Cfg::kEpilogueBarrier0 + group, threadIdx.x % 128 == 0};
@@ -46,6 +71,13 @@ __device__ __forceinline__ void epilogue(const tlx::AccumFragment<Cfg::kDv>& o,
     // is (q.k beyond float32, or a NaN or infinite q or k), and then so is its output row.
     const bool empty = no_keys || l == 0.f;
     inv[h] = empty ? 0.f : 1.f / l;
+    [[maybe_unused]] float local_lse = 0.f;
+    if constexpr (Cfg::kLocal) {
+      const LocalRowEnd e =
+          local_row_end(static_cast<const FwdLocalArgs&>(a), w.head, softmax.row_max[h], l, empty);
+      inv[h] = e.inv;
+      local_lse = e.lse;
+    }
     const int32_t row = mask.row0 + 8 * h;
     // The checked mode: a row that sees a key without a finite positive sum had a score that
     // float32 cannot hold (+inf, NaN, or every one -inf).
@@ -54,7 +86,9 @@ __device__ __forceinline__ void epilogue(const tlx::AccumFragment<Cfg::kDv>& o,
       not_finite |= !(l > 0.f && l < INFINITY);
     if (row < w.seq.len_q && a.lse != nullptr && threadIdx.x % 4 == 0) {
       const int64_t token = static_cast<int64_t>(w.seq.q_start) + row;
-      const float lse = empty ? -INFINITY : softmax.row_max[h] * a.softmax_scale + logf(l);
+      const float lse = Cfg::kLocal
+                            ? local_lse
+                            : (empty ? -INFINITY : softmax.row_max[h] * a.softmax_scale + logf(l));
       a.lse[static_cast<int64_t>(w.head) * a.total_q + token] = lse;
       if (a.device_check != nullptr) not_finite |= !empty && !(fabsf(lse) < INFINITY);
     }

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "common/params.hpp"
+#include "common/visibility.hpp"
 #include "cuda/sm90/forward/workspace.hpp"
 #include "cuda/sm90/shared/problem.hpp"
 
@@ -18,5 +20,29 @@ struct FwdArgs : Problem {
   // store of a tile clips at the end of its item without a map per sequence.
   int32_t out_ragged_rows;
 };
+
+// What the local-attention kernels read besides (WithLocalAttention in choices.hpp).
+struct FwdLocalArgs : FwdArgs {
+  jfa::detail::Window window;  // resolved: the causal mask is right = 0
+  float softcap;               // 0: off, else c of c * tanh(s / c) on the scaled scores s
+  float softcap_in;            // softmax_scale / softcap: the raw score's factor inside tanh
+  // The scores the online softmax takes are the raw q.k times score_scale: softmax_scale, or 1
+  // where softcap has scaled them already.
+  float score_scale;
+  float score_scale_log2;  // score_scale * log2(e)
+  const float* sinks;      // nullable, [heads_q]: one logit per head in each row's denominator
+};
+
+inline FwdLocalArgs local_args(const FwdArgs& base, const jfa::detail::Params& p) {
+  FwdLocalArgs a{};
+  static_cast<FwdArgs&>(a) = base;
+  a.window = p.window;
+  a.softcap = p.softcap;
+  a.softcap_in = p.softcap > 0.f ? p.softmax_scale / p.softcap : 0.f;
+  a.score_scale = p.softcap > 0.f ? 1.f : p.softmax_scale;
+  a.score_scale_log2 = static_cast<float>(static_cast<double>(a.score_scale) * 1.4426950408889634);
+  a.sinks = p.sinks;
+  return a;
+}
 
 }  // namespace jfa::sm90

@@ -3,8 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/sm90/forward/choices.hpp"
+#include "cuda/sm90/forward/local_mask.cuh"
+#include "cuda/sm90/forward/mask.cuh"
 #include "cuda/sm90/forward/work_items.cuh"
 #include "cuda/sm90/shared/cta_shared_memory.cuh"
 #include "cuda/sm90/shared/item_ring.cuh"
@@ -49,6 +52,10 @@ struct FwdConfig {
                 "head sizes in 64- or 128-byte boxes");
   using Element = T;
   using Kernel = Choices;
+  // Local attention (WithLocalAttention): its kernel argument and mask.
+  static constexpr bool kLocal = LocalAttentionOf<Choices>::value;
+  using Args = std::conditional_t<kLocal, FwdLocalArgs, FwdArgs>;
+  using Mask = std::conditional_t<kLocal, LocalItemMask, ItemMask>;
   static constexpr int kD = kHeadDim;
   static constexpr int kDv = kHeadDimV;
   static constexpr int kConsumerGroups = kGroups;

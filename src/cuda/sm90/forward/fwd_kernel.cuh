@@ -70,7 +70,7 @@ template <typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
-               const FwdArgs args) {
+               const typename Cfg::Args args) {
   extern __shared__ unsigned char smem_raw[];
   auto& s = shared_layout<typename Cfg::Shared>(smem_raw);
   const int group = tlx::warp_group_index();

@@ -83,11 +83,16 @@ jfa_status run_forward(const jfa::detail::Params& p, const jfa::cuda::DeviceFact
       p.max_seqlen_k, p.device_check);
   if (const jfa_status s = launch_error("work-list kernel"); s != JFA_SUCCESS) return s;
 
-  FwdArgs a{};
-  static_cast<Problem&>(a) = make_problem(p, count, next_item, capacity);
-  a.work = work;
-  a.lse = p.lse;
-  a.out_ragged_rows = static_cast<int32_t>(ragged_rows);
+  FwdArgs base{};
+  static_cast<Problem&>(base) = make_problem(p, count, next_item, capacity);
+  base.work = work;
+  base.lse = p.lse;
+  base.out_ragged_rows = static_cast<int32_t>(ragged_rows);
+  typename Cfg::Args a{};
+  if constexpr (Cfg::kLocal)
+    a = local_args(base, p);
+  else
+    a = base;
 
   const int64_t max_items = capacity64 * p.heads_q;
   const int grid = static_cast<int>(std::min<int64_t>(device.sm_count, max_items));

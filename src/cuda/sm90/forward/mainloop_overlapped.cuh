@@ -35,7 +35,7 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
     tlx::NamedBarrier::arrive(1, kTurnThreads);  // group 0 goes first
   tlx::PipelineState<Cfg::kQStages> qs;
   for_each_item<Cfg>(
-      cs, s, tm_o, a, n_items, group, qs, [&](const WorkItem& w, const ItemMask& mask) {
+      cs, s, tm_o, a, n_items, group, qs, [&](const WorkItem& w, const typename Cfg::Mask& mask) {
         // Leading K tiles (the last ones of the sequence) that no row of this group sees: the far
         // side of the diagonal in a 192-row tile, or every tile for a group past the item's last
         // row. They are released untouched once they have arrived (so that each arrival counts for
@@ -69,7 +69,10 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
           release_k_tile<Cfg>(s, ks.stage, qs.stage, it, w.n_blocks);
           ks.advance();
           const int32_t key0 = (w.n_blocks - 1 - it) * kN;
-          if (may_mask)
+          if constexpr (Cfg::kLocal)
+            local_tile_scores<Cfg>(s_tile, cs, static_cast<const FwdLocalArgs&>(a), mask, key0,
+                                   w.seq.len_k, may_mask, alpha);
+          else if (may_mask)
             tile_scores<Cfg>(s_tile, cs, mask, key0, w.seq.len_k, a.scale_log2, alpha);
           else
             cs.softmax.update(s_tile, a.scale_log2, alpha);

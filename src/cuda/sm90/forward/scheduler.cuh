@@ -23,14 +23,15 @@ struct ItemScheduler {
                                        WorkItem& w) {
     if constexpr (!Cfg::kDynamicItems) {
       if (item >= n_items) return false;
-      w = decode_item<Cfg::kBlockM, Cfg::kBlockN>(a, item);
+      w = decode_item<Cfg::kBlockM, Cfg::kBlockN, false, Cfg::kLocal>(a, item);
       item += gridDim.x;
       return true;
     } else if constexpr (kProducer) {
       const int64_t claimed = static_cast<int64_t>(atomicAdd(a.next_item, 1ull));
       w = WorkItem{};
       if (claimed < n_items)
-        w = decode_item<Cfg::kBlockM, Cfg::kBlockN, Cfg::Kernel::kHeadMajorRuns>(a, claimed);
+        w = decode_item<Cfg::kBlockM, Cfg::kBlockN, Cfg::Kernel::kHeadMajorRuns, Cfg::kLocal>(
+            a, claimed);
       else
         w.n_blocks = -1;
       s.items.put(slot, w);

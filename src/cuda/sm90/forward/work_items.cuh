@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "common/tile_visibility.hpp"
 #include "cuda/sm90/forward/fwd_args.hpp"
 #include "cuda/sm90/shared/work_list.cuh"
 
@@ -27,7 +28,24 @@ struct WorkItem {
 // order streams 64 MB). Under the causal mask the tiles of a head differ in cost and the
 // tile-major order keeps the items in flight alike. Dynamic items only: in the round-robin walk of
 // three groups every thread decodes, and the extra arithmetic spills.
-template <int kBlockM, int kBlockN, bool kHeadMajorRuns = false>
+// The K range of an item of one sequence under window `win`: seq's keys start at the tile of the
+// first key a row of rows [row0, row_end) sees; the number of K tiles to visit, 0 where no row sees
+// a key.
+template <int kBlockN>
+__host__ __device__ __forceinline__ int32_t local_item_keys(const jfa::detail::Window& win,
+                                                            SeqBounds& seq, int64_t row0,
+                                                            int64_t row_end) {
+  const jfa::detail::Span keys =
+      jfa::detail::keys_seen_by_rows(win, row0, row_end, seq.len_q, seq.len_k);
+  if (keys.empty()) return 0;
+  const int32_t shift = static_cast<int32_t>(keys.begin / kBlockN * kBlockN);
+  seq.k_start += shift;
+  seq.len_k -= shift;
+  return static_cast<int32_t>((keys.end - shift + kBlockN - 1) / kBlockN);
+}
+
+// kLocal: the local-attention kernels' items (a FwdLocalArgs behind `a`; see local_mask.cuh).
+template <int kBlockM, int kBlockN, bool kHeadMajorRuns = false, bool kLocal = false>
 __device__ __forceinline__ WorkItem decode_item(const FwdArgs& a, int64_t item) {
   WorkItem w;
   const int64_t tile = item / a.heads_q;
@@ -51,7 +69,19 @@ __device__ __forceinline__ WorkItem decode_item(const FwdArgs& a, int64_t item) 
     }
   }
   w.active = w.m_block >= 0 && static_cast<int64_t>(w.m_block) * kBlockM < w.seq.len_q;
-  w.n_blocks = tile_k_blocks<kBlockM, kBlockN>(w.seq, w.m_block, a.causal && w.n_seqs == 1);
+  if constexpr (kLocal) {
+    const auto& la = static_cast<const FwdLocalArgs&>(a);
+    const int64_t row0 = static_cast<int64_t>(w.m_block) * kBlockM;
+    if (!w.active)
+      w.n_blocks = 0;
+    else if (w.n_seqs > 1)  // every key of the shared tile, each row masked to its own
+      w.n_blocks = static_cast<int32_t>((w.seq.len_k + kBlockN - 1) / kBlockN);
+    else
+      w.n_blocks = local_item_keys<kBlockN>(la.window, w.seq, row0,
+                                            min(row0 + kBlockM, static_cast<int64_t>(w.seq.len_q)));
+  } else {
+    w.n_blocks = tile_k_blocks<kBlockM, kBlockN>(w.seq, w.m_block, a.causal && w.n_seqs == 1);
+  }
   return w;
 }
 
