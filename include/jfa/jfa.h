@@ -250,6 +250,44 @@ JFA_API jfa_status jfa_attention_reference(const jfa_attention_params* params,
                                            const int64_t* q_tokens, int64_t n_tokens, double* out,
                                            double* lse);
 
+/* ---- A paged KV cache (serving) ----------------------------------------------------------------
+ *
+ * Keys and values in fixed-size pages, as inference servers keep them: sequence b's keys are the
+ * first seqused_k[b] rows of its pages block_table[b * max_pages_per_seq + 0], [.. + 1], ..., in
+ * order, page_size rows a page (a page may serve several sequences, and pages need not be in
+ * order). Queries stay packed by cu_seqlens_q, and every rule of jfa_attention_params holds with
+ * len_k = seqused_k[b]: the causal mask and windows aligned bottom-right, GQA, softcap, sinks, the
+ * LSE. CPU backend (host memory) only for now: the CUDA backend answers JFA_ERROR_UNSUPPORTED. */
+typedef struct jfa_paged_kv {
+  uint32_t struct_size;       /* set by jfa_paged_kv_init; other values are rejected */
+  const void* k_cache;        /* [num_pages, page_size, heads_kv, head_dim], dtype of q, packed */
+  const void* v_cache;        /* [num_pages, page_size, heads_kv, head_dim_v], packed */
+  const int32_t* block_table; /* [batch, max_pages_per_seq]: page indices in [0, num_pages) (only
+                                 the pages that hold a sequence's keys are read) */
+  const int32_t* seqused_k;   /* [batch]: keys of each sequence, 0 to max_pages_per_seq * page_size
+                                 (their sum at most 2^31 - 1) */
+  int64_t num_pages;
+  int32_t page_size;         /* rows of a page, >= 1 */
+  int32_t max_pages_per_seq; /* columns of block_table, >= 0 */
+} jfa_paged_kv;
+
+JFA_API jfa_status jfa_paged_kv_init_sized(jfa_paged_kv* kv, size_t struct_size);
+/* Zeroes *kv and sets struct_size; call it before filling the fields. */
+#define jfa_paged_kv_init(kv) jfa_paged_kv_init_sized((kv), sizeof(jfa_paged_kv))
+
+/* The forward over a paged cache: params as for jfa_attention_forward, except that k, v,
+ * cu_seqlens_k and total_k are unused and must be NULL / 0 (and k_layout, v_layout zero;
+ * max_seqlen_k a hint of the longest seqused_k, or 0), and *kv holds the keys and values. A block
+ * table entry outside [0, num_pages) for a page that holds keys, or a seqused_k outside its range,
+ * is JFA_ERROR_INVALID_ARGUMENT naming it; out and lse must not share memory with any input. */
+JFA_API jfa_status jfa_attention_forward_paged(const jfa_attention_params* params,
+                                               const jfa_paged_kv* kv);
+
+/* The float64 reference over a paged cache (jfa_attention_reference's rows and outputs). */
+JFA_API jfa_status jfa_attention_reference_paged(const jfa_attention_params* params,
+                                                 const jfa_paged_kv* kv, const int64_t* q_tokens,
+                                                 int64_t n_tokens, double* out, double* lse);
+
 /* ---- Backward (gradients for training) ---------------------------------------------------------
  */
 

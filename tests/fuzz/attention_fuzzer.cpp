@@ -1,8 +1,9 @@
 // libFuzzer harness of the C ABI on the CPU backend (built with ASan and UBSan, preset `fuzz`):
 // random parameters, offsets, strides, sizes and enum values, including invalid ones, into
-// jfa_attention_forward, jfa_attention_backward, jfa_attention_reference, the workspace queries
-// and the jagged utilities. Buffers are allocated exactly as large as the parameters describe, so
-// any access outside them is caught. Beyond "no crash, no undefined behaviour" it checks:
+// jfa_attention_forward, jfa_attention_backward, jfa_attention_reference, the workspace queries,
+// the jagged utilities and jfa_attention_forward_paged. Buffers are allocated exactly as large as
+// the parameters describe, so any access outside them is caught. Beyond "no crash, no undefined
+// behaviour" it checks:
 // - every call returns a jfa_status that is one of the enumerators;
 // - a rejected forward writes nothing (the output keeps its poison), unless it failed while
 //   computing (scores beyond float32), which leaves the outputs unspecified;
@@ -458,6 +459,75 @@ void fuzz_packed_overflow(FuzzedDataProvider& in) {
   require(rejected(jfa_attention_backward(&b)), "a backward reaching beyond int64 accepted");
 }
 
+// jfa_attention_forward_paged with random caches, block tables (entries in and out of range),
+// cache lengths (negative, past the table), page sizes (0 and negative too) and sizes: every
+// buffer exactly as large as the fields say; a rejected call writes nothing, an accepted one every
+// output element, finite.
+void fuzz_paged(FuzzedDataProvider& in) {
+  const int64_t batch = in.ConsumeIntegralInRange<int64_t>(0, 5);
+  const int32_t page_size = in.ConsumeIntegralInRange<int32_t>(-2, 24);
+  const int64_t num_pages = in.ConsumeIntegralInRange<int64_t>(-1, 10);
+  const int32_t max_pages = in.ConsumeIntegralInRange<int32_t>(-1, 6);
+  const int32_t heads_kv = in.ConsumeIntegralInRange<int32_t>(1, 3);
+  const int32_t heads_q = heads_kv * in.ConsumeIntegralInRange<int32_t>(1, 3);
+  const int32_t d = in.ConsumeIntegralInRange<int32_t>(1, 24);
+  const int32_t dv = in.ConsumeBool() ? d : in.ConsumeIntegralInRange<int32_t>(1, 24);
+  const bool bf16 = in.ConsumeBool();
+  const size_t es = bf16 ? 2 : 4;
+  int64_t total_q = 0;
+  std::vector<int32_t> cu_q = make_offsets(in, batch, &total_q);
+  if (total_q < 0 || total_q > 400) return;
+  const int64_t cache_rows = num_pages > 0 && page_size > 0 ? num_pages * page_size : 0;
+  std::vector<unsigned char> k_cache(cache_rows * heads_kv * d * es),
+      v_cache(cache_rows * heads_kv * dv * es);
+  for (size_t i = 0; i < k_cache.size(); ++i) k_cache[i] = static_cast<unsigned char>(i * 37 % 61);
+  for (size_t i = 0; i < v_cache.size(); ++i) v_cache[i] = static_cast<unsigned char>(i * 53 % 59);
+  std::vector<int32_t> table(static_cast<size_t>(batch * std::max(max_pages, 0)));
+  for (int32_t& e : table)
+    e = in.ConsumeIntegralInRange<int32_t>(
+        -2, static_cast<int32_t>(std::max<int64_t>(num_pages, 0)) + 1);
+  std::vector<int32_t> used(static_cast<size_t>(batch));
+  for (int32_t& n : used) n = in.ConsumeIntegralInRange<int32_t>(-1, 80);
+  std::vector<unsigned char> q(std::max<int64_t>(total_q, 1) * heads_q * d * es, 0x3c);
+  std::vector<unsigned char> out(total_q * heads_q * dv * es, 0xFF);
+  std::vector<float> lse(total_q * heads_q);
+  if (!lse.empty()) std::memset(lse.data(), 0xFF, lse.size() * sizeof(float));
+  jfa_attention_params p;
+  jfa_attention_params_init(&p);
+  p.q = q.data();
+  p.out = out.empty() ? nullptr : out.data();
+  p.lse = lse.empty() || in.ConsumeBool() ? nullptr : lse.data();
+  p.cu_seqlens_q = cu_q.data();
+  p.batch = batch;
+  p.total_q = total_q;
+  p.heads_q = heads_q;
+  p.heads_kv = heads_kv;
+  p.head_dim = d;
+  p.head_dim_v = dv;
+  p.dtype = bf16 ? JFA_DTYPE_BFLOAT16 : JFA_DTYPE_FLOAT32;
+  p.causal = in.ConsumeBool() ? 1 : 0;
+  p.window_left = in.ConsumeIntegralInRange<int32_t>(-1, 30);
+  p.backend = JFA_BACKEND_CPU;
+  jfa_paged_kv kv;
+  require(jfa_paged_kv_init(&kv) == JFA_SUCCESS, "jfa_paged_kv_init");
+  kv.k_cache = k_cache.empty() ? nullptr : k_cache.data();
+  kv.v_cache = v_cache.empty() ? nullptr : v_cache.data();
+  kv.block_table = table.empty() ? nullptr : table.data();
+  kv.seqused_k = used.empty() ? nullptr : used.data();
+  kv.num_pages = num_pages;
+  kv.page_size = page_size;
+  kv.max_pages_per_seq = max_pages;
+  const jfa_status s = jfa_attention_forward_paged(&p, &kv);
+  require(valid_status(s), "paged forward: a status outside the enum");
+  if (s != JFA_SUCCESS) {
+    if (!failed_while_computing(s))
+      require(std::all_of(out.begin(), out.end(), [](unsigned char c) { return c == 0xFF; }),
+              "a rejected paged forward wrote out");
+    return;
+  }
+  require_finite(out, es, total_q, heads_q, dv, {0, 0}, "an accepted paged forward left out");
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -466,6 +536,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     fuzz_jagged_utils(in);
     fuzz_lengths_aliasing(in);
     fuzz_copy_aliasing(in);
+  } else if (in.ConsumeIntegralInRange<int>(0, 3) == 0) {
+    fuzz_paged(in);
   } else {
     fuzz_attention(in);
   }

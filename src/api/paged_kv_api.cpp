@@ -1,0 +1,231 @@
+// C entry points over a paged KV cache (jfa_paged_kv): the cache's own checks, then each
+// sequence's keys and values gathered from its pages into packed host buffers, and the packed
+// forward or reference on them, so that every rule and check of the packed path holds as it is.
+// The CPU backend only: the gathered copy is host memory, and the CUDA backend takes no paged cache
+// yet.
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "api/buffer_checks.hpp"
+#include "api/call_buffers.hpp"
+#include "api/error.hpp"
+#include "api/memory_probe.hpp"
+#include "api/params_layouts.hpp"
+#include "api/validate.hpp"
+#include "jfa/jfa.h"
+
+using jfa::detail::BufferView;
+using jfa::detail::fail;
+using jfa::detail::guarded;
+
+namespace {
+
+// The keys and values of every sequence, packed by cu_k.
+struct GatheredKv {
+  std::vector<unsigned char> k, v;
+  std::vector<int32_t> cu_k;
+  int64_t total_k = 0;
+};
+
+// The caller's params in the current layout; the packed keys' fields must be unused.
+jfa_status read_paged_params(const jfa_attention_params* in, jfa_attention_params* p) {
+  if (in == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "params must not be NULL");
+  if (const jfa_status s = jfa::detail::read_params(in, p); s != JFA_SUCCESS) return s;
+  if (p->k != nullptr || p->v != nullptr || p->cu_seqlens_k != nullptr || p->total_k != 0)
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "with a paged KV cache, params->k, v, cu_seqlens_k and total_k are unused: set "
+                "them to NULL and 0 (the keys and values come from the cache)");
+  if (p->k_layout.token_stride != 0 || p->k_layout.head_stride != 0 ||
+      p->v_layout.token_stride != 0 || p->v_layout.head_stride != 0)
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "with a paged KV cache, params->k_layout and v_layout are unused: leave them zero "
+                "(the caches are packed [num_pages, page_size, heads_kv, head_dim])");
+  return JFA_SUCCESS;
+}
+
+// The cache's fields, sizes and side; reads nothing through its pointers.
+jfa_status check_cache_fields(const jfa_paged_kv* kv, const jfa_attention_params& p) {
+  if (kv == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "kv must not be NULL");
+  if (kv->struct_size != sizeof(jfa_paged_kv))
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "kv->struct_size is %u, not %zu: fill the struct with jfa_paged_kv_init() first",
+                kv->struct_size, sizeof(jfa_paged_kv));
+  if (kv->page_size < 1)
+    return fail(JFA_ERROR_INVALID_ARGUMENT, "kv->page_size must be >= 1, got %d", kv->page_size);
+  if (kv->num_pages < 0 || kv->max_pages_per_seq < 0)
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "kv->num_pages and kv->max_pages_per_seq must be >= 0, got %lld and %d",
+                static_cast<long long>(kv->num_pages), kv->max_pages_per_seq);
+  if (p.batch < 0 || p.batch > std::numeric_limits<int32_t>::max())
+    return fail(JFA_ERROR_INVALID_ARGUMENT, "batch must be in [0, 2^31 - 1], got %lld",
+                static_cast<long long>(p.batch));
+  const int32_t dv = p.head_dim_v == 0 ? p.head_dim : p.head_dim_v;
+  if (p.heads_kv < 1 || p.head_dim < 1 || dv < 1 || p.head_dim > JFA_MAX_HEAD_DIM ||
+      dv > JFA_MAX_HEAD_DIM)
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "heads_kv, head_dim and head_dim_v must be in [1, %d] (heads_kv >= 1), got %d, %d "
+                "and %d",
+                JFA_MAX_HEAD_DIM, p.heads_kv, p.head_dim, dv);
+  if (p.batch > 0 && (kv->block_table == nullptr || kv->seqused_k == nullptr))
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "kv->block_table and kv->seqused_k must not be NULL when batch > 0");
+  if (kv->num_pages > 0 && (kv->k_cache == nullptr || kv->v_cache == nullptr))
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "kv->k_cache and kv->v_cache must not be NULL when num_pages > 0");
+  // The caches' sizes in bytes must fit int64.
+  const double rows = static_cast<double>(kv->num_pages) * kv->page_size * p.heads_kv;
+  if (rows * (p.head_dim > dv ? p.head_dim : dv) * 4.0 > 9.0e18)
+    return fail(JFA_ERROR_INVALID_ARGUMENT, "the caches' sizes overflow int64");
+  if (static_cast<double>(p.batch) * kv->max_pages_per_seq > 9.0e18)
+    return fail(JFA_ERROR_INVALID_ARGUMENT, "batch * max_pages_per_seq overflows int64");
+  for (const void* ptr : {kv->k_cache, kv->v_cache, static_cast<const void*>(kv->block_table),
+                          static_cast<const void*>(kv->seqused_k)}) {
+    if (ptr != nullptr && jfa::detail::memory_kind(ptr) == jfa::detail::MemoryKind::kDevice)
+      return fail(JFA_ERROR_UNSUPPORTED,
+                  "the CUDA backend does not take a paged KV cache yet: give the cache, its block "
+                  "table and seqused_k in host memory for the CPU backend");
+  }
+  if (p.backend == JFA_BACKEND_CUDA)
+    return fail(JFA_ERROR_UNSUPPORTED,
+                "the CUDA backend does not take a paged KV cache yet: use the CPU backend");
+  return JFA_SUCCESS;
+}
+
+// Reads seqused_k and the block table entries of the pages that hold keys (host memory), checks
+// them, and gathers the keys and values into packed buffers.
+jfa_status gather(const jfa_paged_kv& kv, const jfa_attention_params& p, GatheredKv* g) {
+  const size_t es = jfa_dtype_size(p.dtype);
+  if (es == 0)
+    return fail(JFA_ERROR_INVALID_ARGUMENT, "unknown dtype %d", static_cast<int>(p.dtype));
+  const int32_t dv = p.head_dim_v == 0 ? p.head_dim : p.head_dim_v;
+  const int64_t capacity = static_cast<int64_t>(kv.max_pages_per_seq) * kv.page_size;
+  g->cu_k.assign(static_cast<size_t>(p.batch) + 1, 0);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int32_t n = kv.seqused_k[b];
+    if (n < 0 || n > capacity)
+      return fail(JFA_ERROR_INVALID_ARGUMENT,
+                  "kv->seqused_k[%lld]=%d must be in [0, max_pages_per_seq * page_size = %lld]",
+                  static_cast<long long>(b), n, static_cast<long long>(capacity));
+    const int64_t end = static_cast<int64_t>(g->cu_k[b]) + n;
+    if (end > std::numeric_limits<int32_t>::max())
+      return fail(JFA_ERROR_INVALID_ARGUMENT, "the sum of kv->seqused_k exceeds 2^31 - 1");
+    g->cu_k[b + 1] = static_cast<int32_t>(end);
+    const int64_t pages = (n + kv.page_size - 1) / kv.page_size;
+    for (int64_t j = 0; j < pages; ++j) {
+      const int32_t page = kv.block_table[b * kv.max_pages_per_seq + j];
+      if (page < 0 || page >= kv.num_pages)
+        return fail(JFA_ERROR_INVALID_ARGUMENT,
+                    "kv->block_table[%lld][%lld]=%d is outside [0, num_pages=%lld) (page %lld of "
+                    "sequence %lld, which holds keys)",
+                    static_cast<long long>(b), static_cast<long long>(j), page,
+                    static_cast<long long>(kv.num_pages), static_cast<long long>(j),
+                    static_cast<long long>(b));
+    }
+  }
+  g->total_k = g->cu_k.back();
+  const size_t row_k = static_cast<size_t>(p.heads_kv) * p.head_dim * es;
+  const size_t row_v = static_cast<size_t>(p.heads_kv) * dv * es;
+  // At least one row each, so that the packed call gets non-NULL k and v.
+  g->k.resize((g->total_k > 0 ? g->total_k : 1) * row_k);
+  g->v.resize((g->total_k > 0 ? g->total_k : 1) * row_v);
+  const auto* kc = static_cast<const unsigned char*>(kv.k_cache);
+  const auto* vc = static_cast<const unsigned char*>(kv.v_cache);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t n = g->cu_k[b + 1] - g->cu_k[b];
+    for (int64_t t = 0; t < n; t += kv.page_size) {
+      const int64_t page = kv.block_table[b * kv.max_pages_per_seq + t / kv.page_size];
+      const int64_t rows = n - t < kv.page_size ? n - t : kv.page_size;
+      const int64_t dst = g->cu_k[b] + t, src = page * kv.page_size;
+      std::memcpy(g->k.data() + dst * row_k, kc + src * row_k, rows * row_k);
+      std::memcpy(g->v.data() + dst * row_v, vc + src * row_v, rows * row_v);
+    }
+  }
+  return JFA_SUCCESS;
+}
+
+// The packed params of the gathered keys (the caller's others unchanged).
+jfa_attention_params packed_params(const jfa_attention_params& p, const GatheredKv& g) {
+  jfa_attention_params q = p;
+  q.k = g.k.data();
+  q.v = g.v.data();
+  q.cu_seqlens_k = g.cu_k.data();
+  q.total_k = g.total_k;
+  return q;
+}
+
+// The outputs must not share memory with the cache (the packed call sees only the copy).
+jfa_status check_outputs_apart_from_cache(const jfa_attention_params& packed,
+                                          const jfa_paged_kv& kv) {
+  jfa::detail::Params pp;
+  if (const jfa_status s = jfa::detail::build_params(&packed, &pp); s != JFA_SUCCESS) return s;
+  std::vector<BufferView> views = jfa::detail::forward_buffers(pp);
+  const int64_t cache_rows = kv.num_pages * kv.page_size;
+  const size_t es = jfa_dtype_size(packed.dtype);
+  views.push_back(jfa::detail::packed_view("kv->k_cache", kv.k_cache, cache_rows, pp.heads_kv,
+                                           pp.head_dim, es, false));
+  views.push_back(jfa::detail::packed_view("kv->v_cache", kv.v_cache, cache_rows, pp.heads_kv,
+                                           pp.head_dim_v, es, false));
+  views.push_back(jfa::detail::array_view("kv->block_table", kv.block_table,
+                                          pp.batch * kv.max_pages_per_seq, sizeof(int32_t), false));
+  views.push_back(
+      jfa::detail::array_view("kv->seqused_k", kv.seqused_k, pp.batch, sizeof(int32_t), false));
+  jfa::detail::MemoryKind kind;
+  return jfa::detail::check_call_buffers(views, &kind);
+}
+
+// The checks and the gather that both entries share; *packed is ready for the packed call.
+jfa_status prepare(const jfa_attention_params* params, const jfa_paged_kv* kv, GatheredKv* g,
+                   jfa_attention_params* packed, bool outputs) {
+  jfa_attention_params p;
+  jfa_status s;
+  if ((s = read_paged_params(params, &p)) != JFA_SUCCESS) return s;
+  if ((s = check_cache_fields(kv, p)) != JFA_SUCCESS) return s;
+  // Aligned before anything is read through them.
+  if ((s = jfa::detail::check_aligned("kv->block_table", kv->block_table, sizeof(int32_t))) !=
+          JFA_SUCCESS ||
+      (s = jfa::detail::check_aligned("kv->seqused_k", kv->seqused_k, sizeof(int32_t))) !=
+          JFA_SUCCESS)
+    return s;
+  if ((s = gather(*kv, p, g)) != JFA_SUCCESS) return s;
+  *packed = packed_params(p, *g);
+  return outputs ? check_outputs_apart_from_cache(*packed, *kv) : JFA_SUCCESS;
+}
+
+}  // namespace
+
+extern "C" {
+
+jfa_status jfa_paged_kv_init_sized(jfa_paged_kv* kv, size_t struct_size) {
+  if (kv == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "kv must not be NULL");
+  if (struct_size != sizeof(jfa_paged_kv))
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "struct_size %zu is not the size of jfa_paged_kv this libjfa knows (%zu)",
+                struct_size, sizeof(jfa_paged_kv));
+  std::memset(kv, 0, sizeof *kv);
+  kv->struct_size = sizeof(jfa_paged_kv);
+  jfa::detail::clear_error();
+  return JFA_SUCCESS;
+}
+
+jfa_status jfa_attention_forward_paged(const jfa_attention_params* params, const jfa_paged_kv* kv) {
+  return guarded([&] {
+    GatheredKv g;
+    jfa_attention_params packed;
+    if (const jfa_status s = prepare(params, kv, &g, &packed, true); s != JFA_SUCCESS) return s;
+    return jfa_attention_forward(&packed);
+  });
+}
+
+jfa_status jfa_attention_reference_paged(const jfa_attention_params* params, const jfa_paged_kv* kv,
+                                         const int64_t* q_tokens, int64_t n_tokens, double* out,
+                                         double* lse) {
+  return guarded([&] {
+    GatheredKv g;
+    jfa_attention_params packed;
+    if (const jfa_status s = prepare(params, kv, &g, &packed, false); s != JFA_SUCCESS) return s;
+    return jfa_attention_reference(&packed, q_tokens, n_tokens, out, lse);
+  });
+}
+
+}  // extern "C"

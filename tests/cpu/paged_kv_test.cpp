@@ -1,0 +1,297 @@
+// The forward and the float64 reference over a paged KV cache (jfa_attention_forward_paged,
+// jfa_attention_reference_paged) on the CPU backend: random block tables (pages shuffled, pages
+// shared by sequences, partial last pages, entries past the used pages left as garbage), cache
+// lengths 0, 1 and page multiples +- 1, page sizes 1 to 64, GQA, decode, speculative and chunked
+// query lengths, the causal mask, windows, softcap and sinks. Each call must give exactly what the
+// packed call gives on the keys gathered here, and the forward must match the float64 reference;
+// invalid tables, lengths and fields are errors that name them.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "jfa/jfa.h"
+#include "test_seed.hpp"
+
+namespace {
+
+struct PagedCase {
+  std::vector<int32_t> len_q, seqused;
+  int32_t page_size = 16;
+  int32_t heads_q = 4, heads_kv = 2, head_dim = 8, head_dim_v = 8;
+  bool causal = true;
+  int32_t window_left = -1, window_right = -1;
+  float softcap = 0.f;
+  bool sinks = false;
+};
+
+// A cache, its block table and the same keys packed per sequence, built from one seed.
+struct PagedData {
+  PagedCase c;
+  int64_t num_pages = 0;
+  int32_t max_pages = 0;
+  std::vector<float> q, k_cache, v_cache, k_packed, v_packed, sinks, out, lse;
+  std::vector<int32_t> block_table, cu_q, cu_k;
+
+  PagedData(const PagedCase& pc, std::mt19937_64& rng) : c(pc) {
+    std::normal_distribution<float> normal(0.f, 1.f);
+    const int64_t batch = static_cast<int64_t>(c.len_q.size());
+    cu_q.assign(batch + 1, 0);
+    cu_k.assign(batch + 1, 0);
+    for (int64_t b = 0; b < batch; ++b) {
+      cu_q[b + 1] = cu_q[b] + c.len_q[b];
+      cu_k[b + 1] = cu_k[b] + c.seqused[b];
+      max_pages = std::max(max_pages, (c.seqused[b] + c.page_size - 1) / c.page_size);
+    }
+    max_pages += 1;  // a column past every sequence's pages, left as garbage
+    int64_t needed = 0;
+    for (int32_t n : c.seqused) needed += (n + c.page_size - 1) / c.page_size;
+    num_pages = needed + 3;  // pages no sequence uses
+    const int64_t rk = static_cast<int64_t>(c.heads_kv) * c.head_dim;
+    const int64_t rv = static_cast<int64_t>(c.heads_kv) * c.head_dim_v;
+    k_cache.resize(num_pages * c.page_size * rk);
+    v_cache.resize(num_pages * c.page_size * rv);
+    for (float& x : k_cache) x = normal(rng);
+    for (float& x : v_cache) x = normal(rng);
+    // Pages shuffled over the sequences; a later sequence sometimes reads a page of an earlier one.
+    std::vector<int32_t> pages(num_pages);
+    std::iota(pages.begin(), pages.end(), 0);
+    std::shuffle(pages.begin(), pages.end(), rng);
+    block_table.assign(batch * max_pages, -7);
+    size_t next = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      const int32_t used = (c.seqused[b] + c.page_size - 1) / c.page_size;
+      for (int32_t j = 0; j < used; ++j) {
+        const bool share = b > 0 && j == 0 && rng() % 3 == 0 && block_table[0] >= 0;
+        block_table[b * max_pages + j] = share ? block_table[0] : pages[next++];
+      }
+    }
+    // The same keys and values, packed as the packed call takes them.
+    k_packed.resize(std::max<int64_t>(cu_k.back(), 1) * rk);
+    v_packed.resize(std::max<int64_t>(cu_k.back(), 1) * rv);
+    for (int64_t b = 0; b < batch; ++b)
+      for (int32_t t = 0; t < c.seqused[b]; ++t) {
+        const int64_t page = block_table[b * max_pages + t / c.page_size];
+        const int64_t row = page * c.page_size + t % c.page_size;
+        std::copy_n(&k_cache[row * rk], rk, &k_packed[(cu_k[b] + t) * rk]);
+        std::copy_n(&v_cache[row * rv], rv, &v_packed[(cu_k[b] + t) * rv]);
+      }
+    q.resize(std::max<int64_t>(cu_q.back(), 1) * c.heads_q * c.head_dim);
+    for (float& x : q) x = normal(rng);
+    std::normal_distribution<float> sink(0.f, 2.f);
+    for (int32_t h = 0; c.sinks && h < c.heads_q; ++h) sinks.push_back(sink(rng));
+    out.assign(static_cast<size_t>(cu_q.back()) * c.heads_q * c.head_dim_v, NAN);
+    lse.assign(static_cast<size_t>(cu_q.back()) * c.heads_q, NAN);
+  }
+
+  jfa_attention_params params(bool paged) {
+    jfa_attention_params p;
+    jfa_attention_params_init(&p);
+    p.q = q.data();
+    p.out = out.data();
+    p.lse = lse.data();
+    p.cu_seqlens_q = cu_q.data();
+    p.batch = static_cast<int64_t>(c.len_q.size());
+    p.total_q = cu_q.back();
+    if (!paged) {
+      p.k = k_packed.data();
+      p.v = v_packed.data();
+      p.cu_seqlens_k = cu_k.data();
+      p.total_k = cu_k.back();
+    }
+    p.heads_q = c.heads_q;
+    p.heads_kv = c.heads_kv;
+    p.head_dim = c.head_dim;
+    p.head_dim_v = c.head_dim_v;
+    p.dtype = JFA_DTYPE_FLOAT32;
+    p.causal = c.causal ? 1 : 0;
+    p.window_left = c.window_left;
+    p.window_right = c.window_right;
+    p.softcap = c.softcap;
+    p.sinks = c.sinks ? sinks.data() : nullptr;
+    p.backend = JFA_BACKEND_CPU;
+    return p;
+  }
+
+  jfa_paged_kv kv() {
+    jfa_paged_kv kv;
+    EXPECT_EQ(jfa_paged_kv_init(&kv), JFA_SUCCESS);
+    kv.k_cache = k_cache.data();
+    kv.v_cache = v_cache.data();
+    kv.block_table = block_table.data();
+    kv.seqused_k = c.seqused.data();
+    kv.num_pages = num_pages;
+    kv.page_size = c.page_size;
+    kv.max_pages_per_seq = max_pages;
+    return kv;
+  }
+};
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+void check_case(const PagedCase& pc, std::mt19937_64& rng) {
+  PagedData d(pc, rng);
+  SCOPED_TRACE(testing::Message() << "page_size " << pc.page_size << " batch " << pc.len_q.size()
+                                  << " causal " << pc.causal << " window " << pc.window_left << ","
+                                  << pc.window_right << " softcap " << pc.softcap << " sinks "
+                                  << pc.sinks);
+  jfa_paged_kv kv = d.kv();
+  jfa_attention_params paged = d.params(true);
+  ASSERT_EQ(jfa_attention_forward_paged(&paged, &kv), JFA_SUCCESS) << jfa_last_error_message();
+  const std::vector<float> out_paged = d.out, lse_paged = d.lse;
+  std::fill(d.out.begin(), d.out.end(), NAN);
+  std::fill(d.lse.begin(), d.lse.end(), NAN);
+  jfa_attention_params packed = d.params(false);
+  ASSERT_EQ(jfa_attention_forward(&packed), JFA_SUCCESS) << jfa_last_error_message();
+  EXPECT_TRUE(same_bits(out_paged, d.out)) << "out differs from the packed call's";
+  EXPECT_TRUE(same_bits(lse_paged, d.lse)) << "lse differs from the packed call's";
+
+  // The references: paged equals packed exactly, and the forward is within float32 rounding.
+  const int64_t total_q = d.cu_q.back();
+  const size_t n_out = static_cast<size_t>(total_q) * pc.heads_q * pc.head_dim_v;
+  std::vector<double> ref_paged(n_out), lse_ref_paged(total_q * pc.heads_q);
+  std::vector<double> ref_packed(n_out), lse_ref_packed(total_q * pc.heads_q);
+  ASSERT_EQ(jfa_attention_reference_paged(&paged, &kv, nullptr, total_q, ref_paged.data(),
+                                          lse_ref_paged.data()),
+            JFA_SUCCESS)
+      << jfa_last_error_message();
+  ASSERT_EQ(
+      jfa_attention_reference(&packed, nullptr, total_q, ref_packed.data(), lse_ref_packed.data()),
+      JFA_SUCCESS);
+  EXPECT_TRUE(ref_paged == ref_packed && lse_ref_paged == lse_ref_packed);
+  double worst = 0;
+  for (size_t i = 0; i < n_out; ++i) worst = std::max(worst, std::abs(out_paged[i] - ref_paged[i]));
+  EXPECT_LE(worst, 1e-4);
+  for (size_t i = 0; i < lse_ref_paged.size(); ++i) {
+    if (std::isinf(lse_ref_paged[i]))
+      EXPECT_EQ(lse_paged[i], static_cast<float>(lse_ref_paged[i])) << "lse " << i;
+    else
+      EXPECT_NEAR(lse_paged[i], lse_ref_paged[i], 1e-4 * (1 + std::abs(lse_ref_paged[i])));
+  }
+}
+
+TEST(PagedKv, MatchesThePackedCallAndTheReference) {
+  std::mt19937_64 rng(jfa::testing::logged_seed());
+  for (int32_t page : {1, 3, 16, 64}) {
+    // Cache lengths 0, 1, page multiples +- 1 and longer; decode (1 query), speculative (4) and
+    // chunked (40) steps.
+    const std::vector<int32_t> used = {
+        0, 1, page - 1 > 0 ? page - 1 : 2, page, page + 1, 2 * page + 1, 150};
+    std::vector<int32_t> len_q;
+    for (size_t i = 0; i < used.size(); ++i) len_q.push_back(i % 3 == 0 ? 1 : i % 3 == 1 ? 4 : 40);
+    PagedCase c;
+    c.page_size = page;
+    c.seqused = used;
+    c.len_q = len_q;
+    check_case(c, rng);  // causal, GQA 4:2
+    c.causal = false;
+    c.heads_kv = 1;  // MQA
+    c.head_dim_v = 12;
+    check_case(c, rng);
+    c.causal = true;
+    c.window_left = 9;
+    c.softcap = 2.f;
+    c.sinks = true;
+    c.heads_kv = 4;
+    check_case(c, rng);
+  }
+  PagedCase none;  // no sequence at all, and sequences without keys
+  none.len_q = {};
+  none.seqused = {};
+  check_case(none, rng);
+  none.len_q = {3, 1};
+  none.seqused = {0, 0};
+  check_case(none, rng);
+}
+
+class PagedKvErrors : public ::testing::Test {
+ protected:
+  PagedKvErrors() : rng_(7), d_(make_case(), rng_) {}
+  static PagedCase make_case() {
+    PagedCase c;
+    c.len_q = {2, 3};
+    c.seqused = {20, 5};
+    c.page_size = 16;
+    return c;
+  }
+  jfa_status call() {
+    jfa_attention_params p = d_.params(true);
+    jfa_paged_kv kv = d_.kv();
+    mutate_(p, kv);
+    return jfa_attention_forward_paged(&p, &kv);
+  }
+  std::mt19937_64 rng_;
+  PagedData d_;
+  std::function<void(jfa_attention_params&, jfa_paged_kv&)> mutate_ = [](jfa_attention_params&,
+                                                                         jfa_paged_kv&) {};
+};
+
+TEST_F(PagedKvErrors, NameWhatIsWrong) {
+  struct Bad {
+    const char* message;
+    jfa_status status;
+    std::function<void(jfa_attention_params&, jfa_paged_kv&)> mutate;
+  };
+  const int32_t max_pages = d_.max_pages;
+  std::vector<int32_t> table = d_.block_table;
+  const std::vector<Bad> cases = {
+      {"kv->block_table[1][0]=", JFA_ERROR_INVALID_ARGUMENT,
+       [&](auto&, jfa_paged_kv& kv) {
+         table[max_pages] = static_cast<int32_t>(kv.num_pages);
+         kv.block_table = table.data();
+       }},
+      {"kv->block_table[0][1]=-1", JFA_ERROR_INVALID_ARGUMENT,
+       [&](auto&, jfa_paged_kv& kv) {
+         table = d_.block_table;
+         table[1] = -1;
+         kv.block_table = table.data();
+       }},
+      {"kv->seqused_k[1]=", JFA_ERROR_INVALID_ARGUMENT,
+       [&](auto&, jfa_paged_kv& kv) {
+         static std::vector<int32_t> used;
+         used = {20, max_pages * 16 + 1};
+         kv.seqused_k = used.data();
+       }},
+      {"kv->seqused_k[0]=-1", JFA_ERROR_INVALID_ARGUMENT,
+       [&](auto&, jfa_paged_kv& kv) {
+         static std::vector<int32_t> used;
+         used = {-1, 5};
+         kv.seqused_k = used.data();
+       }},
+      {"kv->page_size must be >= 1", JFA_ERROR_INVALID_ARGUMENT,
+       [](auto&, jfa_paged_kv& kv) { kv.page_size = 0; }},
+      {"kv->struct_size is 0", JFA_ERROR_INVALID_ARGUMENT,
+       [](auto&, jfa_paged_kv& kv) { kv.struct_size = 0; }},
+      {"params->k, v, cu_seqlens_k and total_k are unused", JFA_ERROR_INVALID_ARGUMENT,
+       [&](jfa_attention_params& p, auto&) { p.k = d_.k_packed.data(); }},
+      {"out and kv->k_cache share memory", JFA_ERROR_INVALID_ARGUMENT,
+       [&](jfa_attention_params& p, auto&) { p.out = d_.k_cache.data(); }},
+      {"the CUDA backend does not take a paged KV cache yet", JFA_ERROR_UNSUPPORTED,
+       [](jfa_attention_params& p, auto&) { p.backend = JFA_BACKEND_CUDA; }},
+  };
+  for (const Bad& bad : cases) {
+    mutate_ = bad.mutate;
+    EXPECT_EQ(call(), bad.status) << bad.message;
+    EXPECT_NE(std::string(jfa_last_error_message()).find(bad.message), std::string::npos)
+        << "message: " << jfa_last_error_message() << "\nwanted: " << bad.message;
+  }
+  mutate_ = [](auto&, auto&) {};
+  EXPECT_EQ(call(), JFA_SUCCESS) << jfa_last_error_message();  // garbage past the used pages
+  EXPECT_EQ(jfa_attention_forward_paged(nullptr, nullptr), JFA_ERROR_INVALID_ARGUMENT);
+  jfa_attention_params p = d_.params(true);
+  EXPECT_EQ(jfa_attention_forward_paged(&p, nullptr), JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("kv must not be NULL"), std::string::npos);
+  jfa_paged_kv kv;
+  EXPECT_EQ(jfa_paged_kv_init_sized(&kv, sizeof kv - 8), JFA_ERROR_INVALID_ARGUMENT);
+}
+
+}  // namespace
