@@ -14,14 +14,14 @@ from ._errors import (JfaBackendUnavailableError, JfaCudaError, JfaError,
                       LibraryNotFoundError)
 from ._library import cuda_available, library_path, device_check_message, version
 from ._torch_support import unavailable_reason as _torch_unavailable_reason
-from .attention import attention_reference, jagged_attention
+from .attention import attention_reference, jagged_attention, paged_attention
 from .jagged import (from_nested, lengths_to_offsets, max_length, offsets_from_position_ids,
                      offsets_to_lengths, pad, to_nested, unpad, validate_offsets)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "jagged_attention", "attention_reference", "device_check_message",
+    "jagged_attention", "attention_reference", "paged_attention", "device_check_message",
     "lengths_to_offsets", "offsets_to_lengths", "offsets_from_position_ids", "max_length",
     "validate_offsets", "pad", "unpad",
     "from_nested", "to_nested",

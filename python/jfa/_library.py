@@ -95,6 +95,21 @@ class BackwardParams(ctypes.Structure):
     ]
 
 
+class PagedKv(ctypes.Structure):
+    """struct jfa_paged_kv, field for field."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("k_cache", ctypes.c_void_p),
+        ("v_cache", ctypes.c_void_p),
+        ("block_table", ctypes.c_void_p),
+        ("seqused_k", ctypes.c_void_p),
+        ("num_pages", ctypes.c_int64),
+        ("page_size", ctypes.c_int32),
+        ("max_pages_per_seq", ctypes.c_int32),
+    ]
+
+
 _P = ctypes.POINTER(AttentionParams)
 _B = ctypes.POINTER(BackwardParams)
 _c_status = ctypes.c_int32
@@ -105,6 +120,11 @@ _PROTOTYPES = {
     "jfa_attention_forward": (_c_status, [_P]),
     "jfa_attention_workspace_size": (_c_status, [_P, ctypes.POINTER(ctypes.c_size_t)]),
     "jfa_attention_reference": (_c_status, [_P, _c_int64_p, ctypes.c_int64, _c_double_p, _c_double_p]),
+    "jfa_paged_kv_init_sized": (_c_status, [ctypes.POINTER(PagedKv), ctypes.c_size_t]),
+    "jfa_attention_forward_paged": (_c_status, [_P, ctypes.POINTER(PagedKv)]),
+    "jfa_attention_reference_paged": (
+        _c_status,
+        [_P, ctypes.POINTER(PagedKv), _c_int64_p, ctypes.c_int64, _c_double_p, _c_double_p]),
     "jfa_attention_backward_params_init_sized": (_c_status, [_B, ctypes.c_size_t]),
     "jfa_attention_backward": (_c_status, [_B]),
     "jfa_attention_backward_workspace_size": (_c_status, [_B, ctypes.POINTER(ctypes.c_size_t)]),
@@ -241,6 +261,13 @@ def new_params() -> AttentionParams:
     p = AttentionParams()
     call("jfa_attention_params_init_sized", ctypes.byref(p), ctypes.sizeof(p))
     return p
+
+
+def new_paged_kv() -> PagedKv:
+    """A jfa_paged_kv filled by jfa_paged_kv_init_sized()."""
+    kv = PagedKv()
+    call("jfa_paged_kv_init_sized", ctypes.byref(kv), ctypes.sizeof(kv))
+    return kv
 
 
 def new_backward_params() -> BackwardParams:

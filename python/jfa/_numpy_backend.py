@@ -9,7 +9,7 @@ import numpy as np
 
 from . import _checks
 from ._library import (BACKEND_CPU, DTYPE_FLOAT16, DTYPE_FLOAT32, AttentionParams, call,
-                       new_params)
+                       new_paged_kv, new_params)
 
 _DTYPES = {np.dtype(np.float16): DTYPE_FLOAT16, np.dtype(np.float32): DTYPE_FLOAT32}
 _FIX = "use numpy.ascontiguousarray"
@@ -168,4 +168,87 @@ def attention_reference(q, k, v, cu_seqlens_q, cu_seqlens_k=None, *, causal=Fals
     lse_ptr = None if lse is None else lse.ctypes.data_as(ctypes.POINTER(ctypes.c_double))
     call("jfa_attention_reference", ctypes.byref(p), tok_ptr, n, out_ptr, lse_ptr)
     del keep
+    return (out, lse) if return_lse else out
+
+
+def _int32_array(name: str, a, ndim: int) -> np.ndarray:
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name} must be an int32 numpy array, got {type(a).__name__}")
+    if a.dtype != np.dtype(np.int32):
+        raise TypeError(f"{name} must be an int32 array, got dtype {a.dtype}")
+    if a.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimension(s), got shape {a.shape}")
+    return np.ascontiguousarray(a)
+
+
+def paged_attention(q, k_cache, v_cache, block_table, seqused_k, cu_seqlens_q, max_seqlen_q,
+                    max_seqlen_k, causal, softmax_scale, return_lse, window_size=(-1, -1),
+                    softcap=0.0, sinks=None, q_tokens=None, reference=False):
+    """The forward over a paged KV cache (jfa_attention_forward_paged), or its float64 reference
+    (jfa_attention_reference_paged) with ``reference``, on numpy arrays."""
+    q, kc, vc = _array("q", q), _array("k_cache", k_cache), _array("v_cache", v_cache)
+    if q.ndim != 3:
+        raise ValueError(f"q must have shape [total_q, heads_q, head_dim], got {q.shape}")
+    for name, c in (("k_cache", kc), ("v_cache", vc)):
+        if c.ndim != 4:
+            raise ValueError(
+                f"{name} must have shape [num_pages, page_size, heads_kv, head_dim], got {c.shape}")
+        if not c.flags.c_contiguous:
+            raise ValueError(f"{name} must be C-contiguous (the caches are read packed)")
+    if kc.shape[:3] != vc.shape[:3]:
+        raise ValueError(f"k_cache and v_cache must agree in [num_pages, page_size, heads_kv], got "
+                         f"{kc.shape} and {vc.shape}")
+    if kc.shape[3] != q.shape[2]:
+        raise ValueError(f"k_cache's head_dim ({kc.shape[3]}) must be q's ({q.shape[2]})")
+    dtype = jfa_dtype("q", q)
+    _checks.same_dtype(q.dtype, kc.dtype, vc.dtype)
+    q_layout = _layout("q", q)
+    table = _int32_array("block_table", block_table, 2)
+    used = _int32_array("seqused_k", seqused_k, 1)
+    cu_q = offsets("cu_seqlens_q", cu_seqlens_q)
+    batch = cu_q.size - 1
+    if table.shape[0] != batch or used.shape[0] != batch:
+        raise ValueError(f"block_table has {table.shape[0]} rows and seqused_k {used.shape[0]} "
+                         f"entries, but cu_seqlens_q describes {batch} sequences")
+    num_pages, page_size, heads_kv, d = kc.shape
+    total_q, heads_q = q.shape[0], q.shape[1]
+    if heads_q % heads_kv:
+        raise ValueError(f"the heads of q ({heads_q}) must be a multiple of the caches' "
+                         f"({heads_kv})")
+    p: AttentionParams = new_params()
+    p.q, p.cu_seqlens_q = _ptr(q), _ptr(cu_q)
+    p.batch, p.total_q = batch, total_q
+    p.heads_q, p.heads_kv, p.head_dim, p.head_dim_v = heads_q, heads_kv, d, vc.shape[3]
+    p.dtype = dtype
+    p.q_layout.token_stride, p.q_layout.head_stride = q_layout
+    p.softmax_scale = _checks.scale_value(softmax_scale)
+    p.causal = 1 if _checks.flag("causal", causal) else 0
+    p.max_seqlen_q = _checks.seqlen_hint("max_seqlen_q", max_seqlen_q)
+    p.max_seqlen_k = _checks.seqlen_hint("max_seqlen_k", max_seqlen_k)
+    p.window_left, p.window_right = _checks.window(window_size)
+    p.softcap = _checks.softcap_value(softcap)
+    sinks = sinks_array(sinks, heads_q)
+    p.sinks = _ptr(sinks)
+    p.backend = BACKEND_CPU
+    kv = new_paged_kv()
+    kv.k_cache, kv.v_cache = _ptr(kc), _ptr(vc)
+    kv.block_table, kv.seqused_k = _ptr(table), _ptr(used)
+    kv.num_pages, kv.page_size, kv.max_pages_per_seq = num_pages, page_size, table.shape[1]
+    return_lse = _checks.flag("return_lse", return_lse)
+    if reference:
+        n = total_q if q_tokens is None else len(q_tokens)
+        tokens = None if q_tokens is None else np.ascontiguousarray(q_tokens, dtype=np.int64)
+        out = np.empty((n, heads_q, p.head_dim_v), dtype=np.float64)
+        lse = np.empty((heads_q, n), dtype=np.float64) if return_lse else None
+        call("jfa_attention_reference_paged", ctypes.byref(p), ctypes.byref(kv),
+             None if tokens is None else tokens.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)), n,
+             out.ctypes.data_as(ctypes.POINTER(ctypes.c_double)),
+             None if lse is None else lse.ctypes.data_as(ctypes.POINTER(ctypes.c_double)))
+    else:
+        out = np.empty((total_q, heads_q, p.head_dim_v), dtype=q.dtype)
+        lse = np.empty((heads_q, total_q), dtype=np.float32) if return_lse else None
+        p.out = _ptr(out)
+        p.lse = _ptr(lse)
+        call("jfa_attention_forward_paged", ctypes.byref(p), ctypes.byref(kv))
+    del q, kc, vc, table, used, cu_q, sinks
     return (out, lse) if return_lse else out

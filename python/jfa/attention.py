@@ -5,7 +5,7 @@ from __future__ import annotations
 from ._torch_support import ops as _ops
 from ._torch_support import torch as _torch
 
-__all__ = ["jagged_attention", "attention_reference"]
+__all__ = ["jagged_attention", "attention_reference", "paged_attention"]
 
 
 def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None,
@@ -117,3 +117,41 @@ def _unavailable_reason() -> str:
     from . import _torch_support
 
     return _torch_support.unavailable_reason
+
+
+def paged_attention(q, k_cache, v_cache, block_table, seqused_k, cu_seqlens_q, *,
+                    max_seqlen_q=None, max_seqlen_k=None, causal=False, softmax_scale=None,
+                    return_lse=False, window_size=(-1, -1), softcap=0.0, sinks=None,
+                    reference=False, q_tokens=None):
+    """Attention of packed queries over a paged KV cache (serving: decode, speculative decode,
+    chunked prefill), numpy arrays on the CPU backend for now.
+
+    Args:
+        q: ``[total_q, heads_q, head_dim]`` float16/float32, packed by ``cu_seqlens_q``.
+        k_cache, v_cache: ``[num_pages, page_size, heads_kv, head_dim]`` (v: its own head_dim),
+            C-contiguous, q's dtype.
+        block_table: int32 ``[batch, max_pages_per_seq]``: each sequence's pages in order (shuffled
+            or shared pages are fine; only the entries of pages that hold keys are read).
+        seqused_k: int32 ``[batch]``: each sequence's cache length, its len_k.
+        cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, softmax_scale, return_lse, window_size,
+            softcap, sinks: as for :func:`jagged_attention` (the causal mask and windows aligned
+            bottom-right with len_k = seqused_k).
+        reference: compute libjfa's float64 reference instead (rows ``q_tokens``, all when None).
+
+    Returns ``out`` (float64 with ``reference``) or ``(out, lse)``. Raises TypeError/ValueError for
+    bad arguments and jfa.JfaError (with the library's message: a block table entry outside
+    [0, num_pages), a cache length past the table, ...) when libjfa rejects the call.
+    """
+    if _torch is not None and any(isinstance(x, _torch.Tensor)
+                                  for x in (q, k_cache, v_cache, block_table, seqused_k)):
+        raise TypeError("paged_attention takes numpy arrays for now (the CPU backend); torch "
+                        "tensors come with the CUDA kernels")
+    from . import _numpy_backend
+    if reference:
+        return _numpy_backend.paged_attention(q, k_cache, v_cache, block_table, seqused_k,
+                                              cu_seqlens_q, None, None, causal, softmax_scale,
+                                              return_lse, window_size, softcap, sinks, q_tokens,
+                                              reference=True)
+    return _numpy_backend.paged_attention(q, k_cache, v_cache, block_table, seqused_k,
+                                          cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal,
+                                          softmax_scale, return_lse, window_size, softcap, sinks)
