@@ -87,6 +87,22 @@ def _checks_is_torch(x) -> bool:
     return type(x).__module__.split(".")[0] == "torch"
 
 
+def _set_scores(p: AttentionParams, softmax_scale, causal, max_seqlen_q, max_seqlen_k,
+                window_size, softcap, sinks) -> Optional[np.ndarray]:
+    """The scale, mask, hints and score modifiers of p (p.heads_q set), on the CPU backend; returns
+    the sinks array p points to (keep it alive through the call)."""
+    p.softmax_scale = _checks.scale_value(softmax_scale)
+    p.causal = 1 if _checks.flag("causal", causal) else 0
+    p.max_seqlen_q = _checks.seqlen_hint("max_seqlen_q", max_seqlen_q)
+    p.max_seqlen_k = _checks.seqlen_hint("max_seqlen_k", max_seqlen_k)
+    p.window_left, p.window_right = _checks.window(window_size)
+    p.softcap = _checks.softcap_value(softcap)
+    sinks = sinks_array(sinks, p.heads_q)
+    p.sinks = _ptr(sinks)
+    p.backend = BACKEND_CPU
+    return sinks
+
+
 def build_params(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                  softmax_scale, window_size=(-1, -1), softcap=0.0, sinks=None):
     """Checks everything and fills a jfa_attention_params (out and lse left NULL).
@@ -110,15 +126,8 @@ def build_params(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     for field, (ts, hs) in zip(("q_layout", "k_layout", "v_layout"), layouts):
         lay = getattr(p, field)
         lay.token_stride, lay.head_stride = ts, hs
-    p.softmax_scale = _checks.scale_value(softmax_scale)
-    p.causal = 1 if _checks.flag("causal", causal) else 0
-    p.max_seqlen_q = _checks.seqlen_hint("max_seqlen_q", max_seqlen_q)
-    p.max_seqlen_k = _checks.seqlen_hint("max_seqlen_k", max_seqlen_k)
-    p.window_left, p.window_right = _checks.window(window_size)
-    p.softcap = _checks.softcap_value(softcap)
-    sinks = sinks_array(sinks, heads_q)
-    p.sinks = _ptr(sinks)
-    p.backend = BACKEND_CPU
+    sinks = _set_scores(p, softmax_scale, causal, max_seqlen_q, max_seqlen_k, window_size,
+                        softcap, sinks)
     return p, (q, k, v, cu_q, cu_k, sinks)
 
 
@@ -221,15 +230,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seqused_k, cu_seqlens_q, m
     p.heads_q, p.heads_kv, p.head_dim, p.head_dim_v = heads_q, heads_kv, d, vc.shape[3]
     p.dtype = dtype
     p.q_layout.token_stride, p.q_layout.head_stride = q_layout
-    p.softmax_scale = _checks.scale_value(softmax_scale)
-    p.causal = 1 if _checks.flag("causal", causal) else 0
-    p.max_seqlen_q = _checks.seqlen_hint("max_seqlen_q", max_seqlen_q)
-    p.max_seqlen_k = _checks.seqlen_hint("max_seqlen_k", max_seqlen_k)
-    p.window_left, p.window_right = _checks.window(window_size)
-    p.softcap = _checks.softcap_value(softcap)
-    sinks = sinks_array(sinks, heads_q)
-    p.sinks = _ptr(sinks)
-    p.backend = BACKEND_CPU
+    sinks = _set_scores(p, softmax_scale, causal, max_seqlen_q, max_seqlen_k, window_size,
+                        softcap, sinks)
     kv = new_paged_kv()
     kv.k_cache, kv.v_cache = _ptr(kc), _ptr(vc)
     kv.block_table, kv.seqused_k = _ptr(table), _ptr(used)
