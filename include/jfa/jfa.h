@@ -260,26 +260,40 @@ JFA_API jfa_status jfa_attention_reference(const jfa_attention_params* params,
  * LSE. CPU backend (host memory) only for now: the CUDA backend answers JFA_ERROR_UNSUPPORTED. */
 typedef struct jfa_paged_kv {
   uint32_t struct_size;       /* set by jfa_paged_kv_init; other values are rejected */
-  const void* k_cache;        /* [num_pages, page_size, heads_kv, head_dim], dtype of q, packed */
-  const void* v_cache;        /* [num_pages, page_size, heads_kv, head_dim_v], packed */
+  void* k_cache;              /* [num_pages, page_size, heads_kv, head_dim], dtype of q, packed */
+  void* v_cache;              /* [num_pages, page_size, heads_kv, head_dim_v], packed */
   const int32_t* block_table; /* [batch, max_pages_per_seq]: page indices in [0, num_pages) (only
                                  the pages that hold a sequence's keys are read) */
-  const int32_t* seqused_k;   /* [batch]: keys of each sequence, 0 to max_pages_per_seq * page_size
-                                 (their sum at most 2^31 - 1) */
+  const int32_t* seqused_k;   /* [batch]: keys of each sequence in the cache before this call, 0
+                                 to max_pages_per_seq * page_size (their sum at most 2^31 - 1) */
   int64_t num_pages;
   int32_t page_size;         /* rows of a page, >= 1 */
   int32_t max_pages_per_seq; /* columns of block_table, >= 0 */
+  /* Optional append, so that a decode or prefill step is one call: NULL k_new (the default)
+   * appends nothing. Else the step's new keys and values, packed by cu_seqlens_new (batch + 1
+   * offsets, last = total_new): k_new [total_new, heads_kv, head_dim], v_new [total_new, heads_kv,
+   * head_dim_v], dtype of q, packed. The forward writes sequence b's new rows into its pages at
+   * rows seqused_k[b] .. seqused_k[b] + len_new - 1 (which must fit its table), then attends over
+   * seqused_k[b] + len_new keys; seqused_k itself is not updated. A page that receives new rows
+   * must belong to that sequence alone (JFA_ERROR_INVALID_ARGUMENT where another sequence's table
+   * holds it among its keys' pages). The reference computes the same without writing. */
+  const void* k_new;
+  const void* v_new;
+  const int32_t* cu_seqlens_new;
+  int64_t total_new;
 } jfa_paged_kv;
 
 JFA_API jfa_status jfa_paged_kv_init_sized(jfa_paged_kv* kv, size_t struct_size);
 /* Zeroes *kv and sets struct_size; call it before filling the fields. */
 #define jfa_paged_kv_init(kv) jfa_paged_kv_init_sized((kv), sizeof(jfa_paged_kv))
 
-/* The forward over a paged cache: params as for jfa_attention_forward, except that k, v,
- * cu_seqlens_k and total_k are unused and must be NULL / 0 (and k_layout, v_layout zero;
- * max_seqlen_k a hint of the longest seqused_k, or 0), and *kv holds the keys and values. A block
- * table entry outside [0, num_pages) for a page that holds keys, or a seqused_k outside its range,
- * is JFA_ERROR_INVALID_ARGUMENT naming it; out and lse must not share memory with any input. */
+/* The forward over a paged cache (after the append, where kv asks for one): params as for
+ * jfa_attention_forward, except that k, v, cu_seqlens_k and total_k are unused and must be NULL / 0
+ * (and k_layout, v_layout zero; max_seqlen_k a hint of the longest key count, or 0), and *kv holds
+ * the keys and values. A block table entry outside [0, num_pages) for a page that holds keys, or a
+ * key count outside its range, is JFA_ERROR_INVALID_ARGUMENT naming it; a call rejected for its
+ * arguments writes nothing, appended rows included. out and lse must not share memory with any
+ * input, nor the caches (when appending) with anything else. */
 JFA_API jfa_status jfa_attention_forward_paged(const jfa_attention_params* params,
                                                const jfa_paged_kv* kv);
 

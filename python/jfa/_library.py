@@ -107,6 +107,10 @@ class PagedKv(ctypes.Structure):
         ("num_pages", ctypes.c_int64),
         ("page_size", ctypes.c_int32),
         ("max_pages_per_seq", ctypes.c_int32),
+        ("k_new", ctypes.c_void_p),
+        ("v_new", ctypes.c_void_p),
+        ("cu_seqlens_new", ctypes.c_void_p),
+        ("total_new", ctypes.c_int64),
     ]
 
 

@@ -1,10 +1,13 @@
 // C entry points over a paged KV cache (jfa_paged_kv): the cache's own checks, then each
-// sequence's keys and values gathered from its pages into packed host buffers, and the packed
-// forward or reference on them, so that every rule and check of the packed path holds as it is.
+// sequence's keys and values gathered from its pages (and the step's new rows, where the call
+// appends) into packed host buffers, and the packed forward or reference on them, so that every
+// rule and check of the packed path holds as it is. The forward writes the new rows into the pages
+// only once every check has passed.
 // The CPU backend only: the gathered copy is host memory, and the CUDA backend takes no paged cache
 // yet.
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "api/buffer_checks.hpp"
@@ -73,14 +76,31 @@ jfa_status check_cache_fields(const jfa_paged_kv* kv, const jfa_attention_params
   if (kv->num_pages > 0 && (kv->k_cache == nullptr || kv->v_cache == nullptr))
     return fail(JFA_ERROR_INVALID_ARGUMENT,
                 "kv->k_cache and kv->v_cache must not be NULL when num_pages > 0");
+  if (kv->k_new != nullptr || kv->v_new != nullptr) {
+    if (kv->k_new == nullptr || kv->v_new == nullptr)
+      return fail(JFA_ERROR_INVALID_ARGUMENT,
+                  "kv->k_new and kv->v_new must both be set to append, or both NULL");
+    if (kv->total_new < 0 || kv->total_new > std::numeric_limits<int32_t>::max())
+      return fail(JFA_ERROR_INVALID_ARGUMENT, "kv->total_new must be in [0, 2^31 - 1], got %lld",
+                  static_cast<long long>(kv->total_new));
+    if (p.batch > 0 && kv->cu_seqlens_new == nullptr)
+      return fail(JFA_ERROR_INVALID_ARGUMENT,
+                  "kv->cu_seqlens_new must not be NULL when appending to a batch");
+  } else if (kv->cu_seqlens_new != nullptr || kv->total_new != 0) {
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "kv->cu_seqlens_new and kv->total_new are for an append: set kv->k_new and "
+                "kv->v_new too, or leave them NULL and 0");
+  }
   // The caches' sizes in bytes must fit int64.
   const double rows = static_cast<double>(kv->num_pages) * kv->page_size * p.heads_kv;
   if (rows * (p.head_dim > dv ? p.head_dim : dv) * 4.0 > 9.0e18)
     return fail(JFA_ERROR_INVALID_ARGUMENT, "the caches' sizes overflow int64");
   if (static_cast<double>(p.batch) * kv->max_pages_per_seq > 9.0e18)
     return fail(JFA_ERROR_INVALID_ARGUMENT, "batch * max_pages_per_seq overflows int64");
-  for (const void* ptr : {kv->k_cache, kv->v_cache, static_cast<const void*>(kv->block_table),
-                          static_cast<const void*>(kv->seqused_k)}) {
+  for (const void* ptr :
+       {static_cast<const void*>(kv->k_cache), static_cast<const void*>(kv->v_cache),
+        static_cast<const void*>(kv->block_table), static_cast<const void*>(kv->seqused_k),
+        kv->k_new, kv->v_new, static_cast<const void*>(kv->cu_seqlens_new)}) {
     if (ptr != nullptr && jfa::detail::memory_kind(ptr) == jfa::detail::MemoryKind::kDevice)
       return fail(JFA_ERROR_UNSUPPORTED,
                   "the CUDA backend does not take a paged KV cache yet: give the cache, its block "
@@ -92,24 +112,73 @@ jfa_status check_cache_fields(const jfa_paged_kv* kv, const jfa_attention_params
   return JFA_SUCCESS;
 }
 
-// Reads seqused_k and the block table entries of the pages that hold keys (host memory), checks
-// them, and gathers the keys and values into packed buffers.
+// Rows of the step's new keys of sequence b (0 without an append).
+int64_t new_rows(const jfa_paged_kv& kv, int64_t b) {
+  return kv.k_new == nullptr ? 0 : kv.cu_seqlens_new[b + 1] - kv.cu_seqlens_new[b];
+}
+
+// Where row t of sequence b lies in the cache, as a row of [num_pages * page_size].
+int64_t cache_row(const jfa_paged_kv& kv, int64_t b, int64_t t) {
+  return static_cast<int64_t>(kv.block_table[b * kv.max_pages_per_seq + t / kv.page_size]) *
+             kv.page_size +
+         t % kv.page_size;
+}
+
+// A page that receives appended rows must hold keys of that sequence alone (else the result would
+// depend on the order of the writes and reads).
+jfa_status check_appended_pages(const jfa_paged_kv& kv, const std::vector<int32_t>& cu_k,
+                                int64_t batch) {
+  std::vector<int32_t> holders(static_cast<size_t>(kv.num_pages), 0);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t pages = (cu_k[b + 1] - cu_k[b] + kv.page_size - 1) / kv.page_size;
+    for (int64_t j = 0; j < pages; ++j) {
+      const int32_t page = kv.block_table[b * kv.max_pages_per_seq + j];
+      ++holders[page];
+    }
+  }
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t old = kv.seqused_k[b], n = cu_k[b + 1] - cu_k[b];
+    for (int64_t j = old / kv.page_size; j * kv.page_size < n && old < n; ++j) {
+      const int32_t page = kv.block_table[b * kv.max_pages_per_seq + j];
+      if (holders[page] != 1)
+        return fail(JFA_ERROR_INVALID_ARGUMENT,
+                    "kv->block_table: page %d receives appended rows of sequence %lld but holds "
+                    "keys of another sequence too (or twice in one table): a page written by an "
+                    "append must belong to its sequence alone",
+                    page, static_cast<long long>(b));
+    }
+  }
+  return JFA_SUCCESS;
+}
+
+// Reads seqused_k, the append's offsets and the block table entries of the pages that hold keys
+// (host memory), checks them, and gathers the keys and values (the cache's rows, then the new
+// ones) into packed buffers. Writes nothing.
 jfa_status gather(const jfa_paged_kv& kv, const jfa_attention_params& p, GatheredKv* g) {
   const size_t es = jfa_dtype_size(p.dtype);
   if (es == 0)
     return fail(JFA_ERROR_INVALID_ARGUMENT, "unknown dtype %d", static_cast<int>(p.dtype));
+  if (kv.k_new != nullptr) {
+    if (const jfa_status s = jfa::detail::validate_offsets_named(
+            kv.cu_seqlens_new, p.batch, kv.total_new, "kv->cu_seqlens_new");
+        s != JFA_SUCCESS)
+      return s;
+  }
   const int32_t dv = p.head_dim_v == 0 ? p.head_dim : p.head_dim_v;
   const int64_t capacity = static_cast<int64_t>(kv.max_pages_per_seq) * kv.page_size;
   g->cu_k.assign(static_cast<size_t>(p.batch) + 1, 0);
   for (int64_t b = 0; b < p.batch; ++b) {
-    const int32_t n = kv.seqused_k[b];
-    if (n < 0 || n > capacity)
+    const int32_t used = kv.seqused_k[b];
+    const int64_t n = static_cast<int64_t>(used) + new_rows(kv, b);
+    if (used < 0 || n > capacity)
       return fail(JFA_ERROR_INVALID_ARGUMENT,
-                  "kv->seqused_k[%lld]=%d must be in [0, max_pages_per_seq * page_size = %lld]",
-                  static_cast<long long>(b), n, static_cast<long long>(capacity));
+                  "kv->seqused_k[%lld]=%d (with %lld appended rows) must be in [0, "
+                  "max_pages_per_seq * page_size = %lld]",
+                  static_cast<long long>(b), used, static_cast<long long>(new_rows(kv, b)),
+                  static_cast<long long>(capacity));
     const int64_t end = static_cast<int64_t>(g->cu_k[b]) + n;
     if (end > std::numeric_limits<int32_t>::max())
-      return fail(JFA_ERROR_INVALID_ARGUMENT, "the sum of kv->seqused_k exceeds 2^31 - 1");
+      return fail(JFA_ERROR_INVALID_ARGUMENT, "the sum of the sequences' keys exceeds 2^31 - 1");
     g->cu_k[b + 1] = static_cast<int32_t>(end);
     const int64_t pages = (n + kv.page_size - 1) / kv.page_size;
     for (int64_t j = 0; j < pages; ++j) {
@@ -123,6 +192,9 @@ jfa_status gather(const jfa_paged_kv& kv, const jfa_attention_params& p, Gathere
                     static_cast<long long>(b));
     }
   }
+  if (kv.k_new != nullptr) {
+    if (const jfa_status s = check_appended_pages(kv, g->cu_k, p.batch); s != JFA_SUCCESS) return s;
+  }
   g->total_k = g->cu_k.back();
   const size_t row_k = static_cast<size_t>(p.heads_kv) * p.head_dim * es;
   const size_t row_v = static_cast<size_t>(p.heads_kv) * dv * es;
@@ -132,16 +204,41 @@ jfa_status gather(const jfa_paged_kv& kv, const jfa_attention_params& p, Gathere
   const auto* kc = static_cast<const unsigned char*>(kv.k_cache);
   const auto* vc = static_cast<const unsigned char*>(kv.v_cache);
   for (int64_t b = 0; b < p.batch; ++b) {
-    const int64_t n = g->cu_k[b + 1] - g->cu_k[b];
-    for (int64_t t = 0; t < n; t += kv.page_size) {
-      const int64_t page = kv.block_table[b * kv.max_pages_per_seq + t / kv.page_size];
-      const int64_t rows = n - t < kv.page_size ? n - t : kv.page_size;
-      const int64_t dst = g->cu_k[b] + t, src = page * kv.page_size;
+    const int64_t used = kv.seqused_k[b];
+    for (int64_t t = 0; t < used; t += kv.page_size) {
+      const int64_t rows = used - t < kv.page_size ? used - t : kv.page_size;
+      const int64_t dst = g->cu_k[b] + t, src = cache_row(kv, b, t);
       std::memcpy(g->k.data() + dst * row_k, kc + src * row_k, rows * row_k);
       std::memcpy(g->v.data() + dst * row_v, vc + src * row_v, rows * row_v);
     }
+    const int64_t added = new_rows(kv, b);
+    if (added > 0) {
+      const int64_t from = kv.cu_seqlens_new[b], dst = g->cu_k[b] + used;
+      std::memcpy(g->k.data() + dst * row_k,
+                  static_cast<const unsigned char*>(kv.k_new) + from * row_k, added * row_k);
+      std::memcpy(g->v.data() + dst * row_v,
+                  static_cast<const unsigned char*>(kv.v_new) + from * row_v, added * row_v);
+    }
   }
   return JFA_SUCCESS;
+}
+
+// The append: each sequence's new rows into its pages (checked by gather).
+void write_appended(const jfa_paged_kv& kv, const jfa_attention_params& p) {
+  const size_t es = jfa_dtype_size(p.dtype);
+  const int32_t dv = p.head_dim_v == 0 ? p.head_dim : p.head_dim_v;
+  const size_t row_k = static_cast<size_t>(p.heads_kv) * p.head_dim * es;
+  const size_t row_v = static_cast<size_t>(p.heads_kv) * dv * es;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t used = kv.seqused_k[b], added = new_rows(kv, b);
+    for (int64_t i = 0; i < added; ++i) {
+      const int64_t row = cache_row(kv, b, used + i), from = kv.cu_seqlens_new[b] + i;
+      std::memcpy(static_cast<unsigned char*>(kv.k_cache) + row * row_k,
+                  static_cast<const unsigned char*>(kv.k_new) + from * row_k, row_k);
+      std::memcpy(static_cast<unsigned char*>(kv.v_cache) + row * row_v,
+                  static_cast<const unsigned char*>(kv.v_new) + from * row_v, row_v);
+    }
+  }
 }
 
 // The packed params of the gathered keys (the caller's others unchanged).
@@ -154,7 +251,9 @@ jfa_attention_params packed_params(const jfa_attention_params& p, const Gathered
   return q;
 }
 
-// The outputs must not share memory with the cache (the packed call sees only the copy).
+// The outputs must not share memory with the cache, nor (when appending) the cache with anything
+// else (the packed call sees only the copy); the packed call's host checks, passed before the
+// append writes.
 jfa_status check_outputs_apart_from_cache(const jfa_attention_params& packed,
                                           const jfa_paged_kv& kv) {
   jfa::detail::Params pp;
@@ -162,16 +261,28 @@ jfa_status check_outputs_apart_from_cache(const jfa_attention_params& packed,
   std::vector<BufferView> views = jfa::detail::forward_buffers(pp);
   const int64_t cache_rows = kv.num_pages * kv.page_size;
   const size_t es = jfa_dtype_size(packed.dtype);
+  const bool appending = kv.k_new != nullptr;
   views.push_back(jfa::detail::packed_view("kv->k_cache", kv.k_cache, cache_rows, pp.heads_kv,
-                                           pp.head_dim, es, false));
+                                           pp.head_dim, es, appending));
   views.push_back(jfa::detail::packed_view("kv->v_cache", kv.v_cache, cache_rows, pp.heads_kv,
+                                           pp.head_dim_v, es, appending));
+  views.push_back(jfa::detail::packed_view("kv->k_new", kv.k_new, kv.total_new, pp.heads_kv,
+                                           pp.head_dim, es, false));
+  views.push_back(jfa::detail::packed_view("kv->v_new", kv.v_new, kv.total_new, pp.heads_kv,
                                            pp.head_dim_v, es, false));
+  views.push_back(jfa::detail::array_view("kv->cu_seqlens_new", kv.cu_seqlens_new,
+                                          kv.k_new != nullptr ? pp.batch + 1 : 0, sizeof(int32_t),
+                                          false));
   views.push_back(jfa::detail::array_view("kv->block_table", kv.block_table,
                                           pp.batch * kv.max_pages_per_seq, sizeof(int32_t), false));
   views.push_back(
       jfa::detail::array_view("kv->seqused_k", kv.seqused_k, pp.batch, sizeof(int32_t), false));
   jfa::detail::MemoryKind kind;
-  return jfa::detail::check_call_buffers(views, &kind);
+  jfa_status s;
+  if ((s = jfa::detail::check_call_buffers(views, &kind)) != JFA_SUCCESS) return s;
+  // What the packed call checks on the host, before the append writes anything.
+  if ((s = jfa::detail::validate_host_offsets(pp)) != JFA_SUCCESS) return s;
+  return jfa::detail::validate_host_sinks(pp);
 }
 
 // The checks and the gather that both entries share; *packed is ready for the packed call.
@@ -213,6 +324,7 @@ jfa_status jfa_attention_forward_paged(const jfa_attention_params* params, const
     GatheredKv g;
     jfa_attention_params packed;
     if (const jfa_status s = prepare(params, kv, &g, &packed, true); s != JFA_SUCCESS) return s;
+    if (kv->k_new != nullptr) write_appended(*kv, packed);
     return jfa_attention_forward(&packed);
   });
 }

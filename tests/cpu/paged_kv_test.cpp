@@ -30,6 +30,7 @@ struct PagedCase {
   int32_t window_left = -1, window_right = -1;
   float softcap = 0.f;
   bool sinks = false;
+  bool share_pages = true;  // later sequences sometimes read sequence 0's first page
 };
 
 // A cache, its block table and the same keys packed per sequence, built from one seed.
@@ -69,7 +70,8 @@ struct PagedData {
     for (int64_t b = 0; b < batch; ++b) {
       const int32_t used = (c.seqused[b] + c.page_size - 1) / c.page_size;
       for (int32_t j = 0; j < used; ++j) {
-        const bool share = b > 0 && j == 0 && rng() % 3 == 0 && block_table[0] >= 0;
+        const bool share =
+            c.share_pages && b > 0 && j == 0 && rng() % 3 == 0 && block_table[0] >= 0;
         block_table[b * max_pages + j] = share ? block_table[0] : pages[next++];
       }
     }
@@ -212,6 +214,94 @@ TEST(PagedKv, MatchesThePackedCallAndTheReference) {
   none.len_q = {3, 1};
   none.seqused = {0, 0};
   check_case(none, rng);
+}
+
+// An append (kv->k_new): the step's new rows are written into their pages and attended over with
+// the rows before them; the reference computes the same without writing; calls rejected for their
+// arguments write nothing.
+TEST(PagedKv, AppendWritesTheNewRowsAndAttendsOverThem) {
+  std::mt19937_64 rng(jfa::testing::logged_seed());
+  for (int32_t page : {1, 4, 16}) {
+    PagedCase c;
+    c.page_size = page;
+    c.seqused = {1, 5, 40, 17, 0};  // keys after the append
+    c.len_q = {1, 4, 9, 1, 2};
+    c.share_pages = false;
+    PagedData d(c, rng);
+    const std::vector<int32_t> added = {1, 4, 9, 0, 0};  // new rows, the last ones of each sequence
+    std::vector<int32_t> before(c.seqused.size()), cu_new(c.seqused.size() + 1, 0);
+    const int64_t rk = int64_t{c.heads_kv} * c.head_dim, rv = int64_t{c.heads_kv} * c.head_dim_v;
+    std::vector<float> k_new, v_new;
+    const std::vector<float> k_cache = d.k_cache, v_cache = d.v_cache;  // with the new rows in
+    for (size_t b = 0; b < c.seqused.size(); ++b) {
+      before[b] = c.seqused[b] - added[b];
+      cu_new[b + 1] = cu_new[b] + added[b];
+      for (int32_t t = before[b]; t < c.seqused[b]; ++t) {
+        const int64_t row = int64_t{d.block_table[b * d.max_pages + t / page]} * page + t % page;
+        k_new.insert(k_new.end(), &d.k_cache[row * rk], &d.k_cache[row * rk] + rk);
+        v_new.insert(v_new.end(), &d.v_cache[row * rv], &d.v_cache[row * rv] + rv);
+        std::fill_n(&d.k_cache[row * rk], rk, 1e6f);  // stale rows the append must overwrite
+        std::fill_n(&d.v_cache[row * rv], rv, -1e6f);
+      }
+    }
+    const std::vector<float> stale_k = d.k_cache, stale_v = d.v_cache;
+    jfa_paged_kv kv = d.kv();
+    kv.seqused_k = before.data();
+    kv.k_new = k_new.data();
+    kv.v_new = v_new.data();
+    kv.cu_seqlens_new = cu_new.data();
+    kv.total_new = cu_new.back();
+    jfa_attention_params paged = d.params(true);
+
+    // Rejected calls write nothing: a page of the append that another sequence reads, a cache
+    // length past the table, out on top of q.
+    std::vector<int32_t> shared_table = d.block_table;
+    const int32_t last_page_of_2 = shared_table[2 * d.max_pages + (c.seqused[2] - 1) / page];
+    shared_table[4 * d.max_pages] = last_page_of_2;  // sequence 4 (no keys) ... gets none to read
+    std::vector<int32_t> used4 = before;
+    used4[4] = 1;  // now sequence 4 reads that page too
+    jfa_paged_kv bad = kv;
+    bad.block_table = shared_table.data();
+    bad.seqused_k = used4.data();
+    EXPECT_EQ(jfa_attention_forward_paged(&paged, &bad), JFA_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(jfa_last_error_message()).find("receives appended rows of sequence 2"),
+              std::string::npos)
+        << jfa_last_error_message();
+    std::vector<int32_t> too_many = cu_new;
+    for (size_t b = 1; b < too_many.size(); ++b) too_many[b] += d.max_pages * page;
+    bad = kv;
+    bad.cu_seqlens_new = too_many.data();
+    std::vector<float> big_k(too_many.back() * rk), big_v(too_many.back() * rv);
+    bad.k_new = big_k.data();
+    bad.v_new = big_v.data();
+    bad.total_new = too_many.back();
+    EXPECT_EQ(jfa_attention_forward_paged(&paged, &bad), JFA_ERROR_INVALID_ARGUMENT);
+    jfa_attention_params overlapping = paged;
+    overlapping.out = d.q.data();
+    EXPECT_EQ(jfa_attention_forward_paged(&overlapping, &kv), JFA_ERROR_INVALID_ARGUMENT);
+    EXPECT_TRUE(same_bits(d.k_cache, stale_k) && same_bits(d.v_cache, stale_v))
+        << "a rejected call wrote the cache";
+
+    // The reference does not write, and equals the packed reference over the full keys.
+    const int64_t total_q = d.cu_q.back();
+    std::vector<double> ref(total_q * c.heads_q * c.head_dim_v), ref_packed(ref.size());
+    ASSERT_EQ(jfa_attention_reference_paged(&paged, &kv, nullptr, total_q, ref.data(), nullptr),
+              JFA_SUCCESS)
+        << jfa_last_error_message();
+    EXPECT_TRUE(same_bits(d.k_cache, stale_k)) << "the reference wrote the cache";
+    jfa_attention_params packed = d.params(false);
+    ASSERT_EQ(jfa_attention_reference(&packed, nullptr, total_q, ref_packed.data(), nullptr),
+              JFA_SUCCESS);
+    EXPECT_TRUE(ref == ref_packed);
+
+    // The forward writes exactly the new rows, and equals the packed call.
+    ASSERT_EQ(jfa_attention_forward_paged(&paged, &kv), JFA_SUCCESS) << jfa_last_error_message();
+    EXPECT_TRUE(same_bits(d.k_cache, k_cache) && same_bits(d.v_cache, v_cache))
+        << "the cache after the append is not the cache with the new rows";
+    const std::vector<float> out_paged = d.out;
+    ASSERT_EQ(jfa_attention_forward(&packed), JFA_SUCCESS);
+    EXPECT_TRUE(same_bits(out_paged, d.out));
+  }
 }
 
 class PagedKvErrors : public ::testing::Test {

@@ -517,12 +517,30 @@ void fuzz_paged(FuzzedDataProvider& in) {
   kv.num_pages = num_pages;
   kv.page_size = page_size;
   kv.max_pages_per_seq = max_pages;
+  // Half the time an append of the step's new rows (offsets garbage a quarter of the time).
+  int64_t total_new = 0;
+  std::vector<int32_t> cu_new;
+  std::vector<unsigned char> k_new, v_new;
+  if (in.ConsumeBool()) {
+    cu_new = make_offsets(in, batch, &total_new);
+    const int64_t rows = std::clamp<int64_t>(total_new, 0, 200);
+    k_new.assign(std::max<int64_t>(rows, 1) * heads_kv * d * es, 0x3b);
+    v_new.assign(std::max<int64_t>(rows, 1) * heads_kv * dv * es, 0x3a);
+    kv.k_new = k_new.data();
+    kv.v_new = v_new.data();
+    kv.cu_seqlens_new = cu_new.data();
+    kv.total_new = total_new > 200 ? 200 : total_new;  // the arrays hold at most 200 rows
+  }
+  const std::vector<unsigned char> k_before = k_cache, v_before = v_cache;
   const jfa_status s = jfa_attention_forward_paged(&p, &kv);
   require(valid_status(s), "paged forward: a status outside the enum");
   if (s != JFA_SUCCESS) {
-    if (!failed_while_computing(s))
+    if (!failed_while_computing(s)) {
       require(std::all_of(out.begin(), out.end(), [](unsigned char c) { return c == 0xFF; }),
               "a rejected paged forward wrote out");
+      require(k_cache == k_before && v_cache == v_before,
+              "a rejected paged forward wrote the cache");
+    }
     return;
   }
   require_finite(out, es, total_q, heads_q, dv, {0, 0}, "an accepted paged forward left out");
