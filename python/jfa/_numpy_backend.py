@@ -192,7 +192,8 @@ def _int32_array(name: str, a, ndim: int) -> np.ndarray:
 
 def paged_attention(q, k_cache, v_cache, block_table, seqused_k, cu_seqlens_q, max_seqlen_q,
                     max_seqlen_k, causal, softmax_scale, return_lse, window_size=(-1, -1),
-                    softcap=0.0, sinks=None, q_tokens=None, reference=False):
+                    softcap=0.0, sinks=None, q_tokens=None, reference=False, k_new=None,
+                    v_new=None, cu_seqlens_new=None):
     """The forward over a paged KV cache (jfa_attention_forward_paged), or its float64 reference
     (jfa_attention_reference_paged) with ``reference``, on numpy arrays."""
     q, kc, vc = _array("q", q), _array("k_cache", k_cache), _array("v_cache", v_cache)
@@ -236,6 +237,23 @@ def paged_attention(q, k_cache, v_cache, block_table, seqused_k, cu_seqlens_q, m
     kv.k_cache, kv.v_cache = _ptr(kc), _ptr(vc)
     kv.block_table, kv.seqused_k = _ptr(table), _ptr(used)
     kv.num_pages, kv.page_size, kv.max_pages_per_seq = num_pages, page_size, table.shape[1]
+    if (k_new is None) != (v_new is None) or (k_new is None) != (cu_seqlens_new is None):
+        raise ValueError("k_new, v_new and cu_seqlens_new go together (an append), or none")
+    if k_new is not None:
+        k_new, v_new = _array("k_new", k_new), _array("v_new", v_new)
+        for name, a, cols in (("k_new", k_new, d), ("v_new", v_new, vc.shape[3])):
+            if a.ndim != 3 or a.shape[1:] != (heads_kv, cols):
+                raise ValueError(f"{name} must have shape [total_new, {heads_kv}, {cols}], got "
+                                 f"{a.shape}")
+            if a.dtype != q.dtype or not a.flags.c_contiguous:
+                raise ValueError(f"{name} must be a C-contiguous {q.dtype} array")
+        if k_new.shape[0] != v_new.shape[0]:
+            raise ValueError("k_new and v_new must have the same number of rows")
+        if not reference and not (kc.flags.writeable and vc.flags.writeable):
+            raise ValueError("k_cache and v_cache must be writeable to append to them")
+        cu_new = offsets("cu_seqlens_new", cu_seqlens_new)
+        kv.k_new, kv.v_new, kv.cu_seqlens_new = _ptr(k_new), _ptr(v_new), _ptr(cu_new)
+        kv.total_new = k_new.shape[0]
     return_lse = _checks.flag("return_lse", return_lse)
     if reference:
         n = total_q if q_tokens is None else len(q_tokens)
@@ -252,5 +270,5 @@ def paged_attention(q, k_cache, v_cache, block_table, seqused_k, cu_seqlens_q, m
         p.out = _ptr(out)
         p.lse = _ptr(lse)
         call("jfa_attention_forward_paged", ctypes.byref(p), ctypes.byref(kv))
-    del q, kc, vc, table, used, cu_q, sinks
+    del q, kc, vc, table, used, cu_q, sinks, k_new, v_new
     return (out, lse) if return_lse else out

@@ -122,7 +122,8 @@ def _unavailable_reason() -> str:
 def paged_attention(q, k_cache, v_cache, block_table, seqused_k, cu_seqlens_q, *,
                     max_seqlen_q=None, max_seqlen_k=None, causal=False, softmax_scale=None,
                     return_lse=False, window_size=(-1, -1), softcap=0.0, sinks=None,
-                    reference=False, q_tokens=None):
+                    reference=False, q_tokens=None, k_new=None, v_new=None,
+                    cu_seqlens_new=None):
     """Attention of packed queries over a paged KV cache (serving: decode, speculative decode,
     chunked prefill), numpy arrays on the CPU backend for now.
 
@@ -137,6 +138,11 @@ def paged_attention(q, k_cache, v_cache, block_table, seqused_k, cu_seqlens_q, *
             softcap, sinks: as for :func:`jagged_attention` (the causal mask and windows aligned
             bottom-right with len_k = seqused_k).
         reference: compute libjfa's float64 reference instead (rows ``q_tokens``, all when None).
+        k_new, v_new, cu_seqlens_new: an append (one call per decode or prefill step): the step's
+            new keys ``[total_new, heads_kv, head_dim]`` and values, packed by ``cu_seqlens_new``,
+            written into each sequence's pages after its ``seqused_k`` rows (the caches change in
+            place; ``seqused_k`` does not) and attended over with them. The reference writes
+            nothing. A call rejected for its arguments writes nothing.
 
     Returns ``out`` (float64 with ``reference``) or ``(out, lse)``. Raises TypeError/ValueError for
     bad arguments and jfa.JfaError (with the library's message: a block table entry outside
@@ -151,7 +157,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seqused_k, cu_seqlens_q, *
         return _numpy_backend.paged_attention(q, k_cache, v_cache, block_table, seqused_k,
                                               cu_seqlens_q, None, None, causal, softmax_scale,
                                               return_lse, window_size, softcap, sinks, q_tokens,
-                                              reference=True)
+                                              True, k_new, v_new, cu_seqlens_new)
     return _numpy_backend.paged_attention(q, k_cache, v_cache, block_table, seqused_k,
                                           cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal,
-                                          softmax_scale, return_lse, window_size, softcap, sinks)
+                                          softmax_scale, return_lse, window_size, softcap, sinks,
+                                          None, False, k_new, v_new, cu_seqlens_new)

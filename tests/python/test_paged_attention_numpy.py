@@ -7,7 +7,8 @@ import pytest
 import jfa
 
 
-def _case(rng, page_size, used, len_q, heads_q=4, heads_kv=2, d=16, dv=16, dtype=np.float32):
+def _case(rng, page_size, used, len_q, heads_q=4, heads_kv=2, d=16, dv=16, dtype=np.float32,
+          share=True):
     batch = len(used)
     max_pages = max([(n + page_size - 1) // page_size for n in used] + [0]) + 1
     needed = sum((n + page_size - 1) // page_size for n in used)
@@ -19,7 +20,7 @@ def _case(rng, page_size, used, len_q, heads_q=4, heads_kv=2, d=16, dv=16, dtype
     nxt = 0
     for b, n in enumerate(used):
         for j in range((n + page_size - 1) // page_size):
-            if b > 0 and j == 0 and table[0, 0] >= 0 and rng.random() < 0.3:
+            if share and b > 0 and j == 0 and table[0, 0] >= 0 and rng.random() < 0.3:
                 table[b, j] = table[0, 0]  # a page shared with sequence 0
             else:
                 table[b, j] = pages[nxt]
@@ -70,3 +71,37 @@ def test_errors_say_what_is_wrong(rng):
         jfa.paged_attention(q, kc[:, ::2], vc[:, ::2], table, seqused, cu_q)
     with pytest.raises(ValueError, match="head_dim"):
         jfa.paged_attention(q[:, :, :8], kc, vc, table, seqused, cu_q)
+
+
+def test_append_writes_the_new_rows_and_attends_over_them(rng):
+    """A decode step in one call: each sequence's new rows land in its pages after its cached
+    rows, and the output is that of the packed call over both."""
+    page = 4
+    full = [3, 9, 6]  # keys after the append
+    added = [1, 2, 0]
+    q, kc, vc, table, _, cu_q, k, v, cu_k = _case(rng, page, full, [1, 2, 1], share=False)
+    before = np.array([n - a for n, a in zip(full, added)], dtype=np.int32)
+    k_new = np.concatenate([k[cu_k[b] + before[b]:cu_k[b + 1]] for b in range(3)])
+    v_new = np.concatenate([v[cu_k[b] + before[b]:cu_k[b + 1]] for b in range(3)])
+    cu_new = jfa.lengths_to_offsets(added)
+    want_k, want_v = kc.copy(), vc.copy()
+    for b in range(3):  # the rows the append must write, made stale first
+        for t in range(before[b], full[b]):
+            kc[table[b, t // page], t % page] = 1e3
+            vc[table[b, t // page], t % page] = -1e3
+    stale_k = kc.copy()
+    ref = jfa.paged_attention(q, kc, vc, table, before, cu_q, causal=True, reference=True,
+                              k_new=k_new, v_new=v_new, cu_seqlens_new=cu_new)
+    np.testing.assert_array_equal(kc, stale_k)  # the reference writes nothing
+    out = jfa.paged_attention(q, kc, vc, table, before, cu_q, causal=True, k_new=k_new,
+                              v_new=v_new, cu_seqlens_new=cu_new)
+    np.testing.assert_array_equal(kc, want_k)
+    np.testing.assert_array_equal(vc, want_v)
+    np.testing.assert_array_equal(out, jfa.jagged_attention(q, k, v, cu_q, cu_k, causal=True))
+    np.testing.assert_allclose(out, ref, atol=2e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="go together"):
+        jfa.paged_attention(q, kc, vc, table, before, cu_q, k_new=k_new)
+    kc.flags.writeable = False
+    with pytest.raises(ValueError, match="writeable"):
+        jfa.paged_attention(q, kc, vc, table, before, cu_q, k_new=k_new, v_new=v_new,
+                            cu_seqlens_new=cu_new)
