@@ -158,6 +158,16 @@ def attention_reference(q, k, v, cu_seqlens_q, cu_seqlens_k=None, *, causal=Fals
     """
     p, keep = build_params(q, k, v, cu_seqlens_q, cu_seqlens_k, None, None, causal, softmax_scale,
                            window_size, softcap, sinks)
+    out, lse = _call_reference("jfa_attention_reference", (ctypes.byref(p),), p, q_tokens,
+                               return_lse)
+    del keep
+    return (out, lse) if return_lse else out
+
+
+def _call_reference(function, leading, p: AttentionParams, q_tokens, return_lse):
+    """A float64 reference entry (`function`, called with the `leading` arguments, then the rows'
+    tokens, their count, out and lse) on the rows ``q_tokens`` of p (every row when None):
+    (out float64 [n, heads_q, head_dim_v], lse float64 [heads_q, n] or None)."""
     return_lse = _checks.flag("return_lse", return_lse)
     if q_tokens is None:
         tokens = None
@@ -175,9 +185,8 @@ def attention_reference(q, k, v, cu_seqlens_q, cu_seqlens_k=None, *, causal=Fals
     tok_ptr = None if tokens is None else tokens.ctypes.data_as(ctypes.POINTER(ctypes.c_int64))
     out_ptr = out.ctypes.data_as(ctypes.POINTER(ctypes.c_double))
     lse_ptr = None if lse is None else lse.ctypes.data_as(ctypes.POINTER(ctypes.c_double))
-    call("jfa_attention_reference", ctypes.byref(p), tok_ptr, n, out_ptr, lse_ptr)
-    del keep
-    return (out, lse) if return_lse else out
+    call(function, *leading, tok_ptr, n, out_ptr, lse_ptr)
+    return out, lse
 
 
 def _int32_array(name: str, a, ndim: int) -> np.ndarray:
@@ -254,17 +263,11 @@ def paged_attention(q, k_cache, v_cache, block_table, seqused_k, cu_seqlens_q, m
         cu_new = offsets("cu_seqlens_new", cu_seqlens_new)
         kv.k_new, kv.v_new, kv.cu_seqlens_new = _ptr(k_new), _ptr(v_new), _ptr(cu_new)
         kv.total_new = k_new.shape[0]
-    return_lse = _checks.flag("return_lse", return_lse)
     if reference:
-        n = total_q if q_tokens is None else len(q_tokens)
-        tokens = None if q_tokens is None else np.ascontiguousarray(q_tokens, dtype=np.int64)
-        out = np.empty((n, heads_q, p.head_dim_v), dtype=np.float64)
-        lse = np.empty((heads_q, n), dtype=np.float64) if return_lse else None
-        call("jfa_attention_reference_paged", ctypes.byref(p), ctypes.byref(kv),
-             None if tokens is None else tokens.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)), n,
-             out.ctypes.data_as(ctypes.POINTER(ctypes.c_double)),
-             None if lse is None else lse.ctypes.data_as(ctypes.POINTER(ctypes.c_double)))
+        out, lse = _call_reference("jfa_attention_reference_paged",
+                                   (ctypes.byref(p), ctypes.byref(kv)), p, q_tokens, return_lse)
     else:
+        return_lse = _checks.flag("return_lse", return_lse)
         out = np.empty((total_q, heads_q, p.head_dim_v), dtype=q.dtype)
         lse = np.empty((heads_q, total_q), dtype=np.float32) if return_lse else None
         p.out = _ptr(out)

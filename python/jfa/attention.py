@@ -153,12 +153,9 @@ def paged_attention(q, k_cache, v_cache, block_table, seqused_k, cu_seqlens_q, *
         raise TypeError("paged_attention takes numpy arrays for now (the CPU backend); torch "
                         "tensors come with the CUDA kernels")
     from . import _numpy_backend
-    if reference:
-        return _numpy_backend.paged_attention(q, k_cache, v_cache, block_table, seqused_k,
-                                              cu_seqlens_q, None, None, causal, softmax_scale,
-                                              return_lse, window_size, softcap, sinks, q_tokens,
-                                              True, k_new, v_new, cu_seqlens_new)
+    # The reference takes no length hints (as attention_reference).
+    hints = (None, None) if reference else (max_seqlen_q, max_seqlen_k)
     return _numpy_backend.paged_attention(q, k_cache, v_cache, block_table, seqused_k,
-                                          cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal,
-                                          softmax_scale, return_lse, window_size, softcap, sinks,
-                                          None, False, k_new, v_new, cu_seqlens_new)
+                                          cu_seqlens_q, *hints, causal, softmax_scale, return_lse,
+                                          window_size, softcap, sinks, q_tokens, reference, k_new,
+                                          v_new, cu_seqlens_new)

@@ -7,7 +7,6 @@
 // yet.
 #include <cstring>
 #include <limits>
-#include <string>
 #include <vector>
 
 #include "api/buffer_checks.hpp"
@@ -112,6 +111,23 @@ jfa_status check_cache_fields(const jfa_paged_kv* kv, const jfa_attention_params
   return JFA_SUCCESS;
 }
 
+// Bytes of one token's keys and of its values (all KV heads).
+struct RowBytes {
+  size_t k, v;
+};
+
+RowBytes row_bytes(const jfa_attention_params& p) {
+  const size_t es = jfa_dtype_size(p.dtype);
+  const int32_t dv = p.head_dim_v == 0 ? p.head_dim : p.head_dim_v;
+  return {static_cast<size_t>(p.heads_kv) * p.head_dim * es,
+          static_cast<size_t>(p.heads_kv) * dv * es};
+}
+
+// Pages that n keys fill.
+int64_t pages_of(const jfa_paged_kv& kv, int64_t n) {
+  return (n + kv.page_size - 1) / kv.page_size;
+}
+
 // Rows of the step's new keys of sequence b (0 without an append).
 int64_t new_rows(const jfa_paged_kv& kv, int64_t b) {
   return kv.k_new == nullptr ? 0 : kv.cu_seqlens_new[b + 1] - kv.cu_seqlens_new[b];
@@ -130,7 +146,7 @@ jfa_status check_appended_pages(const jfa_paged_kv& kv, const std::vector<int32_
                                 int64_t batch) {
   std::vector<int32_t> holders(static_cast<size_t>(kv.num_pages), 0);
   for (int64_t b = 0; b < batch; ++b) {
-    const int64_t pages = (cu_k[b + 1] - cu_k[b] + kv.page_size - 1) / kv.page_size;
+    const int64_t pages = pages_of(kv, cu_k[b + 1] - cu_k[b]);
     for (int64_t j = 0; j < pages; ++j) {
       const int32_t page = kv.block_table[b * kv.max_pages_per_seq + j];
       ++holders[page];
@@ -155,8 +171,7 @@ jfa_status check_appended_pages(const jfa_paged_kv& kv, const std::vector<int32_
 // (host memory), checks them, and gathers the keys and values (the cache's rows, then the new
 // ones) into packed buffers. Writes nothing.
 jfa_status gather(const jfa_paged_kv& kv, const jfa_attention_params& p, GatheredKv* g) {
-  const size_t es = jfa_dtype_size(p.dtype);
-  if (es == 0)
+  if (jfa_dtype_size(p.dtype) == 0)
     return fail(JFA_ERROR_INVALID_ARGUMENT, "unknown dtype %d", static_cast<int>(p.dtype));
   if (kv.k_new != nullptr) {
     if (const jfa_status s = jfa::detail::validate_offsets_named(
@@ -164,7 +179,6 @@ jfa_status gather(const jfa_paged_kv& kv, const jfa_attention_params& p, Gathere
         s != JFA_SUCCESS)
       return s;
   }
-  const int32_t dv = p.head_dim_v == 0 ? p.head_dim : p.head_dim_v;
   const int64_t capacity = static_cast<int64_t>(kv.max_pages_per_seq) * kv.page_size;
   g->cu_k.assign(static_cast<size_t>(p.batch) + 1, 0);
   for (int64_t b = 0; b < p.batch; ++b) {
@@ -180,8 +194,7 @@ jfa_status gather(const jfa_paged_kv& kv, const jfa_attention_params& p, Gathere
     if (end > std::numeric_limits<int32_t>::max())
       return fail(JFA_ERROR_INVALID_ARGUMENT, "the sum of the sequences' keys exceeds 2^31 - 1");
     g->cu_k[b + 1] = static_cast<int32_t>(end);
-    const int64_t pages = (n + kv.page_size - 1) / kv.page_size;
-    for (int64_t j = 0; j < pages; ++j) {
+    for (int64_t j = 0; j < pages_of(kv, n); ++j) {
       const int32_t page = kv.block_table[b * kv.max_pages_per_seq + j];
       if (page < 0 || page >= kv.num_pages)
         return fail(JFA_ERROR_INVALID_ARGUMENT,
@@ -196,8 +209,7 @@ jfa_status gather(const jfa_paged_kv& kv, const jfa_attention_params& p, Gathere
     if (const jfa_status s = check_appended_pages(kv, g->cu_k, p.batch); s != JFA_SUCCESS) return s;
   }
   g->total_k = g->cu_k.back();
-  const size_t row_k = static_cast<size_t>(p.heads_kv) * p.head_dim * es;
-  const size_t row_v = static_cast<size_t>(p.heads_kv) * dv * es;
+  const auto [row_k, row_v] = row_bytes(p);
   // At least one row each, so that the packed call gets non-NULL k and v.
   g->k.resize((g->total_k > 0 ? g->total_k : 1) * row_k);
   g->v.resize((g->total_k > 0 ? g->total_k : 1) * row_v);
@@ -225,10 +237,7 @@ jfa_status gather(const jfa_paged_kv& kv, const jfa_attention_params& p, Gathere
 
 // The append: each sequence's new rows into its pages (checked by gather).
 void write_appended(const jfa_paged_kv& kv, const jfa_attention_params& p) {
-  const size_t es = jfa_dtype_size(p.dtype);
-  const int32_t dv = p.head_dim_v == 0 ? p.head_dim : p.head_dim_v;
-  const size_t row_k = static_cast<size_t>(p.heads_kv) * p.head_dim * es;
-  const size_t row_v = static_cast<size_t>(p.heads_kv) * dv * es;
+  const auto [row_k, row_v] = row_bytes(p);
   for (int64_t b = 0; b < p.batch; ++b) {
     const int64_t used = kv.seqused_k[b], added = new_rows(kv, b);
     for (int64_t i = 0; i < added; ++i) {

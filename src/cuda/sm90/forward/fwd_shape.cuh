@@ -27,7 +27,7 @@ template <typename T, int kHeadDim, int kGroups, int kKeys, int kHeadDimV>
 jfa_status forward_shape(const jfa::detail::Params& p, const jfa::cuda::DeviceFacts& device) {
 #ifdef JFA_SM90_TUNING
   // Local attention on the shipped choices (its kernels have not run on a GPU yet: only where
-  // JFA_SM90_LOCAL_ATTENTION=1 lets the API pass such calls, see local_attention_enabled).
+  // JFA_SM90_LOCAL_ATTENTION=1 lets the API pass such calls, see check_cuda_features).
   if (p.uses_local_attention())
     return run_forward<
         FwdConfig<T, kHeadDim, kGroups, kKeys, WithLocalAttention<ShippedKernel>, kHeadDimV> >(

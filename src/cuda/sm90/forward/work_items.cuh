@@ -21,13 +21,6 @@ struct WorkItem {
   bool active;       // the tile has query rows
 };
 
-// Item `item` of the work list. Items go tile by tile, the heads of one q tile neighbours, except
-// (kHeadMajorRuns, no causal mask) inside the run of list entries that holds the q tiles of one
-// sequence, whose items go head by head: the CTAs at work then read the K/V of a few heads of one
-// sequence, which stay in L2 also for long sequences (with 16 heads of 8K keys, the tile-major
-// order streams 64 MB). Under the causal mask the tiles of a head differ in cost and the
-// tile-major order keeps the items in flight alike. Dynamic items only: in the round-robin walk of
-// three groups every thread decodes, and the extra arithmetic spills.
 // The K range of an item of one sequence under window `win`: seq's keys start at the tile of the
 // first key a row of rows [row0, row_end) sees; the number of K tiles to visit, 0 where no row sees
 // a key.
@@ -44,6 +37,13 @@ __host__ __device__ __forceinline__ int32_t local_item_keys(const jfa::detail::W
   return static_cast<int32_t>((keys.end - shift + kBlockN - 1) / kBlockN);
 }
 
+// Item `item` of the work list. Items go tile by tile, the heads of one q tile neighbours, except
+// (kHeadMajorRuns, no causal mask) inside the run of list entries that holds the q tiles of one
+// sequence, whose items go head by head: the CTAs at work then read the K/V of a few heads of one
+// sequence, which stay in L2 also for long sequences (with 16 heads of 8K keys, the tile-major
+// order streams 64 MB). Under the causal mask the tiles of a head differ in cost and the
+// tile-major order keeps the items in flight alike. Dynamic items only: in the round-robin walk of
+// three groups every thread decodes, and the extra arithmetic spills.
 // kLocal: the local-attention kernels' items (a FwdLocalArgs behind `a`; see local_mask.cuh).
 template <int kBlockM, int kBlockN, bool kHeadMajorRuns = false, bool kLocal = false>
 __device__ __forceinline__ WorkItem decode_item(const FwdArgs& a, int64_t item) {
