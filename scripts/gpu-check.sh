@@ -5,8 +5,9 @@
 #   build           on a machine WITHOUT a GPU (nvcc is enough): configure and build the library,
 #                   the GPU tests, the CLI and the torch op library, and gather what the other
 #                   stages run into CARRY_DIR (default build/gpu-carry), whose size it prints. Also
-#                   unpacks FlashAttention-3's op library into .peers/ when FA3_PREBUILT names a
-#                   folder holding flash_attn_3_varlen.so.xz (and its python/ wrapper).
+#                   copies FlashAttention-3's op libraries, still compressed (fa3_varlen.so.xz,
+#                   fa3_full_bf16.so.xz: 6 MB, unpacked by the stages that load them), and its
+#                   python/ wrapper into .peers/ when FA3_PREBUILT names the folder holding them.
 #   suite           the GPU tests (jfa_gpu_tests, in SUITE_SHARDS gtest shards at once on the one
 #                   GPU) and the Python tests with torch on CUDA (native ops, then the ctypes ops).
 #   sanitize        compute-sanitizer memcheck and racecheck over the reduced case set
@@ -15,6 +16,9 @@
 #                   FA3 has no kernel): every head size, fp16 and bf16, W1-W4, both masks, eager
 #                   and CUDA-graph replay, every output checked against a float reference first.
 #   bench-backward  the same for the backward op (gradients checked against float64 first).
+#   bench-local     the forward with sliding windows, softcap and sinks against FlashAttention-3's
+#                   build with windows and softcap (bf16, head_dim 64, 128, 256; sinks jfa alone),
+#                   outputs checked against float64 first (bench/local_peers.py).
 #   bench           bench-forward, then bench-backward.
 #   all             every stage above but build's gathering (builds in place when no CARRY_DIR
 #                   exists), for a machine without the per-command limit.
@@ -27,13 +31,16 @@
 # env:   BUILD_DIR (build: default build/gpu-check; build/release reuses scripts/test.sh's build),
 #        CARRY_DIR (default build/gpu-carry), TORCH_DIR (build: the torch package directory to
 #        build the op library against; default build/torch-site/torch, else python3's torch),
-#        FA3_PREBUILT (build: folder of flash_attn_3_varlen.so.xz), FA3_LIB (benchmarks: default
-#        .peers/fa3_varlen.so), SUITE_SHARDS (default 3), SANITIZER_SHARDS (default 2),
+#        FA3_PREBUILT (build: folder of flash_attn_3_*.so.xz), FA3_LIB (benchmarks: default
+#        .peers/fa3_varlen.so), FA3_FULL_LIB (bench-local: default .peers/fa3_full_bf16.so),
+#        LOCAL_HEAD_DIMS (bench-local: default "64,128,256"), SUITE_FILTER (suite: a gtest filter of
+#        the GPU tests, default all), SUITE_PYTEST (suite: the pytest paths and options instead
+#        of tests/python and the ctypes list), SUITE_SHARDS (default 3), SANITIZER_SHARDS (default 2),
 #        STAGE_SECONDS (the time a stage plans for, default 450), HEAD_DIMS (benchmarks: default
 #        "64 96 128 192 192/128 256 32"), BENCH_ROUNDS (default 2), BENCH_DTYPES (default
 #        fp16,bf16), BENCH_WORKLOADS (default "W1 W2 W3 W4")
 set -u -o pipefail
-STAGE=${1:?usage: scripts/gpu-check.sh build|suite|sanitize|bench-forward|bench-backward|bench|all OUTDIR}
+STAGE=${1:?usage: scripts/gpu-check.sh build|suite|sanitize|bench-forward|bench-backward|bench-local|bench|all OUTDIR}
 OUT=${2:?usage: scripts/gpu-check.sh STAGE OUTDIR}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -65,7 +72,12 @@ runtime_env() {
   [ -n "$cudart" ] && libs="$libs:$cudart"
   export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export JFA_LIBRARY="$CARRY/lib/libjfa.so" PYTHONUNBUFFERED=1
+  local packed
+  for packed in "$ROOT"/.peers/*.so.xz; do  # carried compressed: 6 MB instead of 68
+    [ -f "$packed" ] && [ ! -f "${packed%.xz}" ] && xz -dc "$packed" >"${packed%.xz}"
+  done
   export FA3_LIB=${FA3_LIB:-$ROOT/.peers/fa3_varlen.so}
+  export FA3_FULL_LIB=${FA3_FULL_LIB:-$ROOT/.peers/fa3_full_bf16.so}
   [ -d "$ROOT/.peers/python" ] && export PYTHONPATH="$ROOT/.peers/python${PYTHONPATH:+:$PYTHONPATH}"
   return 0
 }
@@ -98,9 +110,13 @@ stage_build() {
   strip --strip-unneeded "$CARRY"/lib/*.so* "$CARRY"/bin/* 2>/dev/null
   local fa3=""
   if [ -n "${FA3_PREBUILT:-}" ] && [ -f "$FA3_PREBUILT/flash_attn_3_varlen.so.xz" ]; then
-    mkdir -p .peers
-    xz -dc "$FA3_PREBUILT/flash_attn_3_varlen.so.xz" >.peers/fa3_varlen.so
-    [ -d "$FA3_PREBUILT/python" ] && rm -rf .peers/python && cp -r "$FA3_PREBUILT/python" .peers/python
+    rm -rf .peers && mkdir -p .peers
+    local lib
+    for lib in varlen full_bf16; do
+      [ -f "$FA3_PREBUILT/flash_attn_3_$lib.so.xz" ] &&
+        cp "$FA3_PREBUILT/flash_attn_3_$lib.so.xz" ".peers/fa3_$lib.so.xz"
+    done
+    [ -d "$FA3_PREBUILT/python" ] && cp -r "$FA3_PREBUILT/python" .peers/python
     chmod -R u+w .peers
     fa3=", .peers $(du -sh .peers | cut -f1)"
   fi
@@ -114,18 +130,20 @@ stage_suite() {
   # gtest shards of the GPU tests side by side on the one GPU, and the Python tests beside them.
   for ((i = 0; i < shards; i++)); do
     GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "$budget" "$CARRY/bin/jfa_gpu_tests" \
-      >"$OUT/gpu_tests_shard$i.log" 2>&1 &
+      --gtest_filter="${SUITE_FILTER:-*}" >"$OUT/gpu_tests_shard$i.log" 2>&1 &
     pids+=($!)
   done
   local pytest_native pytest_ctypes
-  (timeout $((budget * 2 / 3)) python3 -m pytest tests/python -q -rs -p no:cacheprovider \
+  local native=(tests/python) ctypes=(tests/python/test_torch.py
+    tests/python/test_torch_cuda_backward.py tests/python/test_torch_cuda_graph_backward.py
+    tests/python/test_torch_local_attention.py tests/python/test_readme.py)
+  [ -n "${SUITE_PYTEST:-}" ] && native=($SUITE_PYTEST) && ctypes=($SUITE_PYTEST)
+  (timeout $((budget * 2 / 3)) python3 -m pytest "${native[@]}" -q -rs -p no:cacheprovider \
      >"$OUT/pytest.log" 2>&1; echo $? >"$OUT/pytest.rc") &
   local ppid=$!
   for pid in "${pids[@]}"; do wait "$pid" || rc_gpu=1; done
   wait $ppid
-  JFA_TORCH_OPS=ctypes timeout "$(left)" python3 -m pytest tests/python/test_torch.py \
-    tests/python/test_torch_cuda_backward.py tests/python/test_torch_cuda_graph_backward.py \
-    tests/python/test_torch_local_attention.py tests/python/test_readme.py -q -rs \
+  JFA_TORCH_OPS=ctypes timeout "$(left)" python3 -m pytest "${ctypes[@]}" -q -rs \
     -p no:cacheprovider >"$OUT/pytest_ctypes.log" 2>&1
   echo $? >"$OUT/pytest_ctypes.rc"
   local passed failed
@@ -139,7 +157,7 @@ stage_suite() {
 
 # The reduced case set: the tile layer, every edge of the offsets, shared tiles, workspaces,
 # the checked mode, both passes.
-SANITIZER_FILTER='TlxTma.*:TlxMBarrier.*:TlxWgmma.Fp16D128N128:AttentionGpu.OtherLaunchChoicesMatchReference:AttentionGpu.EdgeLengths*:AttentionGpu.DifferentQueryAndKeyLengthsGqa:AttentionGpu.GarbageDeviceOffsetsStayInBounds:AttentionGpu.CheckedModeReportsInvalidDeviceOffsets:AttentionGpu.CheckedModeReportsResultsBeyondFloat32:AttentionGpu.NoKeysAnywhere:AttentionGpu.ManyTinySequences:AttentionGpu.AlternativeSchedulesMatchReference:AttentionGpu.ShortSequencesShareTiles:AttentionGpuApi.CallerWorkspace:AttentionGpuApi.KeptWorkspaceGrows:BackwardGpu.EdgeLengths*:BackwardGpu.CrossLengthsGqa:BackwardGpu.EmptySequences:BackwardGpu.ManyTinySequences:BackwardGpu.SharedTilesOfShortSequences:BackwardGpu.DeterministicSharedTiles:BackwardGpuApi.StaleWorkspaceDoesNotReachSharedTiles:BackwardGpu.StridedGradientLayouts:BackwardGpu.DeterministicRunsAreBitIdentical:BackwardGpuApi.CallerWorkspaceGivesTheSameGradients:BackwardGpuApi.CheckedModeReportsInvalidDeviceOffsets:BackwardGpuApi.CheckedModeReportsGradientsThatAreNotFinite:AttentionGpu.LocalAttentionKernelsMatchReference'
+SANITIZER_FILTER='TlxTma.*:TlxMBarrier.*:TlxWgmma.Fp16D128N128:AttentionGpu.OtherLaunchChoicesMatchReference:AttentionGpu.EdgeLengths*:AttentionGpu.DifferentQueryAndKeyLengthsGqa:AttentionGpu.GarbageDeviceOffsetsStayInBounds:AttentionGpu.CheckedModeReportsInvalidDeviceOffsets:AttentionGpu.CheckedModeReportsResultsBeyondFloat32:AttentionGpu.NoKeysAnywhere:AttentionGpu.ManyTinySequences:AttentionGpu.AlternativeSchedulesMatchReference:AttentionGpu.ShortSequencesShareTiles:AttentionGpuApi.CallerWorkspace:AttentionGpuApi.KeptWorkspaceGrows:BackwardGpu.EdgeLengths*:BackwardGpu.CrossLengthsGqa:BackwardGpu.EmptySequences:BackwardGpu.ManyTinySequences:BackwardGpu.SharedTilesOfShortSequences:BackwardGpu.DeterministicSharedTiles:BackwardGpuApi.StaleWorkspaceDoesNotReachSharedTiles:BackwardGpu.StridedGradientLayouts:BackwardGpu.DeterministicRunsAreBitIdentical:BackwardGpuApi.CallerWorkspaceGivesTheSameGradients:BackwardGpuApi.CheckedModeReportsInvalidDeviceOffsets:BackwardGpuApi.CheckedModeReportsGradientsThatAreNotFinite:AttentionGpu.LocalAttentionMatchesReference:AttentionGpu.LocalAttentionCallerWorkspaceAndCheckedMode'
 
 stage_sanitize() {
   runtime_env || { summary sanitize "FAILED (nothing carried)"; return 1; }
@@ -221,12 +239,23 @@ stage_bench_backward() {
   return $rc
 }
 
+stage_bench_local() {
+  runtime_env || { summary bench-local "FAILED (nothing carried)"; return 1; }
+  local rc=0
+  timeout "$(left)" python3 bench/local_peers.py --lib "$JFA_LIBRARY" --fa3-lib "$FA3_FULL_LIB" \
+    --out "$OUT" --name local --head-dims "${LOCAL_HEAD_DIMS:-64,128,256}" \
+    --rounds "${BENCH_ROUNDS:-2}" --time-limit-s $(($(left) - 30)) >"$OUT/local.log" 2>&1 || rc=1
+  summary bench-local "$(gpu_name): rc $rc (local*.json, table in local.log)"
+  return $rc
+}
+
 case $STAGE in
   build) stage_build ;;
   suite) stage_suite ;;
   sanitize) stage_sanitize ;;
   bench-forward) stage_bench_forward ;;
   bench-backward) stage_bench_backward ;;
+  bench-local) stage_bench_local ;;
   bench)
     STAGE_SECONDS=$((STAGE_SECONDS / 2)) stage_bench_forward; a=$?
     START=$SECONDS stage_bench_backward; b=$?
@@ -234,10 +263,10 @@ case $STAGE in
   all)
     rc=0
     [ -d "$CARRY" ] || stage_build || exit 1
-    for s in stage_suite stage_sanitize stage_bench_forward stage_bench_backward; do
+    for s in stage_suite stage_sanitize stage_bench_forward stage_bench_backward stage_bench_local; do
       START=$SECONDS STAGE_SECONDS=100000 $s || rc=1
     done
     exit $rc ;;
-  *) echo "unknown stage '$STAGE' (build, suite, sanitize, bench-forward, bench-backward, bench, all)" >&2
+  *) echo "unknown stage '$STAGE' (build, suite, sanitize, bench-forward, bench-backward, bench-local, bench, all)" >&2
      exit 2 ;;
 esac
