@@ -6,10 +6,10 @@ Cells: workload x kind. Workloads: bench/workloads.py's W1, W2, W3 (--workloads)
 --head-dims (64,128,256: W1-d64 .. W3-d256), 16 query and 16 KV heads as in bench/peers.py.
 Kinds (--kinds; window (left, right): query i sees key j iff i + Lk - Lq - left <= j <=
 i + Lk - Lq + right, -1 unbounded, causal is right = 0; jfa.h):
-  swa1024 causal, window (1023, 0) (Mistral-like)   swa4096 causal, window (4095, 0)
+  swa128 causal, window (128, 0) (GPT-OSS)  swa4096 causal, window (4096, 0) (Mistral)
   swa128nc non-causal, window (128, 128)            softcap50 causal, softcap 50 (Gemma 2)
-  swa_softcap causal, window (4095, 0), softcap 50  sinks causal, sinks ~ N(0, 1)
-  swa_sinks causal, window (127, 0), sinks (GPT-OSS like)
+  swa_softcap causal, window (4096, 0), softcap 50  sinks causal, sinks ~ N(0, 1)
+  swa_sinks causal, window (128, 0), sinks (GPT-OSS)
 FlashAttention-3 (fa3): torch.ops.flash_attn_3.fwd, varlen, from the op library --fa3-lib names
 (e.g. its full bf16 build: windows and softcap at head_dim 64, 128, 256), the call built from the
 op's schema as bench/peers.py does, window_size_left, window_size_right and softcap by keyword.
@@ -37,7 +37,7 @@ graph, jfa ÷ peer. --time-limit-s S: no cell starts after S seconds; the JSON a
 
 usage: python3 bench/local_peers.py --lib build/gpu/src/libjfa.so
            --fa3-lib .peers/fa3_full_bf16.so [--cli build/gpu/tools/jfa] [--out bench/results]
-           [--workloads W1,W2,W3] [--head-dims 64,128,256] [--kinds swa1024,sinks,...]
+           [--workloads W1,W2,W3] [--head-dims 64,128,256] [--kinds swa128,sinks,...]
            [--rounds N] [--runs N] [--warmup N] [--time-limit-s S] [--name NAME]
 """
 import argparse
@@ -58,11 +58,11 @@ from rounds import measure_rounds  # noqa: E402
 
 # causal, window (left, right) (-1: unbounded), softcap (0: off), sinks (jfa only).
 Kind = namedtuple("Kind", "causal left right softcap sinks")
-KINDS = {"swa1024": Kind(True, 1023, 0, 0.0, False), "swa4096": Kind(True, 4095, 0, 0.0, False),
+KINDS = {"swa128": Kind(True, 128, 0, 0.0, False), "swa4096": Kind(True, 4096, 0, 0.0, False),
          "swa128nc": Kind(False, 128, 128, 0.0, False),
          "softcap50": Kind(True, -1, 0, 50.0, False),
-         "swa_softcap": Kind(True, 4095, 0, 50.0, False), "sinks": Kind(True, -1, 0, 0.0, True),
-         "swa_sinks": Kind(True, 127, 0, 0.0, True)}
+         "swa_softcap": Kind(True, 4096, 0, 50.0, False), "sinks": Kind(True, -1, 0, 0.0, True),
+         "swa_sinks": Kind(True, 128, 0, 0.0, True)}
 DEFAULT_WORKLOADS = ["W1", "W2", "W3"]
 DEFAULT_HEAD_DIMS = ["64", "128", "256"]
 METHODS = {"jfa": "jfa", "fa3": peers.FA3_LABEL, "jfa_nosinks": "jfa without sinks"}

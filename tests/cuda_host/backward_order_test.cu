@@ -7,7 +7,8 @@
 // holds). Both step shapes (one q tile per step, and two, where a group's q tile may lie past the
 // sequence's end or before the rows that see the item's keys), both masks, cross lengths, GQA; and
 // a tile shared by short sequences: one item per kv head walking all its rows, each row's dQ added
-// once and unranked.
+// once and unranked. The local-attention kernels' decode (kLocal: sliding windows, either side or
+// both, with and without the causal mask) is held to the same properties under the window's rule.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/tile_visibility.hpp"
 #include "cuda/sm90/backward/bwd_work_list.cuh"
 #include "test_seed.hpp"
 
@@ -33,6 +35,7 @@ struct Case {
   std::vector<int32_t> lq, lk;
   int32_t heads_kv = 1, group = 1;
   bool causal = false, deterministic = true;
+  jfa::detail::Window window;  // the local kernels' (causal folded in as right = 0)
 };
 
 struct Add {
@@ -41,13 +44,21 @@ struct Add {
   int32_t n_block;
 };
 
-// Whether some row of q tile t sees some key of K tile n (bottom-right causal alignment).
-bool sees(int32_t len_q, int32_t len_k, int32_t t, int32_t n, bool causal) {
+// Whether some row of q tile t sees some key of K tile n (bottom-right causal alignment; with
+// kLocal, the window's rule).
+template <bool kLocal>
+bool sees(const Case& c, int32_t len_q, int32_t len_k, int32_t t, int32_t n) {
+  if constexpr (kLocal) {
+    const jfa::detail::Span keys = jfa::detail::keys_seen_by_rows(
+        c.window, int64_t{t} * kBwdTileRows, (int64_t{t} + 1) * kBwdTileRows, len_q, len_k);
+    return keys.begin < (int64_t{n} + 1) * kBwdBlockN && keys.end > int64_t{n} * kBwdBlockN &&
+           !keys.empty();
+  }
   const int64_t last_row = std::min<int64_t>(len_q, (t + 1) * int64_t{kBwdTileRows}) - 1;
-  return !causal || int64_t{n} * kBwdBlockN <= last_row + (len_k - len_q);
+  return !c.causal || int64_t{n} * kBwdBlockN <= last_row + (len_k - len_q);
 }
 
-template <int kBlockM>
+template <int kBlockM, bool kLocal = false>
 void check_order(const Case& c) {
   constexpr bool kRows = kBlockM == 2 * kBwdTileRows;  // a group per q tile of the step
   const int32_t batch = static_cast<int32_t>(c.lq.size());
@@ -63,7 +74,8 @@ void check_order(const Case& c) {
     const int32_t tiles = (c.lk[b] + kBwdBlockN - 1) / kBwdBlockN;
     for (int32_t t = 0; t < tiles; ++t) work.push_back(BwdListEntry{b, t, tiles});
   }
-  BwdArgs a{};
+  jfa::sm90::BwdLocalArgs local{};
+  BwdArgs& a = local;  // the local decode reads the window behind it
   a.cu_q = cu_q.data();
   a.cu_k = cu_k.data();
   a.work = work.data();
@@ -73,14 +85,15 @@ void check_order(const Case& c) {
   a.heads_kv = c.heads_kv;
   a.group = c.group;
   a.heads_q = c.heads_kv * c.group;
-  a.causal = c.causal ? 1 : 0;
+  a.causal = !kLocal && c.causal ? 1 : 0;
   a.deterministic = c.deterministic ? 1 : 0;
+  local.window = c.window;
 
   std::set<std::tuple<int32_t, int32_t, int32_t>> items;                   // (b, kv head, K tile)
   std::map<std::tuple<int32_t, int32_t, int32_t>, std::vector<Add>> adds;  // (b, head, q tile)
   const int64_t n_items = static_cast<int64_t>(work.size()) * c.heads_kv;
   for (int64_t item = 0; item < n_items; ++item) {
-    const BwdItem w = jfa::sm90::decode_bwd_item<kBlockM>(a, item);
+    const BwdItem w = jfa::sm90::decode_bwd_item<kBlockM, kBwdBlockN, kLocal>(a, item);
     const int32_t b = work[item / c.heads_kv].seq;
     ASSERT_TRUE(w.valid);
     ASSERT_TRUE(items.insert({b, w.kv_head, w.n_block}).second)
@@ -90,19 +103,23 @@ void check_order(const Case& c) {
     ASSERT_EQ(w.seq.len_k, c.lk[b]);
     // The walk: each step of [m_first, m_end) once, for each query head of the group.
     std::vector<int32_t> steps;
-    for (int32_t i = 0; i < w.q_tiles(); ++i) steps.push_back(jfa::sm90::walk_q_tile(a, w, i));
+    for (int32_t i = 0; i < w.q_tiles(); ++i)
+      steps.push_back(jfa::sm90::walk_q_tile<kLocal>(a, w, i));
     std::vector<int32_t> sorted = steps;
     std::sort(sorted.begin(), sorted.end());
     for (int32_t i = 0; i < w.q_tiles(); ++i) ASSERT_EQ(sorted[i], w.m_first + i);
     for (int32_t g = 0; g < c.group; ++g)
       for (int32_t m : steps)
         for (int32_t part = 0; part < (kRows ? 2 : 1); ++part) {
-          const jfa::sm90::DqAdd add = jfa::sm90::dq_add_of_step<kBlockM>(a, w, m, part);
+          const jfa::sm90::DqAdd add =
+              jfa::sm90::dq_add_of_step<kBlockM, kBwdBlockN, kLocal>(a, w, m, part);
           const int32_t q_tile = add.q_tile, rows = add.rows, rank = add.rank;
           ASSERT_EQ(q_tile, m * (kBlockM / kBwdTileRows) + part);
           // Rows: those of the q tile inside the sequence, none where a two-tile step's q tile
-          // sees no key of the item (under the causal mask).
-          const bool item_seen = sees(c.lq[b], c.lk[b], q_tile, w.n_block, c.causal);
+          // sees no key of the item (under the causal mask or a window); a one-tile step's q
+          // tile always sees one.
+          const bool item_seen = sees<kLocal>(c, c.lq[b], c.lk[b], q_tile, w.n_block);
+          if (!kRows && w.seq.len_q > 0) ASSERT_TRUE(item_seen) << "a step without the item's keys";
           ASSERT_EQ(rows,
                     kRows && !item_seen
                         ? 0
@@ -124,7 +141,7 @@ void check_order(const Case& c) {
         std::set<int32_t> adders, expected;
         for (const Add& x : got) adders.insert(x.n_block);
         for (int32_t n = 0; n * kBwdBlockN < c.lk[b]; ++n)
-          if (sees(c.lq[b], c.lk[b], t, n, c.causal)) expected.insert(n);
+          if (sees<kLocal>(c, c.lq[b], c.lk[b], t, n)) expected.insert(n);
         ASSERT_EQ(adders, expected) << "sequence " << b << " head " << h << " q tile " << t;
         ASSERT_EQ(adders.size(), got.size()) << "a K tile adds twice to q tile " << t;
         if (!c.deterministic) continue;
@@ -159,6 +176,27 @@ Case draw_case(std::mt19937_64& rng) {
   c.causal = rng() % 2;
   c.deterministic = rng() % 4 != 0;
   return c;
+}
+
+// A window of either side or both, edge sizes (0, 1, a tile and around it) and longer ones, with
+// the causal mask (right 0) or not; sometimes no window at all (sinks or softcap alone).
+Case draw_local_case(std::mt19937_64& rng) {
+  Case c = draw_case(rng);
+  static const int32_t kSides[] = {-1, 0, 1, 63, 64, 65, 127, 128, 129, 300};
+  auto side = [&] { return kSides[rng() % (sizeof(kSides) / sizeof(kSides[0]))]; };
+  c.window = jfa::detail::resolve_window(c.causal, side(), side());
+  return c;
+}
+
+TEST(BackwardOrder, LocalAttention) {
+  std::mt19937_64 rng(jfa::testing::logged_seed());
+  for (int i = 0; i < 600; ++i) {
+    const Case c = draw_local_case(rng);
+    SCOPED_TRACE(testing::Message() << "window (" << c.window.left << ", " << c.window.right
+                                    << ") deterministic " << c.deterministic);
+    ASSERT_NO_FATAL_FAILURE((check_order<kBwdTileRows, true>(c)));
+    ASSERT_NO_FATAL_FAILURE((check_order<2 * kBwdTileRows, true>(c)));
+  }
 }
 
 TEST(BackwardOrder, OneTileSteps) {

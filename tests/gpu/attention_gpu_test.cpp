@@ -615,17 +615,14 @@ TEST(AttentionGpu, OtherLaunchChoicesMatchReference) {
   }
 }
 
-// The local-attention kernels (the library does not route calls to them yet): sliding windows at
-// their edges (0, 1, longer than the sequence, one side only, with the causal mask), softcap small
-// enough to bend the scores, sinks small and large, and all together; over every head size (and
-// 192/128) and both dtypes, on edge lengths, cross lengths with long sequences (whole K tiles below
-// a window skipped) and shared tiles of short sequences, against the float64 reference, which
-// applies the same rule (common/visibility.hpp).
-TEST(AttentionGpu, LocalAttentionKernelsMatchReference) {
-  KernelVariant variant;
-  variant.local_attention = true;
-  SCOPED_TRACE(variant.describe());
-  const ScopedVariant use(variant);
+// The local-attention kernels (behind their switch until verified): sliding windows at their edges
+// (0, 1, longer than the sequence, one side only, with the causal mask), softcap small enough to
+// bend the scores, sinks small and large, and all together; over every head size (and 192/128) and
+// both dtypes, on edge lengths, cross lengths with long sequences (whole K tiles below a window
+// skipped) and shared tiles of short sequences, against the float64 reference, which applies the
+// same rule (common/visibility.hpp).
+TEST(AttentionGpu, LocalAttentionMatchesReference) {
+  const jfa::gpu_test::ScopedUnverifiedLocalAttention on;
   std::mt19937_64 rng(fresh_seed("local attention"));
   std::normal_distribution<float> logit(0.f, 1.f);
   struct Local {
@@ -1163,7 +1160,8 @@ TEST(AttentionGpuApi, BackwardOnDeviceBuffersRuns) {
 
 }  // namespace
 
-// Sliding windows, softcap and sinks are CPU-only for now: the CUDA forward rejects each with
+// Sliding windows, softcap and sinks are CPU-only for now (the CUDA kernels for them are reached
+// only under JFA_CUDA_UNVERIFIED_LOCAL_ATTENTION=1): the CUDA forward rejects each with
 // JFA_ERROR_UNSUPPORTED naming it, before anything is written; causal with any window_right is the
 // causal mask, which it takes. The workspace query answers as without them.
 TEST(AttentionGpu, RejectsWindowSoftcapAndSinks) {
@@ -1234,4 +1232,105 @@ TEST(AttentionGpu, RejectsWindowSoftcapAndSinks) {
   p.window_right = 5;  // causal wins: the causal mask
   EXPECT_EQ(jfa_attention_forward(&p), JFA_SUCCESS) << jfa_last_error_message();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// Windows, softcap and sinks need no more workspace than the plain call: a caller's workspace of
+// the plain call's size serves them, and the workspace query answers the same. The checked mode
+// flags a sink that is not finite (with sinks no LSE is -inf, an empty row's included); causal
+// with any window_right is the causal mask.
+TEST(AttentionGpu, LocalAttentionCallerWorkspaceAndCheckedMode) {
+  const jfa::gpu_test::ScopedUnverifiedLocalAttention on;
+  const int32_t total = 10, heads = 2, d = 64;
+  const std::vector<int32_t> cu = {0, 4, 4, 10};
+  const size_t elems = static_cast<size_t>(total) * heads * d;
+  DeviceBuffer q(elems * 2), k(elems * 2), v(elems * 2), out(elems * 2), cu_dev(cu.size() * 4),
+      sinks(heads * 4), lse(static_cast<size_t>(total) * heads * 4), word(sizeof(int32_t));
+  std::vector<uint16_t> ones(elems, 0x3C00);  // fp16 1.0
+  ASSERT_EQ(cudaMemcpy(q.ptr, ones.data(), elems * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(k.ptr, ones.data(), elems * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(v.ptr, ones.data(), elems * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  const std::vector<float> eight = {8.f, 8.f};  // each score's own value: q.k = 64, scale 1/8
+  ASSERT_EQ(cudaMemcpy(sinks.ptr, eight.data(), heads * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(cu_dev.ptr, cu.data(), cu.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  auto params = [&] {
+    jfa_attention_params p;
+    jfa_attention_params_init(&p);
+    p.q = q.ptr;
+    p.k = k.ptr;
+    p.v = v.ptr;
+    p.out = out.ptr;
+    p.lse = lse.as<float>();
+    p.cu_seqlens_q = p.cu_seqlens_k = cu_dev.as<int32_t>();
+    p.batch = 3;
+    p.total_q = p.total_k = total;
+    p.heads_q = p.heads_kv = heads;
+    p.head_dim = d;
+    p.dtype = JFA_DTYPE_FLOAT16;
+    p.backend = JFA_BACKEND_CUDA;
+    return p;
+  };
+  size_t plain_bytes = 0;
+  {
+    const jfa_attention_params p = params();
+    ASSERT_EQ(jfa_attention_workspace_size(&p, &plain_bytes), JFA_SUCCESS);
+  }
+  DeviceBuffer workspace(plain_bytes);
+  struct Local {
+    const char* what;
+    void (*set)(jfa_attention_params&, const float*);
+  };
+  const Local locals[] = {
+      {"window", [](jfa_attention_params& p, const float*) { p.window_left = 2; }},
+      {"right window", [](jfa_attention_params& p, const float*) { p.window_right = 0; }},
+      {"causal window",
+       [](jfa_attention_params& p, const float*) {
+         p.causal = 1;
+         p.window_left = 0;
+       }},
+      {"softcap", [](jfa_attention_params& p, const float*) { p.softcap = 30.0f; }},
+      {"sinks", [](jfa_attention_params& p, const float* s) { p.sinks = s; }},
+      {"causal wins", [](jfa_attention_params& p, const float*) {
+         p.causal = 1;
+         p.window_right = 5;
+       }}};
+  for (const Local& l : locals) {
+    SCOPED_TRACE(l.what);
+    jfa_attention_params p = params();
+    l.set(p, sinks.as<float>());
+    size_t bytes = 1;
+    EXPECT_EQ(jfa_attention_workspace_size(&p, &bytes), JFA_SUCCESS);
+    EXPECT_EQ(bytes, plain_bytes);
+    ASSERT_EQ(cudaMemset(out.ptr, 0x5A, elems * 2), cudaSuccess);
+    p.workspace = workspace.ptr;
+    p.workspace_bytes = plain_bytes;
+    const int32_t got = jfa::gpu_test::device_check_after(word, [&](int32_t* w) {
+      p.device_check = w;
+      EXPECT_EQ(jfa_attention_forward(&p), JFA_SUCCESS) << jfa_last_error_message();
+    });
+    EXPECT_EQ(got, 0) << jfa_device_check_message(got);
+    // Every value is 1 and every row sees a key (window_left 0 keeps the diagonal): out is 1
+    // everywhere; with the sink, whose logit equals every score, n / (n + 1) for the n = 4 or 6
+    // keys a row sees (0.8 or 0.857: fp16 in [0.5, 0.875)).
+    std::vector<uint16_t> back(elems);
+    ASSERT_EQ(cudaMemcpy(back.data(), out.ptr, elems * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    const bool sunk = p.sinks != nullptr;
+    EXPECT_TRUE(
+        std::all_of(back.begin(), back.end(),
+                    [&](uint16_t x) { return sunk ? (x >= 0x3800 && x < 0x3B00) : x == 0x3C00; }))
+        << std::hex << back[0];
+  }
+  for (const float bad :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    SCOPED_TRACE(bad);
+    const std::vector<float> host_sinks = {0.f, bad};
+    ASSERT_EQ(cudaMemcpy(sinks.ptr, host_sinks.data(), heads * 4, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    jfa_attention_params p = params();
+    p.sinks = sinks.as<float>();
+    const int32_t got = jfa::gpu_test::device_check_after(word, [&](int32_t* w) {
+      p.device_check = w;
+      EXPECT_EQ(jfa_attention_forward(&p), JFA_SUCCESS) << jfa_last_error_message();
+    });
+    EXPECT_EQ(got, JFA_CHECK_RESULT_NOT_FINITE) << jfa_device_check_message(got);
+  }
 }

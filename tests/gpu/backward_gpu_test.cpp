@@ -10,16 +10,19 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "common/call_params.hpp"
 #include "common/jagged_batch.hpp"
+#include "common/visibility.hpp"
 #include "gpu_test_util.hpp"
 #include "jfa/jfa.h"
 #include "jfa/jfa.hpp"
@@ -62,6 +65,9 @@ struct Case {
   bool hints = false;          // pass max_seqlen hints
   float dout_stddev = 1.0f;    // of the random dout
   float scale = std::numeric_limits<float>::quiet_NaN();
+  int32_t window_left = -1, window_right = -1;
+  float softcap = 0.0f;
+  std::vector<float> sinks;  // empty: none; else [heads_q], and dsinks is checked too
 };
 
 std::string describe(const Case& c) {
@@ -76,7 +82,13 @@ std::string describe(const Case& c) {
       c.heads_q, c.heads_kv, c.causal ? 1 : 0, c.lq.size(), static_cast<long long>(total_q),
       static_cast<long long>(total_k), c.with_dlse ? 1 : 0, c.strided ? 1 : 0,
       c.deterministic ? 1 : 0);
-  return buf;
+  std::string s = buf;
+  if (c.window_left != -1 || c.window_right != -1 || c.softcap != 0.0f || !c.sinks.empty()) {
+    std::snprintf(buf, sizeof buf, " window=(%d,%d) softcap=%g sinks=%zu", c.window_left,
+                  c.window_right, static_cast<double>(c.softcap), c.sinks.size());
+    s += buf;
+  }
+  return s;
 }
 
 std::vector<int32_t> random_lengths(std::mt19937_64& rng, int n, int lo, int hi) {
@@ -131,6 +143,7 @@ std::vector<unsigned char> download(const DeviceBuffer& device) {
 // The gradients as downloaded: every byte of their buffers, guards included.
 struct Gradients {
   std::vector<unsigned char> dq, dk, dv;
+  std::vector<float> dsinks;  // with sinks
 };
 
 bool all_poison(const Gradients& g) {
@@ -237,6 +250,8 @@ class BackwardRunner {
     const std::vector<unsigned char> dout = lay_out(dout_, dout_shape_);
     dout_dev_ = upload(dout.data(), dout.size());
     dlse_dev_ = upload(dlse_.data(), dlse_.size() * sizeof(float));
+    sinks_dev_ = upload(c_.sinks.data(), c_.sinks.size() * sizeof(float));
+    dsinks_ = DeviceBuffer(std::max<size_t>(c_.sinks.size() * sizeof(float), 16));
     cu_q_ = upload(b_.cu_q.data(), b_.cu_q.size() * sizeof(int32_t));
     cu_k_ = upload(b_.cu_k.data(), b_.cu_k.size() * sizeof(int32_t));
     out_ = DeviceBuffer(std::max<size_t>(b_.make_output().bytes.size(), 16));
@@ -256,7 +271,7 @@ class BackwardRunner {
         jfa::tools::call_params({q_.ptr, k_.ptr, v_.ptr, out_.ptr, lse_.as<float>(),
                                  cu_q_.as<int32_t>(), cu_k_.as<int32_t>()},
                                 call_shape());
-    set_options(&p);
+    set_options(&p, c_.sinks.empty() ? nullptr : sinks_dev_.as<float>());
     return p;
   }
 
@@ -274,12 +289,13 @@ class BackwardRunner {
     p.dv_layout = dv_shape_.layout;
     p.dlse = c_.with_dlse ? dlse_dev_.as<float>() : nullptr;
     p.deterministic = c_.deterministic ? 1 : 0;
+    p.dsinks = c_.sinks.empty() ? nullptr : dsinks_.as<float>();
     return p;
   }
 
   // Fills the gradient buffers (guards included) with 0xFF, a NaN in every dtype, and waits.
   void poison_gradients() const {
-    for (const DeviceBuffer* g : {&dq_, &dk_, &dv_})
+    for (const DeviceBuffer* g : {&dq_, &dk_, &dv_, &dsinks_})
       if (cudaMemset(g->ptr, 0xFF, g->bytes) != cudaSuccess) ADD_FAILURE() << "cudaMemset failed";
     if (cudaDeviceSynchronize() != cudaSuccess) ADD_FAILURE() << "cudaDeviceSynchronize failed";
   }
@@ -291,7 +307,15 @@ class BackwardRunner {
     if (cudaDeviceSynchronize() != cudaSuccess) ADD_FAILURE() << "cudaDeviceSynchronize failed";
   }
 
-  Gradients download_gradients() const { return {download(dq_), download(dk_), download(dv_)}; }
+  Gradients download_gradients() const {
+    Gradients g{download(dq_), download(dk_), download(dv_), {}};
+    if (!c_.sinks.empty()) {
+      const std::vector<unsigned char> bytes = download(dsinks_);
+      g.dsinks.resize(c_.sinks.size());
+      std::memcpy(g.dsinks.data(), bytes.data(), g.dsinks.size() * sizeof(float));
+    }
+    return g;
+  }
 
   void download_forward() {
     const std::vector<unsigned char> out = download(out_), lse = download(lse_);
@@ -349,6 +373,13 @@ class BackwardRunner {
       EXPECT_LE(e.l2, l2) << name << ": relative L2 error";
       EXPECT_LE(e.max, max) << name << ": largest error relative to the largest element";
     }
+    // dsinks: a sum over every row of a head, each term within the dtype's error of its row.
+    for (size_t h = 0; h < g.dsinks.size(); ++h) {
+      const double ref = ref_dsinks_[h], got = g.dsinks[h];
+      EXPECT_TRUE(std::isfinite(got)) << "dsinks[" << h << "]";
+      EXPECT_LE(std::abs(got - ref), l2 * std::max(std::abs(ref), ref_dsinks_scale_) + 1e-4)
+          << "dsinks[" << h << "] = " << got << ", reference " << ref;
+    }
   }
 
  private:
@@ -358,9 +389,14 @@ class BackwardRunner {
             c_.heads_kv, c_.head_dim,  dtype,        c_.head_dim_v};
   }
 
-  void set_options(jfa_attention_params* p) const {
+  // `sinks`: the sinks in the call's memory (NULL without them).
+  void set_options(jfa_attention_params* p, const float* sinks) const {
     p->causal = c_.causal ? 1 : 0;
     p->softmax_scale = c_.scale;
+    p->window_left = c_.window_left;
+    p->window_right = c_.window_right;
+    p->softcap = c_.softcap;
+    p->sinks = sinks;
     if (c_.hints && !c_.lq.empty()) {
       p->max_seqlen_q = *std::max_element(c_.lq.begin(), c_.lq.end());
       p->max_seqlen_k = *std::max_element(c_.lk.begin(), c_.lk.end());
@@ -375,15 +411,21 @@ class BackwardRunner {
     p.forward = jfa::tools::call_params({b_.q.data(), b_.k.data(), b_.v.data(), out_host_.data(),
                                          lse_host_.data(), b_.cu_q.data(), b_.cu_k.data()},
                                         call_shape());
-    set_options(&p.forward);
+    set_options(&p.forward, c_.sinks.empty() ? nullptr : c_.sinks.data());
     p.dout = dout_.data();
     p.dlse = c_.with_dlse ? dlse_.data() : nullptr;
     ref_dq_.assign(b_.total_q() * c_.heads_q * c_.head_dim, 0.0);
     ref_dk_.assign(b_.total_k() * c_.heads_kv * c_.head_dim, 0.0);
     ref_dv_.assign(b_.total_k() * c_.heads_kv * b_.value_dim(), 0.0);
-    ASSERT_EQ(jfa_attention_backward_reference(&p, ref_dq_.data(), ref_dk_.data(), ref_dv_.data()),
+    ref_dsinks_.assign(c_.sinks.size(), 0.0);
+    ASSERT_EQ(jfa_attention_backward_reference_sinks(&p, ref_dq_.data(), ref_dk_.data(),
+                                                     ref_dv_.data(), ref_dsinks_.data()),
               JFA_SUCCESS)
         << jfa_last_error_message();
+    // The size of one row's sink term, the scale of dsinks' rounding error: rows x max |term|
+    // is too loose, so the largest |dsinks| over the heads, and at least 1 / rows.
+    ref_dsinks_scale_ = 1e-3;
+    for (double x : ref_dsinks_) ref_dsinks_scale_ = std::max(ref_dsinks_scale_, std::abs(x));
     have_reference_ = true;
   }
 
@@ -391,12 +433,17 @@ class BackwardRunner {
   void zero_rows(std::vector<int64_t>* queries, std::vector<int64_t>* keys) const {
     for (int64_t s = 0; s < b_.batch(); ++s) {
       const int64_t lq = b_.lengths_q[s], lk = b_.lengths_k[s];
+      const jfa::detail::Window window =
+          jfa::detail::resolve_window(c_.causal, c_.window_left, c_.window_right);
+      std::vector<bool> seen(static_cast<size_t>(lk), false);
       for (int64_t i = 0; i < lq; ++i) {
-        const int64_t visible = c_.causal ? std::clamp<int64_t>(i + lk - lq + 1, 0, lk) : lk;
-        if (visible == 0) queries->push_back(b_.cu_q[s] + i);
+        if (!jfa::detail::sees_any_key(window, i, lq, lk)) queries->push_back(b_.cu_q[s] + i);
+        for (int64_t j = jfa::detail::first_visible_key(window, i, lq, lk);
+             j < jfa::detail::key_end(window, i, lq, lk); ++j)
+          seen[static_cast<size_t>(j)] = true;
       }
-      if (lq == 0)
-        for (int64_t j = 0; j < lk; ++j) keys->push_back(b_.cu_k[s] + j);
+      for (int64_t j = 0; j < lk; ++j)
+        if (!seen[static_cast<size_t>(j)]) keys->push_back(b_.cu_k[s] + j);
     }
   }
 
@@ -405,6 +452,9 @@ class BackwardRunner {
   JaggedBatch b_;
   HostBuffer dout_, out_host_;
   std::vector<float> dlse_, lse_host_;
+  DeviceBuffer sinks_dev_, dsinks_;
+  std::vector<double> ref_dsinks_;
+  double ref_dsinks_scale_ = 1e-3;
   Shape dout_shape_, dq_shape_, dk_shape_, dv_shape_;
   DeviceBuffer q_, k_, v_, dout_dev_, dlse_dev_, cu_q_, cu_k_, out_, lse_, dq_, dk_, dv_;
   bool have_reference_ = false;
@@ -717,6 +767,7 @@ void expect_bit_identical_runs(const Case& c) {
     EXPECT_TRUE(first.dq == again.dq) << "dq of run " << run << " differs from run 1";
     EXPECT_TRUE(first.dk == again.dk) << "dk of run " << run << " differs from run 1";
     EXPECT_TRUE(first.dv == again.dv) << "dv of run " << run << " differs from run 1";
+    EXPECT_TRUE(first.dsinks == again.dsinks) << "dsinks of run " << run << " differs from run 1";
   }
 }
 
@@ -1165,9 +1216,81 @@ TEST(BackwardGpuApi, UnbuiltValueHeadSizeIsUnsupported) {
   EXPECT_TRUE(all_poison(runner.download_gradients())) << "256/128 wrote a gradient";
 }
 
+// Windows at their edges (0, 1, one side only, longer than the sequence, with the causal mask),
+// softcap small enough to bend the scores, sinks small and large (dsinks checked), and all
+// together; every head size and both dtypes, on edge lengths, cross lengths with long sequences
+// (whole K tiles outside every window), GQA, and tiles shared by short sequences, in both the
+// default and the deterministic mode, against the float64 reference.
+TEST(BackwardGpu, LocalAttentionMatchesReference) {
+  const jfa::gpu_test::ScopedUnverifiedLocalAttention on;
+  std::mt19937_64 rng(fresh_seed("local attention backward"));
+  std::normal_distribution<float> logit(0.f, 1.f);
+  struct Local {
+    int32_t left, right;
+    bool causal;
+    float softcap, sink_sd;  // sink_sd > 0: sinks ~ N(0, sink_sd)
+  };
+  const Local kinds[] = {
+      {0, 0, false, 0.f, 0.f},    {1, -1, false, 0.f, 0.f},   {-1, 1, false, 0.f, 0.f},
+      {64, 0, true, 0.f, 0.f},    {5, 17, false, 0.f, 0.f},   {300, -1, true, 0.f, 0.f},
+      {130, 70, false, 0.f, 0.f}, {-1, -1, false, 0.5f, 0.f}, {-1, -1, true, 0.f, 2.f},
+      {-1, -1, false, 0.f, 30.f}, {130, 0, true, 0.5f, 2.f}};
+  int combo = 0;
+  for (const auto& [d, dv] : kSizes)
+    for (DType dt : kDtypes)
+      for (size_t k = 0; k < std::size(kinds); ++k, ++combo) {
+        if (quick_mode() && combo % 5 != 0) continue;
+        const Local& l = kinds[k];
+        Case c;
+        c.head_dim = d;
+        c.head_dim_v = dv == d ? 0 : dv;
+        c.dtype = dt;
+        c.causal = l.causal;
+        c.window_left = l.left;
+        c.window_right = l.right;
+        c.softcap = l.softcap;
+        c.heads_q = 4;
+        c.heads_kv = 2;
+        c.deterministic = combo % 2 == 0;
+        for (int h = 0; l.sink_sd > 0.f && h < c.heads_q; ++h)
+          c.sinks.push_back(l.sink_sd * logit(rng));
+        c.with_dlse = !c.sinks.empty();
+        c.lq = c.lk = {0, 1, 63, 64, 65, 127, 129, 300};
+        ASSERT_NO_FATAL_FAILURE(run_case(c));
+        c.lq = {1, 700, 300, 0, 64, 129};
+        c.lk = {200, 517, 300, 50, 0, 64};
+        ASSERT_NO_FATAL_FAILURE(run_case(c));
+        c.lq = c.lk = random_lengths(rng, 150, 0, 40);
+        ASSERT_NO_FATAL_FAILURE(run_case(c));
+      }
+}
+
+// Deterministic mode under windows: bit-identical gradients run after run, also where the adds
+// to a q tile go in descending order (a right bound) and where they ascend (none).
+TEST(BackwardGpu, LocalAttentionDeterministicRunsAreBitIdentical) {
+  const jfa::gpu_test::ScopedUnverifiedLocalAttention on;
+  std::mt19937_64 rng(fresh_seed("local attention deterministic"));
+  for (const auto& [left, right, causal] :
+       {std::tuple{200, -1, false}, std::tuple{130, 0, true}, std::tuple{100, 300, false}}) {
+    Case c;
+    c.lq = c.lk = random_lengths(rng, 6, 100, 900);
+    c.heads_q = 4;
+    c.heads_kv = 1;
+    c.head_dim = 128;
+    c.causal = causal;
+    c.window_left = left;
+    c.window_right = right;
+    c.softcap = 1.f;
+    c.sinks = {0.5f, -1.f, 2.f, 0.f};
+    c.deterministic = true;
+    ASSERT_NO_FATAL_FAILURE(expect_bit_identical_runs(c));
+  }
+}
+
 }  // namespace
 
-// The CUDA backward rejects sliding windows, softcap and sinks (CPU-only for now) with
+// The CUDA backward rejects sliding windows, softcap and sinks (its kernels for them are not yet
+// verified, and reached only under JFA_CUDA_UNVERIFIED_LOCAL_ATTENTION=1) with
 // JFA_ERROR_UNSUPPORTED naming the feature, and writes none of dq, dk, dv or dsinks.
 TEST(BackwardGpu, RejectsWindowSoftcapAndSinks) {
   const int32_t total = 10, heads = 2, d = 64;

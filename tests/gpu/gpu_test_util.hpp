@@ -28,6 +28,16 @@ inline uint64_t fresh_seed(const char* what) {
 }
 
 // Reduced case set (for the sanitizers): JFA_GPU_TESTS_QUICK=1.
+// The local-attention kernels (windows, softcap, sinks), forward and backward, are not yet routed
+// to by the library: this scope sets the switch that lets the API pass such calls.
+class ScopedUnverifiedLocalAttention {
+ public:
+  ScopedUnverifiedLocalAttention() { setenv("JFA_CUDA_UNVERIFIED_LOCAL_ATTENTION", "1", 1); }
+  ~ScopedUnverifiedLocalAttention() { unsetenv("JFA_CUDA_UNVERIFIED_LOCAL_ATTENTION"); }
+  ScopedUnverifiedLocalAttention(const ScopedUnverifiedLocalAttention&) = delete;
+  ScopedUnverifiedLocalAttention& operator=(const ScopedUnverifiedLocalAttention&) = delete;
+};
+
 inline bool quick_mode() {
   const char* env = std::getenv("JFA_GPU_TESTS_QUICK");
   return env != nullptr && env[0] != '\0' && env[0] != '0';

@@ -15,8 +15,7 @@ std::string KernelVariant::describe() const {
   const char* loops[] = {"shipped", "one-tile", "independent/tile-major"};
   return std::string("variant loop=") + loops[static_cast<int>(loop)] +
          " d64_groups=" + std::to_string(d64_groups) + " d128_keys=" + std::to_string(d128_keys) +
-         " sorted=" + (sort_work_list ? "1" : "0") + " pdl=" + (dependent_launch ? "1" : "0") +
-         " local=" + (local_attention ? "1" : "0");
+         " sorted=" + (sort_work_list ? "1" : "0") + " pdl=" + (dependent_launch ? "1" : "0");
 }
 
 namespace {
@@ -30,7 +29,6 @@ jfa_status run_variant(const jfa_attention_params* params, const KernelVariant& 
   if (cudaGetDevice(&device) != cudaSuccess)
     return jfa::detail::fail(JFA_ERROR_CUDA, "cudaGetDevice failed");
   const jfa::cuda::DeviceFacts& facts = jfa::cuda::device_facts(device);
-  if (v.local_attention) return forward_local(p, facts, v);
   switch (v.loop) {
     case VariantLoop::kOneTileAtATime:
       return forward_one_tile(p, facts, v);

@@ -19,8 +19,6 @@ struct KernelVariant {
   VariantLoop loop = VariantLoop::kShipped;  // kOverlappedIndependent runs tile-major items
   bool sort_work_list = false;
   bool dependent_launch = true;
-  // The local-attention kernels (windows, softcap, sinks) on the shipped choices; `loop` unused.
-  bool local_attention = false;
 
   std::string describe() const;
 };
@@ -53,7 +51,5 @@ jfa_status forward_one_tile(const jfa::detail::Params& p, const jfa::cuda::Devic
                             const KernelVariant& v);
 jfa_status forward_independent(const jfa::detail::Params& p, const jfa::cuda::DeviceFacts& device,
                                const KernelVariant& v);
-jfa_status forward_local(const jfa::detail::Params& p, const jfa::cuda::DeviceFacts& device,
-                         const KernelVariant& v);
 
 }  // namespace jfa::gpu_test

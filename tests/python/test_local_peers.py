@@ -63,25 +63,25 @@ def test_local_flops_count_each_kind_per_sequence():
     wide = lp.Kind(False, 9000, 9000, 0.0, False)
     assert lp.local_flops(lengths_q, lengths_q, wide, 2, 64) == W.useful_flops(
         lengths_q, None, 2, 64, False)
-    # Causal, window (1023, 0): a row sees at most 1024 keys.
-    swa = lp.KINDS["swa1024"]
+    # Causal, window (128, 0): a row sees at most 129 keys (its own and 128 before it).
+    swa = lp.KINDS["swa128"]
     assert lp.visible_pairs(3000, 3000, swa.causal, swa.left, swa.right) == (
-        1024 * 1025 // 2 + (3000 - 1024) * 1024)
+        129 * 130 // 2 + (3000 - 129) * 129)
 
 
 # ---- kinds and options ------------------------------------------------------------------------
 
 def test_the_kinds():
     K = lp.KINDS
-    assert list(K) == ["swa1024", "swa4096", "swa128nc", "softcap50", "swa_softcap", "sinks",
+    assert list(K) == ["swa128", "swa4096", "swa128nc", "softcap50", "swa_softcap", "sinks",
                        "swa_sinks"]
-    assert K["swa1024"] == (True, 1023, 0, 0.0, False)
-    assert K["swa4096"] == (True, 4095, 0, 0.0, False)
+    assert K["swa128"] == (True, 128, 0, 0.0, False)
+    assert K["swa4096"] == (True, 4096, 0, 0.0, False)
     assert K["swa128nc"] == (False, 128, 128, 0.0, False)
     assert K["softcap50"] == (True, -1, 0, 50.0, False)
-    assert K["swa_softcap"] == (True, 4095, 0, 50.0, False)
+    assert K["swa_softcap"] == (True, 4096, 0, 50.0, False)
     assert K["sinks"] == (True, -1, 0, 0.0, True)
-    assert K["swa_sinks"] == (True, 127, 0, 0.0, True)
+    assert K["swa_sinks"] == (True, 128, 0, 0.0, True)
     assert [lp.peer_of(k) for k in K] == ["fa3"] * 5 + ["jfa_nosinks"] * 2
 
 
@@ -93,10 +93,10 @@ def test_options(monkeypatch):
     assert args.kind_names == list(lp.KINDS) and args.dtype_names == ["bf16"]
     assert (args.rounds, args.runs, args.time_limit_s, args.fa3_lib) == (1, peers.RUNS, None,
                                                                          None)
-    args = lp.parse_args(["--kinds", "sinks,swa1024", "--head-dims", "128", "--workloads",
+    args = lp.parse_args(["--kinds", "sinks,swa128", "--head-dims", "128", "--workloads",
                           "W4,W1", "--fa3-lib", ".peers/fa3_full_bf16.so", "--time-limit-s",
                           "90", "--rounds", "3", "--name", "local"])
-    assert args.kind_names == ["sinks", "swa1024"] and args.workload_ids == ["W4", "W1"]
+    assert args.kind_names == ["sinks", "swa128"] and args.workload_ids == ["W4", "W1"]
     assert args.name == "local" and lp.parse_args([]).name is None
     assert (args.fa3_lib, args.time_limit_s, args.rounds) == (".peers/fa3_full_bf16.so", 90.0, 3)
     assert lp.parse_args(["--head-dims", "192/128", "--workloads", "W2"]).workload_ids == [
@@ -129,10 +129,10 @@ def test_the_table_rows_columns_ratios_and_notes():
     records = [
         rec("jfa", "swa4096", "W1-d64", 64, 300.0, 330.0), rec("fa3", "swa4096", "W1-d64", 64,
                                                                400.0, 440.0),
-        rec("jfa", "swa1024", "W1", 128, 500.0, 520.0), rec("fa3", "swa1024", "W1", 128, 250.0,
+        rec("jfa", "swa128", "W1", 128, 500.0, 520.0), rec("fa3", "swa128", "W1", 128, 250.0,
                                                             260.0),
-        rec("jfa", "swa1024", "W1-d64", 64, status="wrong", reason="relative error 0.3 > 0.01"),
-        rec("fa3", "swa1024", "W1-d64", 64, 200.0, 210.0),
+        rec("jfa", "swa128", "W1-d64", 64, status="wrong", reason="relative error 0.3 > 0.01"),
+        rec("fa3", "swa128", "W1-d64", 64, 200.0, 210.0),
         rec("jfa", "sinks", "W1", 128, 450.0, 470.0),
         rec("jfa_nosinks", "sinks", "W1", 128, 500.0, 500.0),
         rec("jfa", "swa128nc", "W2", 128, 100.0, None, graph_reason="capture failed"),
@@ -144,7 +144,7 @@ def test_the_table_rows_columns_ratios_and_notes():
     rows = [ln.split() for ln in lines if ln.startswith(("W1 ", "W2 "))]
     # Workload base, then kind (KINDS' order), then head size.
     assert [(r[0], r[2], r[3]) for r in rows] == [
-        ("W1", "swa1024", "64"), ("W1", "swa1024", "128"), ("W1", "swa4096", "64"),
+        ("W1", "swa128", "64"), ("W1", "swa128", "128"), ("W1", "swa4096", "64"),
         ("W1", "sinks", "128"), ("W2", "swa128nc", "128")]
     assert rows[0][4:] == ["wrong", "wrong", "200.0", "210.0", "-", "-", "FA3"]
     assert rows[1][4:] == ["500.0", "520.0", "250.0", "260.0", "2.00", "2.00", "FA3"]
@@ -272,7 +272,7 @@ def test_fa3_gets_the_window_and_softcap_and_no_sinks_kind():
         method.prepare(case, True)
     with pytest.raises(G.Unavailable, match="load_library"):
         lp.fa3_prepare(G, co, {"fa3_error": "torch.ops.load_library(x.so): OSError",
-                               "kind": lp.KINDS["swa1024"]})(case, True)
+                               "kind": lp.KINDS["swa128"]})(case, True)
 
 
 def test_a_cell_checks_each_method_on_its_own_reference_and_counts_the_window(monkeypatch):
@@ -337,7 +337,7 @@ def test_a_cell_checks_each_method_on_its_own_reference_and_counts_the_window(mo
     assert len(jfa["rounds"]) == 2 and jfa["max_abs_error"] < 1e-2
     assert nosinks["max_abs_error"] < 1e-2
     assert sorted(f["sinks"] is None for f in fields_seen) == [False, False, True, True]
-    assert all(f["window_left"] == 127 and f["window_right"] == 0 for f in fields_seen)
+    assert all(f["window_left"] == 128 and f["window_right"] == 0 for f in fields_seen)
 
 
 def test_the_cli_of_a_carried_library_is_found(tmp_path):

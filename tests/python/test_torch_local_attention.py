@@ -311,8 +311,52 @@ def test_device_check_word_with_local_attention(seed):
     assert word.item() == 0 and torch.isfinite(sinks.grad).all()
 
 
+# On CUDA at head_dim 64 (scores of unit normal inputs at the default scale are about +-1, so a
+# softcap of 0.5 bends them; sinks around them take a visible share), with longer sequences than
+# on the CPU so that windows cross K tiles: the forward against the float64 reference, with and
+# without the LSE, in a CUDA graph's capture too. Until the kernels have run on a GPU the library
+# reaches them only under JFA_CUDA_UNVERIFIED_LOCAL_ATTENTION=1, which these tests set.
+UNVERIFIED = "JFA_CUDA_UNVERIFIED_LOCAL_ATTENTION"
+CUDA_LENGTHS_Q, CUDA_LENGTHS_K = [5, 0, 333, 1, 700, 129, 3], [9, 4, 0, 1, 640, 300, 3]
+CUDA_CASES = [dict(c, softcap=0.5) if "softcap" in c else c for c in CASES]
+CUDA_IDS = ["-".join(f"{k}={v}" for k, v in c.items()) for c in CUDA_CASES]
+CUDA_TOL = {torch.float16: 4e-3, torch.bfloat16: 2e-2}
+
+
 @needs_cuda
-def test_cuda_local_attention_is_unsupported_yet(seed):
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("case", CUDA_CASES, ids=CUDA_IDS)
+def test_cuda_forward_matches_float64(seed, case, dtype, monkeypatch):
+    monkeypatch.setenv(UNVERIFIED, "1")
+    q, k, v, cu_q, cu_k = _inputs(seed, dtype, CUDA_LENGTHS_Q, CUDA_LENGTHS_K, 4, 2, 64, 64)
+    kw = _kwargs(case, seed)
+    ref_out, ref_lse = reference(q.double(), k.double(), v.double(), cu_q, cu_k, kw["causal"],
+                                 kw["window_size"], kw["softcap"],
+                                 None if kw["sinks"] is None else kw["sinks"].double(), 0.125)
+    dev = [t.cuda() for t in (q, k, v, cu_q, cu_k)]
+    if kw["sinks"] is not None:
+        kw["sinks"] = kw["sinks"].cuda()
+    out, lse = jfa.jagged_attention(*dev, return_lse=True, **kw)
+    torch.testing.assert_close(out.double().cpu(), ref_out, atol=CUDA_TOL[dtype],
+                               rtol=CUDA_TOL[dtype])
+    lse = lse.cpu()
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
+    finite = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse[finite].double(), ref_lse[finite], atol=1e-3, rtol=1e-4)
+    assert torch.equal(jfa.jagged_attention(*dev, **kw), out)
+    graph_out = torch.full_like(out, float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    jfa.jagged_attention(*dev, **kw)  # warm-up outside the capture
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        graph_out.copy_(jfa.jagged_attention(*dev, **kw))
+    graph.replay()
+    assert torch.equal(graph_out, out)
+
+
+@needs_cuda
+def test_cuda_local_attention_is_unsupported_without_the_switch(seed, monkeypatch):
+    monkeypatch.delenv(UNVERIFIED, raising=False)
     q, k, v, cu_q, _ = (t.cuda() for t in _inputs(seed, torch.float16, [5, 9], [5, 9], 2, 2, 64,
                                                    64))
     for kw in (dict(window_size=(4, 0)), dict(softcap=2.0),

@@ -100,9 +100,11 @@ class DeviceRunner final : public Runner {
   // float32 is a CPU-only dtype of the library.
   bool supports(DType dtype) const override { return dtype != DType::kFloat32; }
 
+  // Not until the library routes them (its kernels for them have not yet run on a GPU).
+  bool supports_local_attention() const override { return false; }
+
   // The head dims the Hopper kernels are built for (the library's message names the sizes a
   // build left out, and those of the backward).
-  bool supports_local_attention() const override { return false; }
 
   bool supports_head_dims(int head_dim, int head_dim_v, std::string* supported) const override {
     *supported = "32, 64, 96, 128, 192 or 256 with head_dim_v equal, or 192 with head_dim_v 128";
@@ -120,6 +122,7 @@ class DeviceRunner final : public Runner {
     v_ = DeviceBuffer::copy_of(batch.v.data(), batch.v.bytes.size());
     cu_q_ = DeviceBuffer::copy_of(batch.cu_q.data(), batch.cu_q.size() * sizeof(int32_t));
     cu_k_ = DeviceBuffer::copy_of(batch.cu_k.data(), batch.cu_k.size() * sizeof(int32_t));
+    sinks_ = DeviceBuffer::copy_of(batch.sinks.data(), batch.sinks.size() * sizeof(float));
     out_ = DeviceBuffer(static_cast<size_t>(batch.total_q()) * batch.heads_q * batch.value_dim() *
                         dtype_size(batch.dtype));
     lse_ = DeviceBuffer(
@@ -131,6 +134,7 @@ class DeviceRunner final : public Runner {
     call_.cu_seqlens_q = static_cast<const int32_t*>(cu_q_.get());
     call_.cu_seqlens_k = static_cast<const int32_t*>(cu_k_.get());
     call_.options.lse = static_cast<float*>(lse_.get());
+    call_.options.sinks = static_cast<const float*>(sinks_.get());  // null without sinks
     call_.options.stream = stream_;
     call_.options.workspace = &workspace_;
     with_lse_ = config.with_lse;
@@ -211,7 +215,8 @@ class DeviceRunner final : public Runner {
   }
 
   void release() override {
-    for (DeviceBuffer* b : {&q_, &k_, &v_, &out_, &lse_, &cu_q_, &cu_k_}) *b = DeviceBuffer();
+    for (DeviceBuffer* b : {&q_, &k_, &v_, &out_, &lse_, &cu_q_, &cu_k_, &sinks_})
+      *b = DeviceBuffer();
     call_ = AttentionCall();
   }
 
@@ -221,7 +226,7 @@ class DeviceRunner final : public Runner {
   cudaStream_t stream_ = nullptr;
   AttentionCall call_;
   jfa::Workspace workspace_;  // kept across calls: a timed call allocates nothing
-  DeviceBuffer q_, k_, v_, out_, lse_, cu_q_, cu_k_;
+  DeviceBuffer q_, k_, v_, out_, lse_, cu_q_, cu_k_, sinks_;
   bool with_lse_ = false;
   DType out_dtype_ = DType::kFloat16;
 };

@@ -33,7 +33,7 @@ AttentionCall make_host_call(const tools::JaggedBatch& batch, const RunConfig& c
   call.options.window_left = batch.window_left;
   call.options.window_right = batch.window_right;
   call.options.softcap = batch.softcap;
-  // Host memory: what the CPU backend reads; the CUDA backend rejects sinks before reading them.
+  // Host memory: what the CPU backend reads; the device runner points it at a device copy.
   call.options.sinks = batch.sinks.empty() ? nullptr : batch.sinks.data();
   return call;
 }

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "common/params.hpp"
+#include "common/visibility.hpp"
 #include "cuda/sm90/backward/bwd_workspace.hpp"
 #include "cuda/sm90/shared/problem.hpp"
 
@@ -26,5 +28,30 @@ struct BwdArgs : Problem {
   int64_t dq_token_stride;
   int64_t dq_head_stride;
 };
+
+// What the local-attention backward reads besides (BwdConfig's kLocal): the window, for the
+// items' row ranges, the masks and the order of dQ's adds (causal = 0 there: the window's right
+// bound of 0 holds the causal mask), and softcap, whose derivative scales dS. The sinks enter
+// through the LSE alone; their gradient comes from the preprocess.
+struct BwdLocalArgs : BwdArgs {
+  jfa::detail::Window window;  // resolved: the causal mask is right = 0
+  float softcap_in;            // softmax_scale / softcap (0: no softcap)
+  float softcap_log2;      // softcap * log2(e): P = exp2(softcap_log2 tanh(s softcap_in) - LSE2)
+  float inv_softcap_log2;  // its inverse, to recover tanh from P (bwd_mainloop's form_ds)
+};
+
+inline BwdLocalArgs local_args(const BwdArgs& base, const jfa::detail::Params& p) {
+  BwdLocalArgs a{};
+  static_cast<BwdArgs&>(a) = base;
+  a.causal = 0;
+  a.window = p.window;
+  if (p.softcap > 0.f) {
+    const double cap_log2 = static_cast<double>(p.softcap) * 1.4426950408889634;
+    a.softcap_in = p.softmax_scale / p.softcap;
+    a.softcap_log2 = static_cast<float>(cap_log2);
+    a.inv_softcap_log2 = static_cast<float>(1.0 / cap_log2);
+  }
+  return a;
+}
 
 }  // namespace jfa::sm90

@@ -146,8 +146,12 @@ enum class DqSplit {
 // take the same 64 keys and split the work by role: group 0 forms S^T, P^T and dV += P^T dO and
 // hands P^T to group 1, which forms dP^T, dS^T and dK += dS^T Q; each computes half of dQ's
 // columns. The ring has two stages where they fit, else one (head_dim 256).
+//
+// kLocalAttention: the kernels of calls with a window other than the causal mask, softcap or sinks
+// (BwdLocalArgs); the other calls' kernels hold none of their code.
 template <typename T, int kHeadDim, int kHeadDimV = kHeadDim,
-          int kRowsPerStep = kHeadDim <= 64 ? 2 * kBwdTileRows : kBwdTileRows>
+          int kRowsPerStep = kHeadDim <= 64 ? 2 * kBwdTileRows : kBwdTileRows,
+          bool kLocalAttention = false>
 struct BwdConfig {
   static_assert(((kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128) &&
                  kHeadDimV == kHeadDim) ||
@@ -158,6 +162,8 @@ struct BwdConfig {
                     (kRowsPerStep == 2 * kBwdTileRows && kHeadDim <= 64),
                 "steps of one q tile, or of two at head_dim 32 and 64");
   using Element = T;
+  static constexpr bool kLocal = kLocalAttention;
+  using Args = std::conditional_t<kLocal, BwdLocalArgs, BwdArgs>;
   static constexpr int kD = kHeadDim;
   static constexpr int kDv = kHeadDimV;
   static constexpr bool kSplitRoles = kD >= 192;

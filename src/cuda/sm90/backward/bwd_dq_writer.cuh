@@ -51,7 +51,7 @@ __device__ __forceinline__ void stage_dq(typename Cfg::Shared& s, const DqTile<C
       tlx::st_shared_f32x2(at + 8 * h * kCols * sizeof(float), dq.at(j, h, 0), dq.at(j, h, 1));
   }
   if (threadIdx.x % 128 == 0) {
-    const DqAdd add = dq_add_of_step<Cfg::kBlockM, Cfg::kBlockN>(a, w, m, group);
+    const DqAdd add = dq_add_of_step<Cfg::kBlockM, Cfg::kBlockN, Cfg::kLocal>(a, w, m, group);
     const int64_t tile = static_cast<int64_t>(head) * a.sem_tiles + w.sem_tile + add.q_tile;
     const int part = Cfg::kDqSplit == DqSplit::kColumns ? group : 0;
     const int32_t first = w.seq.q_start + add.q_tile * kBwdTileRows;

@@ -49,10 +49,17 @@ __device__ __forceinline__ void store_key_rows(const tlx::AccumFragment<kCols>& 
 
 // Row `row`'s key range of a shared tile (KeyRange as lo | hi << 16: the item has at most
 // kBwdPackRows rows and kBlockN keys) into word `row` at shared address `ranges`.
+// (kLocal: under the window of the BwdLocalArgs behind `a`.)
+template <bool kLocal = false>
 __device__ __forceinline__ void store_shared_tile_row_keys(uint32_t ranges, const BwdArgs& a,
                                                            const BwdItem& w, int32_t row) {
-  const KeyRange r = shared_tile_row_keys(a.cu_q, a.cu_k, a.total_q, w.seq, w.first_seq, w.n_seqs,
-                                          a.causal != 0, row);
+  KeyRange r;
+  if constexpr (kLocal)
+    r = shared_tile_row_keys(a.cu_q, a.cu_k, a.total_q, w.seq, w.first_seq, w.n_seqs,
+                             static_cast<const BwdLocalArgs&>(a).window, row);
+  else
+    r = shared_tile_row_keys(a.cu_q, a.cu_k, a.total_q, w.seq, w.first_seq, w.n_seqs, a.causal != 0,
+                             row);
   tlx::st_shared_u32(ranges + 4 * row, static_cast<uint32_t>(r.lo) | static_cast<uint32_t>(r.hi)
                                                                          << 16);
 }
@@ -67,7 +74,7 @@ __device__ __forceinline__ void shared_tile_key_ranges(uint32_t ranges, uint32_t
   static_assert(kBwdPackRows == 128, "one row per thread of the group");
   const RaggedRowsStore tile{barrier, threadIdx.x % 128 == 0};
   tile.acquire();
-  store_shared_tile_row_keys(ranges, a, w, threadIdx.x % 128);
+  store_shared_tile_row_keys<Cfg::kLocal>(ranges, a, w, threadIdx.x % 128);
   tlx::NamedBarrier::sync(barrier, 128);
 }
 

@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                const __grid_constant__ CUtensorMap tm_rows,
                const __grid_constant__ CUtensorMap tm_dk, const __grid_constant__ CUtensorMap tm_dv,
-               const BwdArgs args) {
+               const typename Cfg::Args args) {
   extern __shared__ unsigned char smem_raw[];
   auto& s = shared_layout<typename Cfg::Shared>(smem_raw);
   const int group = tlx::warp_group_index();

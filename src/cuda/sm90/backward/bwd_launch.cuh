@@ -32,7 +32,17 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b,
   using T = typename Cfg::Element;
   const jfa::detail::Params& p = b.fwd;
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
-  if (p.batch == 0 || (p.total_q == 0 && p.total_k == 0)) return check_offsets_alone(p, stream);
+  if (p.batch == 0 || (p.total_q == 0 && p.total_k == 0)) {
+    // No rows: the sinks' gradient is 0 (every element written).
+    if (b.dsinks != nullptr) {
+      const cudaError_t e = cudaMemsetAsync(b.dsinks, 0, sizeof(float) * p.heads_q, stream);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        return fail(JFA_ERROR_CUDA, "clearing dsinks failed: %s", cudaGetErrorString(e));
+      }
+    }
+    return check_offsets_alone(p, stream);
+  }
   const BwdWorkspaceLayout lay =
       backward_workspace_layout(p.total_q, p.total_k, p.batch, p.heads_q, Cfg::kD);
   if (lay.row_len + kBwdBlockN > INT32_MAX || p.total_k + kBwdBlockN > INT32_MAX ||
@@ -109,12 +119,17 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b,
   const dim3 tiles(static_cast<unsigned>(lay.row_len / kBwdTileRows),
                    static_cast<unsigned>(p.heads_q));
   if (p.total_q > 0) {
-    bwd_preprocess<T, Cfg::kD, Cfg::kDv><<<tiles, kPreprocessThreads, 0, stream>>>(
+    bwd_preprocess<T, Cfg::kD, Cfg::kDv, Cfg::kLocal><<<tiles, kPreprocessThreads, 0, stream>>>(
         static_cast<const T*>(p.out), p.out_layout.token_stride, p.out_layout.head_stride,
         static_cast<const T*>(b.dout), b.dout_layout.token_stride, b.dout_layout.head_stride, p.lse,
         b.dlse, p.cu_seqlens_q, p.cu_seqlens_k, p.batch, p.total_q, p.total_k, p.causal ? 1 : 0,
-        lay.row_len, lse2, dpsum, dq_acc, stored_rows, p.device_check);
+        p.window, lay.row_len, lse2, dpsum, dq_acc, stored_rows, p.device_check);
     if (const jfa_status s = launch_error("backward preprocess"); s != JFA_SUCCESS) return s;
+  }
+  if (b.dsinks != nullptr) {  // p.sinks set too (validated); dsinks is 0 without query rows
+    bwd_sink_gradient<<<static_cast<unsigned>(p.heads_q), kSinkThreads, 0, stream>>>(
+        p.lse, dpsum, lay.row_len, p.total_q, p.sinks, b.dsinks);
+    if (const jfa_status s = launch_error("sink gradient"); s != JFA_SUCCESS) return s;
   }
 
   if (p.total_k > 0) {
@@ -132,10 +147,15 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b,
     a.dq = b.dq;
     a.dq_token_stride = b.dq_layout.token_stride;
     a.dq_head_stride = b.dq_layout.head_stride;
+    typename Cfg::Args args{};
+    if constexpr (Cfg::kLocal)
+      args = local_args(a, p);
+    else
+      args = a;
     const int64_t max_items = lay.list_capacity * p.heads_kv;
     const int grid = static_cast<int>(std::min<int64_t>(device.sm_count, max_items));
     bwd_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, tm_do,
-                                                                      tm_rows, tm_dk, tm_dv, a);
+                                                                      tm_rows, tm_dk, tm_dv, args);
     if (const jfa_status s = launch_error("backward kernel"); s != JFA_SUCCESS) return s;
   }
 
@@ -154,6 +174,10 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b,
 template <typename T, int kHeadDim, int kHeadDimV, int kRowsPerStep>
 jfa_status backward_shape(const jfa::detail::BackwardParams& b,
                           const jfa::cuda::DeviceFacts& device) {
+  // Windows, softcap and sinks (not yet verified on a GPU: the API passes such calls only under
+  // JFA_CUDA_UNVERIFIED_LOCAL_ATTENTION=1, see check_cuda_features).
+  if (b.fwd.uses_local_attention())
+    return run_backward<BwdConfig<T, kHeadDim, kHeadDimV, kRowsPerStep, true>>(b, device);
   return run_backward<BwdConfig<T, kHeadDim, kHeadDimV, kRowsPerStep>>(b, device);
 }
 

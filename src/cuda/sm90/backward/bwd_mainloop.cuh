@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "common/tile_visibility.hpp"
 #include "cuda/sm90/backward/bwd_config.cuh"
 #include "cuda/sm90/backward/bwd_dq_writer.cuh"
 #include "cuda/sm90/backward/bwd_gemms.cuh"
@@ -34,15 +35,25 @@ enum class StepMask {
                 // next sequence's) and (causal) keys past a query's diagonal get P = 0
   kSharedTile,  // several short sequences: each query row sees its key range (a KeyRange per row
                 // of the item in shared memory), which is empty past the item's rows
+  kWindow,      // kSequence's bounds, and a window's (the local-attention kernels): row i sees keys
+                // diag + i - left .. diag + i + right, a bound of -1 unbounded
 };
 
-// P^T = exp2(S^T scale log2e - LSE2) in place, each column with its query row's LSE, masked as
-// kMask says; the thread's keys start at key0 and the step's query rows at q0 (in the item).
-template <StepMask kMask, typename Tile>
+// The local-attention kernels' score rule (BwdLocalArgs): the window, and softcap, under which
+// P = exp2(softcap_log2 tanh(S softcap_in) - LSE2).
+struct LocalScores {
+  jfa::detail::Window window;
+  float softcap_in, softcap_log2;
+};
+
+// P^T = exp2(S^T scale log2e - LSE2) in place (kSoftcap: exp2(softcap_log2 tanh(S^T softcap_in) -
+// LSE2)), each column with its query row's LSE, masked as kMask says; the thread's keys start at
+// key0 and the step's query rows at q0 (in the item).
+template <StepMask kMask, typename Tile, bool kSoftcap = false>
 __device__ __forceinline__ void probabilities(Tile& sc, uint32_t lse2, float scale_log2,
                                               int32_t key0, int32_t q0, int32_t len_k,
                                               int32_t len_q, int32_t diag, bool causal,
-                                              uint32_t key_ranges) {
+                                              uint32_t key_ranges, const LocalScores& local = {}) {
 #pragma unroll
   for (int j = 0; j < Tile::kBlocks; ++j) {
     const float2 l = tlx::ld_shared_f32x2(lse2 + 32 * j);
@@ -53,10 +64,20 @@ __device__ __forceinline__ void probabilities(Tile& sc, uint32_t lse2, float sca
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        float p = fast_exp2(fmaf(sc.at(j, h, c), scale_log2, -(c == 0 ? l.x : l.y)));
+        float p;
+        if constexpr (kSoftcap)
+          p = fast_exp2(local.softcap_log2 * fast_tanh(sc.at(j, h, c) * local.softcap_in) -
+                        (c == 0 ? l.x : l.y));
+        else
+          p = fast_exp2(fmaf(sc.at(j, h, c), scale_log2, -(c == 0 ? l.x : l.y)));
         const int32_t key = key0 + Tile::row(h), query = q0 + Tile::col(j, c);
         if constexpr (kMask == StepMask::kSequence) {
           if (key >= len_k || query >= len_q || (causal && key > query + diag)) p = 0.f;
+        } else if constexpr (kMask == StepMask::kWindow) {
+          if (key >= len_k || query >= len_q ||
+              (local.window.left >= 0 && key < query + diag - local.window.left) ||
+              (local.window.right >= 0 && key > query + diag + local.window.right))
+            p = 0.f;
         } else if constexpr (kMask == StepMask::kSharedTile) {
           const uint32_t range = c == 0 ? ranges.x : ranges.y;
           if (key < static_cast<int32_t>(range & 0xffffu) ||
@@ -72,10 +93,41 @@ __device__ __forceinline__ void probabilities(Tile& sc, uint32_t lse2, float sca
 // step needs: all keys seen, unless the tile holds keys past the sequence's end, rows past it or
 // (causal) keys past the diagonal of its first query row; a shared tile always masks (its rows'
 // key ranges at shared address `key_ranges`).
+template <typename Cfg, bool kSoftcap>
+__device__ __forceinline__ void local_step_probabilities(ScoreTile<Cfg>& sc, uint32_t lse2,
+                                                         const BwdLocalArgs& a, const BwdItem& w,
+                                                         int32_t key0, int32_t q0,
+                                                         uint32_t key_ranges) {
+  using Tile = ScoreTile<Cfg>;
+  const LocalScores local{a.window, a.softcap_in, a.softcap_log2};
+  const int32_t diag = w.seq.causal_shift();
+  if (w.n_seqs > 1)
+    probabilities<StepMask::kSharedTile, Tile, kSoftcap>(
+        sc, lse2, a.scale_log2, key0, q0, w.seq.len_k, w.seq.len_q, diag, false, key_ranges, local);
+  else if (!jfa::detail::block_fully_visible(a.window, q0, q0 + Cfg::kBlockM, key0, key0 + 64,
+                                             w.seq.len_q, w.seq.len_k) ||
+           q0 + Cfg::kBlockM > w.seq.len_q)
+    probabilities<StepMask::kWindow, Tile, kSoftcap>(sc, lse2, a.scale_log2, key0, q0, w.seq.len_k,
+                                                     w.seq.len_q, diag, false, key_ranges, local);
+  else
+    probabilities<StepMask::kNone, Tile, kSoftcap>(sc, lse2, a.scale_log2, key0, q0, w.seq.len_k,
+                                                   w.seq.len_q, diag, false, key_ranges, local);
+}
+
 template <typename Cfg>
 __device__ __forceinline__ void step_probabilities(ScoreTile<Cfg>& sc, uint32_t lse2,
                                                    const BwdArgs& a, const BwdItem& w, int32_t key0,
                                                    int32_t q0, uint32_t key_ranges) {
+  if constexpr (Cfg::kLocal) {
+    // Windows (and the sinks, which only the LSE holds) under the window's rule; softcap's tanh
+    // where asked for.
+    const auto& la = static_cast<const BwdLocalArgs&>(a);
+    if (la.softcap_in != 0.f)
+      local_step_probabilities<Cfg, true>(sc, lse2, la, w, key0, q0, key_ranges);
+    else
+      local_step_probabilities<Cfg, false>(sc, lse2, la, w, key0, q0, key_ranges);
+    return;
+  }
   const int32_t diag = w.seq.causal_shift();
   const bool masked = key0 + 64 > w.seq.len_k || q0 + Cfg::kBlockM > w.seq.len_q ||
                       (a.causal && q0 + diag < key0 + 63);
@@ -97,12 +149,48 @@ __device__ __forceinline__ void step_probabilities(ScoreTile<Cfg>& sc, uint32_t 
 // pairs (three roundings where the float32 product has two, 13–15% more rounding error in dQ and
 // dK, for ~48 fewer instructions per step); in fp16 the difference can exceed fp16's range where
 // dS does not, so the product is formed in float32.
+//
+// Under softcap (the local-attention kernels) the scores passed through c tanh(s / c), whose
+// derivative 1 - tanh^2 scales dS: tanh comes back from P and the row's LSE (both at hand, where
+// keeping tanh from the scores would hold another tile of registers through the step),
+// tanh = (log2 P + LSE2) / (c log2 e), to P's 16-bit precision; a P of 0 gives dS 0.
+template <typename Cfg>
+__device__ __forceinline__ void softcap_form_ds(
+    const tlx::AFragment<typename Cfg::Element, Cfg::kBlockM>& p, ScoreTile<Cfg>& dp,
+    uint32_t dpsum, uint32_t lse2, float inv_softcap_log2,
+    tlx::AFragment<typename Cfg::Element, Cfg::kBlockM>& ds) {
+  using T = typename Cfg::Element;
+  using Tile = ScoreTile<Cfg>;
+#pragma unroll
+  for (int j = 0; j < Tile::kBlocks; ++j) {
+    const float2 d = tlx::ld_shared_f32x2(dpsum + 32 * j);
+    const float2 l = tlx::ld_shared_f32x2(lse2 + 32 * j);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float2 pf = tlx::unpack2<T>(p.reg[j / 2][2 * (j % 2) + h]);
+      const float t0 = (__log2f(pf.x) + l.x) * inv_softcap_log2;
+      const float t1 = (__log2f(pf.y) + l.y) * inv_softcap_log2;
+      dp.at(j, h, 0) = pf.x > 0.f ? pf.x * (dp.at(j, h, 0) - d.x) * (1.f - t0 * t0) : 0.f;
+      dp.at(j, h, 1) = pf.y > 0.f ? pf.y * (dp.at(j, h, 1) - d.y) * (1.f - t1 * t1) : 0.f;
+    }
+  }
+  dp.to_a(ds);
+}
+
 template <typename Cfg>
 __device__ __forceinline__ void form_ds(
     const tlx::AFragment<typename Cfg::Element, Cfg::kBlockM>& p, ScoreTile<Cfg>& dp,
-    uint32_t dpsum, tlx::AFragment<typename Cfg::Element, Cfg::kBlockM>& ds) {
+    uint32_t dpsum, tlx::AFragment<typename Cfg::Element, Cfg::kBlockM>& ds, const BwdArgs& a,
+    uint32_t lse2) {
   using T = typename Cfg::Element;
   using Tile = ScoreTile<Cfg>;
+  if constexpr (Cfg::kLocal) {
+    const auto& la = static_cast<const BwdLocalArgs&>(a);
+    if (la.softcap_in != 0.f) {
+      softcap_form_ds<Cfg>(p, dp, dpsum, lse2, la.inv_softcap_log2, ds);
+      return;
+    }
+  }
 #pragma unroll
   for (int j = 0; j < Tile::kBlocks; ++j) {
     const float2 d = tlx::ld_shared_f32x2(dpsum + 32 * j);
@@ -180,7 +268,7 @@ __device__ __forceinline__ void step_gradients(typename Cfg::Shared& s, ScoreTil
   // barrier).
   tlx::wgmma_wait<1>();
   tlx::fence_operand(dp.reg);
-  form_ds<Cfg>(ops.p, dp, dpsum, ops.ds);
+  form_ds<Cfg>(ops.p, dp, dpsum, ops.ds, a, lse2);
   typename Cfg::DsTile& ds = s.ds[ds_buf];
   store_ds<Cfg>(ops.ds, ds, group * 64);
   tlx::fence_proxy_async_smem();
@@ -194,11 +282,12 @@ __device__ __forceinline__ void step_gradients(typename Cfg::Shared& s, ScoreTil
 }
 
 // Where an item's walk stands: the step's query head and q tile (walk_q_tile's order).
+template <bool kLocal>
 struct StepCursor {
   int32_t head, i_head, m;
 
   __device__ __forceinline__ StepCursor(const BwdArgs& a, const BwdItem& w)
-      : head(w.kv_head * a.group), i_head(0), m(walk_q_tile(a, w, 0)) {}
+      : head(w.kv_head * a.group), i_head(0), m(walk_q_tile<kLocal>(a, w, 0)) {}
 };
 
 // A step's end in either consumer layout: its Q/dO stage has been read (the MMAs waited for, LSE
@@ -209,7 +298,7 @@ struct StepCursor {
 template <typename Cfg>
 __device__ __forceinline__ void end_step(typename Cfg::Shared& s, const BwdArgs& a,
                                          const BwdItem& w, tlx::PipelineState<Cfg::kStages>& st,
-                                         int& ds_buf, StepCursor& at) {
+                                         int& ds_buf, StepCursor<Cfg::kLocal>& at) {
   __syncwarp();
   if (tlx::lane_is_leader()) s.sync.empty[st.stage].arrive();
   st.advance();
@@ -218,7 +307,7 @@ __device__ __forceinline__ void end_step(typename Cfg::Shared& s, const BwdArgs&
     at.i_head = 0;
     ++at.head;
   }
-  at.m = walk_q_tile(a, w, at.i_head);
+  at.m = walk_q_tile<Cfg::kLocal>(a, w, at.i_head);
 }
 
 // Walks an item's steps (the q tiles of each query head of its group, in walk_q_tile's order) for
@@ -232,7 +321,7 @@ __device__ __forceinline__ void walk_item(typename Cfg::Shared& s, tlx::AccumFra
                                           tlx::PipelineState<Cfg::kStages>& st, int& ds_buf,
                                           uint32_t& dq_phase) {
   const int32_t steps = a.group * w.q_tiles();
-  StepCursor at(a, w);
+  StepCursor<Cfg::kLocal> at(a, w);
   for (int32_t i = 0; i < steps; ++i) {
     ScoreTile<Cfg> sc, dp;
     DqTile<Cfg> dq;

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "common/visibility.hpp"
 #include "cuda/sm90/backward/bwd_workspace.hpp"
 #include "cuda/sm90/shared/work_list.cuh"
 #include "cuda/tlx/wgmma.hpp"
@@ -33,14 +34,16 @@ inline constexpr int kPreprocessThreads = 256;  // 8 warps, 8 rows each: one q t
 // issues the loads of all its rows before its first sum: one row's loads at a time leave too few
 // bytes in flight where no clearing writes fill the time (batches of tiny sequences, whose rows
 // are stored).
-template <typename T, int kD, int kDv>
+//
+// kLocal: whether a row sees a key follows `window` (the local-attention kernels; else `causal`).
+template <typename T, int kD, int kDv, bool kLocal = false>
 __global__ void __launch_bounds__(kPreprocessThreads)
     bwd_preprocess(const T* out, int64_t out_token_stride, int64_t out_head_stride, const T* dout,
                    int64_t dout_token_stride, int64_t dout_head_stride, const float* lse,
                    const float* dlse, const int32_t* cu_q, const int32_t* cu_k, int64_t batch,
-                   int64_t total_q, int64_t total_k, int32_t causal, int64_t row_len, float* lse2,
-                   float* dpsum, float* dq_acc, const uint32_t* stored_rows,
-                   int32_t* device_check) {
+                   int64_t total_q, int64_t total_k, int32_t causal, jfa::detail::Window window,
+                   int64_t row_len, float* lse2, float* dpsum, float* dq_acc,
+                   const uint32_t* stored_rows, int32_t* device_check) {
   constexpr int kWarps = kPreprocessThreads / 32, kRows = kBwdTileRows / kWarps;
   constexpr int kLanesPerRow = kDv <= 32 ? 4 : kDv <= 64 ? 8 : kDv <= 128 ? 16 : 32;
   constexpr int kRowsPerLoad = 32 / kLanesPerRow;
@@ -107,8 +110,11 @@ __global__ void __launch_bounds__(kPreprocessThreads)
                        sequence_holding_token<int64_t>(cu_q, 0, batch - 1, total_q, token), 1);
         const int64_t row = token - sb.q_start;
         const bool inside = row >= 0 && row < sb.len_q;
-        const bool sees_key =
-            inside && sb.len_k > 0 && (causal == 0 || row + sb.causal_shift() >= 0);
+        bool sees_key;
+        if constexpr (kLocal)
+          sees_key = inside && jfa::detail::sees_any_key(window, row, sb.len_q, sb.len_k);
+        else
+          sees_key = inside && sb.len_k > 0 && (causal == 0 || row + sb.causal_shift() >= 0);
         if (!(l < INFINITY) || sees_key) atomicOr(device_check, JFA_CHECK_RESULT_NOT_FINITE);
       }
       // The token's row of the dQ accumulator starts at 0 (chunks of 4 floats stay together),
@@ -130,6 +136,34 @@ __global__ void __launch_bounds__(kPreprocessThreads)
         dpsum[shifted + token] = dp;
       }
     }
+  }
+}
+
+inline constexpr int kSinkThreads = 256;
+
+// The sinks' gradient, one block per query head h: dsinks[h] = -sum over the head's rows t of
+// exp(sinks[h] - lse_t) (dO_t . O_t - dlse_t), the second factor being the preprocess's D row
+// (every row's, as with sinks no LSE is -inf; one that is not finite, from a sink that is not,
+// gives a non-finite sum). Summed in a fixed order: the same bits every run. (A template, as
+// every kernel defined in a header here: one definition in each instantiation's object.)
+template <int kThreads = kSinkThreads>
+__global__ void __launch_bounds__(kThreads)
+    bwd_sink_gradient(const float* lse, const float* dpsum, int64_t row_len, int64_t total_q,
+                      const float* sinks, float* dsinks) {
+  const int64_t h = blockIdx.x;
+  const float sink = __ldg(sinks + h);
+  float sum = 0.f;
+  for (int64_t t = threadIdx.x; t < total_q; t += kThreads)
+    sum += __expf(sink - __ldg(lse + h * total_q + t)) * __ldg(dpsum + h * row_len + t);
+  __shared__ float part[kThreads / 32];
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, m);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.f;
+    for (int w = 0; w < kThreads / 32; ++w) total += part[w];
+    dsinks[h] = -total;
   }
 }
 

@@ -51,7 +51,7 @@ __device__ __forceinline__ void bwd_producer(typename Cfg::Shared& s, const CUte
     for (int32_t g = 0; g < a.group; ++g) {
       const int32_t head = w.kv_head * a.group + g;
       for (int32_t i = 0; i < w.q_tiles(); ++i) {
-        const int32_t m = walk_q_tile(a, w, i);
+        const int32_t m = walk_q_tile<Cfg::kLocal>(a, w, i);
         s.sync.empty[st.stage].wait_suspended(st.phase ^ 1u);
         tlx::MBarrier* full = &s.sync.full[st.stage];
         full->arrive_expect_tx(Cfg::QTile::kBytes + Cfg::DoTile::kBytes + 2 * kRowBytes);

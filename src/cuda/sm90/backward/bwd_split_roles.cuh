@@ -70,7 +70,8 @@ __device__ __forceinline__ void split_roles_step(
 #pragma unroll
       for (int i = 0; i < 4; ++i)
         p.reg[kk][i] = tlx::ld_shared_u32(tlx::smem_addr(&s.p[4 * kk + i][thread]));
-    form_ds<Cfg>(p, sc, tlx::smem_addr(s.dpsum[st.stage] + first), op);
+    form_ds<Cfg>(p, sc, tlx::smem_addr(s.dpsum[st.stage] + first), op, a,
+                 tlx::smem_addr(s.lse2[st.stage] + first));
     // Both groups' dQ of two steps ago has read this buffer (they waited for their MMAs before
     // the last dS barrier).
     store_ds<Cfg>(op, s.ds[ds_buf], 0);
@@ -90,7 +91,7 @@ __device__ __forceinline__ void walk_item_split_roles(typename Cfg::Shared& s,
                                                       tlx::PipelineState<Cfg::kStages>& st,
                                                       int& ds_buf, uint32_t& dq_phase) {
   const int32_t steps = a.group * w.q_tiles();
-  StepCursor at(a, w);
+  StepCursor<Cfg::kLocal> at(a, w);
   for (int32_t i = 0; i < steps; ++i) {
     DqTile<Cfg> dq;
     tlx::AFragment<typename Cfg::Element, Cfg::kBlockM> op;
@@ -114,7 +115,8 @@ __device__ __forceinline__ void split_roles_key_ranges(typename Cfg::Shared& s, 
                                                        const BwdItem& w) {
   static_assert(kBwdPackRows == 128, "one row per thread of group 0");
   if constexpr (kRole == 0)
-    store_shared_tile_row_keys(tlx::smem_addr(&s.key_ranges[0]), a, w, threadIdx.x % 128);
+    store_shared_tile_row_keys<Cfg::kLocal>(tlx::smem_addr(&s.key_ranges[0]), a, w,
+                                            threadIdx.x % 128);
   tlx::NamedBarrier::sync(Cfg::kKeyRangesBarrier, 256);
 }
 

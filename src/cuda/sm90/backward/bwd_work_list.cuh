@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "common/tile_visibility.hpp"
 #include "cuda/sm90/backward/bwd_args.hpp"
 #include "cuda/sm90/shared/sequence_lister.cuh"
 #include "cuda/sm90/shared/work_list.cuh"
@@ -111,11 +112,26 @@ struct BwdItem {
   __host__ __device__ __forceinline__ int32_t q_tiles() const { return m_end - m_first; }
 };
 
+// Whether deterministic mode walks each item's q tiles up from its first and adds a q tile's dQ
+// parts in descending K-tile order (the K tiles of a head claimed last to first): where rows see no
+// key past a bound to the right of their diagonal (the causal mask, or a window's right side), so
+// that a K tile further right reaches a q tile first. Otherwise the walk goes down from the last q
+// tile and the adds ascend. kLocal: the local-attention kernels' BwdLocalArgs behind `a`.
+template <bool kLocal>
+__host__ __device__ __forceinline__ bool adds_descend(const BwdArgs& a) {
+  if constexpr (kLocal)
+    return static_cast<const BwdLocalArgs&>(a).window.right >= 0;
+  else
+    return a.causal != 0;
+}
+
 // Item `item` of the list: the items of one sequence's run of entries go head by head (all K tiles
 // of one kv head, then the next), so the CTAs at work on a sequence stream the same Q and dO
 // through L2, and the K tiles of one head are claimed in ascending order, descending in
-// deterministic mode under the causal mask (the order of dQ's adds, dq_add_rank, relies on it).
-template <int kBlockM, int kBlockN = kBwdBlockN>
+// deterministic mode under the causal mask or a window's right bound (adds_descend; the order of
+// dQ's adds, dq_add_rank, relies on it). Under a window an item walks only the q tiles whose rows
+// see its keys.
+template <int kBlockM, int kBlockN = kBwdBlockN, bool kLocal = false>
 __host__ __device__ __forceinline__ BwdItem decode_bwd_item(const BwdArgs& a, int64_t item) {
   BwdItem w{};
   const int64_t slot = item / a.heads_kv;
@@ -134,14 +150,25 @@ __host__ __device__ __forceinline__ BwdItem decode_bwd_item(const BwdArgs& a, in
     const int64_t local = item - run_first * a.heads_kv;  // in [0, tiles * heads_kv)
     w.kv_head = static_cast<int32_t>(local / tiles);
     w.n_block = static_cast<int32_t>(local - static_cast<int64_t>(w.kv_head) * tiles);
-    // Deterministic and causal: a head's K tiles are claimed last to first (see dq_add_rank).
-    if (a.deterministic && a.causal) w.n_block = tiles - 1 - w.n_block;
+    // Deterministic, adds descending: a head's K tiles are claimed last to first (dq_add_rank).
+    if (a.deterministic && adds_descend<kLocal>(a)) w.n_block = tiles - 1 - w.n_block;
   }
   w.valid = 1;
   w.m_end = (w.seq.len_q + kBlockM - 1) / kBlockM;
   w.m_first = 0;
   if (w.n_block < 0 || w.n_block >= tiles) {
     w.m_first = w.m_end;  // only invalid offsets get here: nothing to walk
+  } else if (kLocal && w.n_seqs == 1) {
+    // The q tiles of the rows that see some key of the tile.
+    const int64_t key0 = static_cast<int64_t>(w.n_block) * kBlockN;
+    const jfa::detail::Span rows = jfa::detail::rows_seeing_keys(
+        static_cast<const BwdLocalArgs&>(a).window, key0, key0 + kBlockN, w.seq.len_q, w.seq.len_k);
+    if (rows.empty()) {
+      w.m_first = w.m_end;
+    } else {
+      w.m_first = static_cast<int32_t>(rows.begin / kBlockM);
+      w.m_end = static_cast<int32_t>((rows.end + kBlockM - 1) / kBlockM);
+    }
   } else if (a.causal && w.n_seqs == 1) {
     // The first row that sees the tile's first key.
     const int64_t first_row = static_cast<int64_t>(w.n_block) * kBlockN - w.seq.causal_shift();
@@ -156,11 +183,12 @@ __host__ __device__ __forceinline__ BwdItem decode_bwd_item(const BwdArgs& a, in
 
 // The rows (in kBlockM units) of step i of an item's walk over one query head's rows: from the last
 // ones down (the K tiles of a head then reach the last q tiles together, which concurrent CTAs
-// share in L2), or, in deterministic mode under the causal mask, from the item's diagonal up (see
-// dq_add_rank).
+// share in L2), or, in deterministic mode with adds descending (the causal mask, a window's right
+// bound), from the item's first q tile up (see dq_add_rank).
+template <bool kLocal = false>
 __host__ __device__ __forceinline__ int32_t walk_q_tile(const BwdArgs& a, const BwdItem& w,
                                                         int32_t i) {
-  return a.deterministic && a.causal ? w.m_first + i : w.m_end - 1 - i;
+  return a.deterministic && adds_descend<kLocal>(a) ? w.m_first + i : w.m_end - 1 - i;
 }
 
 // Deterministic mode: how many K tiles add to q tile m (kBwdTileRows rows of the item's sequence)
@@ -174,9 +202,22 @@ __host__ __device__ __forceinline__ int32_t walk_q_tile(const BwdArgs& a, const 
 // all K tiles reached a q tile together, and K tile n's add waited for a chain of n others. That
 // chain is left for the K tiles that every query row sees, len_k - len_q >= kBlockN: they all start
 // at the first rows.)
-template <int kBlockN = kBwdBlockN>
+//
+// Under a window (kLocal) the K tiles that add to q tile m are those holding the keys its rows see,
+// n_first(m) .. n_last(m) (one interval, tile_visibility.hpp): rank n_last(m) - n with adds
+// descending, n - n_first(m) otherwise; -1 where q tile m sees no key of K tile n.
+template <int kBlockN = kBwdBlockN, bool kLocal = false>
 __host__ __device__ __forceinline__ int32_t dq_add_rank(const BwdArgs& a, const BwdItem& w,
                                                         int32_t m) {
+  if constexpr (kLocal) {
+    const jfa::detail::Span keys = jfa::detail::keys_seen_by_rows(
+        static_cast<const BwdLocalArgs&>(a).window, int64_t{m} * kBwdTileRows,
+        (int64_t{m} + 1) * kBwdTileRows, w.seq.len_q, w.seq.len_k);
+    if (keys.empty()) return -1;
+    const int64_t n_first = keys.begin / kBlockN, n_last = (keys.end - 1) / kBlockN;
+    if (w.n_block < n_first || w.n_block > n_last) return -1;
+    return static_cast<int32_t>(adds_descend<true>(a) ? n_last - w.n_block : w.n_block - n_first);
+  }
   if (!a.causal) return w.n_block;
   const int64_t last_row = min(w.seq.len_q, (m + 1) * kBwdTileRows) - 1;
   const int64_t last_key = last_row + w.seq.causal_shift();
@@ -188,22 +229,23 @@ __host__ __device__ __forceinline__ int32_t dq_add_rank(const BwdArgs& a, const 
 
 // Which q tile a consumer group's dQ part of step m adds to, how many of its rows hold queries,
 // and its rank in the q tile's deterministic order (dq_add_rank, which is needed in deterministic
-// mode and, for two-tile steps, under the causal mask). With two q tiles per step (kRowsPerStep =
-// 2 kBwdTileRows) each group takes one; a q tile past the sequence's end, or (causal) above every
-// key of the item, adds no rows. (tests/cuda_host/backward_order_test.cu checks this choice.)
+// mode and, for two-tile steps, under the causal mask or a window). With two q tiles per step
+// (kRowsPerStep = 2 kBwdTileRows) each group takes one; a q tile past the sequence's end, or whose
+// rows see no key of the item (causal: above every key; a window: either side), adds no rows.
+// (tests/cuda_host/backward_order_test.cu checks this choice.)
 struct DqAdd {
   int32_t q_tile, rows, rank;
 };
 
-template <int kRowsPerStep, int kBlockN = kBwdBlockN>
+template <int kRowsPerStep, int kBlockN = kBwdBlockN, bool kLocal = false>
 __host__ __device__ __forceinline__ DqAdd dq_add_of_step(const BwdArgs& a, const BwdItem& w,
                                                          int32_t m, int group) {
   constexpr bool kTwoTiles = kRowsPerStep == 2 * kBwdTileRows;
   const int32_t q_tile = m * (kRowsPerStep / kBwdTileRows) + (kTwoTiles ? group : 0);
   int32_t rows = max(0, min(kBwdTileRows, w.seq.len_q - q_tile * kBwdTileRows));
   // A shared tile's rows get dQ from that item alone: no order to keep.
-  const bool ranked = w.n_seqs == 1 && (a.deterministic || (kTwoTiles && a.causal));
-  const int32_t rank = ranked ? dq_add_rank<kBlockN>(a, w, q_tile) : 0;
+  const bool ranked = w.n_seqs == 1 && (a.deterministic || (kTwoTiles && (kLocal || a.causal)));
+  const int32_t rank = ranked ? dq_add_rank<kBlockN, kLocal>(a, w, q_tile) : 0;
   if (kTwoTiles && rank < 0) rows = 0;
   return DqAdd{q_tile, rows, rank};
 }

@@ -29,8 +29,8 @@ struct KernelChoices {
 using ShippedKernel = KernelChoices<Mainloop::kOverlappedTakingTurns, true>;
 
 // The choices of `Base` with local attention: sliding windows, softcap and attention sinks
-// (FwdLocalArgs). Not shipped yet: tuning builds route such calls to it under
-// JFA_SM90_LOCAL_ATTENTION=1 (see fwd_shape.cuh). The kernels of `Base` itself stay as they were.
+// (FwdLocalArgs), to which forward_shape routes the calls that ask for any of them; the kernels of
+// `Base` itself, which the other calls run, hold no trace of them.
 template <typename Base>
 struct WithLocalAttention : Base {
   static constexpr bool kLocalAttention = true;

@@ -52,12 +52,6 @@ __device__ __forceinline__ void tile_scores(ScoreTile<Cfg>& s, ConsumerState<Cfg
   cs.softmax.update(s, scale_log2, alpha);
 }
 
-__device__ __forceinline__ float fast_tanh(float x) {
-  float y;
-  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // The scores of one S tile in the local-attention kernels: softcap bends the raw scores first (so
 // that masked keys stay -inf), then the mask where the tile needs it (may_mask: where some tile of
 // the range may), then the online softmax over scores that softcap has scaled already.

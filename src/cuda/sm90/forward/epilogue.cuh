@@ -64,6 +64,9 @@ __device__ __forceinline__ void epilogue(const tlx::AccumFragment<Cfg::kDv>& o,
   const int row0 = Frag::row(0), col0 = Frag::col(0, 0);
   float inv[2];
   bool not_finite = false;  // a row of the item that sees a key got no finite sum or LSE
+  // With sinks every row's LSE is finite, an empty row's too (its sink): so is a non-finite sink.
+  bool sunk = false;
+  if constexpr (Cfg::kLocal) sunk = static_cast<const FwdLocalArgs&>(a).sinks != nullptr;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float l = softmax.total(h);
@@ -90,7 +93,7 @@ __device__ __forceinline__ void epilogue(const tlx::AccumFragment<Cfg::kDv>& o,
                             ? local_lse
                             : (empty ? -INFINITY : softmax.row_max[h] * a.softmax_scale + logf(l));
       a.lse[static_cast<int64_t>(w.head) * a.total_q + token] = lse;
-      if (a.device_check != nullptr) not_finite |= !empty && !(fabsf(lse) < INFINITY);
+      if (a.device_check != nullptr) not_finite |= (!empty || sunk) && !(fabsf(lse) < INFINITY);
     }
   }
   if (not_finite && a.device_check != nullptr)

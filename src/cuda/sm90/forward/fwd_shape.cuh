@@ -25,13 +25,12 @@ jfa_status forward_tuned(const jfa::detail::Params& p, const jfa::cuda::DeviceFa
 
 template <typename T, int kHeadDim, int kGroups, int kKeys, int kHeadDimV>
 jfa_status forward_shape(const jfa::detail::Params& p, const jfa::cuda::DeviceFacts& device) {
-#ifdef JFA_SM90_TUNING
-  // Local attention on the shipped choices (its kernels have not run on a GPU yet: only where
-  // JFA_SM90_LOCAL_ATTENTION=1 lets the API pass such calls, see check_cuda_features).
+  // Windows, softcap and sinks: the shipped choices with local attention, in tuning builds too.
   if (p.uses_local_attention())
     return run_forward<
         FwdConfig<T, kHeadDim, kGroups, kKeys, WithLocalAttention<ShippedKernel>, kHeadDimV> >(
         p, device, kShippedLaunch);
+#ifdef JFA_SM90_TUNING
   const LaunchChoices launch{
       tuning_switch(TuningSwitch::kLpt, kShippedLaunch.sort_work_list) != 0,
       tuning_switch(TuningSwitch::kPdl, kShippedLaunch.dependent_launch) != 0};

@@ -15,31 +15,9 @@
 #include "common/visibility.hpp"
 #include "cuda/sm90/forward/fwd_args.hpp"
 #include "cuda/sm90/forward/mask.cuh"
-#include "cuda/sm90/shared/work_list.cuh"
+#include "cuda/sm90/shared/shared_tile_keys.cuh"
 
 namespace jfa::sm90 {
-
-// The sequence of a shared tile's row (the lookup of shared_tile_row_keys): its keys relative to
-// tile.k_start, the row's index in it and its query length; no keys for a row past the tile.
-struct RowSequence {
-  KeyRange keys;
-  int32_t row;
-  int32_t len_q;
-};
-
-__device__ __forceinline__ RowSequence shared_tile_row_sequence(const FwdArgs& a, const WorkItem& w,
-                                                                int32_t row) {
-  if (row < 0 || row >= w.seq.len_q) return RowSequence{{0, 0}, 0, 0};
-  const int32_t token = w.seq.q_start + row;
-  const int32_t seq = sequence_holding_token<int32_t>(a.cu_q, w.first_seq,
-                                                      w.first_seq + w.n_seqs - 1, a.total_q, token);
-  const int32_t qs = clamp_offset(__ldg(a.cu_q + seq), 0, a.total_q);
-  const int32_t qe = clamp_offset(__ldg(a.cu_q + seq + 1), qs, a.total_q);
-  const int64_t k_end = static_cast<int64_t>(w.seq.k_start) + w.seq.len_k;
-  const int32_t ks = clamp_offset(__ldg(a.cu_k + seq), w.seq.k_start, k_end);
-  const int32_t ke = clamp_offset(__ldg(a.cu_k + seq + 1), ks, k_end);
-  return RowSequence{{ks - w.seq.k_start, ke - w.seq.k_start}, token - qs, qe - qs};
-}
 
 // ItemMask's interface under a window: the same row ranges and the same apply, other bounds.
 struct LocalItemMask : ItemMask {
@@ -83,12 +61,10 @@ struct LocalItemMask : ItemMask {
             static_cast<int32_t>(jfa::detail::first_visible_key(window, row, len_q, len_k));
         keys.hi[h] = static_cast<int32_t>(jfa::detail::key_end(window, row, len_q, len_k));
       } else {
-        const RowSequence rs = shared_tile_row_sequence(a, w, row);
-        const int32_t n = rs.keys.hi - rs.keys.lo;
-        keys.lo[h] = rs.keys.lo + static_cast<int32_t>(
-                                      jfa::detail::first_visible_key(window, rs.row, rs.len_q, n));
-        keys.hi[h] =
-            rs.keys.lo + static_cast<int32_t>(jfa::detail::key_end(window, rs.row, rs.len_q, n));
+        const KeyRange r = shared_tile_row_keys(a.cu_q, a.cu_k, a.total_q, w.seq, w.first_seq,
+                                                w.n_seqs, window, row);
+        keys.lo[h] = r.lo;
+        keys.hi[h] = r.hi;
       }
     }
   }

@@ -24,7 +24,6 @@ const SwitchSpec kSpecs[kSwitchCount] = {
     {"JFA_SM90_LPT", {1}},               // work list heaviest sequences first
     {"JFA_SM90_HEAD_MAJOR", {0}},        // tile-major item order without the causal mask
     {"JFA_SM90_PDL", {0}},               // two plain launches instead of a dependent launch
-    {"JFA_SM90_LOCAL_ATTENTION", {1}},   // windows, softcap and sinks on the (unverified) kernels
 };
 
 std::atomic<int> forced[kSwitchCount];

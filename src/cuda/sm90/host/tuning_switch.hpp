@@ -8,16 +8,7 @@
 
 namespace jfa::sm90 {
 
-enum class TuningSwitch {
-  kD64Rows,
-  kD128Keys,
-  kSchedule,
-  kLpt,
-  kHeadMajor,
-  kPdl,
-  kLocalAttention,
-  kCount
-};
+enum class TuningSwitch { kD64Rows, kD128Keys, kSchedule, kLpt, kHeadMajor, kPdl, kCount };
 
 // The value that the switch's environment variable spelled (in decimal) when it was read, if it
 // is one of the values that switch accepts, else `otherwise`.

@@ -21,6 +21,13 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// Softcap's tanh (the local-attention kernels, forward and backward).
+__device__ __forceinline__ float fast_tanh(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // The state of a consumer thread's two rows.
 struct OnlineSoftmax {
   // The reference maxima of the exponentials (not always the running maxima: see update); the
