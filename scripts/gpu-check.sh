@@ -33,7 +33,8 @@
 #        build the op library against; default build/torch-site/torch, else python3's torch),
 #        FA3_PREBUILT (build: folder of flash_attn_3_*.so.xz), FA3_LIB (benchmarks: default
 #        .peers/fa3_varlen.so), FA3_FULL_LIB (bench-local: default .peers/fa3_full_bf16.so),
-#        LOCAL_HEAD_DIMS (bench-local: default "64,128,256"), SUITE_FILTER (suite: a gtest filter of
+#        LOCAL_HEAD_DIMS (bench-local: default "64,128,256"), LOCAL_WORKLOADS and LOCAL_KINDS
+#        (bench-local: bench/local_peers.py's --workloads and --kinds), SUITE_FILTER (suite: a gtest filter of
 #        the GPU tests, default all), SUITE_PYTEST (suite: the pytest paths and options instead
 #        of tests/python and the ctypes list), SUITE_SHARDS (default 3), SANITIZER_SHARDS (default 2),
 #        STAGE_SECONDS (the time a stage plans for, default 450), HEAD_DIMS (benchmarks: default
@@ -244,6 +245,7 @@ stage_bench_local() {
   local rc=0
   timeout "$(left)" python3 bench/local_peers.py --lib "$JFA_LIBRARY" --fa3-lib "$FA3_FULL_LIB" \
     --out "$OUT" --name local --head-dims "${LOCAL_HEAD_DIMS:-64,128,256}" \
+    ${LOCAL_WORKLOADS:+--workloads "$LOCAL_WORKLOADS"} ${LOCAL_KINDS:+--kinds "$LOCAL_KINDS"} \
     --rounds "${BENCH_ROUNDS:-2}" --time-limit-s $(($(left) - 30)) >"$OUT/local.log" 2>&1 || rc=1
   summary bench-local "$(gpu_name): rc $rc (local*.json, table in local.log)"
   return $rc
