@@ -625,16 +625,6 @@ TEST(AttentionGpu, LocalAttentionMatchesReference) {
   const jfa::gpu_test::ScopedUnverifiedLocalAttention on;
   std::mt19937_64 rng(fresh_seed("local attention"));
   std::normal_distribution<float> logit(0.f, 1.f);
-  struct Local {
-    int32_t left, right;
-    bool causal;
-    float softcap, sink_sd;  // sink_sd > 0: sinks ~ N(0, sink_sd)
-  };
-  const Local kinds[] = {
-      {0, 0, false, 0.f, 0.f},       {1, -1, false, 0.f, 0.f},   {-1, 1, false, 0.f, 0.f},
-      {64, 0, true, 0.f, 0.f},       {5, 17, false, 0.f, 0.f},   {300, -1, true, 0.f, 0.f},
-      {4096, 4096, false, 0.f, 0.f}, {-1, -1, false, 0.5f, 0.f}, {-1, -1, true, 0.f, 2.f},
-      {-1, -1, false, 0.f, 30.f},    {130, 0, true, 0.5f, 2.f}};
   struct Dims {
     int d, dv;
   };
@@ -643,9 +633,9 @@ TEST(AttentionGpu, LocalAttentionMatchesReference) {
   dims.push_back({192, 128});
   for (const Dims& hd : dims)
     for (DType dt : {DType::kFloat16, DType::kBFloat16})
-      for (size_t k = 0; k < std::size(kinds); ++k) {
+      for (size_t k = 0; k < std::size(jfa::gpu_test::kLocalKinds); ++k) {
         if (quick_mode() && (k + hd.d / 32) % 4 != 0) continue;
-        const Local& l = kinds[k];
+        const jfa::gpu_test::LocalKind& l = jfa::gpu_test::kLocalKinds[k];
         Case c;
         c.head_dim = hd.d;
         c.head_dim_v = hd.dv;

@@ -1216,31 +1216,20 @@ TEST(BackwardGpuApi, UnbuiltValueHeadSizeIsUnsupported) {
   EXPECT_TRUE(all_poison(runner.download_gradients())) << "256/128 wrote a gradient";
 }
 
-// Windows at their edges (0, 1, one side only, longer than the sequence, with the causal mask),
-// softcap small enough to bend the scores, sinks small and large (dsinks checked), and all
-// together; every head size and both dtypes, on edge lengths, cross lengths with long sequences
+// The local-attention cases (kLocalKinds: windows at their edges, softcap, sinks with dsinks, all
+// together), every head size and both dtypes, on edge lengths, cross lengths with long sequences
 // (whole K tiles outside every window), GQA, and tiles shared by short sequences, in both the
 // default and the deterministic mode, against the float64 reference.
 TEST(BackwardGpu, LocalAttentionMatchesReference) {
   const jfa::gpu_test::ScopedUnverifiedLocalAttention on;
   std::mt19937_64 rng(fresh_seed("local attention backward"));
   std::normal_distribution<float> logit(0.f, 1.f);
-  struct Local {
-    int32_t left, right;
-    bool causal;
-    float softcap, sink_sd;  // sink_sd > 0: sinks ~ N(0, sink_sd)
-  };
-  const Local kinds[] = {
-      {0, 0, false, 0.f, 0.f},    {1, -1, false, 0.f, 0.f},   {-1, 1, false, 0.f, 0.f},
-      {64, 0, true, 0.f, 0.f},    {5, 17, false, 0.f, 0.f},   {300, -1, true, 0.f, 0.f},
-      {130, 70, false, 0.f, 0.f}, {-1, -1, false, 0.5f, 0.f}, {-1, -1, true, 0.f, 2.f},
-      {-1, -1, false, 0.f, 30.f}, {130, 0, true, 0.5f, 2.f}};
   int combo = 0;
   for (const auto& [d, dv] : kSizes)
     for (DType dt : kDtypes)
-      for (size_t k = 0; k < std::size(kinds); ++k, ++combo) {
+      for (size_t k = 0; k < std::size(jfa::gpu_test::kLocalKinds); ++k, ++combo) {
         if (quick_mode() && combo % 5 != 0) continue;
-        const Local& l = kinds[k];
+        const jfa::gpu_test::LocalKind& l = jfa::gpu_test::kLocalKinds[k];
         Case c;
         c.head_dim = d;
         c.head_dim_v = dv == d ? 0 : dv;

@@ -28,6 +28,20 @@ inline uint64_t fresh_seed(const char* what) {
 }
 
 // Reduced case set (for the sanitizers): JFA_GPU_TESTS_QUICK=1.
+// The local-attention cases of the forward's and the backward's tests: windows at their edges (0,
+// 1, one side only, both sides, longer than any sequence, with the causal mask), softcap small
+// enough to bend unit-normal scores, sinks small and large, and all together.
+struct LocalKind {
+  int32_t left, right;
+  bool causal;
+  float softcap, sink_sd;  // sink_sd > 0: sinks ~ N(0, sink_sd)
+};
+inline constexpr LocalKind kLocalKinds[] = {
+    {0, 0, false, 0.f, 0.f},    {1, -1, false, 0.f, 0.f},      {-1, 1, false, 0.f, 0.f},
+    {64, 0, true, 0.f, 0.f},    {5, 17, false, 0.f, 0.f},      {300, -1, true, 0.f, 0.f},
+    {130, 70, false, 0.f, 0.f}, {4096, 4096, false, 0.f, 0.f}, {-1, -1, false, 0.5f, 0.f},
+    {-1, -1, true, 0.f, 2.f},   {-1, -1, false, 0.f, 30.f},    {130, 0, true, 0.5f, 2.f}};
+
 // The local-attention kernels (windows, softcap, sinks), forward and backward, are not yet routed
 // to by the library: this scope sets the switch that lets the API pass such calls.
 class ScopedUnverifiedLocalAttention {

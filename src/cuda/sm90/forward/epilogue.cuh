@@ -42,6 +42,9 @@ __device__ __forceinline__ LocalRowEnd local_row_end(const FwdLocalArgs& a, int3
       const float hi = fmaxf(e.lse, sink), lo = fminf(e.lse, sink);
       e.lse = hi + log1pf(__expf(lo - hi));
     }
+    // fmaxf would pass over a NaN sink: a sink that is not finite is the LSE, which the checked
+    // mode reports.
+    if (!(fabsf(sink) < INFINITY)) e.lse = sink;
   }
   return e;
 }

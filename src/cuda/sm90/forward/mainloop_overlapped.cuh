@@ -93,10 +93,16 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
         // under the P V MMA. Tiles are visited from the last key to the first, so the ones that
         // need the mask (past the end of the keys, across the diagonal) come first; the loop is
         // unrolled into a copy for them and a copy for the rest, which runs without the check.
+        // Under a window's left bound the last tiles visited (the first keys) may need it again:
+        // the local kernels check every tile.
         int unmasked_from = first_it + 1;
-        while (unmasked_from < w.n_blocks &&
-               mask.needs_mask((w.n_blocks - 1 - unmasked_from) * kN, kN, w.seq.len_k))
-          ++unmasked_from;
+        if constexpr (Cfg::kLocal) {
+          unmasked_from = w.n_blocks;
+        } else {
+          while (unmasked_from < w.n_blocks &&
+                 mask.needs_mask((w.n_blocks - 1 - unmasked_from) * kN, kN, w.seq.len_k))
+            ++unmasked_from;
+        }
         int it = first_it + 1;
 #pragma unroll
         for (int may_mask = 1; may_mask >= 0; --may_mask) {
