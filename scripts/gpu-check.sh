@@ -35,7 +35,8 @@
 #        .peers/fa3_varlen.so), FA3_FULL_LIB (bench-local: default .peers/fa3_full_bf16.so),
 #        LOCAL_HEAD_DIMS (bench-local: default "64,128,256"), LOCAL_WORKLOADS and LOCAL_KINDS
 #        (bench-local: bench/local_peers.py's --workloads and --kinds), SUITE_FILTER (suite: a gtest filter of
-#        the GPU tests, default all), SUITE_PYTEST (suite: the pytest paths and options instead
+#        the GPU tests, default all), SANITIZER_FILTER (sanitize: a gtest filter instead of the
+#        reduced case set), SUITE_PYTEST (suite: the pytest paths and options instead
 #        of tests/python and the ctypes list), SUITE_SHARDS (default 3), SANITIZER_SHARDS (default 2),
 #        STAGE_SECONDS (the time a stage plans for, default 450), HEAD_DIMS (benchmarks: default
 #        "64 96 128 192 192/128 256 32"), BENCH_ROUNDS (default 2), BENCH_DTYPES (default
@@ -158,7 +159,8 @@ stage_suite() {
 
 # The reduced case set: the tile layer, every edge of the offsets, shared tiles, workspaces,
 # the checked mode, both passes.
-SANITIZER_FILTER='TlxTma.*:TlxMBarrier.*:TlxWgmma.Fp16D128N128:AttentionGpu.OtherLaunchChoicesMatchReference:AttentionGpu.EdgeLengths*:AttentionGpu.DifferentQueryAndKeyLengthsGqa:AttentionGpu.GarbageDeviceOffsetsStayInBounds:AttentionGpu.CheckedModeReportsInvalidDeviceOffsets:AttentionGpu.CheckedModeReportsResultsBeyondFloat32:AttentionGpu.NoKeysAnywhere:AttentionGpu.ManyTinySequences:AttentionGpu.AlternativeSchedulesMatchReference:AttentionGpu.ShortSequencesShareTiles:AttentionGpuApi.CallerWorkspace:AttentionGpuApi.KeptWorkspaceGrows:BackwardGpu.EdgeLengths*:BackwardGpu.CrossLengthsGqa:BackwardGpu.EmptySequences:BackwardGpu.ManyTinySequences:BackwardGpu.SharedTilesOfShortSequences:BackwardGpu.DeterministicSharedTiles:BackwardGpuApi.StaleWorkspaceDoesNotReachSharedTiles:BackwardGpu.StridedGradientLayouts:BackwardGpu.DeterministicRunsAreBitIdentical:BackwardGpuApi.CallerWorkspaceGivesTheSameGradients:BackwardGpuApi.CheckedModeReportsInvalidDeviceOffsets:BackwardGpuApi.CheckedModeReportsGradientsThatAreNotFinite:AttentionGpu.LocalAttentionMatchesReference:AttentionGpu.LocalAttentionCallerWorkspaceAndCheckedMode:BackwardGpu.LocalAttentionMatchesReference'
+DEFAULT_SANITIZER_FILTER='TlxTma.*:TlxMBarrier.*:TlxWgmma.Fp16D128N128:AttentionGpu.OtherLaunchChoicesMatchReference:AttentionGpu.EdgeLengths*:AttentionGpu.DifferentQueryAndKeyLengthsGqa:AttentionGpu.GarbageDeviceOffsetsStayInBounds:AttentionGpu.CheckedModeReportsInvalidDeviceOffsets:AttentionGpu.CheckedModeReportsResultsBeyondFloat32:AttentionGpu.NoKeysAnywhere:AttentionGpu.ManyTinySequences:AttentionGpu.AlternativeSchedulesMatchReference:AttentionGpu.ShortSequencesShareTiles:AttentionGpuApi.CallerWorkspace:AttentionGpuApi.KeptWorkspaceGrows:BackwardGpu.EdgeLengths*:BackwardGpu.CrossLengthsGqa:BackwardGpu.EmptySequences:BackwardGpu.ManyTinySequences:BackwardGpu.SharedTilesOfShortSequences:BackwardGpu.DeterministicSharedTiles:BackwardGpuApi.StaleWorkspaceDoesNotReachSharedTiles:BackwardGpu.StridedGradientLayouts:BackwardGpu.DeterministicRunsAreBitIdentical:BackwardGpuApi.CallerWorkspaceGivesTheSameGradients:BackwardGpuApi.CheckedModeReportsInvalidDeviceOffsets:BackwardGpuApi.CheckedModeReportsGradientsThatAreNotFinite:AttentionGpu.LocalAttentionMatchesReference:AttentionGpu.LocalAttentionCallerWorkspaceAndCheckedMode:BackwardGpu.LocalAttentionMatchesReference'
+SANITIZER_FILTER=${SANITIZER_FILTER:-$DEFAULT_SANITIZER_FILTER}
 
 stage_sanitize() {
   runtime_env || { summary sanitize "FAILED (nothing carried)"; return 1; }
