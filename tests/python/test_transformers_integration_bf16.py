@@ -158,4 +158,10 @@ def test_bf16_training_step_gradients_within_sdpa_bf16_error(name, device, seed)
         assert p.grad is not None and torch.isfinite(p.grad).all(), key
         err = _relative_error(p.grad, want[key].grad)
         err_sdpa = _relative_error(base[key].grad, want[key].grad)
-        assert err <= 2 * err_sdpa + 5e-3, (key, err, err_sdpa)
+        # A sink's gradient, -sum_i p_sink_i (dO_i . O_i - dlse_i) over a head's rows, takes O as
+        # the forward wrote it, rounded to bf16, as FlashAttention's backward takes D; eager
+        # attention differentiates its float32 softmax. Over a head's rows the terms partly
+        # cancel, and the rounding shows: measured 2.9-4.6x the reference's own bf16 error (CPU
+        # and H100). A wrong sign or a missing term stays far outside.
+        bound = 6 * err_sdpa + 2e-2 if key.endswith(".sinks") else 2 * err_sdpa + 5e-3
+        assert err <= bound, (key, err, err_sdpa)
