@@ -1166,18 +1166,9 @@ TEST(AttentionGpu, RejectsWindowSoftcapAndSinks) {
   ASSERT_EQ(cudaMemset(sinks.ptr, 0, heads * 4), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(cu_dev.ptr, cu.data(), cu.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
   auto params = [&] {
-    jfa_attention_params p;
-    jfa_attention_params_init(&p);
-    p.q = q.ptr;
-    p.k = k.ptr;
-    p.v = v.ptr;
-    p.out = out.ptr;
-    p.cu_seqlens_q = p.cu_seqlens_k = cu_dev.as<int32_t>();
-    p.batch = 2;
-    p.total_q = p.total_k = total;
-    p.heads_q = p.heads_kv = heads;
-    p.head_dim = d;
-    p.dtype = JFA_DTYPE_FLOAT16;
+    jfa_attention_params p = jfa::tools::call_params(
+        {q.ptr, k.ptr, v.ptr, out.ptr, nullptr, cu_dev.as<int32_t>(), cu_dev.as<int32_t>()},
+        {2, total, total, heads, heads, d, JFA_DTYPE_FLOAT16});
     p.backend = JFA_BACKEND_CUDA;
     return p;
   };
@@ -1243,19 +1234,9 @@ TEST(AttentionGpu, LocalAttentionCallerWorkspaceAndCheckedMode) {
   ASSERT_EQ(cudaMemcpy(sinks.ptr, eight.data(), heads * 4, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(cu_dev.ptr, cu.data(), cu.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
   auto params = [&] {
-    jfa_attention_params p;
-    jfa_attention_params_init(&p);
-    p.q = q.ptr;
-    p.k = k.ptr;
-    p.v = v.ptr;
-    p.out = out.ptr;
-    p.lse = lse.as<float>();
-    p.cu_seqlens_q = p.cu_seqlens_k = cu_dev.as<int32_t>();
-    p.batch = 3;
-    p.total_q = p.total_k = total;
-    p.heads_q = p.heads_kv = heads;
-    p.head_dim = d;
-    p.dtype = JFA_DTYPE_FLOAT16;
+    jfa_attention_params p = jfa::tools::call_params(
+        {q.ptr, k.ptr, v.ptr, out.ptr, lse.as<float>(), cu_dev.as<int32_t>(), cu_dev.as<int32_t>()},
+        {3, total, total, heads, heads, d, JFA_DTYPE_FLOAT16});
     p.backend = JFA_BACKEND_CUDA;
     return p;
   };

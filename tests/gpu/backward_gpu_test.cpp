@@ -1306,17 +1306,9 @@ TEST(BackwardGpu, RejectsWindowSoftcapAndSinks) {
     jfa_attention_backward_params b;
     jfa_attention_backward_params_init(&b);
     jfa_attention_params& p = b.forward;
-    p.q = q.ptr;
-    p.k = k.ptr;
-    p.v = v.ptr;
-    p.out = out.ptr;
-    p.lse = lse.as<float>();
-    p.cu_seqlens_q = p.cu_seqlens_k = cu_dev.as<int32_t>();
-    p.batch = 2;
-    p.total_q = p.total_k = total;
-    p.heads_q = p.heads_kv = heads;
-    p.head_dim = d;
-    p.dtype = JFA_DTYPE_FLOAT16;
+    p = jfa::tools::call_params(
+        {q.ptr, k.ptr, v.ptr, out.ptr, lse.as<float>(), cu_dev.as<int32_t>(), cu_dev.as<int32_t>()},
+        {2, total, total, heads, heads, d, JFA_DTYPE_FLOAT16});
     p.backend = JFA_BACKEND_CUDA;
     p.window_left = c.left;
     p.window_right = c.right;

@@ -98,7 +98,11 @@ CASES = [
     dict(sinks="random", causal=True),
     dict(sinks="random", window_size=(2, 1), softcap=1.5),
 ]
-IDS = ["-".join(f"{k}={v}" for k, v in c.items()) for c in CASES]
+def _case_ids(cases):
+    return ["-".join(f"{k}={v}" for k, v in c.items()) for c in cases]
+
+
+IDS = _case_ids(CASES)
 OUT_TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
 GRAD_TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
@@ -319,7 +323,7 @@ def test_device_check_word_with_local_attention(seed):
 UNVERIFIED = "JFA_CUDA_UNVERIFIED_LOCAL_ATTENTION"
 CUDA_LENGTHS_Q, CUDA_LENGTHS_K = [5, 0, 333, 1, 700, 129, 3], [9, 4, 0, 1, 640, 300, 3]
 CUDA_CASES = [dict(c, softcap=0.5) if "softcap" in c else c for c in CASES]
-CUDA_IDS = ["-".join(f"{k}={v}" for k, v in c.items()) for c in CUDA_CASES]
+CUDA_IDS = _case_ids(CUDA_CASES)
 CUDA_TOL = {torch.float16: 4e-3, torch.bfloat16: 2e-2}
 
 

@@ -32,7 +32,8 @@ struct BwdArgs : Problem {
 // What the local-attention backward reads besides (BwdConfig's kLocal): the window, for the
 // items' row ranges, the masks and the order of dQ's adds (causal = 0 there: the window's right
 // bound of 0 holds the causal mask), and softcap, whose derivative scales dS. The sinks enter
-// through the LSE alone; their gradient comes from the preprocess.
+// through the LSE alone; their gradient comes from a kernel of its own after the preprocess
+// (bwd_sink_gradient).
 struct BwdLocalArgs : BwdArgs {
   jfa::detail::Window window;  // resolved: the causal mask is right = 0
   float softcap_in;            // softmax_scale / softcap (0: no softcap)

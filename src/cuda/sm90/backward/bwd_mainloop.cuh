@@ -35,8 +35,8 @@ enum class StepMask {
                 // next sequence's) and (causal) keys past a query's diagonal get P = 0
   kSharedTile,  // several short sequences: each query row sees its key range (a KeyRange per row
                 // of the item in shared memory), which is empty past the item's rows
-  kWindow,      // kSequence's bounds, and a window's (the local-attention kernels): row i sees keys
-                // diag + i - left .. diag + i + right, a bound of -1 unbounded
+  kWindow,      // kSequence's bounds, and a window's (the local-attention kernels), by the rule of
+                // common/visibility.hpp
 };
 
 // The local-attention kernels' score rule (BwdLocalArgs): the window, and softcap, under which
@@ -74,9 +74,9 @@ __device__ __forceinline__ void probabilities(Tile& sc, uint32_t lse2, float sca
         if constexpr (kMask == StepMask::kSequence) {
           if (key >= len_k || query >= len_q || (causal && key > query + diag)) p = 0.f;
         } else if constexpr (kMask == StepMask::kWindow) {
-          if (key >= len_k || query >= len_q ||
-              (local.window.left >= 0 && key < query + diag - local.window.left) ||
-              (local.window.right >= 0 && key > query + diag + local.window.right))
+          if (query >= len_q ||
+              key < jfa::detail::first_visible_key(local.window, query, len_q, len_k) ||
+              key >= jfa::detail::key_end(local.window, query, len_q, len_k))
             p = 0.f;
         } else if constexpr (kMask == StepMask::kSharedTile) {
           const uint32_t range = c == 0 ? ranges.x : ranges.y;
