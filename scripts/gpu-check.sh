@@ -18,7 +18,9 @@
 #   bench-backward  the same for the backward op (gradients checked against float64 first).
 #   bench-local     the forward with sliding windows, softcap and sinks against FlashAttention-3's
 #                   build with windows and softcap (bf16, head_dim 64, 128, 256; sinks jfa alone),
-#                   outputs checked against float64 first (bench/local_peers.py).
+#                   outputs checked against float64 first (bench/local_peers.py); LOCAL_PASS=backward
+#                   the backward op instead (gradients, dsinks too, checked against float64
+#                   first), both: the two.
 #   bench           bench-forward, then bench-backward.
 #   all             every stage above but build's gathering (builds in place when no CARRY_DIR
 #                   exists), for a machine without the per-command limit.
@@ -34,7 +36,9 @@
 #        FA3_PREBUILT (build: folder of flash_attn_3_*.so.xz), FA3_LIB (benchmarks: default
 #        .peers/fa3_varlen.so), FA3_FULL_LIB (bench-local: default .peers/fa3_full_bf16.so),
 #        LOCAL_HEAD_DIMS (bench-local: default "64,128,256"), LOCAL_WORKLOADS and LOCAL_KINDS
-#        (bench-local: bench/local_peers.py's --workloads and --kinds), SUITE_FILTER (suite: a gtest filter of
+#        (bench-local: bench/local_peers.py's --workloads and --kinds), LOCAL_PASS (bench-local:
+#        its --pass, forward, backward or both, default forward; the JSON and log are local,
+#        local-backward or local-both), SUITE_FILTER (suite: a gtest filter of
 #        the GPU tests, default all), SANITIZER_FILTER (sanitize: a gtest filter instead of the
 #        reduced case set), SUITE_PYTEST (suite: the pytest paths and options instead
 #        of tests/python and the ctypes list), SUITE_SHARDS (default 3), SANITIZER_SHARDS (default 2),
@@ -244,12 +248,13 @@ stage_bench_backward() {
 
 stage_bench_local() {
   runtime_env || { summary bench-local "FAILED (nothing carried)"; return 1; }
-  local rc=0
+  local rc=0 pass=${LOCAL_PASS:-forward} name=local
+  [ "$pass" = forward ] || name=local-$pass
   timeout "$(left)" python3 bench/local_peers.py --lib "$JFA_LIBRARY" --fa3-lib "$FA3_FULL_LIB" \
-    --out "$OUT" --name local --head-dims "${LOCAL_HEAD_DIMS:-64,128,256}" \
+    --out "$OUT" --name "$name" --pass "$pass" --head-dims "${LOCAL_HEAD_DIMS:-64,128,256}" \
     ${LOCAL_WORKLOADS:+--workloads "$LOCAL_WORKLOADS"} ${LOCAL_KINDS:+--kinds "$LOCAL_KINDS"} \
-    --rounds "${BENCH_ROUNDS:-2}" --time-limit-s $(($(left) - 30)) >"$OUT/local.log" 2>&1 || rc=1
-  summary bench-local "$(gpu_name): rc $rc (local*.json, table in local.log)"
+    --rounds "${BENCH_ROUNDS:-2}" --time-limit-s $(($(left) - 30)) >"$OUT/$name.log" 2>&1 || rc=1
+  summary bench-local "$(gpu_name): $pass, rc $rc ($name.json, table in $name.log)"
   return $rc
 }
 

@@ -1,9 +1,15 @@
 """bench/local_peers.py without a GPU: the window-aware count of visible pairs against a brute
-force, the kinds and the options, the table on fake records; with torch (on the CPU), the float64
-reference against libjfa's reference and CPU backend, jfa's params through bench/libjfa.py with
-the local-attention fields, and FA3's call with the window and softcap (a fake op)."""
+force, the backward's count, the kinds and the options (--pass), the tables of both passes on fake
+records; with torch (on the CPU), the float64 reference against libjfa's reference and CPU
+backend, its gradients against finite differences, libjfa's float64 backward reference and CPU
+backward, jfa's params through bench/libjfa.py with the local-attention fields, jfa's backward
+method on the CPU backend, FA3's forward and backward calls with the window and softcap (fake
+ops), and a backward cell's plumbing."""
 
+import ctypes
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +19,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
+import backward_peers as bp  # noqa: E402
 import local_peers as lp  # noqa: E402
 import peers  # noqa: E402
 import workloads as W  # noqa: E402
@@ -69,6 +76,25 @@ def test_local_flops_count_each_kind_per_sequence():
         129 * 130 // 2 + (3000 - 129) * 129)
 
 
+def test_the_backward_counts_two_and_a_half_forwards_over_the_visible_pairs():
+    lengths_q, lengths_k = [100, 3000, 5000], [100, 3000, 6000]
+    for name, kind in lp.KINDS.items():
+        fwd = lp.local_flops(lengths_q, lengths_k, kind, 16, 128)
+        assert lp.pass_flops(lengths_q, lengths_k, kind, 16, 128) == fwd, name
+        assert lp.pass_flops(lengths_q, lengths_k, kind, 16, 128, 0, "backward") == 2.5 * fwd
+        assert lp.pass_flops(lengths_q, lengths_k, kind, 16, 192, 128, "backward") == (
+            2.5 * lp.local_flops(lengths_q, lengths_k, kind, 16, 192, 128)), name
+    # Without a window or mask: backward_peers' count of the plain backward, the same factor.
+    full = lp.Kind(False, -1, -1, 0.0, False)
+    assert lp.FLOP_FACTOR["backward"] == bp.FLOP_FACTOR["backward"] == 2.5
+    assert lp.pass_flops(lengths_q, lengths_k, full, 16, 64, 0, "backward") == (
+        bp.backward_flops(lengths_q, lengths_k, 16, 64, False))
+    # swa128 at 3000 tokens: 2.5 x (2 * 129-key rows * heads * 2 * head_dim).
+    swa = lp.KINDS["swa128"]
+    pairs = 129 * 130 // 2 + (3000 - 129) * 129
+    assert lp.pass_flops([3000], [3000], swa, 2, 64, 0, "backward") == 2.5 * 2 * pairs * 2 * 128
+
+
 # ---- kinds and options ------------------------------------------------------------------------
 
 def test_the_kinds():
@@ -102,15 +128,28 @@ def test_options(monkeypatch):
     assert lp.parse_args(["--head-dims", "192/128", "--workloads", "W2"]).workload_ids == [
         "W2-d192v128"]
     for bad in (["--kinds", "swa2048"], ["--head-dims", "48"], ["--workloads", "X1"],
-                ["--rounds", "0"], ["--runs", "0"], ["--kinds", ","], ["--dtypes", "fp8"]):
+                ["--rounds", "0"], ["--runs", "0"], ["--kinds", ","], ["--dtypes", "fp8"],
+                ["--pass", "step"], ["--pass"]):
         with pytest.raises(SystemExit):
             lp.parse_args(bad)
+
+
+def test_the_pass_option_and_the_json_name_it_gives():
+    assert (lp.parse_args([]).pass_option, lp.parse_args([]).passes) == ("forward", ("forward",))
+    assert lp.parse_args(["--pass", "backward"]).passes == ("backward",)
+    assert lp.parse_args(["--pass", "both"]).passes == ("forward", "backward")
+    assert lp.parse_args(["--pass", "forward"]).passes == ("forward",)
+    assert lp.default_stem("2026-12-07", "NVIDIA H100 80GB HBM3", "forward") == (
+        "2026-12-07-h100-local")
+    assert lp.default_stem("2026-12-07", "NVIDIA H100 80GB HBM3", "backward") == (
+        "2026-12-07-h100-local-backward")
+    assert lp.default_stem("2026-12-07", "NVIDIA H200", "both") == "2026-12-07-h200-local-both"
 
 
 def test_help_and_import_need_no_torch():
     text = help_without_torch("local_peers")
     for option in ("--fa3-lib", "--lib", "--kinds", "--head-dims", "--rounds", "--time-limit-s",
-                   "--dtypes"):
+                   "--dtypes", "--pass"):
         assert option in text
 
 
@@ -156,6 +195,50 @@ def test_the_table_rows_columns_ratios_and_notes():
     assert any("[unavailable]" in ln for ln in lines)
     assert lines[-1] == "stopped: --time-limit-s 60 reached"
     assert lp.format_table([], "stopped: x") == "no results\nstopped: x"
+
+
+def test_a_table_per_pass_the_backwards_title_and_notes():
+    bwd = {"pass": "backward"}
+    records = [
+        rec("jfa", "swa128", "W1", 128, 500.0, 520.0), rec("fa3", "swa128", "W1", 128, 250.0,
+                                                            260.0),
+        rec("jfa", "swa128", "W1", 128, 200.0, 240.0, **bwd),
+        rec("fa3", "swa128", "W1", 128, 100.0, 120.0, **bwd),
+        rec("jfa", "sinks", "W1", 128, status="wrong", reason="relative error dsinks 0.5 > 0.02",
+            **bwd),
+        rec("jfa_nosinks", "sinks", "W1", 128, 150.0, 150.0, **bwd),
+        rec("jfa", "swa128nc", "W2", 128, 90.0, 99.0, **bwd),
+        rec("fa3", "swa128nc", "W2", 128, status="unavailable",
+            reason="torch.ops.flash_attn_3.bwd: the schema has none of window_size_left", **bwd),
+    ]
+    text = lp.format_table(records)
+    lines = text.splitlines()
+    titles = [i for i, ln in enumerate(lines) if "useful TFLOP/s" in ln]
+    assert len(titles) == 2 and lines[titles[0]].startswith("forward: ")
+    assert lines[titles[1]].startswith("backward (the backward op alone, after one untimed "
+                                       "forward): useful TFLOP/s (2.5 x the forward's, visible")
+    rows = [ln.split() for ln in lines if ln.startswith(("W1 ", "W2 "))]
+    assert rows[0] == ["W1", "bf16", "swa128", "128", "500.0", "520.0", "250.0", "260.0", "2.00",
+                       "2.00", "FA3"]
+    assert rows[1:] == [
+        ["W1", "bf16", "swa128", "128", "200.0", "240.0", "100.0", "120.0", "2.00", "2.00", "FA3"],
+        ["W1", "bf16", "sinks", "128", "wrong", "wrong", "150.0", "150.0", "-", "-",
+         "jfa-nosink"],
+        ["W2", "bf16", "swa128nc", "128", "90.0", "99.0", "n/a", "n/a", "-", "-", "FA3"]]
+    assert lines.index(next(ln for ln in lines if ln.startswith("W1 ") and "200.0" in ln)) > (
+        titles[1])
+    assert any("[wrong] (first: W1 sinks backward): relative error dsinks 0.5" in ln
+               for ln in lines)
+    assert any("[unavailable] (first: W2 swa128nc backward)" in ln and "window_size_left" in ln
+               for ln in lines)
+    # Backward records alone: one table, the backward's; records without "pass" are forward ones.
+    only = lp.format_table(records[2:]).splitlines()
+    assert only[0].startswith("backward (") and sum("useful TFLOP/s" in ln for ln in only) == 1
+    assert lp.pass_of({"method": "jfa"}) == "forward"
+    progress = lp.backward_progress_line(dict(records[2], causal=True, rel_errors={
+        "dq": 1e-3, "dk": 2e-3, "dv": 3e-3, "dsinks": 4e-3}), " swa128 r0")
+    assert progress.startswith("[W1 bf16 causal backward swa128 r0] jfa ")
+    assert "err 1.0e-03/2.0e-03/3.0e-03" in progress and progress.endswith(" dsinks err 4.0e-03")
 
 
 # ---- with torch, on the CPU -------------------------------------------------------------------
@@ -347,3 +430,335 @@ def test_the_cli_of_a_carried_library_is_found(tmp_path):
     assert lp.carried_cli(str(lib)) is None and lp.carried_cli(None) is None
     (tmp_path / "bin" / "jfa").write_text("")
     assert lp.carried_cli(str(lib)) == str(tmp_path / "bin" / "jfa")
+
+
+# ---- the backward, with torch on the CPU ------------------------------------------------------
+
+GRAD_CASES = [  # (lq, lk, causal, window, softcap, sinks); rows without keys where lq > lk, causal
+    (4, 5, True, (1, 0), 0.0, False), (5, 3, True, (-1, 0), 0.0, True),
+    (4, 6, False, (1, 2), 2.0, True), (3, 3, False, (-1, -1), 1.5, False),
+    (5, 4, True, (0, 0), 0.7, True), (3, 5, False, (-1, 1), 0.0, True)]
+
+
+@pytest.mark.parametrize("lq,lk,causal,window,softcap,with_sinks", GRAD_CASES)
+def test_the_reference_gradients_are_the_forwards_finite_differences(rng, lq, lk, causal, window,
+                                                                     softcap, with_sinks):
+    """local_reference_grads against central differences of local_reference (float64, GQA: two
+    query heads on one K/V head), the sinks' gradient included; rows that see no key pass
+    nothing back."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    q, k, v, dout = (torch.from_numpy(rng.standard_normal(shape)) for shape in
+                     ((lq, 2, 3), (lk, 1, 3), (lk, 1, 2), (lq, 2, 2)))
+    sinks = torch.from_numpy(rng.standard_normal(2)) if with_sinks else None
+    inputs = [q, k, v] + ([sinks] if with_sinks else [])
+
+    def loss():
+        out = lp.local_reference(q, k, v, 0.7, causal, window, softcap, sinks)
+        return float((out * dout).sum())
+
+    grads = lp.local_reference_grads(q, k, v, dout, 0.7, causal, window, softcap, sinks)
+    assert (grads[3] is None) == (not with_sinks)
+    eps = 1e-6
+    for x, g in zip(inputs, grads):
+        fd = torch.zeros_like(x)
+        flat, out = x.view(-1), fd.view(-1)
+        for i in range(flat.numel()):
+            old = float(flat[i])
+            flat[i] = old + eps
+            up = loss()
+            flat[i] = old - eps
+            down = loss()
+            flat[i] = old
+            out[i] = (up - down) / (2 * eps)
+        np.testing.assert_allclose(g.numpy(), fd.numpy(), rtol=0, atol=1e-7)
+    dead = ~lp.visible(lq, lk, causal, window).any(dim=1)
+    assert bool((grads[0][dead] == 0).all())
+    assert dead.any() == (lq > lk and causal)  # the cases cover rows without keys
+
+
+def reference_grads_of(torch, q, k, v, dout, cu_q, cu_k, scale, causal, window, softcap, sinks):
+    """local_reference_grads of every sequence: dq, dk, dv packed, dsinks summed (numpy)."""
+    per = [lp.local_reference_grads(
+        *(torch.from_numpy(x) for x in (q[cu_q[b]:cu_q[b + 1]], k[cu_k[b]:cu_k[b + 1]],
+                                        v[cu_k[b]:cu_k[b + 1]], dout[cu_q[b]:cu_q[b + 1]])),
+        scale, causal, window, softcap, None if sinks is None else torch.from_numpy(sinks))
+        for b in range(len(cu_q) - 1)]
+    packed = [torch.cat([g[j] for g in per]).numpy() for j in range(3)]
+    return packed + [None if sinks is None else sum(g[3] for g in per).numpy()]
+
+
+@pytest.mark.parametrize("causal,window,softcap,with_sinks", LOCAL_CASES)
+def test_the_reference_gradients_are_libjfas_and_its_cpu_backwards(rng, causal, window, softcap,
+                                                                   with_sinks):
+    """local_reference_grads against libjfa's float64 backward reference and its CPU backward
+    (float32), both through LocalLibrary's backward params (the forward's copied, dsinks set
+    where there are sinks): dq, dk, dv, and dsinks summed over the batch."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    import jfa
+    import libjfa
+    q, k, v, cu_q, cu_k, sinks = small_inputs(rng)
+    dout = rng.standard_normal((q.shape[0], 4, 6)).astype(np.float32)
+    s = sinks if with_sinks else None
+    scale = float(np.float32(0.9 / math.sqrt(8)))  # libjfa's params hold a float32
+    lib = lp.LocalLibrary(libjfa.Library(jfa.library_path()))
+    lib.fields = {"window_left": window[0], "window_right": window[1], "softcap": softcap,
+                  "sinks": None if s is None else s.ctypes.data}
+    out = np.full((q.shape[0], 4, 6), np.nan, dtype=np.float32)
+    lse = np.full((4, q.shape[0]), np.nan, dtype=np.float32)
+    p = lib.params(q=q.ctypes.data, k=k.ctypes.data, v=v.ctypes.data, out=out.ctypes.data,
+                   lse=lse.ctypes.data, cu_seqlens_q=cu_q.ctypes.data,
+                   cu_seqlens_k=cu_k.ctypes.data, batch=len(LENGTHS_Q), total_q=q.shape[0],
+                   total_k=k.shape[0], heads_q=4, heads_kv=2, head_dim=8, dtype="fp32",
+                   causal=causal, softmax_scale=scale, backend="cpu")
+    p.head_dim_v = 6
+    lib.forward_fn(p)()
+    cpu = [np.full_like(x, np.nan) for x in (q, k, v)] + [np.full(4, np.nan, dtype=np.float32)]
+    b = lib.backward_params(p, dout=dout.ctypes.data, dq=cpu[0].ctypes.data,
+                            dk=cpu[1].ctypes.data, dv=cpu[2].ctypes.data,
+                            dsinks=cpu[3].ctypes.data if with_sinks else None)
+    assert (b.forward.window_left, b.forward.window_right) == window
+    assert lib.backward_workspace_size(b) >= 0
+    lib.backward_fn(b)()
+    oracle = [np.zeros(x.shape) for x in (q, k, v)] + [np.zeros(4)]
+    lib.check(lib.lib.lib.jfa_attention_backward_reference_sinks(
+        ctypes.byref(b), *(a.ctypes.data_as(ctypes.POINTER(ctypes.c_double)) for a in oracle)),
+        "jfa_attention_backward_reference_sinks")
+    ours = reference_grads_of(torch, q, k, v, dout, cu_q, cu_k, scale, causal, window, softcap,
+                              s)
+    for name, mine, theirs, fast in zip(("dq", "dk", "dv", "dsinks"), ours, oracle, cpu):
+        if name == "dsinks" and not with_sinks:
+            assert mine is None and np.isnan(fast).all()  # NULL dsinks: nothing written
+            continue
+        np.testing.assert_allclose(mine, theirs, rtol=0, atol=1e-12, err_msg=name)
+        np.testing.assert_allclose(mine, fast, rtol=0, atol=2e-5, err_msg=name)
+
+
+def test_the_backward_case_draws_do_as_backward_peers_and_keeps_a_reference_per_kind():
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    import peers_gpu as G
+    from test_peers import cpu_case
+    case = cpu_case(G, "W2-d192v128", [5, 9, 3])
+    bc = lp.LocalBwdCase(case, G.DATA_SEED + bp.GRAD_SEED_OFFSET)
+    assert tuple(bc.dout.shape) == (17, 16, 128) and bc.dout.dtype == case.dtype  # Dv columns
+    gen = torch.Generator(device="cpu").manual_seed(G.DATA_SEED + bp.GRAD_SEED_OFFSET)
+    assert torch.equal(bc.dout, torch.randn(17, 16, 128, dtype=case.dtype, generator=gen))
+    kind = lp.Kind(True, 2, 0, 0.0, True)
+    sinks = lp.cell_sinks(torch, kind, case.H, case.device)
+    assert sinks.dtype == torch.float32 and tuple(sinks.shape) == (16,)
+    assert lp.cell_sinks(torch, lp.KINDS["swa128"], case.H, case.device) is None
+    bc.use(kind, sinks)
+    with_sinks, dsinks = bc.reference(), bc.dsinks()
+    assert sorted(with_sinks) == case.sample and tuple(dsinks.shape) == (16,)
+    assert tuple(with_sinks[1][2].shape) == (9, 16, 128)
+    bc.use(kind)
+    assert bc.dsinks() is None and not torch.equal(bc.reference()[1][0], with_sinks[1][0])
+    bc.use(kind, sinks)
+    assert bc.reference() is with_sinks  # computed once
+    bc.release()
+    assert bc.dout is None
+
+
+def check_cell_case(G, cpu_case, lengths):
+    return lp.LocalBwdCase(cpu_case(G, "W2-d64", lengths), G.DATA_SEED + bp.GRAD_SEED_OFFSET)
+
+
+def test_jfas_backward_on_the_cpu_backend_passes_the_check_and_wrong_gradients_fail():
+    """jfa_backward_prepare on a bf16 case on the CPU (libjfa's CPU backend, through the same
+    params as on the GPU): its dq, dk, dv and dsinks pass check_backward; a wrong window, missing
+    sinks, a wrong or non-finite dsinks fail it. The batch has sequences outside the sample, which
+    dsinks sums over too."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    import jfa
+    import libjfa
+    import peers_gpu as G
+    from test_peers import cpu_case
+    bc = check_cell_case(G, cpu_case, [9, 300, 280, 270, 1, 12])
+    case = bc.case
+    assert case.sample == [0, 1, 4, 5]  # not 2 and 3
+    ctx = {"jfa_lib": lp.LocalLibrary(libjfa.Library(jfa.library_path()))}
+    prepare, tol = lp.jfa_backward_prepare(G, ctx), bp.TOLERANCE["bf16"]
+    kind = lp.Kind(True, 5, 0, 3.0, True)
+    sinks = lp.cell_sinks(torch, kind, case.H, case.device)
+
+    def gradients(run_kind, run_sinks):
+        prep = prepare(bc, run_kind, run_sinks)
+        assert ctx["jfa_lib"].fields == lp.local_fields(run_kind, run_sinks)
+        assert "jfa_attention_backward" in prep.provider
+        bp._poison(bc, prep, False)
+        return prep.run()
+
+    bc.use(kind, sinks)
+    grads = gradients(kind, sinks)
+    status, errors, worst, why = lp.check_backward(bc, kind, grads, tol)
+    assert (status, why) == ("ok", "") and set(errors) == {"dq", "dk", "dv", "dsinks"}
+    assert worst == max(errors.values()) < tol
+    # The sample's share of dsinks alone is not the batch's: the check would tell.
+    part = sum(lp.local_reference_grads(
+        case.q_rows(case.q, i), case.k[case.cu_k_host[i]:case.cu_k_host[i + 1]],
+        case.v[case.cu_k_host[i]:case.cu_k_host[i + 1]], case.q_rows(bc.dout, i), case.scale,
+        True, (5, 0), 3.0, sinks)[3] for i in case.sample)
+    assert float((part - bc.dsinks()).norm() / bc.dsinks().norm()) > 10 * tol
+    for bad, reason in ((-grads[3], "relative error dsinks"),
+                        (torch.full_like(grads[3], float("nan")), "non-finite values in dsinks")):
+        status, errors, _, why = lp.check_backward(bc, kind, grads[:3] + (bad,), tol)
+        assert status == "wrong" and why.startswith(reason) and "dsinks" in errors
+    assert lp.check_backward(bc, kind, gradients(kind._replace(left=20), sinks), tol)[0] == "wrong"
+    assert lp.check_backward(bc, kind, gradients(kind, None), tol)[0] == "wrong"
+    bc.use(kind)  # without sinks: its own reference
+    status, errors, _, why = lp.check_backward(bc, kind, gradients(kind, None), tol)
+    assert (status, why) == ("ok", "") and set(errors) == {"dq", "dk", "dv"}
+    with pytest.raises(G.Unavailable, match="not loaded"):
+        lp.jfa_backward_prepare(G, {"jfa_error": "not loaded"})(bc, kind, None)
+
+
+def fa3_bwd_schema(co):
+    """torch.ops.flash_attn_3.bwd's arguments as FlashAttention-3's hopper/flash_api.cpp
+    registers them (window and softcap after the mask, with defaults)."""
+    return ([(n, co.REQUIRED) for n in ("dout", "q", "k", "v", "out", "softmax_lse")]
+            + [(n, None) for n in ("dq", "dk", "dv", "cu_seqlens_q", "cu_seqlens_k",
+                                   "seqused_q", "seqused_k", "max_seqlen_q", "max_seqlen_k",
+                                   "softmax_scale")]
+            + [("is_causal", False), ("window_size_left", -1), ("window_size_right", -1),
+               ("softcap", 0.0), ("deterministic", False), ("sm_margin", 0)])
+
+
+def test_fa3s_backward_gets_the_window_and_softcap_and_is_checked():
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    import call_overhead as co
+    import peers_gpu as G
+    from test_peers import FA3_FWD, cpu_case
+    bc = check_cell_case(G, cpu_case, [9, 30, 4])
+    case, calls = bc.case, []
+
+    def kind_of(kw):
+        return lp.Kind(kw["is_causal"], kw["window_size_left"], kw["window_size_right"],
+                       kw["softcap"], False)
+
+    def fwd(q, k, v, *rest, **kw):
+        calls.append(("fwd", len(rest), kw))
+        return "OUT", "LSE"
+
+    def bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, seqused_q, seqused_k, mq, mk, **kw):
+        calls.append(("bwd", (out, lse, seqused_q, seqused_k, mq, mk), kw))
+        kind = kind_of(kw) if honest else kind_of(kw)._replace(left=-1)
+        for i in range(case.B):
+            a, b = case.cu_q_host[i], case.cu_q_host[i + 1]
+            c, d = case.cu_k_host[i], case.cu_k_host[i + 1]
+            g = lp.local_reference_grads(q[a:b], k[c:d], v[c:d], dout[a:b], kw["softmax_scale"],
+                                         kind.causal, (kind.left, kind.right), kind.softcap)
+            dq[a:b], dk[c:d], dv[c:d] = (x.to(q.dtype) for x in g[:3])
+        return dq, dk, dv, None
+
+    ctx = {"fa3_fwd": fwd, "fa3_bwd": bwd, "fa3_fwd_arguments": FA3_FWD,
+           "fa3_bwd_arguments": fa3_bwd_schema(co), "fa3_bwd_provider": "bwd from x.so"}
+    prepare, tol = lp.fa3_backward_prepare(G, co, ctx), bp.TOLERANCE["bf16"]
+    kind = lp.Kind(True, 3, 0, 50.0, False)
+    bc.use(kind)
+    honest = True
+    prep = prepare(bc, kind, None)
+    window = {"window_size_left": 3, "window_size_right": 0, "softcap": 50.0}
+    assert calls == [("fwd", 11, dict(softmax_scale=case.scale, is_causal=True, **window))]
+    assert prep.provider == "bwd from x.so" and len(prep.outputs) == 3
+    bp._poison(bc, prep, False)
+    status, errors, _, why = lp.check_backward(bc, kind, prep.run(), tol)
+    assert (status, why) == ("ok", "") and set(errors) == {"dq", "dk", "dv"}
+    assert calls[1] == ("bwd", ("OUT", "LSE", None, None, case.max_q, case.max_k),
+                        dict(softmax_scale=case.scale, is_causal=True, **window))
+    honest = False  # a backward that drops the window fails the check
+    assert lp.check_backward(bc, kind, prep.run(), tol)[0] == "wrong"
+    assert lp.fa3_failure(G, RuntimeError("This flash attention build does not support local "
+                                          "attention."))[0] == "unavailable"
+    assert lp.fa3_failure(G, RuntimeError("CUDA error: an illegal memory access"))[0] == "error"
+    with pytest.raises(G.Unavailable, match="no attention sinks"):
+        prepare(bc, lp.KINDS["swa_sinks"], None)
+    older = [a for a in fa3_bwd_schema(co) if a[0] != "window_size_left"]
+    with pytest.raises(G.Unavailable, match="flash_attn_3.bwd: .*window_size_left"):
+        lp.fa3_backward_prepare(G, co, dict(ctx, fa3_bwd_arguments=older))(bc, kind, None)
+    with pytest.raises(G.Unavailable, match="load_library"):
+        lp.fa3_backward_prepare(G, co, {"fa3_bwd_error": "torch.ops.load_library(x.so): "
+                                                          "OSError"})(bc, kind, None)
+
+
+def test_a_backward_cell_checks_each_method_on_its_own_reference_and_counts_the_window(
+        monkeypatch):
+    """measure_backward_cell with measure_backward replaced by check-only: jfa's backward (the
+    CPU backend) gets the kind's fields and sinks, jfa_nosinks none, each its own reference; a
+    peer that drops the window fails and keeps no time; the rates use the backward's count."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    import jfa
+    import libjfa
+    import peers_gpu as G
+    from test_peers import cpu_case
+    bc = check_cell_case(G, cpu_case, [9, 300, 4])
+    case = bc.case
+    ctx = {"jfa_lib": lp.LocalLibrary(libjfa.Library(jfa.library_path()))}
+    seen = []
+
+    def no_window_peer(bc_, kind, sinks):  # FA3 stand-in that ignores the window
+        g = lp.local_case_grads(case, bc_.dout, kind._replace(left=-1, right=-1))[0]
+        grads = tuple(torch.cat([g[i][j] for i in range(case.B)]).to(case.dtype)
+                      for j in range(3))
+        return bp.Prepared(lambda: grads, provider="fake")
+
+    def check_only(G_, bc_, prepare, kind, sinks, rec, opts):
+        ctx["jfa_lib"].fields = {}
+        prep = prepare(bc_, kind, sinks)
+        seen.append((rec["method"], sinks is not None, dict(ctx["jfa_lib"].fields)))
+        status, errors, worst, why = lp.check_backward(bc_, kind, prep.run(), rec["tolerance"])
+        rec.update(status=status, rel_errors=errors, rel_error=worst, reason=why)
+        if status == "ok":
+            rec.update(eager_ms=2.0, graph_ms=1.0)
+        return rec
+
+    monkeypatch.setattr(lp, "measure_backward", check_only)
+    jfa_bwd = lp.jfa_backward_prepare(G, ctx)
+    impls = {"jfa": jfa_bwd, "jfa_nosinks": jfa_bwd, "fa3": no_window_peer}
+    mine, peer = lp.measure_backward_cell(torch, G, ctx, impls, bc, "swa128nc", {}, 1, None)
+    flops = 2.5 * lp.local_flops([9, 300, 4], [9, 300, 4], lp.KINDS["swa128nc"], 16, 64)
+    assert (mine["method"], mine["pass"], mine["status"], mine["kind"], mine["base"]) == (
+        "jfa", "backward", "ok", "swa128nc", "W2")
+    assert mine["useful_gflop"] == flops / 1e9 and mine["tolerance"] == bp.TOLERANCE["bf16"]
+    assert (mine["eager_tflops"], mine["graph_tflops"]) == (flops / 2e-3 / 1e12,
+                                                            flops / 1e-3 / 1e12)
+    assert seen[0][2] == {"window_left": 128, "window_right": 128, "softcap": 0.0, "sinks": None}
+    assert (peer["method"], peer["status"]) == ("fa3", "wrong") and "dq" in peer["reason"]
+    assert peer["eager_tflops"] is None and peer["graph_tflops"] is None
+
+    seen.clear()
+    reports = []
+    mine, nosinks = lp.measure_backward_cell(torch, G, ctx, impls, bc, "swa_sinks", {}, 2,
+                                             reports.append)
+    assert [r["status"] for r in (mine, nosinks)] == ["ok", "ok"] and len(reports) == 4
+    assert (mine["sinks"], nosinks["sinks"], nosinks["method"]) == (True, False, "jfa_nosinks")
+    assert "dsinks" in mine["rel_errors"] and "dsinks" not in nosinks["rel_errors"]
+    assert len(mine["rounds"]) == 2 and mine["graph_ms"] == 1.0
+    assert sorted(s for _, s, _ in seen) == [False, False, True, True]
+    assert all((f["sinks"] is None) == (not s) for _, s, f in seen)
+    assert all(f["window_left"] == 128 and f["window_right"] == 0 for _, _, f in seen)
+
+
+def test_the_gpu_check_stage_passes_the_pass_through(tmp_path):
+    """scripts/gpu-check.sh's bench-local stage, its helpers stubbed: LOCAL_PASS becomes --pass,
+    and the JSON and log names say the pass (local for the forward, as before)."""
+    script = Path(__file__).resolve().parents[2] / "scripts" / "gpu-check.sh"
+    stubs = ("runtime_env() { JFA_LIBRARY=/c/lib/libjfa.so FA3_FULL_LIB=/p/fa3.so; }; "
+             "left() { echo 400; }; gpu_name() { echo GPU; }; summary() { echo \"$*\"; }; "
+             "timeout() { shift; echo \"$*\"; }; ")
+    for value, name in ((None, "local"), ("forward", "local"), ("backward", "local-backward"),
+                        ("both", "local-both")):
+        out = tmp_path / (value or "default")
+        out.mkdir()
+        code = (f"source <(sed -n '/^stage_bench_local()/,/^}}/p' {script}); {stubs}"
+                f"OUT={out}; stage_bench_local")
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("LOCAL_PASS", "LOCAL_WORKLOADS", "LOCAL_KINDS")}
+        if value:
+            env["LOCAL_PASS"] = value
+        r = subprocess.run(["bash", "-c", code], capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr
+        args = (out / f"{name}.log").read_text().split()
+        assert args[:2] == ["python3", "bench/local_peers.py"]
+        assert args[args.index("--pass") + 1] == (value or "forward")
+        assert args[args.index("--name") + 1] == name
+        assert r.stdout.strip() == (f"bench-local GPU: {value or 'forward'}, rc 0 ({name}.json, "
+                                    f"table in {name}.log)")
