@@ -151,19 +151,21 @@ typedef struct jfa_attention_params {
    * sequence sees key j iff i + len_k - len_q - window_left <= j <= i + len_k - len_q +
    * window_right. -1 (the default) leaves that side unbounded; other negative values are
    * JFA_ERROR_INVALID_ARGUMENT. causal is window_right = 0 and wins: with causal set, the right
-   * bound is 0 whatever window_right holds. CPU backend only for now: the CUDA backend rejects a
-   * bounded window other than causal's (JFA_ERROR_UNSUPPORTED). */
+   * bound is 0 whatever window_right holds. Both backends, forward and backward. */
   int32_t window_left;
   int32_t window_right;
   /* Score soft-capping: 0 (the default) is off; a cap c > 0 maps every scaled score s to
    * c * tanh(s / c) before the softmax. Negative, NaN or infinite: JFA_ERROR_INVALID_ARGUMENT.
-   * CPU backend only for now (CUDA: JFA_ERROR_UNSUPPORTED). */
+   * Both backends, forward and backward. */
   float softcap;
-  /* Optional attention sinks: NULL (the default) or float32 [heads_q], host memory, finite: a
-   * logit per query head that joins the softmax denominator of each of its rows,
+  /* Optional attention sinks: NULL (the default) or float32 [heads_q], finite, in the memory of
+   * the other buffers (host for the CPU backend, device for CUDA): a logit per query head that
+   * joins the softmax denominator of each of its rows,
    * p_ij = exp(s_ij) / (exp(sinks[h]) + sum_j exp(s_ij)); it carries no value. The LSE includes
    * it, lse = log(exp(sinks[h]) + sum_j exp(s_ij)), so a row that sees no key has out 0 and
-   * lse = sinks[h]. CPU backend only for now (CUDA: JFA_ERROR_UNSUPPORTED). */
+   * lse = sinks[h]. The CPU backend rejects a sink that is not finite
+   * (JFA_ERROR_INVALID_ARGUMENT); on CUDA its rows' lse are not finite and the checked mode
+   * reports them (JFA_CHECK_RESULT_NOT_FINITE). */
   const float* sinks;
 } jfa_attention_params;
 

@@ -114,11 +114,11 @@ struct AttentionOptions {
   // device_check); device_check_message() says what a word read back reports.
   int32_t* device_check = nullptr;
   // Local attention (jfa_attention_params::window_left/right): -1 unbounded; causal wins over
-  // window_right. CPU backend only for now.
+  // window_right.
   int32_t window_left = -1;
   int32_t window_right = -1;
   float softcap = 0.0f;          // 0: off; c > 0 maps scores s to c tanh(s / c)
-  const float* sinks = nullptr;  // optional float32 [heads_q], host memory
+  const float* sinks = nullptr;  // optional float32 [heads_q], in the tensors' memory
 };
 
 inline std::string device_check_message(int32_t word) { return jfa_device_check_message(word); }

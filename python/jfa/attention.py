@@ -49,14 +49,13 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None
         window_size: ``(left, right)`` local attention as in ``flash_attn_varlen_func``,
             bottom-right aligned: query i sees key j iff ``i + len_k - len_q - left <= j <= i +
             len_k - len_q + right``; -1 leaves a side unbounded. With ``causal`` the right bound
-            is 0 whatever ``right`` is. CPU backend only for now (CUDA raises
-            JfaUnsupportedError).
+            is 0 whatever ``right`` is.
         softcap: 0 (off) or a cap c > 0: scores s (after the scale) become ``c * tanh(s / c)``
-            before the softmax. CPU only for now.
+            before the softmax.
         sinks: None, or float32 ``[heads_q]`` logits that join each row's softmax denominator
             with no value (torch: a float32 tensor on q's device, differentiable; numpy: an
             array; either: a list of floats). The LSE includes them: a row that sees no key has
-            out 0 and lse = its sink. CPU only for now.
+            out 0 and lse = its sink.
 
     Returns:
         ``out`` ``[total_q, heads_q, head_dim_v]`` of q's dtype, or ``(out, lse)``.

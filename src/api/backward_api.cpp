@@ -43,9 +43,6 @@ jfa_status jfa_attention_backward(const jfa_attention_backward_params* params) {
     if ((s = jfa::detail::check_backend_side(backend, kind)) != JFA_SUCCESS) return s;
 #ifdef JFA_WITH_CUDA
     if (backend == JFA_BACKEND_CUDA) {
-      if ((s = jfa::detail::check_cuda_features(b.fwd, jfa::detail::CudaPass::kBackward)) !=
-          JFA_SUCCESS)
-        return s;
       const jfa::cuda::GpuBackend* gpu = nullptr;
       if ((s = jfa::cuda::current_gpu_backend(&gpu)) != JFA_SUCCESS) return s;
       return gpu->backward(b);

@@ -1,9 +1,7 @@
 #include "api/validate.hpp"
 
 #include <cmath>
-#include <cstdlib>
 #include <limits>
-#include <string>
 
 #include "api/buffer_checks.hpp"
 #include "api/enum_bits.hpp"
@@ -320,31 +318,6 @@ jfa_status validate_host_sinks(const Params& p) {
       return fail(JFA_ERROR_INVALID_ARGUMENT, "sinks[%d] is %g: sinks must be finite", h,
                   static_cast<double>(p.sinks[h]));
   return JFA_SUCCESS;
-}
-
-namespace {
-// The local-attention kernels have not run on a GPU yet: only this switch, off by default and read
-// per call, reaches them (for their first device tests; bench/NOTES.md).
-bool unverified_local_attention() {
-  const char* on = std::getenv("JFA_CUDA_UNVERIFIED_LOCAL_ATTENTION");
-  return on != nullptr && std::string(on) == "1";
-}
-}  // namespace
-
-jfa_status check_cuda_features(const Params& p, CudaPass pass) {
-  if (!p.uses_local_attention() || unverified_local_attention()) return JFA_SUCCESS;
-  const char* what = pass == CudaPass::kForward ? "backend" : "backward";
-  if (p.window.left != -1 || (p.window.right != -1 && !p.causal))
-    return fail(JFA_ERROR_UNSUPPORTED,
-                "the CUDA %s does not take sliding windows yet (window_left=%d, "
-                "window_right=%d; only the causal mask): use the CPU backend",
-                what, p.window.left, p.window.right);
-  if (p.softcap != 0.0f)
-    return fail(JFA_ERROR_UNSUPPORTED,
-                "the CUDA %s does not take softcap yet (softcap=%g): use the CPU backend", what,
-                static_cast<double>(p.softcap));
-  return fail(JFA_ERROR_UNSUPPORTED,
-              "the CUDA %s does not take attention sinks yet: use the CPU backend", what);
 }
 
 jfa_status validate_host_offsets(const Params& p) {

@@ -34,10 +34,4 @@ jfa_status validate_host_offsets(const Params& p);
 // Sinks in host memory must be finite.
 jfa_status validate_host_sinks(const Params& p);
 
-// JFA_ERROR_UNSUPPORTED naming the feature when a call asks the CUDA backend for what it does not
-// compute yet: a window other than the causal mask, softcap or sinks (their kernels are built but
-// not yet verified on a GPU: JFA_CUDA_UNVERIFIED_LOCAL_ATTENTION=1 lets such calls through).
-enum class CudaPass { kForward, kBackward };
-jfa_status check_cuda_features(const Params& p, CudaPass pass);
-
 }  // namespace jfa::detail

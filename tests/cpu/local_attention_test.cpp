@@ -444,7 +444,7 @@ TEST(LocalAttention, Validation) {
     expect_failure(jfa_attention_backward(&b), JFA_ERROR_INVALID_ARGUMENT, "has a sink");
   }
   {
-    // The CPU-only features leave the workspace queries as they are.
+    // Windows, softcap and sinks leave the workspace queries as they are.
     Call c;
     size_t plain = 1, featured = 2;
     ASSERT_EQ(jfa_attention_workspace_size(&c.p, &plain), JFA_SUCCESS);

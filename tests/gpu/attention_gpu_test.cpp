@@ -615,14 +615,13 @@ TEST(AttentionGpu, OtherLaunchChoicesMatchReference) {
   }
 }
 
-// The local-attention kernels (behind their switch until verified): sliding windows at their edges
+// The local-attention kernels: sliding windows at their edges
 // (0, 1, longer than the sequence, one side only, with the causal mask), softcap small enough to
 // bend the scores, sinks small and large, and all together; over every head size (and 192/128) and
 // both dtypes, on edge lengths, cross lengths with long sequences (whole K tiles below a window
 // skipped) and shared tiles of short sequences, against the float64 reference, which applies the
 // same rule (common/visibility.hpp).
 TEST(AttentionGpu, LocalAttentionMatchesReference) {
-  const jfa::gpu_test::ScopedUnverifiedLocalAttention on;
   std::mt19937_64 rng(fresh_seed("local attention"));
   std::normal_distribution<float> logit(0.f, 1.f);
   struct Dims {
@@ -1150,77 +1149,11 @@ TEST(AttentionGpuApi, BackwardOnDeviceBuffersRuns) {
 
 }  // namespace
 
-// Sliding windows, softcap and sinks are CPU-only for now (the CUDA kernels for them are reached
-// only under JFA_CUDA_UNVERIFIED_LOCAL_ATTENTION=1): the CUDA forward rejects each with
-// JFA_ERROR_UNSUPPORTED naming it, before anything is written; causal with any window_right is the
-// causal mask, which it takes. The workspace query answers as without them.
-TEST(AttentionGpu, RejectsWindowSoftcapAndSinks) {
-  const int32_t total = 10, heads = 2, d = 64;
-  const std::vector<int32_t> cu = {0, 4, 10};
-  const size_t elems = static_cast<size_t>(total) * heads * d;
-  DeviceBuffer q(elems * 2), k(elems * 2), v(elems * 2), out(elems * 2), cu_dev(cu.size() * 4),
-      sinks(heads * 4);
-  ASSERT_EQ(cudaMemset(q.ptr, 0, elems * 2), cudaSuccess);
-  ASSERT_EQ(cudaMemset(k.ptr, 0, elems * 2), cudaSuccess);
-  ASSERT_EQ(cudaMemset(v.ptr, 0, elems * 2), cudaSuccess);
-  ASSERT_EQ(cudaMemset(sinks.ptr, 0, heads * 4), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(cu_dev.ptr, cu.data(), cu.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  auto params = [&] {
-    jfa_attention_params p = jfa::tools::call_params(
-        {q.ptr, k.ptr, v.ptr, out.ptr, nullptr, cu_dev.as<int32_t>(), cu_dev.as<int32_t>()},
-        {2, total, total, heads, heads, d, JFA_DTYPE_FLOAT16});
-    p.backend = JFA_BACKEND_CUDA;
-    return p;
-  };
-  struct Case {
-    const char* feature;
-    void (*set)(jfa_attention_params&, void*);
-  };
-  const Case cases[] = {
-      {"sliding windows", [](jfa_attention_params& p, void*) { p.window_left = 8; }},
-      {"sliding windows", [](jfa_attention_params& p, void*) { p.window_right = 0; }},
-      {"sliding windows",
-       [](jfa_attention_params& p, void*) {
-         p.causal = 1;
-         p.window_left = 0;
-       }},
-      {"softcap", [](jfa_attention_params& p, void*) { p.softcap = 30.0f; }},
-      {"sinks", [](jfa_attention_params& p, void* s) { p.sinks = static_cast<const float*>(s); }},
-  };
-  size_t plain_bytes = 0;
-  {
-    const jfa_attention_params p = params();
-    ASSERT_EQ(jfa_attention_workspace_size(&p, &plain_bytes), JFA_SUCCESS);
-  }
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.feature);
-    ASSERT_EQ(cudaMemset(out.ptr, 0x5A, elems * 2), cudaSuccess);
-    jfa_attention_params p = params();
-    c.set(p, sinks.ptr);
-    EXPECT_EQ(jfa_attention_forward(&p), JFA_ERROR_UNSUPPORTED);
-    EXPECT_NE(std::string(jfa_last_error_message()).find(c.feature), std::string::npos)
-        << jfa_last_error_message();
-    std::vector<unsigned char> back(elems * 2);
-    ASSERT_EQ(cudaMemcpy(back.data(), out.ptr, back.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-    EXPECT_TRUE(std::all_of(back.begin(), back.end(), [](unsigned char x) { return x == 0x5A; }))
-        << "out was written";
-    size_t bytes = 1;
-    EXPECT_EQ(jfa_attention_workspace_size(&p, &bytes), JFA_SUCCESS);
-    EXPECT_EQ(bytes, plain_bytes);
-  }
-  jfa_attention_params p = params();
-  p.causal = 1;
-  p.window_right = 5;  // causal wins: the causal mask
-  EXPECT_EQ(jfa_attention_forward(&p), JFA_SUCCESS) << jfa_last_error_message();
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-}
-
 // Windows, softcap and sinks need no more workspace than the plain call: a caller's workspace of
 // the plain call's size serves them, and the workspace query answers the same. The checked mode
 // flags a sink that is not finite (with sinks no LSE is -inf, an empty row's included); causal
 // with any window_right is the causal mask.
 TEST(AttentionGpu, LocalAttentionCallerWorkspaceAndCheckedMode) {
-  const jfa::gpu_test::ScopedUnverifiedLocalAttention on;
   const int32_t total = 10, heads = 2, d = 64;
   const std::vector<int32_t> cu = {0, 4, 4, 10};
   const size_t elems = static_cast<size_t>(total) * heads * d;

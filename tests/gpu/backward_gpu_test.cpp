@@ -1221,7 +1221,6 @@ TEST(BackwardGpuApi, UnbuiltValueHeadSizeIsUnsupported) {
 // (whole K tiles outside every window), GQA, and tiles shared by short sequences, in both the
 // default and the deterministic mode, against the float64 reference.
 TEST(BackwardGpu, LocalAttentionMatchesReference) {
-  const jfa::gpu_test::ScopedUnverifiedLocalAttention on;
   std::mt19937_64 rng(fresh_seed("local attention backward"));
   std::normal_distribution<float> logit(0.f, 1.f);
   int combo = 0;
@@ -1257,7 +1256,6 @@ TEST(BackwardGpu, LocalAttentionMatchesReference) {
 // Deterministic mode under windows: bit-identical gradients run after run, also where the adds
 // to a q tile go in descending order (a right bound) and where they ascend (none).
 TEST(BackwardGpu, LocalAttentionDeterministicRunsAreBitIdentical) {
-  const jfa::gpu_test::ScopedUnverifiedLocalAttention on;
   std::mt19937_64 rng(fresh_seed("local attention deterministic"));
   for (const auto& [left, right, causal] :
        {std::tuple{200, -1, false}, std::tuple{130, 0, true}, std::tuple{100, 300, false}}) {
@@ -1277,58 +1275,3 @@ TEST(BackwardGpu, LocalAttentionDeterministicRunsAreBitIdentical) {
 }
 
 }  // namespace
-
-// The CUDA backward rejects sliding windows, softcap and sinks (its kernels for them are not yet
-// verified, and reached only under JFA_CUDA_UNVERIFIED_LOCAL_ATTENTION=1) with
-// JFA_ERROR_UNSUPPORTED naming the feature, and writes none of dq, dk, dv or dsinks.
-TEST(BackwardGpu, RejectsWindowSoftcapAndSinks) {
-  const int32_t total = 10, heads = 2, d = 64;
-  const std::vector<int32_t> cu = {0, 4, 10};
-  const size_t elems = static_cast<size_t>(total) * heads * d;
-  DeviceBuffer q(elems * 2), k(elems * 2), v(elems * 2), out(elems * 2), dout(elems * 2),
-      dq(elems * 2), dk(elems * 2), dv(elems * 2), lse(total * heads * 4), cu_dev(cu.size() * 4),
-      sinks(heads * 4), dsinks(heads * 4);
-  for (const DeviceBuffer* b : {&q, &k, &v, &out, &dout, &lse, &sinks})
-    ASSERT_EQ(cudaMemset(b->ptr, 0, b->bytes), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(cu_dev.ptr, cu.data(), cu.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  struct Case {
-    const char* feature;
-    int32_t left, right;
-    float softcap;
-    bool sinks;
-  };
-  for (const Case& c :
-       {Case{"sliding windows", 3, -1, 0, false}, Case{"sliding windows", -1, 2, 0, false},
-        Case{"softcap", -1, -1, 5, false}, Case{"sinks", -1, -1, 0, true}}) {
-    SCOPED_TRACE(c.feature);
-    for (const DeviceBuffer* b : {&dq, &dk, &dv, &dsinks})
-      ASSERT_EQ(cudaMemset(b->ptr, 0x5A, b->bytes), cudaSuccess);
-    jfa_attention_backward_params b;
-    jfa_attention_backward_params_init(&b);
-    jfa_attention_params& p = b.forward;
-    p = jfa::tools::call_params(
-        {q.ptr, k.ptr, v.ptr, out.ptr, lse.as<float>(), cu_dev.as<int32_t>(), cu_dev.as<int32_t>()},
-        {2, total, total, heads, heads, d, JFA_DTYPE_FLOAT16});
-    p.backend = JFA_BACKEND_CUDA;
-    p.window_left = c.left;
-    p.window_right = c.right;
-    p.softcap = c.softcap;
-    p.sinks = c.sinks ? sinks.as<float>() : nullptr;
-    b.dout = dout.ptr;
-    b.dq = dq.ptr;
-    b.dk = dk.ptr;
-    b.dv = dv.ptr;
-    b.dsinks = c.sinks ? dsinks.as<float>() : nullptr;
-    EXPECT_EQ(jfa_attention_backward(&b), JFA_ERROR_UNSUPPORTED);
-    EXPECT_NE(std::string(jfa_last_error_message()).find(c.feature), std::string::npos)
-        << jfa_last_error_message();
-    size_t bytes = 0;
-    EXPECT_EQ(jfa_attention_backward_workspace_size(&b, &bytes), JFA_SUCCESS);
-    for (const DeviceBuffer* g : {&dq, &dk, &dv, &dsinks}) {
-      std::vector<unsigned char> back(g->bytes);
-      ASSERT_EQ(cudaMemcpy(back.data(), g->ptr, back.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-      EXPECT_TRUE(std::all_of(back.begin(), back.end(), [](unsigned char x) { return x == 0x5A; }))
-          << "a gradient was written";
-    }
-  }
-}

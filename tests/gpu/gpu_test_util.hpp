@@ -42,16 +42,6 @@ inline constexpr LocalKind kLocalKinds[] = {
     {130, 70, false, 0.f, 0.f}, {4096, 4096, false, 0.f, 0.f}, {-1, -1, false, 0.5f, 0.f},
     {-1, -1, true, 0.f, 2.f},   {-1, -1, false, 0.f, 30.f},    {130, 0, true, 0.5f, 2.f}};
 
-// The local-attention kernels (windows, softcap, sinks), forward and backward, are not yet routed
-// to by the library: this scope sets the switch that lets the API pass such calls.
-class ScopedUnverifiedLocalAttention {
- public:
-  ScopedUnverifiedLocalAttention() { setenv("JFA_CUDA_UNVERIFIED_LOCAL_ATTENTION", "1", 1); }
-  ~ScopedUnverifiedLocalAttention() { unsetenv("JFA_CUDA_UNVERIFIED_LOCAL_ATTENTION"); }
-  ScopedUnverifiedLocalAttention(const ScopedUnverifiedLocalAttention&) = delete;
-  ScopedUnverifiedLocalAttention& operator=(const ScopedUnverifiedLocalAttention&) = delete;
-};
-
 inline bool quick_mode() {
   const char* env = std::getenv("JFA_GPU_TESTS_QUICK");
   return env != nullptr && env[0] != '\0' && env[0] != '0';

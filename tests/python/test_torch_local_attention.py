@@ -144,6 +144,19 @@ def test_forward_matches_float64(seed, case, dtype):
     assert torch.equal(jfa.jagged_attention(q, k, v, cu_q, cu_k, softmax_scale=SCALE, **kw), out)
 
 
+def _assert_gradients_close(leaves, sinks, ref_leaves, ref_sinks, tolerance):
+    """dq, dk, dv (and dsinks) of the leaves against the float64 reference's, relative L2."""
+    pairs = list(zip(("dq", "dk", "dv"), leaves, ref_leaves))
+    if sinks is not None:
+        pairs.append(("dsinks", sinks, ref_sinks))
+    for name, got, want in pairs:
+        assert got.grad.dtype == got.dtype and got.grad.shape == got.shape, name
+        assert torch.isfinite(got.grad).all(), name
+        err = ((got.grad.double().cpu() - want.grad).norm()
+               / want.grad.norm().clamp_min(1e-30)).item()
+        assert err <= tolerance, f"{name}: relative error {err}"
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_gradients_match_float64_autograd(seed, case, dtype):
@@ -165,15 +178,7 @@ def test_gradients_match_float64_autograd(seed, case, dtype):
     ref_loss = (ref_out * grad_out.double()).sum()
     (ref_loss + torch.where(torch.isfinite(ref_lse), ref_lse * grad_lse.double(), 0).sum()
      ).backward()
-    pairs = [("dq", leaves[0], ref_leaves[0]), ("dk", leaves[1], ref_leaves[1]),
-             ("dv", leaves[2], ref_leaves[2])]
-    if sinks is not None:
-        pairs.append(("dsinks", sinks, ref_sinks))
-    for name, got, want in pairs:
-        assert got.grad.dtype == got.dtype and got.grad.shape == got.shape, name
-        assert torch.isfinite(got.grad).all(), name
-        err = ((got.grad.double() - want.grad).norm() / want.grad.norm().clamp_min(1e-30)).item()
-        assert err <= GRAD_TOL[dtype], f"{name}: relative error {err}"
+    _assert_gradients_close(leaves, sinks, ref_leaves, ref_sinks, GRAD_TOL[dtype])
 
 
 def test_sinks_alone_need_a_gradient(seed):
@@ -318,21 +323,23 @@ def test_device_check_word_with_local_attention(seed):
 # On CUDA at head_dim 64 (scores of unit normal inputs at the default scale are about +-1, so a
 # softcap of 0.5 bends them; sinks around them take a visible share), with longer sequences than
 # on the CPU so that windows cross K tiles: the forward against the float64 reference, with and
-# without the LSE, in a CUDA graph's capture too. Until the kernels have run on a GPU the library
-# reaches them only under JFA_CUDA_UNVERIFIED_LOCAL_ATTENTION=1, which these tests set.
-UNVERIFIED = "JFA_CUDA_UNVERIFIED_LOCAL_ATTENTION"
+# without the LSE, in a CUDA graph's capture too; the gradients against float64 autograd.
 CUDA_LENGTHS_Q, CUDA_LENGTHS_K = [5, 0, 333, 1, 700, 129, 3], [9, 4, 0, 1, 640, 300, 3]
 CUDA_CASES = [dict(c, softcap=0.5) if "softcap" in c else c for c in CASES]
 CUDA_IDS = _case_ids(CUDA_CASES)
 CUDA_TOL = {torch.float16: 4e-3, torch.bfloat16: 2e-2}
+CUDA_GRAD_TOL = {torch.float16: 4e-3, torch.bfloat16: 2e-2}  # relative L2, as the GPU tests'
+
+
+def _cuda_inputs(seed, dtype):
+    return _inputs(seed, dtype, CUDA_LENGTHS_Q, CUDA_LENGTHS_K, 4, 2, 64, 64)
 
 
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("case", CUDA_CASES, ids=CUDA_IDS)
-def test_cuda_forward_matches_float64(seed, case, dtype, monkeypatch):
-    monkeypatch.setenv(UNVERIFIED, "1")
-    q, k, v, cu_q, cu_k = _inputs(seed, dtype, CUDA_LENGTHS_Q, CUDA_LENGTHS_K, 4, 2, 64, 64)
+def test_cuda_forward_matches_float64(seed, case, dtype):
+    q, k, v, cu_q, cu_k = _cuda_inputs(seed, dtype)
     kw = _kwargs(case, seed)
     ref_out, ref_lse = reference(q.double(), k.double(), v.double(), cu_q, cu_k, kw["causal"],
                                  kw["window_size"], kw["softcap"],
@@ -359,13 +366,34 @@ def test_cuda_forward_matches_float64(seed, case, dtype, monkeypatch):
 
 
 @needs_cuda
-def test_cuda_local_attention_is_unsupported_without_the_switch(seed, monkeypatch):
-    monkeypatch.delenv(UNVERIFIED, raising=False)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("case", CUDA_CASES, ids=CUDA_IDS)
+def test_cuda_gradients_match_float64_autograd(seed, case, dtype):
+    q, k, v, cu_q, cu_k = _cuda_inputs(seed, dtype)
+    kw = _kwargs(case, seed)
+    leaves = [t.cuda().requires_grad_(True) for t in (q, k, v)]
+    sinks = None if kw["sinks"] is None else kw["sinks"].cuda().requires_grad_(True)
+    out, lse = jfa.jagged_attention(*leaves, cu_q.cuda(), cu_k.cuda(), return_lse=True,
+                                    **dict(kw, sinks=sinks))
+    g = torch.Generator().manual_seed(seed + 1)
+    grad_out = torch.randn(out.shape, generator=g).to(dtype)
+    grad_lse = torch.randn(lse.shape, generator=g)
+    loss = (out.float() * grad_out.cuda().float()).sum()
+    (loss + torch.where(torch.isfinite(lse), lse * grad_lse.cuda(), 0).sum()).backward()
+
+    ref_leaves = [t.double().requires_grad_(True) for t in (q, k, v)]
+    ref_sinks = None if sinks is None else kw["sinks"].double().requires_grad_(True)
+    ref_out, ref_lse = reference(*ref_leaves, cu_q, cu_k, kw["causal"], kw["window_size"],
+                                 kw["softcap"], ref_sinks, 0.125)
+    ref_loss = (ref_out * grad_out.double()).sum()
+    (ref_loss + torch.where(torch.isfinite(ref_lse), ref_lse * grad_lse.double(), 0).sum()
+     ).backward()
+    _assert_gradients_close(leaves, sinks, ref_leaves, ref_sinks, CUDA_GRAD_TOL[dtype])
+
+
+@needs_cuda
+def test_cuda_sinks_must_be_on_the_device(seed):
     q, k, v, cu_q, _ = (t.cuda() for t in _inputs(seed, torch.float16, [5, 9], [5, 9], 2, 2, 64,
                                                    64))
-    for kw in (dict(window_size=(4, 0)), dict(softcap=2.0),
-               dict(sinks=torch.zeros(2, device="cuda"))):
-        with pytest.raises(jfa.JfaUnsupportedError, match="CUDA backend does not take"):
-            jfa.jagged_attention(q, k, v, cu_q, **kw)
     with pytest.raises(ValueError, match=r"sinks must be on the device of q \(cuda:0\), got cpu"):
         jfa.jagged_attention(q, k, v, cu_q, sinks=torch.zeros(2))

@@ -5,11 +5,8 @@ edges (1, 63-65, 127-129, longer), against transformers' sdpa (eager where the m
 on each sequence alone in float32 with the same weights. bf16 cannot be compared element by
 element with float32, so jfa's error against that reference must stay within twice the
 reference's own in bf16 (plus a floor): logits, and every parameter's gradient after one backward
-pass. The CUDA kernels for windows, softcap and sinks have not yet run on a GPU: on CUDA those
-models are skipped, and say so, unless JFA_CUDA_UNVERIFIED_LOCAL_ATTENTION=1 lets the library
-reach them."""
+pass."""
 import copy
-import os
 
 import pytest
 
@@ -69,13 +66,6 @@ CONFIGS = {"llama": _llama, "qwen2": _qwen2, "gemma2": _gemma2, "gpt_oss": _gpt_
 # The reference implementation: eager where sdpa does not compute the model's attention (softcap,
 # sinks).
 REFERENCE = {"gemma2": "eager", "gpt_oss": "eager"}
-LOCAL = {"gemma2", "gpt_oss"}  # windows, softcap or sinks
-
-
-def _skip_unverified(name, device):
-    if (device == "cuda" and name in LOCAL
-            and os.environ.get("JFA_CUDA_UNVERIFIED_LOCAL_ATTENTION") != "1"):
-        pytest.skip("the CUDA backend does not take sliding windows, softcap or sinks yet")
 # Tile edges of the CUDA kernels (64- and 128-row tiles, 64-, 128- and 160-key tiles) and a
 # sequence of one token.
 LENGTHS = [1, 63, 64, 65, 127, 129, 300, 17]
@@ -121,7 +111,6 @@ def _per_sequence(model, seqs, fn):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_bf16_packed_logits_within_sdpa_bf16_error(name, device, seed):
-    _skip_unverified(name, device)
     jfa_bf16, sdpa_bf16, sdpa_f32 = _models(name, device, seed)
     seqs = _sequences(seed, device)
     ids = torch.cat(seqs)[None]
@@ -140,7 +129,6 @@ def test_bf16_packed_logits_within_sdpa_bf16_error(name, device, seed):
 def test_bf16_training_step_gradients_within_sdpa_bf16_error(name, device, seed):
     """One backward pass of a packed batch: every parameter's gradient against float32 sdpa on
     each sequence alone, within twice sdpa's own bf16 error (plus a floor)."""
-    _skip_unverified(name, device)
     jfa_bf16, sdpa_bf16, sdpa_f32 = _models(name, device, seed)
     seqs = _sequences(seed, device)
     ids = torch.cat(seqs)[None]

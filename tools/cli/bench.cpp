@@ -187,15 +187,12 @@ int bench_main(std::span<const std::string> args) {
                   &o.causal);
   parser.add_option("--window", "L,R",
                     "local attention: query i sees keys i-L..i+R (bottom-right aligned; -1 = "
-                    "unbounded; default -1,-1; CPU only for now)",
+                    "unbounded; default -1,-1)",
                     [&o](std::string_view v) { o.window = parse_window(v); });
-  parser.add_option(
-      "--softcap", "C",
-      "soft-cap the scaled scores to C tanh(s / C) (default 0: off; CPU only for now)",
-      [&o](std::string_view v) { o.softcap = parse_double(v, 0, 3.4e38); });
-  parser.add_flag("--sinks",
-                  "attention sinks: one random logit per query head, normal(0, 2) (CPU "
-                  "only for now)",
+  parser.add_option("--softcap", "C",
+                    "soft-cap the scaled scores to C tanh(s / C) (default 0: off)",
+                    [&o](std::string_view v) { o.softcap = parse_double(v, 0, 3.4e38); });
+  parser.add_flag("--sinks", "attention sinks: one random logit per query head, normal(0, 2)",
                   &o.sinks);
   parser.add_backend(&o.backend);
   parser.add_int("--repeats", "N", "timed runs, the median is reported (default 10)", &o.repeats, 1,
@@ -248,11 +245,6 @@ int bench_main(std::span<const std::string> args) {
   }
   if (o.warmup < 0) o.warmup = runner->backend() == Backend::kCpu ? 1 : 3;
 
-  if ((o.window != std::pair{-1, -1} || o.softcap != 0 || o.sinks) &&
-      !runner->supports_local_attention())
-    throw UsageError(
-        strprintf("--window, --softcap and --sinks: not supported by the %s backend yet",
-                  runner->backend_name()));
   tools::JaggedBatch batch = tools::make_batch(w.lengths_q, w.lengths_k, o.heads, o.heads_kv,
                                                o.head_dim, o.dtype, w.data_seed, o.head_dim_v);
   batch.window_left = o.window.first;

@@ -36,9 +36,8 @@ struct Case {
   std::string note;    // what an edge case is about
 };
 
-// Edge cases first: every run of `jfa check` covers them, whatever the seed. takes_local: the
-// backend takes windows, softcap and sinks, so some edge cases have them.
-std::vector<Case> edge_cases(bool takes_local) {
+// Edge cases first: every run of `jfa check` covers them, whatever the seed.
+std::vector<Case> edge_cases() {
   std::vector<Case> cases;
   auto add = [&](std::vector<int32_t> q, std::vector<int32_t> k, int32_t hq, int32_t hkv, int32_t d,
                  bool causal, const char* note) {
@@ -60,14 +59,12 @@ std::vector<Case> edge_cases(bool takes_local) {
   add({0, 0, 0}, {0, 0, 0}, 2, 1, 32, false, "all sequences empty");
   add({1000, 37}, {}, 2, 1, 128, true, "long sequence");
   add({31, 33, 95, 97}, {200, 1, 64, 0}, 6, 3, 64, false, "cross, q/k lengths differ");
-  if (takes_local) {
-    add({5, 0, 70, 33}, {0, 33, 129, 7}, 4, 2, 64, false, "cross, window 0,0, sinks");
-    cases.back().window_left = cases.back().window_right = 0;
-    cases.back().sinks = true;
-    add({63, 130}, {}, 4, 4, 32, true, "causal, window 16 left, softcap 5");
-    cases.back().window_left = 16;
-    cases.back().softcap = 5.0f;
-  }
+  add({5, 0, 70, 33}, {0, 33, 129, 7}, 4, 2, 64, false, "cross, window 0,0, sinks");
+  cases.back().window_left = cases.back().window_right = 0;
+  cases.back().sinks = true;
+  add({63, 130}, {}, 4, 4, 32, true, "causal, window 16 left, softcap 5");
+  cases.back().window_left = 16;
+  cases.back().softcap = 5.0f;
   return cases;
 }
 
@@ -82,9 +79,8 @@ int32_t random_length(std::mt19937_64& rng) {
   return static_cast<int32_t>(1 + rng() % 300);
 }
 
-// takes_any_head_dim_v: the backend takes any head_dim_v (the CPU), so random cases draw some;
-// takes_local: it takes windows, softcap and sinks (the CPU), so random cases draw those too.
-Case random_case(std::mt19937_64& rng, bool takes_any_head_dim_v, bool takes_local) {
+// takes_any_head_dim_v: the backend takes any head_dim_v (the CPU), so random cases draw some.
+Case random_case(std::mt19937_64& rng, bool takes_any_head_dim_v) {
   Case c;
   const int64_t batch = rng() % 20 == 0 ? 0 : static_cast<int64_t>(1 + rng() % 8);
   const bool cross = rng() % 10 < 3;
@@ -108,21 +104,19 @@ Case random_case(std::mt19937_64& rng, bool takes_any_head_dim_v, bool takes_loc
   // random one; backends that do not take the pair report it as unsupported.
   if (takes_any_head_dim_v && rng() % 4 == 0)
     c.head_dim_v = c.head_dim == 192 && rng() % 2 ? 128 : static_cast<int32_t>(1 + rng() % 256);
-  if (takes_local) {
-    // A window about a third of the time: each side unbounded or up to 100 keys (longer than
-    // many sequences). The left side is never 0: with right 0 (or causal) every row would see one
-    // key, whose dq and dk are 0 exactly, and a relative error of rounding noise means nothing
-    // (the edge cases cover window 0,0, with sinks).
-    auto side = [&rng](int32_t lo) {
-      return rng() % 4 == 0 ? -1 : lo + static_cast<int32_t>(rng() % (101 - lo));
-    };
-    if (rng() % 3 == 0) {
-      c.window_left = side(1);
-      c.window_right = side(0);
-    }
-    if (rng() % 4 == 0) c.softcap = 0.5f + static_cast<float>(rng() % 100) / 10.0f;
-    c.sinks = rng() % 4 == 0;
+  // A window about a third of the time: each side unbounded or up to 100 keys (longer than
+  // many sequences). The left side is never 0: with right 0 (or causal) every row would see one
+  // key, whose dq and dk are 0 exactly, and a relative error of rounding noise means nothing
+  // (the edge cases cover window 0,0, with sinks).
+  auto side = [&rng](int32_t lo) {
+    return rng() % 4 == 0 ? -1 : lo + static_cast<int32_t>(rng() % (101 - lo));
+  };
+  if (rng() % 3 == 0) {
+    c.window_left = side(1);
+    c.window_right = side(0);
   }
+  if (rng() % 4 == 0) c.softcap = 0.5f + static_cast<float>(rng() % 100) / 10.0f;
+  c.sinks = rng() % 4 == 0;
   return c;
 }
 
@@ -211,8 +205,7 @@ int check_main(std::span<const std::string> args) {
 
   std::string unused;
   const bool takes_any_head_dim_v = runner->supports_head_dims(64, 5, &unused);
-  const bool takes_local = runner->supports_local_attention();
-  const std::vector<Case> edges = edge_cases(takes_local);
+  const std::vector<Case> edges = edge_cases();
   std::map<DType, Worst> worst;
   double worst_lse = 0;
   int failed = 0, unsupported = 0;
@@ -222,9 +215,8 @@ int check_main(std::span<const std::string> args) {
   const Stopwatch wall;
   for (int i = 0; i < cases; ++i) {
     std::mt19937_64 rng(seed ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(i + 1)));
-    Case c = i < static_cast<int>(edges.size())
-                 ? edges[static_cast<size_t>(i)]
-                 : random_case(rng, takes_any_head_dim_v, takes_local);
+    Case c = i < static_cast<int>(edges.size()) ? edges[static_cast<size_t>(i)]
+                                                : random_case(rng, takes_any_head_dim_v);
     c.dtype = dtypes[static_cast<size_t>(i) % dtypes.size()];
 
     tools::JaggedBatch batch = tools::make_batch(c.lengths_q, c.lengths_k, c.heads_q, c.heads_kv,

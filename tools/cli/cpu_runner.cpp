@@ -26,8 +26,6 @@ class CpuRunner final : public Runner {
            head_dim_v <= JFA_MAX_HEAD_DIM;
   }
 
-  bool supports_local_attention() const override { return true; }
-
   void upload(const tools::JaggedBatch& batch, const RunConfig& config) override {
     call_ = make_host_call(batch, config, Backend::kCpu);
     out_ = batch.make_output();

@@ -100,9 +100,6 @@ class DeviceRunner final : public Runner {
   // float32 is a CPU-only dtype of the library.
   bool supports(DType dtype) const override { return dtype != DType::kFloat32; }
 
-  // Not until the library routes them (its kernels for them have not yet run on a GPU).
-  bool supports_local_attention() const override { return false; }
-
   // The head dims the Hopper kernels are built for (the library's message names the sizes a
   // build left out, and those of the backward).
 

@@ -56,8 +56,6 @@ class Runner {
   // Whether the backend takes these head sizes (q and k, v and out); `supported` gets the values
   // it takes, for messages.
   virtual bool supports_head_dims(int head_dim, int head_dim_v, std::string* supported) const = 0;
-  // Whether the backend takes windows, softcap and sinks (the CPU; CUDA not yet).
-  virtual bool supports_local_attention() const = 0;
 
   // Makes `batch` the current problem and allocates its output. The runner may keep pointers into
   // `batch`, which must outlive the runner or the next upload().

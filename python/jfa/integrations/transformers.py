@@ -21,8 +21,7 @@ The module's ``scaling``, causal flag, ``sliding_window`` (a window of that many
 including the query's own, transformers' convention), ``softcap`` and attention sinks
 (``s_aux``) are passed on; dropout must be 0 and ``output_attentions`` is not available. The head
 sizes are those the backend takes (the CPU backend: 1 to 512; CUDA: see the README), others raise
-``jfa.JfaUnsupportedError`` naming the size; so do, on CUDA for now, sliding windows, softcap and
-sinks (the CPU backend takes them).
+``jfa.JfaUnsupportedError`` naming the size.
 """
 
 from __future__ import annotations

@@ -174,8 +174,7 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b,
 template <typename T, int kHeadDim, int kHeadDimV, int kRowsPerStep>
 jfa_status backward_shape(const jfa::detail::BackwardParams& b,
                           const jfa::cuda::DeviceFacts& device) {
-  // Windows, softcap and sinks (not yet verified on a GPU: the API passes such calls only under
-  // JFA_CUDA_UNVERIFIED_LOCAL_ATTENTION=1, see check_cuda_features).
+  // Windows, softcap and sinks: kernels of their own, so the plain ones carry none of it.
   if (b.fwd.uses_local_attention())
     return run_backward<BwdConfig<T, kHeadDim, kHeadDimV, kRowsPerStep, true>>(b, device);
   return run_backward<BwdConfig<T, kHeadDim, kHeadDimV, kRowsPerStep>>(b, device);
