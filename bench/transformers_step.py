@@ -223,10 +223,13 @@ def gpt_oss_shape(common, tiny):
 
 
 def dense_attention(transformers, config):
-    """The attention of the reference and the padded and per-sequence methods: "sdpa" where the
-    model's class takes it, else "eager" (sdpa computes neither Gemma 2's softcap nor sinks)."""
+    """The attention of the reference and the padded and per-sequence methods: "sdpa" where it
+    computes the model's attention, else "eager": sdpa computes neither a softcap (versions of
+    transformers that let Gemma 2 use sdpa drop it) nor sinks (GPT-OSS)."""
     cls = transformers.MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-    return "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
+    modifies_scores = (getattr(config, "attn_logit_softcapping", None)
+                       or getattr(config, "model_type", "") == "gpt_oss")
+    return "sdpa" if getattr(cls, "_supports_sdpa", False) and not modifies_scores else "eager"
 
 
 def resolve_methods(methods, attention):
