@@ -3,10 +3,14 @@
 // appends) into packed host buffers, and the packed forward or reference on them, so that every
 // rule and check of the packed path holds as it is. The forward writes the new rows into the pages
 // only once every check has passed.
-// The CPU backend only: the gathered copy is host memory, and the CUDA backend takes no paged cache
-// yet.
+// The CPU backend: the gathered copy is host memory. The CUDA backend's paged kernels
+// (cuda/sm90/paged/) have not run on a GPU yet: only JFA_CUDA_UNVERIFIED_PAGED_KV=1 routes calls
+// whose cache is in device memory (or that ask for backend=cuda) to them; without it such calls are
+// JFA_ERROR_UNSUPPORTED, as before the kernels existed.
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "api/buffer_checks.hpp"
@@ -16,6 +20,9 @@
 #include "api/params_layouts.hpp"
 #include "api/validate.hpp"
 #include "jfa/jfa.h"
+#ifdef JFA_WITH_CUDA
+#include "cuda/gpu_backends.hpp"
+#endif
 
 using jfa::detail::BufferView;
 using jfa::detail::fail;
@@ -96,15 +103,27 @@ jfa_status check_cache_fields(const jfa_paged_kv* kv, const jfa_attention_params
     return fail(JFA_ERROR_INVALID_ARGUMENT, "the caches' sizes overflow int64");
   if (static_cast<double>(p.batch) * kv->max_pages_per_seq > 9.0e18)
     return fail(JFA_ERROR_INVALID_ARGUMENT, "batch * max_pages_per_seq overflows int64");
+  return JFA_SUCCESS;
+}
+
+// Whether a buffer of the cache is in device memory.
+bool cache_on_device(const jfa_paged_kv& kv) {
   for (const void* ptr :
-       {static_cast<const void*>(kv->k_cache), static_cast<const void*>(kv->v_cache),
-        static_cast<const void*>(kv->block_table), static_cast<const void*>(kv->seqused_k),
-        kv->k_new, kv->v_new, static_cast<const void*>(kv->cu_seqlens_new)}) {
+       {static_cast<const void*>(kv.k_cache), static_cast<const void*>(kv.v_cache),
+        static_cast<const void*>(kv.block_table), static_cast<const void*>(kv.seqused_k), kv.k_new,
+        kv.v_new, static_cast<const void*>(kv.cu_seqlens_new)}) {
     if (ptr != nullptr && jfa::detail::memory_kind(ptr) == jfa::detail::MemoryKind::kDevice)
-      return fail(JFA_ERROR_UNSUPPORTED,
-                  "the CUDA backend does not take a paged KV cache yet: give the cache, its block "
-                  "table and seqused_k in host memory for the CPU backend");
+      return true;
   }
+  return false;
+}
+
+// The host path's side: a cache in device memory, or backend=cuda, is not for it.
+jfa_status check_host_cache(const jfa_paged_kv& kv, const jfa_attention_params& p) {
+  if (cache_on_device(kv))
+    return fail(JFA_ERROR_UNSUPPORTED,
+                "the CUDA backend does not take a paged KV cache yet: give the cache, its block "
+                "table and seqused_k in host memory for the CPU backend");
   if (p.backend == JFA_BACKEND_CUDA)
     return fail(JFA_ERROR_UNSUPPORTED,
                 "the CUDA backend does not take a paged KV cache yet: use the CPU backend");
@@ -301,6 +320,7 @@ jfa_status prepare(const jfa_attention_params* params, const jfa_paged_kv* kv, G
   jfa_status s;
   if ((s = read_paged_params(params, &p)) != JFA_SUCCESS) return s;
   if ((s = check_cache_fields(kv, p)) != JFA_SUCCESS) return s;
+  if ((s = check_host_cache(*kv, p)) != JFA_SUCCESS) return s;
   // Aligned before anything is read through them.
   if ((s = jfa::detail::check_aligned("kv->block_table", kv->block_table, sizeof(int32_t))) !=
           JFA_SUCCESS ||
@@ -311,6 +331,53 @@ jfa_status prepare(const jfa_attention_params* params, const jfa_paged_kv* kv, G
   *packed = packed_params(p, *g);
   return outputs ? check_outputs_apart_from_cache(*packed, *kv) : JFA_SUCCESS;
 }
+
+#ifdef JFA_WITH_CUDA
+// The CUDA paged kernels have not run on a GPU yet: only this switch, off by default and read per
+// call, routes calls to them (for their first device tests; bench/NOTES.md).
+bool unverified_cuda_paged_kv() {
+  const char* on = std::getenv("JFA_CUDA_UNVERIFIED_PAGED_KV");
+  return on != nullptr && std::string(on) == "1";
+}
+
+// The CUDA route: the packed forward's checks of params with no packed keys (cu_seqlens_q stands
+// in for cu_seqlens_k, which they require and the kernels never read), every buffer of the call
+// and the cache's on the device and apart from the outputs, then the current device's backend.
+// seqused_k and the block table are device memory, never read here (the checked mode checks them).
+jfa_status forward_paged_cuda(const jfa_attention_params& p, const jfa_paged_kv& kv) {
+  if (kv.k_new != nullptr)
+    return fail(JFA_ERROR_UNSUPPORTED,
+                "the CUDA paged forward does not append yet (kv->k_new): write the step's keys and "
+                "values into their pages first, then call without k_new");
+  jfa_attention_params with_offsets = p;
+  with_offsets.cu_seqlens_k = p.cu_seqlens_q;
+  jfa::detail::Params pp;
+  jfa_status s;
+  if ((s = jfa::detail::build_params(&with_offsets, &pp)) != JFA_SUCCESS) return s;
+  pp.cu_seqlens_k = nullptr;
+  std::vector<BufferView> views = jfa::detail::forward_buffers(pp);
+  const int64_t cache_rows = kv.num_pages * kv.page_size;
+  const size_t es = jfa_dtype_size(pp.dtype);
+  views.push_back(jfa::detail::packed_view("kv->k_cache", kv.k_cache, cache_rows, pp.heads_kv,
+                                           pp.head_dim, es, false));
+  views.push_back(jfa::detail::packed_view("kv->v_cache", kv.v_cache, cache_rows, pp.heads_kv,
+                                           pp.head_dim_v, es, false));
+  views.push_back(jfa::detail::array_view("kv->block_table", kv.block_table,
+                                          pp.batch * kv.max_pages_per_seq, sizeof(int32_t), false));
+  views.push_back(
+      jfa::detail::array_view("kv->seqused_k", kv.seqused_k, pp.batch, sizeof(int32_t), false));
+  jfa::detail::MemoryKind kind;
+  if ((s = jfa::detail::check_call_buffers(views, &kind)) != JFA_SUCCESS) return s;
+  const jfa_backend backend = jfa::detail::resolve_backend(p.backend, kind);
+  if ((s = jfa::detail::check_backend_side(backend, kind)) != JFA_SUCCESS) return s;
+  const jfa::cuda::GpuBackend* gpu = nullptr;
+  if ((s = jfa::cuda::current_gpu_backend(&gpu)) != JFA_SUCCESS) return s;
+  if (gpu->paged_forward == nullptr)
+    return fail(JFA_ERROR_UNSUPPORTED, "the %s kernels of this build take no paged KV cache",
+                gpu->name);
+  return gpu->paged_forward(pp, kv);
+}
+#endif
 
 }  // namespace
 
@@ -330,6 +397,15 @@ jfa_status jfa_paged_kv_init_sized(jfa_paged_kv* kv, size_t struct_size) {
 
 jfa_status jfa_attention_forward_paged(const jfa_attention_params* params, const jfa_paged_kv* kv) {
   return guarded([&] {
+#ifdef JFA_WITH_CUDA
+    if (unverified_cuda_paged_kv()) {
+      jfa_attention_params p;
+      jfa_status s;
+      if ((s = read_paged_params(params, &p)) != JFA_SUCCESS) return s;
+      if ((s = check_cache_fields(kv, p)) != JFA_SUCCESS) return s;
+      if (cache_on_device(*kv) || p.backend == JFA_BACKEND_CUDA) return forward_paged_cuda(p, *kv);
+    }
+#endif
     GatheredKv g;
     jfa_attention_params packed;
     if (const jfa_status s = prepare(params, kv, &g, &packed, true); s != JFA_SUCCESS) return s;

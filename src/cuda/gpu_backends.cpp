@@ -10,6 +10,7 @@
 #include "cuda/sm90/backward/bwd_sm90.hpp"
 #include "cuda/sm90/forward/fwd_sm90.hpp"
 #include "cuda/sm90/forward/workspace.hpp"
+#include "cuda/sm90/paged/paged_sm90.hpp"
 
 namespace jfa::cuda {
 namespace {
@@ -20,7 +21,7 @@ size_t sm90_forward_workspace_bytes(int64_t total_q, int64_t batch) {
 
 constexpr GpuBackend kBackends[] = {
     {"sm90", 9, 0, &jfa::sm90::forward, &jfa::sm90::backward, &sm90_forward_workspace_bytes,
-     &jfa::sm90::backward_workspace_bytes},
+     &jfa::sm90::backward_workspace_bytes, &jfa::sm90::paged_forward},
 };
 
 const GpuBackend* backend_for(const DeviceFacts& facts) {

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -304,6 +305,32 @@ TEST(PagedKv, AppendWritesTheNewRowsAndAttendsOverThem) {
   }
 }
 
+// Sets (or, with NULL, unsets) an environment variable for a scope, then puts back what it held.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    had_ = std::getenv(name) != nullptr;
+    if (value != nullptr)
+      setenv(name, value, 1);
+    else
+      unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      setenv(name_, old_.c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
 class PagedKvErrors : public ::testing::Test {
  protected:
   PagedKvErrors() : rng_(7), d_(make_case(), rng_) {}
@@ -320,6 +347,9 @@ class PagedKvErrors : public ::testing::Test {
     mutate_(p, kv);
     return jfa_attention_forward_paged(&p, &kv);
   }
+  // The messages below are the host path's: the CUDA route's switch stays off whatever the
+  // environment says.
+  ScopedEnv cuda_route_off_{"JFA_CUDA_UNVERIFIED_PAGED_KV", nullptr};
   std::mt19937_64 rng_;
   PagedData d_;
   std::function<void(jfa_attention_params&, jfa_paged_kv&)> mutate_ = [](jfa_attention_params&,
@@ -383,6 +413,76 @@ TEST_F(PagedKvErrors, NameWhatIsWrong) {
   EXPECT_NE(std::string(jfa_last_error_message()).find("kv must not be NULL"), std::string::npos);
   jfa_paged_kv kv;
   EXPECT_EQ(jfa_paged_kv_init_sized(&kv, sizeof kv - 8), JFA_ERROR_INVALID_ARGUMENT);
+}
+
+// The CUDA paged kernels are not yet verified on a GPU: only JFA_CUDA_UNVERIFIED_PAGED_KV=1 routes
+// calls to them. Without it (unset, or any other value) a call for the CUDA backend stays
+// JFA_ERROR_UNSUPPORTED with the message it always had; with it, host calls on the CPU backend give
+// the same bits as without, and a host call that asks for the CUDA backend is refused before
+// anything is written (its buffers are not on a device; a library without CUDA keeps the
+// unsupported answer).
+TEST(PagedKv, CudaRouteOnlyUnderItsSwitch) {
+  constexpr const char* kSwitch = "JFA_CUDA_UNVERIFIED_PAGED_KV";
+  std::mt19937_64 rng(jfa::testing::logged_seed());
+  PagedCase c;
+  c.len_q = {1, 4, 0};
+  c.seqused = {20, 5, 3};
+  c.window_left = 7;
+  c.softcap = 3.f;
+  c.sinks = true;
+  PagedData d(c, rng);
+  jfa_paged_kv kv = d.kv();
+  auto all_nan = [&] {
+    return std::all_of(d.out.begin(), d.out.end(), [](float x) { return std::isnan(x); }) &&
+           std::all_of(d.lse.begin(), d.lse.end(), [](float x) { return std::isnan(x); });
+  };
+  for (const char* off : {static_cast<const char*>(nullptr), "0", "", "yes"}) {
+    const ScopedEnv env(kSwitch, off);
+    jfa_attention_params p = d.params(true);
+    p.backend = JFA_BACKEND_CUDA;
+    EXPECT_EQ(jfa_attention_forward_paged(&p, &kv), JFA_ERROR_UNSUPPORTED);
+    EXPECT_NE(std::string(jfa_last_error_message())
+                  .find("the CUDA backend does not take a paged KV cache yet: use the CPU backend"),
+              std::string::npos)
+        << jfa_last_error_message();
+    EXPECT_TRUE(all_nan()) << "a refused call wrote out or lse";
+  }
+  std::vector<float> out_off, lse_off;
+  {
+    const ScopedEnv env(kSwitch, nullptr);
+    jfa_attention_params p = d.params(true);
+    ASSERT_EQ(jfa_attention_forward_paged(&p, &kv), JFA_SUCCESS) << jfa_last_error_message();
+    out_off = d.out;
+    lse_off = d.lse;
+  }
+  const ScopedEnv on(kSwitch, "1");
+  for (jfa_backend backend : {JFA_BACKEND_CPU, JFA_BACKEND_AUTO}) {
+    std::fill(d.out.begin(), d.out.end(), NAN);
+    std::fill(d.lse.begin(), d.lse.end(), NAN);
+    jfa_attention_params p = d.params(true);
+    p.backend = backend;
+    ASSERT_EQ(jfa_attention_forward_paged(&p, &kv), JFA_SUCCESS) << jfa_last_error_message();
+    EXPECT_TRUE(same_bits(d.out, out_off) && same_bits(d.lse, lse_off))
+        << "the switch changed a host call";
+  }
+  std::fill(d.out.begin(), d.out.end(), NAN);
+  std::fill(d.lse.begin(), d.lse.end(), NAN);
+  jfa_attention_params p = d.params(true);
+  p.backend = JFA_BACKEND_CUDA;
+  const jfa_status s = jfa_attention_forward_paged(&p, &kv);
+  const std::string message = jfa_last_error_message();
+  EXPECT_TRUE((s == JFA_ERROR_INVALID_ARGUMENT &&
+               message.find("backend=cuda needs device buffers") != std::string::npos) ||
+              (s == JFA_ERROR_UNSUPPORTED &&
+               message.find("does not take a paged KV cache") != std::string::npos))
+      << jfa_status_string(s) << ": " << message;
+  EXPECT_TRUE(all_nan()) << "a refused call wrote out or lse";
+  // The reference stays a host computation whatever the switch says.
+  std::vector<double> ref(out_off.size());
+  const jfa_attention_params host = d.params(true);
+  EXPECT_EQ(jfa_attention_reference_paged(&host, &kv, nullptr, d.cu_q.back(), ref.data(), nullptr),
+            JFA_SUCCESS)
+      << jfa_last_error_message();
 }
 
 }  // namespace

@@ -1,0 +1,94 @@
+// The end of a paged row: its softmax state (maximum in score units, sum, O) normalised into out
+// and the LSE, with its head's sink in the denominator (the LSE includes it, as in the packed
+// kernels: lse = log(exp(sink) + sum exp(s))); and, with several splits, the kernel that first
+// merges the splits' states of each row, each weighted by its sum relative to the largest maximum.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/sm90/paged/paged_args.hpp"
+#include "cuda/sm90/paged/paged_vec.cuh"
+#include "jfa/jfa.h"
+
+namespace jfa::sm90 {
+
+struct PagedRowEnd {
+  float inv;  // the factor of O
+  float lse;
+};
+
+// A row whose sum is 0 saw no key: out 0 and LSE -inf, or its sink. A sink far above the scores
+// makes the normaliser infinite and O zero, its limit; a sink that is not finite is the LSE (which
+// the checked mode reports).
+__device__ __forceinline__ PagedRowEnd paged_row_end(const PagedArgs& a, float m, float l,
+                                                     int32_t head) {
+  const bool empty = l == 0.f;
+  const float base = m * a.score_scale;
+  PagedRowEnd e{empty ? 0.f : 1.f / l, empty ? -INFINITY : base + logf(l)};
+  if (a.sinks != nullptr) {
+    const float sink = __ldg(a.sinks + head);
+    if (empty) {
+      e.lse = sink;
+    } else {
+      e.inv = 1.f / (l + __expf(sink - base));
+      const float hi = fmaxf(e.lse, sink), lo = fminf(e.lse, sink);
+      e.lse = hi + log1pf(__expf(lo - hi));
+    }
+    if (!(fabsf(sink) < INFINITY)) e.lse = sink;
+  }
+  return e;
+}
+
+// Whether the checked mode reports a row: one that saw a key without a finite positive sum (a
+// score float32 cannot hold, or a NaN input), or an LSE written that is not finite where the row
+// saw a key or has a sink.
+__device__ __forceinline__ bool paged_row_not_finite(const PagedArgs& a, bool saw_key, float l,
+                                                     const PagedRowEnd& e) {
+  if (saw_key && !(l > 0.f && l < INFINITY)) return true;
+  return a.lse != nullptr && (l != 0.f || a.sinks != nullptr) && !(fabsf(e.lse) < INFINITY);
+}
+
+inline constexpr int kPagedCombineThreads = 128;
+
+// One warp per row (token * heads_q + head), kD / 32 columns a lane. A split's O is read only
+// where it saw a key (the others left it unwritten).
+template <typename T, int kD>
+__global__ void __launch_bounds__(kPagedCombineThreads) paged_combine_kernel(const PagedArgs a) {
+  constexpr int kCols = kD / 32;
+  constexpr int kWarps = kPagedCombineThreads / 32;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t rows = a.total_q * a.heads_q;
+  bool not_finite = false;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * kWarps) {
+    float m = -INFINITY;
+    for (int32_t s = 0; s < a.splits; ++s) m = fmaxf(m, a.part_ml[s * rows + row].x);
+    float l = 0.f, o[kCols] = {};
+    if (m != -INFINITY) {
+      for (int32_t s = 0; s < a.splits; ++s) {
+        const float2 ml = a.part_ml[s * rows + row];
+        if (ml.x == -INFINITY) continue;
+        const float w = exp2f((ml.x - m) * a.score_scale_log2);
+        l = fmaf(w, ml.y, l);
+        const float* src = a.part_o + (s * rows + row) * kD + lane * kCols;
+#pragma unroll
+        for (int c = 0; c < kCols; c += 2) {
+          const float2 x = *reinterpret_cast<const float2*>(src + c);
+          o[c] = fmaf(w, x.x, o[c]);
+          o[c + 1] = fmaf(w, x.y, o[c + 1]);
+        }
+      }
+    }
+    const int64_t token = row / a.heads_q;
+    const int32_t head = static_cast<int32_t>(row % a.heads_q);
+    const PagedRowEnd e = paged_row_end(a, m, l, head);
+    T* dst = static_cast<T*>(a.out) + token * a.out_token_stride + head * a.out_head_stride +
+             lane * kCols;
+    store_scaled<T, kCols>(dst, o, e.inv);
+    if (a.lse != nullptr && lane == 0) a.lse[head * a.total_q + token] = e.lse;
+    if (a.device_check != nullptr) not_finite |= paged_row_not_finite(a, m != -INFINITY, l, e);
+  }
+  if (not_finite) atomicOr(a.device_check, JFA_CHECK_RESULT_NOT_FINITE);
+}
+
+}  // namespace jfa::sm90

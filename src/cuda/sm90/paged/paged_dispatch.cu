@@ -1,0 +1,258 @@
+// The Hopper paged forward: what it takes (checked before anything is launched), the plan
+// (paged_plan.hpp), then the launches on the call's stream: the checked mode's kernels, the decode
+// kernel per (dtype, head_dim) and, with several splits, the combine.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "common/params.hpp"
+#include "common/status.hpp"
+#include "cuda/common/device_facts.hpp"
+#include "cuda/sm90/host/call_workspace.hpp"
+#include "cuda/sm90/host/head_sizes.hpp"
+#include "cuda/sm90/host/launch_error.hpp"
+#include "cuda/sm90/host/shared_memory_opt_in.hpp"
+#include "cuda/sm90/host/support.hpp"
+#include "cuda/sm90/paged/paged_args.hpp"
+#include "cuda/sm90/paged/paged_check.cuh"
+#include "cuda/sm90/paged/paged_combine.cuh"
+#include "cuda/sm90/paged/paged_config.hpp"
+#include "cuda/sm90/paged/paged_decode.cuh"
+#include "cuda/sm90/paged/paged_plan.hpp"
+#include "cuda/sm90/paged/paged_sm90.hpp"
+
+namespace jfa::sm90 {
+namespace {
+
+using jfa::detail::fail;
+using jfa::detail::Params;
+
+constexpr int kPagedHeadDims[] = {64, 128, 256};
+
+// "64, 128 and 256" of this build (JFA_SM90_HEAD_DIMS may leave some out).
+std::string paged_head_dims() {
+  std::string list;
+  int left = 0;
+  for (int d : kPagedHeadDims) left += head_dim_built(d) ? 1 : 0;
+  for (int d : kPagedHeadDims) {
+    if (!head_dim_built(d)) continue;
+    if (!list.empty()) list += left == 1 ? " and " : ", ";
+    list += std::to_string(d);
+    --left;
+  }
+  return list.empty() ? "none" : list;
+}
+
+bool paged_head_dim(int d) {
+  return std::find(std::begin(kPagedHeadDims), std::end(kPagedHeadDims), d) !=
+             std::end(kPagedHeadDims) &&
+         head_dim_built(d);
+}
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+
+// What the kernels take, JFA_ERROR_UNSUPPORTED naming the rest; *facts is the current device's.
+jfa_status check_paged_supported(const Params& p, const jfa_paged_kv& kv,
+                                 const jfa::cuda::DeviceFacts** facts_out) {
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) {
+    cudaGetLastError();
+    return fail(JFA_ERROR_CUDA, "cannot query the current CUDA device: %s", cudaGetErrorString(e));
+  }
+  const jfa::cuda::DeviceFacts& facts = jfa::cuda::device_facts(device);
+  if (facts.error != cudaSuccess)
+    return fail(JFA_ERROR_CUDA, "cannot query CUDA device %d: %s", device,
+                cudaGetErrorString(facts.error));
+  if (facts.major != 9 || facts.minor != 0)
+    return fail(JFA_ERROR_UNSUPPORTED,
+                "device %d has compute capability %d.%d; the CUDA paged forward runs on 9.0 "
+                "(Hopper)",
+                device, facts.major, facts.minor);
+  if (p.dtype != JFA_DTYPE_FLOAT16 && p.dtype != JFA_DTYPE_BFLOAT16)
+    return fail(JFA_ERROR_UNSUPPORTED,
+                "dtype float32: the CUDA paged forward takes fp16 and bf16 (float32 on the CPU "
+                "backend)");
+  if (p.head_dim_v != p.head_dim)
+    return fail(JFA_ERROR_UNSUPPORTED,
+                "head_dim %d with head_dim_v %d: the CUDA paged forward takes equal key and value "
+                "head sizes",
+                p.head_dim, p.head_dim_v);
+  if (!paged_head_dim(p.head_dim))
+    return fail(JFA_ERROR_UNSUPPORTED,
+                "head_dim %d: the CUDA paged forward takes head_dim %s in this build", p.head_dim,
+                paged_head_dims().c_str());
+  if (!(p.softmax_scale > 0.f))
+    return fail(JFA_ERROR_UNSUPPORTED,
+                "softmax_scale %g: the CUDA paged forward takes softmax_scale > 0",
+                static_cast<double>(p.softmax_scale));
+  // The launch is planned from the hint alone: cu_seqlens_q is device memory, and reading it
+  // would block the host and break graph capture.
+  if (p.max_seqlen_q == 0)
+    return fail(JFA_ERROR_UNSUPPORTED,
+                "the CUDA paged forward needs max_seqlen_q (the longest query sequence, at most "
+                "%d) to plan its launch without reading cu_seqlens_q: set the hint",
+                kPagedMaxQueryTokens);
+  if (p.max_seqlen_q > kPagedMaxQueryTokens)
+    return fail(JFA_ERROR_UNSUPPORTED,
+                "max_seqlen_q %d: chunked prefill on CUDA: not yet (the CUDA paged forward takes "
+                "at most %d query tokens per sequence: decode and speculative decode)",
+                p.max_seqlen_q, kPagedMaxQueryTokens);
+  if (p.total_q > p.batch * p.max_seqlen_q)
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "max_seqlen_q=%d is smaller than the longest q sequence: total_q %lld is more than "
+                "batch %lld times it",
+                p.max_seqlen_q, static_cast<long long>(p.total_q), static_cast<long long>(p.batch));
+  const TensorArg tensors[] = {{p.q, &p.q_layout, "q"}, {p.out, &p.out_layout, "out"}};
+  if (const jfa_status s = check_tensors_supported(tensors, 2); s != JFA_SUCCESS) return s;
+  if (!aligned16(kv.k_cache) || !aligned16(kv.v_cache))
+    return fail(JFA_ERROR_UNSUPPORTED,
+                "kv->k_cache and kv->v_cache must be 16-byte aligned for the CUDA paged forward");
+  // A sequence's rows (query heads of a KV head times tokens) are counted in int32.
+  if (static_cast<int64_t>(p.group_size()) * p.max_seqlen_q > INT32_MAX)
+    return fail(JFA_ERROR_UNSUPPORTED,
+                "%d query heads per KV head times max_seqlen_q %d: too many rows for the CUDA "
+                "paged forward",
+                p.group_size(), p.max_seqlen_q);
+  *facts_out = &facts;
+  return JFA_SUCCESS;
+}
+
+// The kernels' arguments. maybe_unused, as launch_checks: a build whose JFA_SM90_HEAD_DIMS holds
+// none of the paged head sizes launches nothing.
+[[maybe_unused]] PagedArgs make_args(const Params& p, const jfa_paged_kv& kv,
+                                     const PagedPlan& plan) {
+  PagedArgs a{};
+  a.q = p.q;
+  a.out = p.out;
+  a.lse = p.lse;
+  a.k_cache = kv.k_cache;
+  a.v_cache = kv.v_cache;
+  a.block_table = kv.block_table;
+  a.seqused_k = kv.seqused_k;
+  a.cu_q = p.cu_seqlens_q;
+  a.sinks = p.sinks;
+  a.device_check = p.device_check;
+  a.q_token_stride = p.q_layout.token_stride;
+  a.q_head_stride = p.q_layout.head_stride;
+  a.out_token_stride = p.out_layout.token_stride;
+  a.out_head_stride = p.out_layout.head_stride;
+  a.batch = p.batch;
+  a.total_q = p.total_q;
+  a.num_pages = kv.num_pages;
+  a.heads_q = p.heads_q;
+  a.heads_kv = p.heads_kv;
+  a.group = p.group_size();
+  a.page_size = kv.page_size;
+  a.max_pages_per_seq = kv.max_pages_per_seq;
+  a.page_shift = -1;
+  for (int shift = 0; shift < 31; ++shift)
+    if (kv.page_size == 1 << shift) a.page_shift = shift;
+  a.max_q = p.max_seqlen_q;
+  a.max_k = p.max_seqlen_k;
+  a.row_blocks = plan.row_blocks;
+  a.splits = plan.splits;
+  a.min_split_keys = kPagedMinSplitKeys;
+  a.window = p.window;
+  a.softcap = p.softcap;
+  a.softcap_in = p.softcap > 0.f ? p.softmax_scale / p.softcap : 0.f;
+  a.score_scale = p.softcap > 0.f ? 1.f : p.softmax_scale;
+  a.score_scale_log2 = static_cast<float>(static_cast<double>(a.score_scale) * 1.4426950408889634);
+  return a;
+}
+
+// The checked mode's kernels: the lengths (storing the word), then the table.
+[[maybe_unused]] jfa_status launch_checks(const PagedArgs& a, const jfa::cuda::DeviceFacts& device,
+                                          cudaStream_t stream) {
+  if (a.device_check == nullptr) return JFA_SUCCESS;
+  paged_check_lengths_kernel<<<1, kPagedCheckThreads, 0, stream>>>(a);
+  if (const jfa_status s = launch_error("paged lengths check"); s != JFA_SUCCESS) return s;
+  const int64_t entries = a.batch * a.max_pages_per_seq;
+  if (entries == 0) return JFA_SUCCESS;
+  const int64_t blocks =
+      std::min<int64_t>((entries + kPagedTableCheckThreads - 1) / kPagedTableCheckThreads,
+                        int64_t{4} * std::max(device.sm_count, 1));
+  paged_check_table_kernel<<<static_cast<unsigned>(blocks), kPagedTableCheckThreads, 0, stream>>>(
+      a);
+  return launch_error("paged block-table check");
+}
+
+template <typename T, int kD>
+jfa_status run_paged(const Params& p, const jfa_paged_kv& kv,
+                     const jfa::cuda::DeviceFacts& device) {
+  using C = PagedConfig<kD>;
+  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  const PagedPlan plan =
+      plan_paged({p.batch, p.total_q, p.heads_q, p.heads_kv, kD, p.max_seqlen_q, p.max_seqlen_k,
+                  p.window.left, device.sm_count, C::kRowsPerCta});
+  if (plan.ctas > INT32_MAX)
+    return fail(JFA_ERROR_UNSUPPORTED,
+                "batch %lld with %d KV heads: too many CTAs (%lld) for the CUDA paged forward",
+                static_cast<long long>(p.batch), p.heads_kv, static_cast<long long>(plan.ctas));
+  PagedArgs a = make_args(p, kv, plan);
+  // Everything that can reject the call comes before the first launch: a rejected call writes
+  // nothing, the checked mode's word included.
+  const bool compute = p.total_q > 0 && p.batch > 0;
+  if (compute) {
+    if (const jfa_status s =
+            opt_in_shared_memory<paged_decode_kernel<T, kD>>(C::kSmemBytes, device.ordinal);
+        s != JFA_SUCCESS)
+      return s;
+  }
+  // The splits' partials. There is no size query for paged calls yet: a caller's workspace serves
+  // when it is large enough (one sized for the packed forward usually is not), else the call
+  // allocates its own in stream order.
+  CallWorkspace workspace;
+  if (compute && plan.splits > 1) {
+    Params wp = p;
+    if (wp.workspace != nullptr && wp.workspace_bytes < plan.workspace_bytes)
+      wp.workspace = nullptr;
+    if (const jfa_status s = workspace.acquire(wp, plan.workspace_bytes, stream); s != JFA_SUCCESS)
+      return s;
+    a.part_o = reinterpret_cast<float*>(workspace.base());
+    a.part_ml = reinterpret_cast<float2*>(workspace.base() + plan.workspace_ml_offset);
+  }
+  if (const jfa_status s = launch_checks(a, device, stream); s != JFA_SUCCESS) return s;
+  if (!compute) return JFA_SUCCESS;
+  paged_decode_kernel<T, kD>
+      <<<static_cast<unsigned>(plan.ctas), C::kThreads, C::kSmemBytes, stream>>>(a);
+  if (const jfa_status s = launch_error("paged decode kernel"); s != JFA_SUCCESS) return s;
+  if (plan.splits == 1) return JFA_SUCCESS;
+  constexpr int kRowsPerBlock = kPagedCombineThreads / 32;
+  const int64_t rows = p.total_q * p.heads_q;
+  const int64_t blocks = std::min<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock,
+                                           int64_t{16} * std::max(device.sm_count, 1));
+  paged_combine_kernel<T, kD>
+      <<<static_cast<unsigned>(blocks), kPagedCombineThreads, 0, stream>>>(a);
+  return launch_error("paged combine kernel");
+}
+
+template <int kD>
+jfa_status run_paged_dtype(const Params& p, const jfa_paged_kv& kv,
+                           const jfa::cuda::DeviceFacts& device) {
+  return p.dtype == JFA_DTYPE_FLOAT16 ? run_paged<__half, kD>(p, kv, device)
+                                      : run_paged<__nv_bfloat16, kD>(p, kv, device);
+}
+
+}  // namespace
+
+jfa_status paged_forward(const Params& p, const jfa_paged_kv& kv) {
+  const jfa::cuda::DeviceFacts* facts = nullptr;
+  if (const jfa_status s = check_paged_supported(p, kv, &facts); s != JFA_SUCCESS) return s;
+#ifdef JFA_SM90_BUILT_D64
+  if (p.head_dim == 64) return run_paged_dtype<64>(p, kv, *facts);
+#endif
+#ifdef JFA_SM90_BUILT_D128
+  if (p.head_dim == 128) return run_paged_dtype<128>(p, kv, *facts);
+#endif
+#ifdef JFA_SM90_BUILT_D256
+  if (p.head_dim == 256) return run_paged_dtype<256>(p, kv, *facts);
+#endif
+  (void)kv;
+  return fail(JFA_ERROR_INTERNAL, "no paged kernel for head_dim %d", p.head_dim);
+}
+
+}  // namespace jfa::sm90

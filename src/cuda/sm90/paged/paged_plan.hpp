@@ -1,0 +1,68 @@
+// The launch of a paged call from plain shapes only (host code): CTAs per (sequence, KV head), the
+// split of each sequence's keys and the workspace the splits need. Nothing here reads a buffer
+// (seqused_k, cu_seqlens_q live on the device), so a call plans the same whatever the lengths are,
+// and can be captured in a CUDA graph and replayed with new ones.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/sm90/paged/paged_config.hpp"
+
+namespace jfa::sm90 {
+
+// Splits without a key-length hint or a window to bound them; with one, at most one split per
+// kPagedMinSplitKeys keys, up to kPagedMaxSplits.
+inline constexpr int kPagedNoHintSplits = 16;
+inline constexpr int kPagedMaxSplits = 64;
+
+struct PagedShape {
+  int64_t batch, total_q;
+  int32_t heads_q, heads_kv, head_dim;
+  int32_t max_q;        // the max_seqlen_q hint, 1 .. kPagedMaxQueryTokens
+  int32_t max_k;        // the max_seqlen_k hint, 0 when not given
+  int32_t window_left;  // -1 unbounded
+  int sm_count;
+  int rows_per_cta;  // PagedConfig::kRowsPerCta
+};
+
+struct PagedPlan {
+  int32_t row_blocks;  // CTAs that share a (sequence, KV head, split)'s rows
+  int32_t splits;
+  int64_t ctas;                // row_blocks * splits * heads_kv * batch
+  size_t workspace_bytes;      // the splits' partials; 0 with one split
+  size_t workspace_ml_offset;  // where the (max, sum) pairs start in it
+};
+
+inline PagedPlan plan_paged(const PagedShape& s) {
+  PagedPlan plan{};
+  const int64_t group = s.heads_q / s.heads_kv;
+  plan.row_blocks = static_cast<int32_t>((group * s.max_q + s.rows_per_cta - 1) / s.rows_per_cta);
+  const int64_t base = s.batch * s.heads_kv * plan.row_blocks;
+  // The keys one CTA may see at most: the hint, and under a left window (bottom-right aligned) the
+  // window's span, max_q + window_left, whatever the cache's length.
+  int64_t keys = s.max_k > 0 ? s.max_k : -1;
+  if (s.window_left >= 0) {
+    const int64_t span = int64_t{s.max_q} + s.window_left;
+    keys = keys < 0 ? span : std::min(keys, span);
+  }
+  const int64_t cap =
+      keys < 0 ? kPagedNoHintSplits
+               : std::clamp<int64_t>((keys + kPagedMinSplitKeys - 1) / kPagedMinSplitKeys, 1,
+                                     kPagedMaxSplits);
+  // Two CTAs fit an SM (96 KB of shared memory each): split until the launch fills them once.
+  const int64_t target = 2 * static_cast<int64_t>(std::max(s.sm_count, 1));
+  const int64_t want = base >= target || base == 0 ? 1 : (target + base - 1) / base;
+  plan.splits = static_cast<int32_t>(std::clamp<int64_t>(want, 1, cap));
+  plan.ctas = base * plan.splits;
+  if (plan.splits > 1) {
+    const size_t rows = static_cast<size_t>(s.total_q) * static_cast<size_t>(s.heads_q) *
+                        static_cast<size_t>(plan.splits);
+    plan.workspace_ml_offset = rows * static_cast<size_t>(s.head_dim) * sizeof(float);
+    plan.workspace_bytes = plan.workspace_ml_offset + rows * 2 * sizeof(float);
+  }
+  return plan;
+}
+
+}  // namespace jfa::sm90

@@ -1,0 +1,27 @@
+// Entry of the Hopper forward over a paged KV cache (decode and speculative decode: at most 16
+// query tokens per sequence): support checks, the plan, the kernels. Not yet run on a GPU: the
+// API reaches it only under JFA_CUDA_UNVERIFIED_PAGED_KV=1 (src/api/paged_kv_api.cpp).
+//
+// The checked mode (params.device_check) reports cu_seqlens_q by the packed forward's q bits and
+// JFA_CHECK_RESULT_NOT_FINITE as the packed forward does; the cache's rules, which jfa.h has no
+// bits for yet, take the closest k bits:
+//   JFA_OFFSETS_K_DECREASING     a seqused_k entry is negative;
+//   JFA_OFFSETS_K_ABOVE_MAX      a seqused_k entry is above max_pages_per_seq * page_size, or above
+//                                max_seqlen_k where that hint is given;
+//   JFA_OFFSETS_K_LAST_NOT_TOTAL a block_table entry of a page that holds keys is outside
+//                                [0, num_pages) (keys addressed outside the cache).
+// With such inputs the kernels still read and write inside every buffer (a length is clamped into
+// its range, a row on a page outside the cache reads as zeros); their results are unspecified.
+#pragma once
+
+#include "common/params.hpp"
+#include "jfa/jfa.h"
+
+namespace jfa::sm90 {
+
+// The forward of `p` (validated, with no packed keys: k, v and cu_seqlens_k NULL) over the cache
+// `kv` (validated fields, buffers in device memory), on p.stream. No host read of device memory,
+// no host synchronisation: capturable in a CUDA graph.
+jfa_status paged_forward(const jfa::detail::Params& p, const jfa_paged_kv& kv);
+
+}  // namespace jfa::sm90

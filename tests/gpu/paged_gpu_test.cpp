@@ -1,0 +1,803 @@
+// The CUDA forward over a paged KV cache (jfa_attention_forward_paged with device buffers: the
+// kernels of src/cuda/sm90/paged, reached under JFA_CUDA_UNVERIFIED_PAGED_KV=1, which these tests
+// set in scope) against the float64 reference of the same call on host copies
+// (jfa_attention_reference_paged): random block tables (shuffled pages, pages shared between
+// sequences, partial last pages, garbage past the used pages), page sizes 1, 16, 64, 256 (and 48,
+// 3), cache lengths 0, 1, page multiples +- 1 and long ones, GQA 8:1, 4:1 and 1:1, head_dim 64,
+// 128, 256, fp16 and bf16, 1, 4 and 16 query tokens per sequence with and without the causal mask,
+// windows, softcap, sinks, LSE on and off, one split and several (with and without the max_seqlen_k
+// hint, a caller's workspace or none), outputs poisoned and guarded; graph capture replayed on new
+// lengths and a new table; the checked mode on invalid tables and lengths (no fault, its bits set);
+// the calls the kernels do not take.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/jagged_batch.hpp"
+#include "gpu_test_util.hpp"
+#include "jfa/jfa.h"
+#include "jfa/jfa.hpp"
+
+using jfa::DType;
+using jfa::gpu_test::default_pool_peak;
+using jfa::gpu_test::device_check_after;
+using jfa::gpu_test::DeviceBuffer;
+using jfa::gpu_test::fresh_seed;
+using jfa::gpu_test::quick_mode;
+using jfa::tools::HostBuffer;
+
+namespace {
+
+constexpr const char* kSwitch = "JFA_CUDA_UNVERIFIED_PAGED_KV";
+constexpr size_t kGuardBytes = 4096;  // poisoned bytes before and after out and lse
+
+// Sets the switch that routes paged calls to the CUDA kernels (or, with NULL, clears it) for a
+// scope, then puts back what the environment held.
+class ScopedPagedSwitch {
+ public:
+  explicit ScopedPagedSwitch(const char* value = "1") {
+    if (const char* old = std::getenv(kSwitch)) {
+      had_ = true;
+      old_ = old;
+    }
+    if (value != nullptr)
+      setenv(kSwitch, value, 1);
+    else
+      unsetenv(kSwitch);
+  }
+  ~ScopedPagedSwitch() {
+    if (had_)
+      setenv(kSwitch, old_.c_str(), 1);
+    else
+      unsetenv(kSwitch);
+  }
+  ScopedPagedSwitch(const ScopedPagedSwitch&) = delete;
+  ScopedPagedSwitch& operator=(const ScopedPagedSwitch&) = delete;
+
+ private:
+  bool had_ = false;
+  std::string old_;
+};
+
+struct PagedCase {
+  std::vector<int32_t> len_q, seqused;
+  int32_t page_size = 16;
+  int32_t heads_q = 8, heads_kv = 1, head_dim = 128;
+  DType dtype = DType::kFloat16;
+  bool causal = false;
+  int32_t window_left = -1, window_right = -1;
+  float softcap = 0.f;
+  float sink_sd = 0.f;  // > 0: sinks ~ N(0, sink_sd)
+  bool with_lse = true;
+  bool hint_k = true;         // pass max_seqlen_k (the longest cache)
+  int32_t max_q = 0;          // the max_seqlen_q hint; 0: the longest query sequence
+  bool share_pages = true;    // later sequences sometimes read sequence 0's first page
+  int32_t spare_pages = 3;    // pages no sequence uses
+  int32_t spare_columns = 1;  // block-table columns past every sequence's pages (garbage)
+};
+
+std::string describe(const PagedCase& c) {
+  char buf[400];
+  int32_t longest = 0;
+  for (int32_t n : c.seqused) longest = std::max(longest, n);
+  std::snprintf(buf, sizeof buf,
+                "%s d=%d hq=%d hkv=%d page=%d batch=%zu longest=%d causal=%d window=(%d,%d) "
+                "softcap=%g sinks=%d lse=%d hint_k=%d max_q=%d",
+                jfa::tools::dtype_name(c.dtype), c.head_dim, c.heads_q, c.heads_kv, c.page_size,
+                c.len_q.size(), longest, c.causal ? 1 : 0, c.window_left, c.window_right,
+                static_cast<double>(c.softcap), c.sink_sd > 0.f ? 1 : 0, c.with_lse ? 1 : 0,
+                c.hint_k ? 1 : 0, c.max_q);
+  return buf;
+}
+
+// Pages that n keys fill.
+int32_t pages_of(int32_t n, int32_t page_size) { return (n + page_size - 1) / page_size; }
+
+// The host side of a case: q, the caches, the block table and the lengths, sinks.
+struct PagedHost {
+  PagedCase c;
+  int64_t batch = 0, total_q = 0, num_pages = 0;
+  int32_t max_pages = 0;
+  std::vector<int32_t> cu_q, seqused, table;
+  HostBuffer q, k_cache, v_cache;
+  std::vector<float> sinks;
+
+  PagedHost(const PagedCase& pc, std::mt19937_64& rng) : c(pc), seqused(pc.seqused) {
+    batch = static_cast<int64_t>(c.len_q.size());
+    cu_q.assign(batch + 1, 0);
+    int64_t needed = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      cu_q[b + 1] = cu_q[b] + c.len_q[b];
+      max_pages = std::max(max_pages, pages_of(seqused[b], c.page_size));
+      needed += pages_of(seqused[b], c.page_size);
+    }
+    max_pages += c.spare_columns;
+    total_q = cu_q.back();
+    num_pages = needed + c.spare_pages;
+    q = HostBuffer(c.dtype, std::max<int64_t>(total_q, 1) * c.heads_q * c.head_dim);
+    const int64_t cache_elems =
+        std::max<int64_t>(num_pages, 1) * c.page_size * c.heads_kv * c.head_dim;
+    k_cache = HostBuffer(c.dtype, cache_elems);
+    v_cache = HostBuffer(c.dtype, cache_elems);
+    jfa::tools::fill_normal(q, rng);
+    jfa::tools::fill_normal(k_cache, rng);
+    jfa::tools::fill_normal(v_cache, rng);
+    std::normal_distribution<float> sink(0.f, c.sink_sd > 0.f ? c.sink_sd : 1.f);
+    for (int32_t h = 0; c.sink_sd > 0.f && h < c.heads_q; ++h) sinks.push_back(sink(rng));
+    make_table(rng);
+  }
+
+  // A table for the current lengths: the pages shuffled over the sequences, a later sequence
+  // sometimes reading sequence 0's first page, and garbage (no valid page) past the pages that
+  // hold keys.
+  void make_table(std::mt19937_64& rng) {
+    std::vector<int32_t> pages(num_pages);
+    std::iota(pages.begin(), pages.end(), 0);
+    std::shuffle(pages.begin(), pages.end(), rng);
+    const int32_t garbage[] = {-7, static_cast<int32_t>(num_pages), INT32_MAX, INT32_MIN};
+    table.assign(batch * max_pages, 0);
+    for (size_t i = 0; i < table.size(); ++i) table[i] = garbage[i % 4];
+    size_t next = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      const int32_t used = pages_of(seqused[b], c.page_size);
+      for (int32_t j = 0; j < used; ++j) {
+        const bool share = c.share_pages && b > 0 && j == 0 && rng() % 3 == 0 && seqused[0] > 0;
+        table[b * max_pages + j] = share ? table[0] : pages[next++];
+      }
+    }
+  }
+
+  int32_t max_seqlen_q() const {
+    if (c.max_q > 0) return c.max_q;
+    int32_t longest = 1;
+    for (int32_t n : c.len_q) longest = std::max(longest, n);
+    return longest;
+  }
+
+  // The call's parameters on these buffers (hints as the case asks).
+  jfa_attention_params params(const void* q_ptr, void* out, float* lse, const int32_t* cu,
+                              const float* sinks_ptr) const {
+    jfa_attention_params p;
+    jfa_attention_params_init(&p);
+    p.q = q_ptr;
+    p.out = out;
+    p.lse = lse;
+    p.cu_seqlens_q = cu;
+    p.batch = batch;
+    p.total_q = total_q;
+    p.heads_q = c.heads_q;
+    p.heads_kv = c.heads_kv;
+    p.head_dim = c.head_dim;
+    p.dtype = static_cast<jfa_dtype>(c.dtype);
+    p.causal = c.causal ? 1 : 0;
+    p.window_left = c.window_left;
+    p.window_right = c.window_right;
+    p.softcap = c.softcap;
+    p.sinks = sinks.empty() ? nullptr : sinks_ptr;
+    p.max_seqlen_q = max_seqlen_q();
+    if (c.hint_k) {
+      for (int32_t n : seqused) p.max_seqlen_k = std::max(p.max_seqlen_k, n);
+    }
+    return p;
+  }
+
+  jfa_paged_kv kv(const void* k, const void* v, const int32_t* table_ptr,
+                  const int32_t* used) const {
+    jfa_paged_kv kv;
+    EXPECT_EQ(jfa_paged_kv_init(&kv), JFA_SUCCESS);
+    // Without an append the cache is only read (the struct's pointers are writable for appends).
+    kv.k_cache = num_pages > 0 ? const_cast<void*>(k) : nullptr;
+    kv.v_cache = num_pages > 0 ? const_cast<void*>(v) : nullptr;
+    kv.block_table = table_ptr;
+    kv.seqused_k = used;
+    kv.num_pages = num_pages;
+    kv.page_size = c.page_size;
+    kv.max_pages_per_seq = max_pages;
+    return kv;
+  }
+};
+
+struct Outputs {
+  std::vector<unsigned char> out;  // with guards
+  std::vector<float> lse;          // with guards
+};
+
+// The device copies of a case and its guarded outputs.
+struct PagedDevice {
+  DeviceBuffer q, k, v, table, seqused, cu_q, sinks, out, lse;
+  int32_t* device_check = nullptr;
+
+  explicit PagedDevice(const PagedHost& h) {
+    q = copy(h.q.bytes.data(), h.q.bytes.size());
+    k = copy(h.k_cache.bytes.data(), h.k_cache.bytes.size());
+    v = copy(h.v_cache.bytes.data(), h.v_cache.bytes.size());
+    table = DeviceBuffer(std::max<size_t>(h.table.size(), 1) * 4);
+    seqused = DeviceBuffer(std::max<size_t>(h.seqused.size(), 1) * 4);
+    upload_table_and_lengths(h);
+    cu_q = copy(h.cu_q.data(), h.cu_q.size() * 4);
+    sinks = copy(h.sinks.data(), h.sinks.size() * 4);
+    const size_t es = jfa::dtype_size(h.c.dtype);
+    out = DeviceBuffer(h.total_q * h.c.heads_q * h.c.head_dim * es + 2 * kGuardBytes);
+    lse = DeviceBuffer(h.total_q * h.c.heads_q * 4 + 2 * kGuardBytes);
+  }
+
+  static DeviceBuffer copy(const void* src, size_t bytes) {
+    DeviceBuffer d(std::max<size_t>(bytes, 16));
+    if (bytes > 0) {
+      EXPECT_EQ(cudaMemcpy(d.ptr, src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+    return d;
+  }
+
+  void upload_table_and_lengths(const PagedHost& h) {
+    if (!h.table.empty()) {
+      EXPECT_EQ(cudaMemcpy(table.ptr, h.table.data(), h.table.size() * 4, cudaMemcpyHostToDevice),
+                cudaSuccess);
+    }
+    if (!h.seqused.empty()) {
+      EXPECT_EQ(
+          cudaMemcpy(seqused.ptr, h.seqused.data(), h.seqused.size() * 4, cudaMemcpyHostToDevice),
+          cudaSuccess);
+    }
+  }
+
+  jfa_attention_params params(const PagedHost& h) const {
+    jfa_attention_params p = h.params(
+        q.ptr, static_cast<unsigned char*>(out.ptr) + kGuardBytes,
+        h.c.with_lse ? reinterpret_cast<float*>(static_cast<unsigned char*>(lse.ptr) + kGuardBytes)
+                     : nullptr,
+        cu_q.as<int32_t>(), sinks.as<float>());
+    p.device_check = device_check;
+    return p;
+  }
+
+  jfa_paged_kv kv(const PagedHost& h) const {
+    return h.kv(k.ptr, v.ptr, table.as<int32_t>(), seqused.as<int32_t>());
+  }
+
+  void poison() {
+    EXPECT_EQ(cudaMemset(out.ptr, 0xFF, out.bytes), cudaSuccess);
+    EXPECT_EQ(cudaMemset(lse.ptr, 0xFF, lse.bytes), cudaSuccess);
+  }
+
+  Outputs download() const {
+    Outputs r;
+    r.out.resize(out.bytes);
+    r.lse.resize(lse.bytes / 4);
+    EXPECT_EQ(cudaMemcpy(r.out.data(), out.ptr, out.bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(r.lse.data(), lse.ptr, lse.bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    return r;
+  }
+
+  // Poisons the outputs, calls (params adjusted by `adjust`), waits, downloads.
+  jfa_status run(const PagedHost& h, Outputs* r, cudaStream_t stream = nullptr,
+                 const std::function<void(jfa_attention_params&)>& adjust = {}) {
+    poison();
+    jfa_attention_params p = params(h);
+    p.stream = stream;
+    if (adjust) adjust(p);
+    const jfa_paged_kv kv_dev = kv(h);
+    const jfa_status s = jfa_attention_forward_paged(&p, &kv_dev);
+    if (s != JFA_SUCCESS) return s;
+    if (cudaStreamSynchronize(stream) != cudaSuccess) return JFA_ERROR_CUDA;
+    *r = download();
+    return s;
+  }
+};
+
+bool all_bytes(const unsigned char* p, size_t n, unsigned char value) {
+  return std::all_of(p, p + n, [value](unsigned char x) { return x == value; });
+}
+
+// The guards, then out and lse against the float64 reference of the same call on the host copies
+// (the table and lengths h holds now).
+void check_outputs(const PagedHost& h, const Outputs& r) {
+  SCOPED_TRACE(describe(h.c));
+  const PagedCase& c = h.c;
+  ASSERT_TRUE(all_bytes(r.out.data(), kGuardBytes, 0xFF)) << "write before out";
+  ASSERT_TRUE(all_bytes(r.out.data() + r.out.size() - kGuardBytes, kGuardBytes, 0xFF))
+      << "write after out";
+  const auto* lse_bytes = reinterpret_cast<const unsigned char*>(r.lse.data());
+  const size_t lse_size = r.lse.size() * 4;
+  ASSERT_TRUE(all_bytes(lse_bytes, kGuardBytes, 0xFF)) << "write before lse";
+  ASSERT_TRUE(all_bytes(lse_bytes + lse_size - kGuardBytes, kGuardBytes, 0xFF))
+      << "write after lse";
+  if (!c.with_lse) {
+    ASSERT_TRUE(all_bytes(lse_bytes, lse_size, 0xFF)) << "lse written while NULL";
+  }
+
+  const int64_t row_elems = static_cast<int64_t>(c.heads_q) * c.head_dim;
+  HostBuffer out(c.dtype, h.total_q * row_elems);
+  std::memcpy(out.bytes.data(), r.out.data() + kGuardBytes, out.bytes.size());
+  for (int64_t i = 0; i < out.count(); ++i)
+    ASSERT_TRUE(std::isfinite(jfa::tools::element_as_double(out, i)))
+        << "unwritten (poisoned) or non-finite out element " << i;
+
+  jfa_attention_params hp = h.params(h.q.data(), nullptr, nullptr, h.cu_q.data(), h.sinks.data());
+  hp.max_seqlen_q = hp.max_seqlen_k = 0;
+  hp.backend = JFA_BACKEND_CPU;
+  const jfa_paged_kv hkv =
+      h.kv(h.k_cache.data(), h.v_cache.data(), h.table.data(), h.seqused.data());
+  std::vector<double> ref(h.total_q * row_elems), ref_lse(h.total_q * c.heads_q);
+  ASSERT_EQ(
+      jfa_attention_reference_paged(&hp, &hkv, nullptr, h.total_q, ref.data(), ref_lse.data()),
+      JFA_SUCCESS)
+      << jfa_last_error_message();
+  const double tol = jfa::tools::tolerance(c.dtype);
+  // fp16 rounds values below its normal range to steps of 2^-24: rows that a large sink scales
+  // down that far (sinks ~ N(0, 30)) keep that absolute error, whatever their norm. Half a step
+  // per element of a row or of the whole output; bf16 has float32's range.
+  const double abs_floor = c.dtype == DType::kFloat16 ? std::ldexp(1.0, -25) : 0.0;
+  const double err = jfa::tools::relative_error(out, ref, {}, row_elems);
+  double ref_norm = 0;
+  for (double x : ref) ref_norm += x * x;
+  ref_norm = std::sqrt(ref_norm);
+  std::printf("  %s: rel err %.3g over %lld tokens (tol %.g)\n", describe(c).c_str(), err,
+              static_cast<long long>(h.total_q), tol);
+  EXPECT_LE(err * ref_norm, tol * ref_norm + abs_floor * std::sqrt(static_cast<double>(ref.size())))
+      << "relative error " << err;
+  // Row by row too, so that one wrong (token, head) cannot hide in a large batch: within a few
+  // times the tolerance, and exactly zero where the reference row is (no key seen).
+  const double row_floor = abs_floor * std::sqrt(static_cast<double>(c.head_dim));
+  int64_t bad_rows = 0;
+  for (int64_t t = 0; t < h.total_q; ++t) {
+    for (int32_t head = 0; head < c.heads_q; ++head) {
+      double diff = 0, norm = 0;
+      for (int32_t e = 0; e < c.head_dim; ++e) {
+        const int64_t i = (t * c.heads_q + head) * c.head_dim + e;
+        const double x = ref[i], o = jfa::tools::element_as_double(out, i);
+        diff += (o - x) * (o - x);
+        norm += x * x;
+      }
+      const bool ok =
+          norm == 0 ? diff == 0 : std::sqrt(diff) <= 4 * tol * std::sqrt(norm) + row_floor;
+      if (!ok && bad_rows++ < 5)
+        ADD_FAILURE() << "token " << t << " head " << head << ": relative error "
+                      << std::sqrt(diff / std::max(norm, 1e-300));
+    }
+  }
+  EXPECT_EQ(bad_rows, 0);
+  if (!c.with_lse) return;
+  int64_t bad = 0;
+  const size_t guard = kGuardBytes / 4;
+  for (int32_t head = 0; head < c.heads_q; ++head) {
+    for (int64_t t = 0; t < h.total_q; ++t) {
+      const float got = r.lse[guard + head * h.total_q + t];
+      const double want = ref_lse[head * h.total_q + t];
+      const bool ok = std::isinf(want) ? got == static_cast<float>(want)
+                                       : std::abs(got - want) <= 2e-3 * (1 + std::abs(want));
+      if (!ok && bad++ < 5)
+        ADD_FAILURE() << "lse token " << t << " head " << head << ": got " << got << " want "
+                      << want;
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+// Runs a case twice (the runs must agree bit for bit) and checks it.
+void run_case(const PagedCase& c) {
+  const ScopedPagedSwitch on;
+  const uint64_t seed = fresh_seed(describe(c).c_str());
+  std::mt19937_64 rng(seed);
+  PagedHost h(c, rng);
+  PagedDevice d(h);
+  Outputs first, second;
+  ASSERT_EQ(d.run(h, &first), JFA_SUCCESS) << jfa_last_error_message();
+  check_outputs(h, first);
+  ASSERT_EQ(d.run(h, &second), JFA_SUCCESS) << jfa_last_error_message();
+  EXPECT_TRUE(first.out == second.out) << "two runs differ (out)";
+  EXPECT_EQ(std::memcmp(first.lse.data(), second.lse.data(), first.lse.size() * 4), 0)
+      << "two runs differ (lse)";
+}
+
+// Cache lengths at the page edges: none, one key, a page less one, a page, a page and one, two
+// pages and one, and a few hundred.
+std::vector<int32_t> edge_lengths(int32_t page) {
+  return {0, 1, page > 1 ? page - 1 : 2, page, page + 1, 2 * page + 1, 300};
+}
+
+struct Gqa {
+  int32_t heads_q, heads_kv;
+};
+constexpr Gqa kGqas[] = {{8, 1}, {8, 2}, {4, 4}};
+
+TEST(PagedGpu, MatchesReferenceOverPageSizesLengthsAndShapes) {
+  int k = 0;
+  for (int32_t page : {1, 16, 64, 256}) {
+    for (int32_t d : {64, 128, 256}) {
+      for (int32_t tokens : {1, 4}) {
+        ++k;
+        if (quick_mode() && k % 4 != 0) continue;
+        PagedCase c;
+        c.page_size = page;
+        c.head_dim = d;
+        c.dtype = k % 2 ? DType::kBFloat16 : DType::kFloat16;
+        c.heads_q = kGqas[k % 3].heads_q;
+        c.heads_kv = kGqas[k % 3].heads_kv;
+        c.causal = (k / 2) % 2 == 1;
+        c.hint_k = k % 3 != 1;
+        c.seqused = edge_lengths(page);
+        if (k % 3 == 0) c.seqused.push_back(5000);  // long: several splits, many pages
+        // Speculative steps of different lengths (one sequence with none) under a hint of 4.
+        for (size_t b = 0; b < c.seqused.size(); ++b)
+          c.len_q.push_back(tokens == 1 ? 1 : static_cast<int32_t>((b * 3 + 4) % 5));
+        c.max_q = tokens;
+        run_case(c);
+      }
+    }
+  }
+}
+
+// Windows at their edges, softcap and sinks (gpu_test_util's kinds), over every head size, both
+// dtypes, decode and speculative steps, LSE on and off, and the page sizes (with two that are not
+// powers of two, whose rows the kernel finds by division).
+TEST(PagedGpu, WindowSoftcapSinksAndLse) {
+  int k = 0;
+  for (const jfa::gpu_test::LocalKind& kind : jfa::gpu_test::kLocalKinds) {
+    for (int32_t d : {64, 128, 256}) {
+      ++k;
+      if (quick_mode() && k % 5 != 0) continue;
+      PagedCase c;
+      c.head_dim = d;
+      c.dtype = k % 2 ? DType::kBFloat16 : DType::kFloat16;
+      c.heads_q = kGqas[k % 3].heads_q;
+      c.heads_kv = kGqas[k % 3].heads_kv;
+      c.page_size = std::array<int32_t, 6>{16, 64, 1, 256, 48, 3}[k % 6];  // 48, 3: no shift
+      c.window_left = kind.left;
+      c.window_right = kind.right;
+      c.causal = kind.causal;
+      c.softcap = kind.softcap;
+      c.sink_sd = kind.sink_sd;
+      c.with_lse = k % 4 != 3;
+      c.seqused = {0, 3, 100, 700, 17, 2000};
+      const int32_t tokens = k % 2 ? 4 : 1;
+      c.len_q = {tokens, tokens, 1, tokens, tokens > 1 ? 2 : 1, tokens};
+      c.max_q = tokens;
+      run_case(c);
+    }
+  }
+}
+
+// 16 query tokens (the most the kernels take) with groups of 8 and 16 query heads: the rows of a
+// (sequence, KV head) span several CTAs; with a window and without.
+TEST(PagedGpu, SixteenTokensAndLargeGroups) {
+  int k = 0;
+  for (int32_t d : {64, 128, 256}) {
+    for (const Gqa g : {Gqa{8, 1}, Gqa{32, 2}}) {
+      ++k;
+      if (quick_mode() && k % 2 != 0) continue;
+      PagedCase c;
+      c.head_dim = d;
+      c.heads_q = g.heads_q;
+      c.heads_kv = g.heads_kv;
+      c.dtype = k % 2 ? DType::kBFloat16 : DType::kFloat16;
+      c.causal = true;
+      c.window_left = k % 3 == 0 ? 40 : -1;
+      c.page_size = 64;
+      c.seqused = {16, 5, 400, 1000};
+      c.len_q = {16, 5, 16, 9};
+      c.max_q = 16;
+      run_case(c);
+    }
+  }
+}
+
+// Long caches on few CTAs (one sequence, one KV head): many splits and their combine, with and
+// without the max_seqlen_k hint and under a window that bounds them; a caller's workspace, large
+// enough or not, gives the same bits as the library's own.
+TEST(PagedGpu, SplitsOfLongCachesAndWorkspaces) {
+  const ScopedPagedSwitch on;
+  int k = 0;
+  for (int32_t d : {64, 128, 256}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      ++k;
+      if (quick_mode() && k % 3 != 0) continue;
+      PagedCase c;
+      c.head_dim = d;
+      c.heads_q = 4;
+      c.heads_kv = 1;
+      c.dtype = k % 2 ? DType::kBFloat16 : DType::kFloat16;
+      c.page_size = 16;
+      c.seqused = {variant == 2 ? 4097 : 5000};
+      c.len_q = {variant == 0 ? 1 : 3};
+      c.max_q = c.len_q[0];
+      c.hint_k = variant != 1;
+      c.causal = variant == 2;
+      c.window_left = variant == 2 ? 600 : -1;
+      c.sink_sd = variant == 1 ? 2.f : 0.f;
+      const uint64_t seed = fresh_seed(describe(c).c_str());
+      std::mt19937_64 rng(seed);
+      PagedHost h(c, rng);
+      PagedDevice dev(h);
+      Outputs own;
+      ASSERT_EQ(dev.run(h, &own), JFA_SUCCESS) << jfa_last_error_message();
+      check_outputs(h, own);
+      for (size_t bytes : {size_t{16}, size_t{64} << 20}) {
+        DeviceBuffer ws(bytes);
+        Outputs given;
+        JFA_CUDA_OK(cudaDeviceSynchronize());
+        (void)default_pool_peak(/*reset=*/true);
+        ASSERT_EQ(dev.run(h, &given, nullptr,
+                          [&](jfa_attention_params& p) {
+                            p.workspace = ws.ptr;
+                            p.workspace_bytes = bytes;
+                          }),
+                  JFA_SUCCESS)
+            << jfa_last_error_message();
+        EXPECT_TRUE(given.out == own.out &&
+                    std::memcmp(given.lse.data(), own.lse.data(), own.lse.size() * 4) == 0)
+            << "a caller's workspace of " << bytes << " bytes changed the result";
+        // Large enough, it is the only one: the call allocates nothing.
+        if (bytes > 16) {
+          EXPECT_EQ(default_pool_peak(/*reset=*/false), 0u);
+        }
+      }
+    }
+  }
+}
+
+// Sequences without query tokens, and no sequence at all: nothing to compute, the checked mode's
+// word still stored (0), out untouched.
+TEST(PagedGpu, NoQueryTokens) {
+  const ScopedPagedSwitch on;
+  PagedCase c;
+  c.len_q = {0, 0};
+  c.seqused = {5, 0};
+  std::mt19937_64 rng(fresh_seed("no query tokens"));
+  PagedHost h(c, rng);
+  PagedDevice d(h);
+  const DeviceBuffer word(4);
+  d.device_check = word.as<int32_t>();
+  Outputs r;
+  EXPECT_EQ(device_check_after(word,
+                               [&](int32_t*) {
+                                 EXPECT_EQ(d.run(h, &r), JFA_SUCCESS) << jfa_last_error_message();
+                               }),
+            0);
+  EXPECT_TRUE(all_bytes(r.out.data(), r.out.size(), 0xFF));
+  jfa_attention_params p = d.params(h);
+  p.batch = 0;
+  jfa_paged_kv kv = d.kv(h);
+  EXPECT_EQ(jfa_attention_forward_paged(&p, &kv), JFA_SUCCESS) << jfa_last_error_message();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// Capture once (on a stream, the launch planned from the hints), then write new lengths and a new
+// block table in place and replay: each replay must give the reference of the new cache, with
+// several splits (their workspace allocated inside the graph) and with one.
+TEST(PagedGpu, GraphCaptureReplaysOnNewLengthsAndTable) {
+  const ScopedPagedSwitch on;
+  for (int32_t sequences : {2, 200}) {  // several splits (a workspace in the graph), and one
+    PagedCase c;
+    c.head_dim = 128;
+    c.heads_q = 8;
+    c.heads_kv = 2;
+    c.page_size = 16;
+    c.causal = true;
+    c.seqused.assign(sequences, 0);
+    for (int32_t b = 0; b < sequences; ++b) c.seqused[b] = b % 2 ? 1500 : 30 + b;
+    c.len_q.assign(sequences, 2);
+    c.max_q = 2;
+    c.spare_pages = 200;
+    c.spare_columns = 40;
+    c.share_pages = false;
+    const uint64_t seed = fresh_seed(describe(c).c_str());
+    std::mt19937_64 rng(seed);
+    PagedHost h(c, rng);
+    PagedDevice d(h);
+    cudaStream_t stream;
+    JFA_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    jfa_attention_params p = d.params(h);
+    p.stream = stream;
+    p.max_seqlen_k = h.max_pages * c.page_size;  // any length the table can hold
+    const jfa_paged_kv kv = d.kv(h);
+    d.poison();
+    JFA_CUDA_OK(cudaDeviceSynchronize());
+    cudaGraph_t graph;
+    JFA_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    const jfa_status s = jfa_attention_forward_paged(&p, &kv);
+    JFA_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    ASSERT_EQ(s, JFA_SUCCESS) << jfa_last_error_message();
+    cudaGraphExec_t exec;
+    JFA_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 3; ++replay) {
+      if (replay > 0) {
+        // New lengths (a step or two further, some sequences restarted) and a new table.
+        std::uniform_int_distribution<int32_t> len(0, 40 * c.page_size);
+        for (int32_t& n : h.seqused) n = len(rng);
+        h.make_table(rng);
+        d.upload_table_and_lengths(h);
+      }
+      d.poison();
+      JFA_CUDA_OK(cudaDeviceSynchronize());  // the uploads and the poison (legacy stream) first
+      JFA_CUDA_OK(cudaGraphLaunch(exec, stream));
+      JFA_CUDA_OK(cudaStreamSynchronize(stream));
+      SCOPED_TRACE("replay " + std::to_string(replay));
+      check_outputs(h, d.download());
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+}
+
+// The checked mode: block-table entries outside [0, num_pages) among the pages that hold keys,
+// lengths outside their range, cu_seqlens_q that break its rules, and a NaN in q each set their
+// bits (paged_sm90.hpp) without a fault or a write outside out and lse; a valid call stores 0 (the
+// garbage past the used pages is not read). Run it under compute-sanitizer memcheck.
+TEST(PagedGpu, CheckedModeOnInvalidTablesAndLengths) {
+  const ScopedPagedSwitch on;
+  PagedCase c;
+  c.head_dim = 64;
+  c.heads_q = 4;
+  c.heads_kv = 2;
+  c.page_size = 16;
+  c.seqused = {40, 17, 300};
+  c.len_q = {1, 2, 1};
+  c.max_q = 2;
+  std::mt19937_64 rng(fresh_seed("checked mode"));
+  PagedHost h(c, rng);
+  PagedDevice d(h);
+  const DeviceBuffer word(4);
+  d.device_check = word.as<int32_t>();
+  const int32_t capacity = h.max_pages * c.page_size;
+  auto word_after = [&](const std::function<void(PagedHost&)>& spoil,
+                        const std::function<void(jfa_attention_params&)>& adjust = {}) {
+    PagedHost bad = h;
+    spoil(bad);
+    d.upload_table_and_lengths(bad);
+    EXPECT_EQ(cudaMemcpy(d.cu_q.ptr, bad.cu_q.data(), bad.cu_q.size() * 4, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    Outputs r;
+    const int32_t got = device_check_after(word, [&](int32_t*) {
+      EXPECT_EQ(d.run(h, &r, nullptr, adjust), JFA_SUCCESS) << jfa_last_error_message();
+    });
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    EXPECT_TRUE(all_bytes(r.out.data(), kGuardBytes, 0xFF) &&
+                all_bytes(r.out.data() + r.out.size() - kGuardBytes, kGuardBytes, 0xFF))
+        << "write outside out";
+    d.upload_table_and_lengths(h);
+    EXPECT_EQ(cudaMemcpy(d.cu_q.ptr, h.cu_q.data(), h.cu_q.size() * 4, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    return got;
+  };
+  EXPECT_EQ(word_after([](PagedHost&) {}), 0);
+  for (int32_t entry : {-1, static_cast<int32_t>(h.num_pages), INT32_MAX, INT32_MIN}) {
+    SCOPED_TRACE("block table entry " + std::to_string(entry));
+    const int32_t w = word_after([&](PagedHost& b) { b.table[2 * b.max_pages + 3] = entry; });
+    EXPECT_EQ(w, JFA_OFFSETS_K_LAST_NOT_TOTAL) << jfa_device_check_message(w);
+  }
+  const int32_t negative = word_after([](PagedHost& b) { b.seqused[1] = -3; });
+  EXPECT_EQ(negative, JFA_OFFSETS_K_DECREASING) << jfa_device_check_message(negative);
+  for (int32_t used : {capacity + 1, INT32_MAX}) {
+    const int32_t w = word_after([&](PagedHost& b) { b.seqused[0] = used; });
+    // Past the table: its garbage columns are then pages that hold keys, outside the cache.
+    EXPECT_EQ(w & JFA_OFFSETS_K_ABOVE_MAX, JFA_OFFSETS_K_ABOVE_MAX) << jfa_device_check_message(w);
+  }
+  const int32_t above_hint =
+      word_after([](PagedHost&) {}, [](jfa_attention_params& p) { p.max_seqlen_k = 100; });
+  EXPECT_EQ(above_hint, JFA_OFFSETS_K_ABOVE_MAX) << jfa_device_check_message(above_hint);
+  const int32_t decreasing = word_after([](PagedHost& b) { b.cu_q = {0, 3, 1, 4}; });
+  EXPECT_EQ(decreasing & JFA_OFFSETS_Q_DECREASING, JFA_OFFSETS_Q_DECREASING)
+      << jfa_device_check_message(decreasing);
+  const int32_t q_above = word_after([](PagedHost& b) { b.cu_q = {0, 3, 3, 4}; });
+  EXPECT_EQ(q_above, JFA_OFFSETS_Q_ABOVE_MAX) << jfa_device_check_message(q_above);
+  const int32_t first = word_after([](PagedHost& b) { b.cu_q = {1, 2, 3, 4}; });
+  EXPECT_EQ(first, JFA_OFFSETS_Q_FIRST_NOT_ZERO) << jfa_device_check_message(first);
+  // A NaN in q: its rows' sums are NaN.
+  HostBuffer nan_q = h.q;
+  std::fill(nan_q.bytes.begin(), nan_q.bytes.begin() + 2 * c.head_dim, 0xFF);
+  JFA_CUDA_OK(cudaMemcpy(d.q.ptr, nan_q.data(), nan_q.bytes.size(), cudaMemcpyHostToDevice));
+  const int32_t nan = word_after([](PagedHost&) {});
+  EXPECT_EQ(nan, JFA_CHECK_RESULT_NOT_FINITE) << jfa_device_check_message(nan);
+  JFA_CUDA_OK(cudaDeviceSynchronize());
+}
+
+// What the CUDA paged forward does not take is JFA_ERROR_UNSUPPORTED naming it (an argument that
+// breaks a rule: JFA_ERROR_INVALID_ARGUMENT), before anything is written; without the switch a call
+// on device buffers stays unsupported.
+TEST(PagedGpu, RejectsWhatTheKernelsDoNotTake) {
+  PagedCase c;
+  c.head_dim = 128;
+  c.seqused = {20, 5};
+  c.len_q = {1, 1};
+  std::mt19937_64 rng(fresh_seed("rejects"));
+  PagedHost h(c, rng);
+  PagedDevice d(h);
+  // Room for the other shapes' (head_dim 256, float32) q, out and caches.
+  DeviceBuffer big_q(1 << 20), big_out(1 << 20), big_k(4 << 20), big_v(4 << 20);
+  struct Bad {
+    const char* message;
+    jfa_status status;
+    std::function<void(jfa_attention_params&, jfa_paged_kv&)> mutate;
+  };
+  DeviceBuffer k_new(4096), cu_new(16);
+  const std::vector<Bad> cases = {
+      {"does not append yet", JFA_ERROR_UNSUPPORTED,
+       [&](jfa_attention_params&, jfa_paged_kv& kv) {
+         kv.k_new = k_new.ptr;
+         kv.v_new = k_new.ptr;
+         kv.cu_seqlens_new = cu_new.as<int32_t>();
+         kv.total_new = 0;
+       }},
+      {"needs max_seqlen_q", JFA_ERROR_UNSUPPORTED,
+       [](jfa_attention_params& p, jfa_paged_kv&) { p.max_seqlen_q = 0; }},
+      {"chunked prefill on CUDA: not yet", JFA_ERROR_UNSUPPORTED,
+       [](jfa_attention_params& p, jfa_paged_kv&) { p.max_seqlen_q = 17; }},
+      {"head_dim 96", JFA_ERROR_UNSUPPORTED,
+       [&](jfa_attention_params& p, jfa_paged_kv& kv) {
+         p.head_dim = 96;
+         p.q = big_q.ptr;
+         p.out = big_out.ptr;
+         kv.k_cache = big_k.ptr;
+         kv.v_cache = big_v.ptr;
+       }},
+      {"head_dim_v 64", JFA_ERROR_UNSUPPORTED,
+       [&](jfa_attention_params& p, jfa_paged_kv& kv) {
+         p.head_dim_v = 64;
+         kv.v_cache = big_v.ptr;
+       }},
+      {"dtype float32", JFA_ERROR_UNSUPPORTED,
+       [&](jfa_attention_params& p, jfa_paged_kv& kv) {
+         p.dtype = JFA_DTYPE_FLOAT32;
+         p.q = big_q.ptr;
+         p.out = big_out.ptr;
+         kv.k_cache = big_k.ptr;
+         kv.v_cache = big_v.ptr;
+       }},
+      {"max_seqlen_q=1 is smaller than the longest q sequence", JFA_ERROR_INVALID_ARGUMENT,
+       [&](jfa_attention_params& p, jfa_paged_kv&) {
+         p.total_q = 3;
+         p.q = big_q.ptr;
+         p.out = big_out.ptr;
+         p.lse = nullptr;
+       }},
+      {"share memory", JFA_ERROR_INVALID_ARGUMENT,
+       [](jfa_attention_params& p, jfa_paged_kv& kv) { p.out = kv.k_cache; }},
+      {"host", JFA_ERROR_INVALID_ARGUMENT,
+       [&](jfa_attention_params& p, jfa_paged_kv&) { p.q = h.q.data(); }},
+  };
+  auto out_untouched = [&] {
+    const Outputs r = d.download();
+    return all_bytes(r.out.data(), r.out.size(), 0xFF);
+  };
+  {
+    const ScopedPagedSwitch on;
+    for (const Bad& bad : cases) {
+      SCOPED_TRACE(bad.message);
+      d.poison();
+      jfa_attention_params p = d.params(h);
+      jfa_paged_kv kv = d.kv(h);
+      bad.mutate(p, kv);
+      EXPECT_EQ(jfa_attention_forward_paged(&p, &kv), bad.status);
+      EXPECT_NE(std::string(jfa_last_error_message()).find(bad.message), std::string::npos)
+          << jfa_last_error_message();
+      EXPECT_TRUE(out_untouched()) << "a rejected call wrote out";
+    }
+  }
+  for (const char* off : {static_cast<const char*>(nullptr), "0"}) {
+    const ScopedPagedSwitch env(off);
+    d.poison();
+    const jfa_attention_params p = d.params(h);
+    const jfa_paged_kv kv = d.kv(h);
+    EXPECT_EQ(jfa_attention_forward_paged(&p, &kv), JFA_ERROR_UNSUPPORTED);
+    EXPECT_NE(std::string(jfa_last_error_message())
+                  .find("the CUDA backend does not take a paged KV cache yet"),
+              std::string::npos)
+        << jfa_last_error_message();
+    EXPECT_TRUE(out_untouched()) << "a rejected call wrote out";
+  }
+}
+
+}  // namespace
