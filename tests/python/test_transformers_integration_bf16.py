@@ -51,14 +51,15 @@ def _gemma2():  # softcap 50, a sliding window of 48 keys on every other layer, 
                                      query_pre_attn_scalar=64, max_position_embeddings=1024)
 
 
-# Every expert takes every token (experts_per_tok = local_experts): with a top-k below the count,
+# One expert: the attention is under test, not the routing. With a top-k below the expert count,
 # bf16 rounding upstream flips some tokens' experts and every gradient behind them jumps (measured
-# up to 2.4x sdpa's own bf16 error on the embeddings), whoever computes the attention.
+# up to 2.4x sdpa's own bf16 error on the embeddings); with several experts all taken, the router's
+# gradient is a sum that cancels (measured up to 8x), whoever computes the attention.
 def _gpt_oss():  # sinks, a sliding window of 48 keys on every other layer, head_dim 64
     return transformers.GptOssConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=256,
                                      num_hidden_layers=2, num_attention_heads=4,
-                                     num_key_value_heads=2, head_dim=64, num_local_experts=2,
-                                     num_experts_per_tok=2, sliding_window=48,
+                                     num_key_value_heads=2, head_dim=64, num_local_experts=1,
+                                     num_experts_per_tok=1, sliding_window=48,
                                      max_position_embeddings=1024)
 
 
@@ -153,9 +154,8 @@ def test_bf16_training_step_gradients_within_sdpa_bf16_error(name, device, seed)
         # the forward wrote it, rounded to bf16, as FlashAttention's backward takes D; eager
         # attention differentiates its float32 softmax. Over a head's rows the terms partly
         # cancel, and the rounding shows: measured 2.9-4.6x the reference's own bf16 error (CPU
-        # and H100). A wrong sign or a missing term stays far outside. The MoE router's gradient
-        # is such a sum too (a softmax over the experts: its terms sum to 0 over them): measured
-        # 2.7-3.4x sdpa's own bf16 error on the CPU.
-        cancelling = key.endswith(".sinks") or ".router." in key
+        # and H100). A wrong sign or a missing term stays far outside. A bias's gradient is a sum
+        # over the tokens too: measured up to 2.4x sdpa's own bf16 error.
+        cancelling = key.endswith((".sinks", "bias"))
         bound = 6 * err_sdpa + 2e-2 if cancelling else 2 * err_sdpa + 5e-3
         assert err <= bound, (key, err, err_sdpa)
