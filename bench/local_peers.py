@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""jfa against FlashAttention-3 on local attention (sliding windows, softcap, attention sinks):
-the forward and the backward, bf16, on the GPU.
+"""jfa against FlashAttention-3 and FlexAttention on local attention (sliding windows, softcap,
+attention sinks): the forward and the backward, bf16, on the GPU.
 
 Cells: workload x kind x pass. Workloads: bench/workloads.py's W1, W2, W3 (--workloads) at each
 of --head-dims (64,128,256: W1-d64 .. W3-d256), 16 query and 16 KV heads as in bench/peers.py.
@@ -19,7 +19,17 @@ op library --fa3-lib names (e.g. its full bf16 build: windows and softcap at hea
 256, forward and backward), the calls built from the ops' schemas as bench/peers.py and
 bench/backward_peers.py do, window_size_left, window_size_right and softcap by keyword.
 FA3 has no sinks: the sinks kinds time jfa with sinks against jfa without them (jfa_nosinks,
-same window and mask), the ratio being what the sinks cost. jfa: its C entry through
+same window and mask), the ratio being what the sinks cost. FlexAttention (flex, every kind):
+torch.compile(flex_attention) on the packed sequences as one [1, H, tokens, D] batch, as
+bench/peers.py and bench/backward_peers.py run it (peers_gpu's flex_functions, flex_layout,
+flex_kwargs), with a block mask of the document mask and the kind's window (flex_local_mask_mod:
+jfa.h's bottom-right aligned rule per sequence; built once per workload and mask, not timed) and
+the softcap as a score_mod (cap * tanh(score / cap)); its backward is torch autograd of that call
+after one forward, the backward alone timed (backward_peers._autograd_peer). FlexAttention has no
+sinks: on the sinks kinds it runs as "FlexAttention + LSE sink correction", its output corrected
+by its LSE, out * sigmoid(lse - sink) (exact, forward and autograd: flex_sink_correction; one
+compiled kernel, timed with it), dsinks from autograd checked as jfa's. --peers fa3,flex (default
+both) chooses the peers; FlexAttention's compiles take minutes. jfa: its C entry through
 bench/libjfa.py, as bench/peers.py, with window_left, window_right, softcap and sinks (float32
 [heads] on the GPU) set in its params; its backward is jfa_attention_backward from the forward's
 out and LSE, writing dsinks (float32 [heads]) where the kind has sinks. A build whose CUDA
@@ -30,30 +40,33 @@ jfa.h's rules) on workloads.check_sample's sequences (all of a small batch, else
 shortest, the first and the last): relative error ||out - ref|| / ||ref|| <= 1e-2 in bf16
 (peers_gpu's TOLERANCE), the max absolute error kept too. Backward: dq, dk and dv against float64
 torch autograd through the same attention (local_reference_grads: window, softcap, the sink logit
-in the softmax's denominator) on the sampled sequences, and jfa's dsinks, a sum over the batch,
-against the reference's over every sequence; relative error of each <= 2e-2 in bf16
-(backward_peers' TOLERANCE), from gradient buffers filled with NaN first. A method that fails is
-"wrong" and gets no eager or graph time; one that is missing or fails says why, and the run goes
-on. Times: forward (peers_gpu.measure, on one side stream): eager_ms (CUDA events around one
-call, synchronized) and graph_ms (replays of the call captured in a CUDA graph, the replay
-checked too), medians of --runs, and the kernel time median_ms; backward: eager_ms and graph_ms
-as bench/backward_peers.py takes them, on the same side stream. --rounds N measures every cell N
-times, the methods in alternating order (bench/rounds.py; forward: peers.combine_rounds, backward:
+in the softmax's denominator) on the sampled sequences, and jfa's dsinks (FlexAttention's too,
+from autograd), a sum over the batch, against the reference's over every sequence; relative error
+of each <= 2e-2 in bf16 (backward_peers' TOLERANCE), from gradient buffers filled with NaN first.
+A method that fails is "wrong" and gets no eager or graph time; one that is missing or fails says
+why, and the run goes on. Times: forward (peers_gpu.measure, on one side stream): eager_ms (CUDA
+events around one call, synchronized) and graph_ms (replays of the call captured in a CUDA graph,
+the replay checked too), medians of --runs, and the kernel time median_ms; backward: eager_ms and
+graph_ms as bench/backward_peers.py takes them, on the same side stream (FlexAttention's on its
+autograd stream, as backward_peers). --rounds N measures every cell N times, the methods in
+alternating order (bench/rounds.py; forward: peers.combine_rounds, backward:
 backward_peers.combine_rounds). Useful TFLOP/s count the visible (query, key) pairs under mask
 and window exactly (visible_pairs): forward 2 * pairs * heads * (head_dim + head_dim_v), backward
 2.5 times that (backward_peers' factor); so causal without a window is L(L+1)/2 a sequence here,
 not peers.py's L^2/2.
 
 Writes <out>/<YYYY-MM-DD>-<gpu>-local.json (--pass backward: -local-backward.json, both:
--local-both.json; --name: another stem) after every workload and dtype and prints a table per
-pass: a row per workload x kind x head_dim, jfa's and the peer's TFLOP/s eager and graph,
-jfa ÷ peer. --time-limit-s S: no cell starts after S seconds; the JSON and the table say so.
+-local-both.json; --name: another stem) after every cell, a record per method
+(jfa, fa3 or jfa_nosinks, flex), and prints a table per pass: a row per workload x kind x
+head_dim, jfa's and the peer's TFLOP/s eager and graph, jfa ÷ peer, and where FlexAttention ran,
+its TFLOP/s and jfa ÷ FlexAttention (÷F). --time-limit-s S: no cell starts after S seconds; the
+JSON and the table say so.
 
 usage: python3 bench/local_peers.py --lib build/gpu/src/libjfa.so
            --fa3-lib .peers/fa3_full_bf16.so [--cli build/gpu/tools/jfa] [--out bench/results]
            [--workloads W1,W2,W3] [--head-dims 64,128,256] [--kinds swa128,sinks,...]
-           [--pass forward|backward|both] [--rounds N] [--runs N] [--warmup N]
-           [--time-limit-s S] [--name NAME]
+           [--pass forward|backward|both] [--peers fa3,flex] [--rounds N] [--runs N]
+           [--warmup N] [--time-limit-s S] [--name NAME]
 """
 import argparse
 import ctypes
@@ -84,8 +97,14 @@ KINDS = {"swa128": Kind(True, 128, 0, 0.0, False), "swa4096": Kind(True, 4096, 0
          "swa_sinks": Kind(True, 128, 0, 0.0, True)}
 DEFAULT_WORKLOADS = ["W1", "W2", "W3"]
 DEFAULT_HEAD_DIMS = ["64", "128", "256"]
-METHODS = {"jfa": "jfa", "fa3": peers.FA3_LABEL, "jfa_nosinks": "jfa without sinks"}
+METHODS = {"jfa": "jfa", "fa3": peers.FA3_LABEL, "jfa_nosinks": "jfa without sinks",
+           "flex": "FlexAttention"}
 PEER_SHORT = {"fa3": "FA3", "jfa_nosinks": "jfa-nosink"}
+# The peers --peers chooses from (jfa_nosinks, the sinks kinds' baseline, runs either way).
+PEER_CHOICES = ("fa3", "flex")
+# FlexAttention on the sinks kinds: its output corrected by the LSE (flex_sink_correction).
+FLEX_SINKS_LABEL = "FlexAttention + LSE sink correction"
+SINK_METHODS = ("jfa", "flex")  # the methods that take a kind's sinks
 # FA3's keywords: peers' (scale, mask) and the local-attention arguments.
 FA3_LOCAL_KEYWORDS = {"window_size_left": ("window_size_left",),
                       "window_size_right": ("window_size_right",), "softcap": ("softcap",)}
@@ -263,6 +282,18 @@ def peer_of(kind_name):
     return "jfa_nosinks" if KINDS[kind_name].sinks else "fa3"
 
 
+def cell_methods(kind_name, available=None):
+    """The methods of a kind's cells, in measuring order: jfa, its peer (peer_of), FlexAttention;
+    those of `available` (the run's methods: --peers) alone where given."""
+    methods = ["jfa", peer_of(kind_name), "flex"]
+    return [m for m in methods if available is None or m in available]
+
+
+def method_label(name, sinks=None):
+    """The label of a method's records: FlexAttention with sinks is the LSE-corrected variant."""
+    return FLEX_SINKS_LABEL if name == "flex" and sinks is not None else METHODS[name]
+
+
 def _rate(r, mode):
     return r.get(f"{mode}_tflops") if r and r.get("status") in peers.RANKED else None
 
@@ -292,28 +323,42 @@ def pass_of(rec):
     return rec.get("pass") or "forward"
 
 
+def _ratios(jfa, other):
+    """jfa's TFLOP/s over another method's, eager and graph ("-" where either was not timed)."""
+    out = []
+    for mode in peers.MODES:
+        a, b = _rate(jfa, mode), _rate(other, mode)
+        out.append(f"{a / b:.2f}" if a and b else "-")
+    return out
+
+
 def pass_table(records, pass_name):
     """The lines of one pass's table: its title, the header, a row per workload base x kind x
     head_dim (table_rows) with jfa's and the peer's useful TFLOP/s eager and graph, jfa / peer
-    (eager, graph) and the peer's name."""
+    (eager, graph), then, where the records hold FlexAttention's, its TFLOP/s and jfa / Flex
+    (÷F), and the peer's name."""
     by = {(r["workload"], r["dtype"], r["kind"], r["method"]): r for r in records}
+    flex = any(r["method"] == "flex" for r in records)
     counted = "" if pass_name == "forward" else f"{FLOP_FACTOR[pass_name]:g} x the forward's, "
     head = (f"{'workload':<9}{'dtype':<6}{'kind':<12}{'d':>7}{'jfa eager':>11}{'jfa graph':>11}"
-            f"{'peer eager':>11}{'peer graph':>11}{'÷ eager':>9}{'÷ graph':>9}  peer")
+            f"{'peer eager':>11}{'peer graph':>11}{'÷ eager':>9}{'÷ graph':>9}"
+            + (f"{'flex eager':>11}{'flex graph':>11}{'÷F eager':>9}{'÷F graph':>9}" if flex
+               else "") + "  peer")
     lines = [f"{PASS_TITLES[pass_name]}: useful TFLOP/s ({counted}visible pairs under mask and "
              "window), medians", head]
     for wid, dtype, kind in table_rows(records):
         peer = peer_of(kind)
         jfa, other = by.get((wid, dtype, kind, "jfa")), by.get((wid, dtype, kind, peer))
-        any_r = jfa or other
-        ratios = []
-        for mode in peers.MODES:
-            a, b = _rate(jfa, mode), _rate(other, mode)
-            ratios.append(f"{a / b:.2f}" if a and b else "-")
+        fx = by.get((wid, dtype, kind, "flex"))
+        any_r = jfa or other or fx
         d = peers.head_dim_text(any_r.get("head_dim"), any_r.get("head_dim_v"))
-        lines.append(f"{any_r.get('base', wid):<9}{dtype:<6}{kind:<12}{d:>7}"
-                     + "".join(f"{_cell(r, m):>11}" for r in (jfa, other) for m in peers.MODES)
-                     + "".join(f"{x:>9}" for x in ratios) + f"  {PEER_SHORT[peer]}")
+        line = (f"{any_r.get('base', wid):<9}{dtype:<6}{kind:<12}{d:>7}"
+                + "".join(f"{_cell(r, m):>11}" for r in (jfa, other) for m in peers.MODES)
+                + "".join(f"{x:>9}" for x in _ratios(jfa, other)))
+        if flex:
+            line += ("".join(f"{_cell(fx, m):>11}" for m in peers.MODES)
+                     + "".join(f"{x:>9}" for x in _ratios(jfa, fx)))
+        lines.append(line + f"  {PEER_SHORT[peer]}")
     return lines
 
 
@@ -338,6 +383,12 @@ def format_table(records, stopped=""):
                              f"{where}): {text[:200]}")
     lines.append("n/a: unavailable.  err: failed.  wrong: failed the check, not timed.  "
                  "jfa-nosink: the sinks kinds' peer, jfa without sinks (FA3 has none).")
+    if any(r["method"] == "flex" for r in records):
+        lines.append("flex: FlexAttention, torch.compile(flex_attention) on the packed sequences "
+                     "with a block mask of the kind's window (built once, not timed) and the "
+                     "softcap as a score_mod; ÷F: jfa ÷ FlexAttention. On the sinks kinds, "
+                     "which FlexAttention lacks, its output is corrected by sigmoid(lse - sink) "
+                     "(exact), the correction timed with it.")
     if notes:
         lines += ["notes:"] + notes[:40]
     if stopped:
@@ -349,8 +400,8 @@ def format_table(records, stopped=""):
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(
-        description="jfa against FlashAttention-3 on local attention, forward and backward, on "
-                    "the GPU (see the module docstring)",
+        description="jfa against FlashAttention-3 and FlexAttention on local attention, forward "
+                    "and backward, on the GPU (see the module docstring)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", default=None,
                     help="libjfa.so (default: the newest build/**/src/libjfa.so)")
@@ -372,6 +423,11 @@ def parse_args(argv=None):
     ap.add_argument("--kinds", default=",".join(KINDS),
                     help=f"comma-separated of {','.join(KINDS)} (default all)")
     ap.add_argument("--dtypes", default="bf16", help="fp16,bf16 (default bf16)")
+    ap.add_argument("--peers", default=",".join(PEER_CHOICES),
+                    help="comma-separated peers of jfa, of fa3,flex (default both); FlexAttention "
+                         "compiles its kernels for every workload and pass, for softcap and for "
+                         "sinks (minutes): --peers fa3 leaves it out. The sinks kinds' jfa "
+                         "without sinks runs either way")
     ap.add_argument("--pass", dest="pass_option", default="forward", choices=list(PASS_CHOICES),
                     help="what is timed: the forward, the backward op alone (after one untimed "
                          "forward saving what it needs), or both (default forward)")
@@ -393,6 +449,8 @@ def parse_args(argv=None):
         ap.error(f"--head-dims: {e}")
     args.kind_names = peers.parse_list(args.kinds, list(KINDS), "kind")
     args.dtype_names = peers.parse_list(args.dtypes, list(W.DTYPES), "dtype")
+    given = peers.parse_list(args.peers, list(PEER_CHOICES), "peer")
+    args.peer_names = [p for p in PEER_CHOICES if p in given]
     args.passes = PASS_CHOICES[args.pass_option]
     if not (args.workload_ids and args.kind_names and args.dtype_names):
         ap.error("no cell: --workloads, --head-dims, --kinds and --dtypes must not be empty")
@@ -539,15 +597,16 @@ def fa3_prepare(G, co, ctx):
 
 
 def measure_cell(torch, G, ctx, impls, case, kind_name, timing, opts, rounds, report):
-    """One record per method (peers.combine_rounds of its rounds) of a kind's forward on a
-    case."""
+    """One record per method of the cell that impls holds (cell_methods; peers.combine_rounds of
+    its rounds) of a kind's forward on a case: jfa and FlexAttention with the kind's sinks, FA3 and
+    jfa_nosinks without (ctx["kind"] and ctx["sinks"] say which to the methods)."""
     kind, w = KINDS[kind_name], case.w
     flops = local_flops(w.lengths_q, w.lengths_k, kind, case.H, case.D, case.Dv)
     sinks = cell_sinks(torch, kind, case.H, case.device)
     refs = {}
 
     def measure(m):
-        with_sinks = sinks if m == "jfa" else None
+        with_sinks = sinks if m in SINK_METHODS else None
         key = with_sinks is not None
         if key not in refs:
             refs[key] = {i: local_reference(
@@ -555,7 +614,7 @@ def measure_cell(torch, G, ctx, impls, case, kind_name, timing, opts, rounds, re
                 case.v[case.cu_k_host[i]:case.cu_k_host[i + 1]], case.scale, kind.causal,
                 (kind.left, kind.right), kind.softcap, with_sinks) for i in case.sample}
         case._refs = {kind.causal: refs[key]}  # what peers_gpu's check compares with
-        ctx["kind"] = kind
+        ctx["kind"], ctx["sinks"] = kind, with_sinks
         if "jfa_lib" in ctx:
             ctx["jfa_lib"].fields = local_fields(kind, with_sinks)
         rec = G.measure(impls[m], case, kind.causal, timing, opts)
@@ -569,7 +628,7 @@ def measure_cell(torch, G, ctx, impls, case, kind_name, timing, opts, rounds, re
             rec["useful_tflops"] = flops / (rec["median_ms"] * 1e-3) / 1e12
         return peers.add_rates(rec)
 
-    methods = ["jfa", peer_of(kind_name)]
+    methods = cell_methods(kind_name, impls)
     per_method = measure_rounds(methods, rounds, measure, report)
     return [peers.combine_rounds(per_method[m]) for m in methods]
 
@@ -751,11 +810,269 @@ def load_fa3_backward(ctx, lib_path):
                fa3_bwd_error=got.get("fa3_error"))
 
 
+# ---- FlexAttention ------------------------------------------------------------------------------
+# As bench/peers_gpu.py's Flex and bench/backward_peers.py's prepare_flex: the packed sequences as
+# one [1, H, tokens, D] batch (peers_gpu.flex_layout), torch.compile(flex_attention) and
+# create_block_mask from peers_gpu.flex_functions, its keywords from peers_gpu.flex_kwargs, the
+# backward through torch autograd (backward_peers._autograd_peer). What is added: the kind's window
+# in the mask_mod, the softcap as a score_mod, the sinks by a correction of the output by the LSE.
+
+_FLEX_LOCAL = {}
+_SCORE_MODS = {}
+
+
+def flex_documents(case):
+    """(doc_q [total_q], doc_k [total_k], shift [B] or None) of a case, int32 on its device: the
+    sequence of every packed query and key row (peers_gpu.flex_block_mask's document ids) and
+    shift[b] = cu_k[b + 1] - cu_q[b + 1], the end of sequence b's keys less the end of its queries
+    (None where every q length is its k length: all zeros)."""
+    import torch
+    dev = case.device
+    ids = torch.arange(case.B, dtype=torch.int32, device=dev)
+    lq = torch.tensor(case.lq, dtype=torch.int64, device=dev)
+    doc_q = torch.repeat_interleave(ids, lq, output_size=case.total_q)
+    if not case.cross:
+        return doc_q, doc_q, None
+    lk = torch.tensor(case.lk, dtype=torch.int64, device=dev)
+    doc_k = torch.repeat_interleave(ids, lk, output_size=case.total_k)
+    shift = (case.cu_k[1:].to(torch.int32) - case.cu_q[1:].to(torch.int32)).contiguous()
+    return doc_q, doc_k, shift
+
+
+def flex_local_mask_mod(doc_q, doc_k, shift, kind):
+    """FlexAttention's mask_mod of a kind over packed sequences (flex_documents): query row q_idx
+    sees key row kv_idx iff both are of one sequence b and, with delta = kv_idx - q_idx - shift[b]
+    (= j - (i + Lk - Lq) in the sequence's own positions i, j), -left <= delta <= right, a side
+    of -1 unbounded, right 0 where causal: jfa.h's bottom-right aligned window (visible). Torch
+    ops only, so it runs on index tensors of any shape as well as inside create_block_mask and
+    the compiled kernels. left and right are int32 tensors it captures, not constants: every
+    kind's mask then has the same code, and torch.compile(flex_attention) compiles once for all
+    windows of a workload (with constants, once per kind; the block mask's sparsity is data)."""
+    import torch
+    dev = doc_q.device
+    left = torch.tensor(kind.left, dtype=torch.int32, device=dev)
+    right = torch.tensor(0 if kind.causal else kind.right, dtype=torch.int32, device=dev)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        d = doc_q[q_idx]
+        delta = kv_idx - q_idx if shift is None else kv_idx - q_idx - shift[d]
+        return ((d == doc_k[kv_idx]) & ((left < 0) | (delta >= -left))
+                & ((right < 0) | (delta <= right)))
+
+    return mask_mod
+
+
+def flex_softcap_score_mod(cap):
+    """FlexAttention's score_mod of a softcap: cap * tanh(score / cap) of the scaled score (jfa's
+    and local_probs' formula). One function per cap, kept: a new one would compile anew."""
+    cap = float(cap)
+    if cap not in _SCORE_MODS:
+        import torch
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return torch.tanh(score / cap) * cap
+
+        _SCORE_MODS[cap] = score_mod
+    return _SCORE_MODS[cap]
+
+
+def flex_sink_correction(out, lse, sinks):
+    """FlexAttention's output made the output with attention sinks: out [B, H, T, Dv] and lse
+    [B, H, T] (natural log, over the scaled, soft-capped scores each row sees; -inf for a row that
+    sees none) of the attention without sinks, sinks [H]. With a sink logit s in each row's
+    softmax denominator, p_j = exp(x_j) / (exp(s) + S), S = sum_j exp(x_j) = exp(lse), so the
+    output is out * S / (S + exp(s)) = out * sigmoid(lse - s): exact, and so is its autograd
+    (dq, dk, dv through out and lse, dsinks summed over every row). A row that sees no key stays
+    zeros and passes nothing back (sigmoid(-inf) = 0, as jfa). In out's dtype, computed in lse's
+    (float32 from FlexAttention)."""
+    import torch
+    w = torch.sigmoid(lse - sinks.to(lse.dtype).view(1, -1, 1))
+    return (out * w.unsqueeze(-1)).to(out.dtype)
+
+
+def _no_donated_buffers():
+    """As backward_peers.prepare_flex: the backward-only timing runs one compiled backward again
+    and again (retain_graph), which torch refuses for a backward compiled with donated buffers;
+    this must hold before the first compile."""
+    import torch
+    functorch_config = getattr(getattr(torch, "_functorch", None), "config", None)
+    if functorch_config is not None and hasattr(functorch_config, "donated_buffer"):
+        functorch_config.donated_buffer = False
+
+
+def flex_fns(G, ctx):
+    """(flex_attention, create_block_mask tried first, create_block_mask, the sink correction):
+    ctx["flex_functions"] where set (the tests' eager ones), else peers_gpu.flex_functions'
+    torch.compile(flex_attention), torch.compile(create_block_mask) and create_block_mask with
+    torch.compile(flex_sink_correction) (one fused kernel), made once per process; Unavailable
+    where this torch has no FlexAttention."""
+    if ctx.get("flex_functions"):
+        return ctx["flex_functions"]
+    _no_donated_buffers()
+    flex, cbm_compiled, cbm_eager = G.flex_functions(ctx)
+    if "correction" not in _FLEX_LOCAL:
+        import torch
+        _FLEX_LOCAL["correction"] = torch.compile(flex_sink_correction,
+                                                  dynamic=ctx.get("flex_dynamic"))
+    return flex, cbm_compiled, cbm_eager, _FLEX_LOCAL["correction"]
+
+
+def flex_mask_key(kind):
+    """What a kind's block mask depends on: (causal, left, right) (not softcap, not sinks)."""
+    return bool(kind.causal), kind.left, 0 if kind.causal else kind.right
+
+
+def flex_local_block_mask(G, fns, case, kind):
+    """(block mask, how it was built, seconds) of a kind's mask_mod on a case (flex_documents,
+    flex_local_mask_mod), built once per case and flex_mask_key, kept on the case for every pass
+    and round (a failure too; release_flex_masks drops them): create_block_mask compiled, else
+    eager as peers_gpu.flex_block_mask (Skipped where that would materialize > 2^31 entries)."""
+    cache = case.__dict__.setdefault("_flex_local_masks", {})
+    key = flex_mask_key(kind)
+    if key not in cache:
+        try:
+            cache[key] = _build_flex_block_mask(G, fns, case, kind)
+        except Exception as e:
+            cache[key] = e
+    got = cache[key]
+    if isinstance(got, Exception):
+        raise got
+    return got
+
+
+def _build_flex_block_mask(G, fns, case, kind):
+    import torch
+    _, cbm_compiled, cbm_eager, _ = fns
+    mask_mod = flex_local_mask_mod(*flex_documents(case), kind)
+    dev = case.device
+    t0 = time.perf_counter()
+    try:
+        bm = cbm_compiled(mask_mod, None, None, case.total_q, case.total_k, device=str(dev))
+        how = "create_block_mask" if cbm_compiled is cbm_eager else (
+            "torch.compile(create_block_mask)")
+    except Exception as e:
+        if case.total_q * case.total_k > (1 << 31):
+            raise G.Skipped("compiled create_block_mask failed (%s) and the eager one would "
+                            "materialize a %d x %d mask" % (G.short(e, 150), case.total_q,
+                                                            case.total_k))
+        bm = cbm_eager(mask_mod, None, None, case.total_q, case.total_k, device=str(dev))
+        how = "eager create_block_mask (compiled one failed: %s)" % G.short(e, 120)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    return bm, how, time.perf_counter() - t0
+
+
+def release_flex_masks(case):
+    """Drops the block masks flex_local_block_mask kept on a case."""
+    case.__dict__.pop("_flex_local_masks", None)
+
+
+def flex_lse_request():
+    """(flex_attention's keywords asking for the LSE, a function taking it from what comes back
+    second): return_aux=AuxRequest(lse=True) where this torch has it, else return_lse=True."""
+    try:
+        from torch.nn.attention.flex_attention import AuxRequest
+    except ImportError:
+        return {"return_lse": True}, lambda lse: lse
+    return {"return_aux": AuxRequest(lse=True)}, lambda aux: aux.lse
+
+
+def flex_attend(G, fns, case, kind, block_mask, with_sinks=False):
+    """attend(q, k, v) of a kind on [1, H, tokens, D] inputs: flex_attention with the kind's block
+    mask, the case's scale (peers_gpu.flex_kwargs, enable_gqa where K/V have fewer heads) and the
+    softcap's score_mod; with_sinks: attend(q, k, v, sinks), flex_sink_correction of its output
+    by its LSE."""
+    flex, _, _, correct = fns
+    kwargs = G.flex_kwargs(case, block_mask)
+    if kind.softcap:
+        kwargs["score_mod"] = flex_softcap_score_mod(kind.softcap)
+    if not with_sinks:
+        def attend(q, k, v):
+            return flex(q, k, v, **kwargs)
+        return attend
+    lse_kwargs, lse_of = flex_lse_request()
+
+    def attend_sinks(q, k, v, sinks):
+        out, aux = flex(q, k, v, **kwargs, **lse_kwargs)
+        return correct(out, lse_of(aux), sinks)
+
+    return attend_sinks
+
+
+def flex_about(case, kind, sinks, how, seconds, autograd=False):
+    """(provider, note) of FlexAttention's records."""
+    import torch
+    gqa = ", enable_gqa=True" if case.H != case.Hkv else ""
+    provider = f"torch.compile(flex_attention){gqa}, torch {torch.__version__}"
+    if sinks is not None:
+        provider += " + torch.compile(out * sigmoid(lse - sink)) (return_aux lse)"
+    if autograd:
+        provider += ", autograd"
+    note = (f"block mask of the window over the packed sequences: {how}, {seconds:.1f} s, once "
+            "per workload and mask (not timed); [1, H, tokens, D] layout made outside the timed "
+            "call")
+    if kind.softcap:
+        note += f"; softcap {kind.softcap:g} as a score_mod"
+    if sinks is not None:
+        note += ("; sinks: FlexAttention has none, its output corrected by sigmoid(lse - sink) "
+                 "(exact), timed with it")
+    return provider, note
+
+
+def flex_prepare(G, ctx):
+    """FlexAttention's forward of the cell's kind (ctx["kind"]) with its sinks (ctx["sinks"]:
+    the LSE-corrected variant, labelled FLEX_SINKS_LABEL), peers_gpu.measure's interface."""
+    def prepare(case, causal):
+        kind, sinks = ctx["kind"], ctx.get("sinks")
+        fns = flex_fns(G, ctx)
+        bm, how, seconds = flex_local_block_mask(G, fns, case, kind)
+        attend = flex_attend(G, fns, case, kind, bm, sinks is not None)
+        args = (G.flex_layout(case.q), G.flex_layout(case.k), G.flex_layout(case.v))
+        if sinks is not None:
+            args += (sinks,)
+
+        def run():
+            return attend(*args)
+
+        def rows(out, i):
+            a, b = case.cu_q_host[i], case.cu_q_host[i + 1]
+            return out[0, :, a:b, :].transpose(0, 1)
+
+        provider, note = flex_about(case, kind, sinks, how, seconds)
+        return G.Prepared(run, rows, dense=lambda o: o, label=method_label("flex", sinks),
+                          provider=provider, note=note)
+    return prepare
+
+
+def flex_backward_prepare(G, ctx):
+    """FlexAttention's backward of a kind, torch autograd of flex_attend after one forward
+    (backward_peers._autograd_peer: the forward's graph kept, the backward alone timed, on a
+    stream of its own); with sinks, dsinks too (the sinks a leaf as q, k and v): the gradients
+    (dq, dk, dv[, dsinks]) packed as the case's."""
+    def prepare(bc, kind, sinks):
+        fns = flex_fns(G, ctx)
+        _no_donated_buffers()
+        c = bc.case
+        bm, how, seconds = flex_local_block_mask(G, fns, c, kind)
+        attend = flex_attend(G, fns, c, kind, bm, sinks is not None)
+        inputs = (G.flex_layout(c.q), G.flex_layout(c.k), G.flex_layout(c.v))
+        if sinks is not None:
+            inputs += (sinks,)
+
+        def unpack(grads):
+            return tuple(G.flex_packed(g) for g in grads[:3]) + tuple(grads[3:])
+
+        provider, note = flex_about(c, kind, sinks, how, seconds, autograd=True)
+        return bp._autograd_peer(False, attend, inputs, G.flex_layout(bc.dout), unpack,
+                                 provider=provider, note=note)
+    return prepare
+
+
 def backward_record(name, bc, kind_name, sinks, flops):
     """The record of a method's backward on a cell, before it is measured."""
     c, kind = bc.case, KINDS[kind_name]
-    return {"method": name, "label": METHODS[name], "pass": "backward", "workload": c.w.id,
-            "base": c.w.spec.base, "dtype": c.dtype_name, "kind": kind_name,
+    return {"method": name, "label": method_label(name, sinks), "pass": "backward",
+            "workload": c.w.id, "base": c.w.spec.base, "dtype": c.dtype_name, "kind": kind_name,
             "causal": kind.causal, "window": [kind.left, kind.right], "softcap": kind.softcap,
             "sinks": sinks is not None, "heads": c.H, "heads_kv": c.Hkv, "head_dim": c.D,
             "head_dim_v": c.Dv, "status": None, "reason": "", "provider": "", "rel_error": None,
@@ -765,9 +1082,11 @@ def backward_record(name, bc, kind_name, sinks, flops):
 
 
 def measure_backward(G, bc, prepare, kind, sinks, rec, opts):
-    """rec filled in for one method's backward on a cell, on peers_gpu's side stream: prepared
-    (its forward run once), its gradients checked from NaN-filled buffers (rows it never writes
-    fail), then, if right, timed eager and replayed in a CUDA graph (the replay checked too)."""
+    """rec filled in for one method's backward on a cell, on peers_gpu's side stream (an autograd
+    peer's, FlexAttention's, on its own stream, prep.stream): prepared (its forward run once), its
+    gradients (prep.unpack: packed as the case's) checked from NaN-filled buffers (rows it never
+    writes fail), then, if right, timed eager and replayed in a CUDA graph (the replay checked
+    too)."""
     import torch
     stream = G.side_stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -787,19 +1106,31 @@ def measure_backward(G, bc, prepare, kind, sinks, rec, opts):
 
 
 def _measure_backward(G, bc, prepare, kind, sinks, rec, opts, stream):
-    import torch
     try:
         prep = prepare(bc, kind, sinks)
     except G.Unavailable as e:
         rec.update(status="unavailable", reason=str(e))
         return
+    except G.Skipped as e:
+        rec.update(status="skipped", reason=str(e))
+        return
     except Exception as e:
         rec.update(status="error", reason="prepare: " + G.short(e))
         return
     rec["provider"] = prep.provider
+    if prep.note:
+        rec["note"] = prep.note
+    # An autograd peer (FlexAttention) runs on a stream of its own, as in backward_peers.measure:
+    # autograd runs the backward on its forward's stream, and the graph is captured there.
+    with bp._on_stream(prep.stream), prep.context():
+        _check_and_time_backward(G, bc, prep, kind, rec, opts, prep.stream or stream)
+
+
+def _check_and_time_backward(G, bc, prep, kind, rec, opts, stream):
+    import torch
     bp._poison(bc, prep, False)
     try:
-        grads = prep.run()
+        grads = prep.unpack(prep.run())
         torch.cuda.synchronize()
     except Exception as e:
         co.synchronize_quietly()
@@ -814,7 +1145,8 @@ def _measure_backward(G, bc, prepare, kind, sinks, rec, opts, stream):
     rec.update(co.eager_time(prep.run, opts["runs"], opts["warmup"]))
 
     def check_replay(out):
-        ok, _, rec["graph_rel_error"], why = check_backward(bc, kind, out, rec["tolerance"])
+        ok, _, rec["graph_rel_error"], why = check_backward(bc, kind, prep.unpack(out),
+                                                            rec["tolerance"])
         return "" if ok == "ok" else f"the replay's gradients are wrong: {why}"
 
     co.time_replays(G, prep.run, rec, opts, check_replay, nan_outputs=True, stream=stream)
@@ -828,19 +1160,20 @@ def backward_progress_line(rec, tag):
 
 
 def measure_backward_cell(torch, G, ctx, impls, bc, kind_name, opts, rounds, report):
-    """One record per method (backward_peers.combine_rounds of its rounds) of a kind's backward on
-    a case: jfa with the kind's sinks, its peer (FA3, or jfa without sinks) with none."""
+    """One record per method of the cell that impls holds (cell_methods;
+    backward_peers.combine_rounds of its rounds) of a kind's backward on a case: jfa and
+    FlexAttention with the kind's sinks, its peer (FA3, or jfa without sinks) with none."""
     kind, c = KINDS[kind_name], bc.case
     flops = pass_flops(c.lq, c.lk, kind, c.H, c.D, c.Dv, "backward")
     sinks = cell_sinks(torch, kind, c.H, c.device)
 
     def measure(m):
-        with_sinks = sinks if m == "jfa" else None
+        with_sinks = sinks if m in SINK_METHODS else None
         bc.use(kind, with_sinks)
         rec = backward_record(m, bc, kind_name, with_sinks, flops)
         return bp.add_rates(measure_backward(G, bc, impls[m], kind, with_sinks, rec, opts))
 
-    methods = ["jfa", peer_of(kind_name)]
+    methods = cell_methods(kind_name, impls)
     per_method = measure_rounds(methods, rounds, measure, report)
     return [bp.add_rates(bp.combine_rounds(per_method[m])) for m in methods]
 
@@ -860,12 +1193,13 @@ def load_peers(ctx, env, passes, fa3_lib):
     return lines
 
 
-def error_records(w, dtype, kind_name, pass_name, reason):
-    """The records of a cell whose inputs or reference failed: one per method."""
+def error_records(w, dtype, kind_name, pass_name, reason, available=None):
+    """The records of a cell whose inputs or reference failed: one per method (cell_methods of
+    the run's methods, `available`)."""
     return [{"method": m, "label": METHODS[m], "pass": pass_name, "workload": w.id,
              "base": w.spec.base, "dtype": dtype, "kind": kind_name, "head_dim": w.spec.head_dim,
              "head_dim_v": w.spec.value_dim, "causal": KINDS[kind_name].causal, "status": "error",
-             "reason": reason} for m in ("jfa", peer_of(kind_name))]
+             "reason": reason} for m in cell_methods(kind_name, available)]
 
 
 def main(argv=None):
@@ -888,23 +1222,34 @@ def main(argv=None):
             ctx["jfa_error"] = f"{lib_path}: jfa_cuda_available() = 0 (no CUDA backend or GPU)"
     except Exception as e:
         ctx["jfa_error"] = f"cannot load {lib_path}: {G.short(e)}"
-    schema_lines = load_peers(ctx, env, args.passes, args.fa3_lib)
+    schema_lines = []
+    if "fa3" in args.peer_names:
+        schema_lines = load_peers(ctx, env, args.passes, args.fa3_lib)
+    else:
+        env["fa3"] = "left out (--peers)"
+    env["flex"] = (f"torch.compile(flex_attention), torch {torch.__version__}"
+                   if "flex" in args.peer_names else "left out (--peers)")
     env["jfa_lib"] = lib_path
     cli = args.cli or cli_next_to(lib_path) or carried_cli(lib_path) or W.find_cli(None, REPO)
     env["jfa_cli"] = cli
     if "jfa_error" in ctx:
         print(f"jfa: unavailable: {ctx['jfa_error']}", flush=True)
-    fa3 = ", ".join(f"{k}: {env[k]}" for k in ("fa3", "fa3_backward") if k in env)
+    peer_line = ", ".join(f"{k}: {env[k]}" for k in ("fa3", "fa3_backward", "flex") if k in env)
     print(f"GPU {env.get('gpu')}, torch {env.get('torch')}, jfa {env.get('jfa_version', 'n/a')}, "
-          f"{fa3}", flush=True)
+          f"{peer_line}", flush=True)
     for line in schema_lines:
         print(line, flush=True)
 
     jfa = G.Jfa(ctx).prepare
-    impls = {"jfa": Variant("jfa", jfa), "jfa_nosinks": Variant("jfa_nosinks", jfa),
-             "fa3": Variant("fa3", fa3_prepare(G, co, ctx))}
+    impls = {"jfa": Variant("jfa", jfa), "jfa_nosinks": Variant("jfa_nosinks", jfa)}
     jfa_bwd = jfa_backward_prepare(G, ctx)
-    bwd_impls = {"jfa": jfa_bwd, "jfa_nosinks": jfa_bwd, "fa3": fa3_backward_prepare(G, co, ctx)}
+    bwd_impls = {"jfa": jfa_bwd, "jfa_nosinks": jfa_bwd}
+    if "fa3" in args.peer_names:
+        impls["fa3"] = Variant("fa3", fa3_prepare(G, co, ctx))
+        bwd_impls["fa3"] = fa3_backward_prepare(G, co, ctx)
+    if "flex" in args.peer_names:
+        impls["flex"] = Variant("flex", flex_prepare(G, ctx))
+        bwd_impls["flex"] = flex_backward_prepare(G, ctx)
     timing = G.Timing(min_runs=10, max_runs=30, warmup=3, warmup_ms=25.0, target_ms=150.0)
     opts = {"runs": args.runs, "warmup": args.warmup}
     date = datetime.date.today().isoformat()
@@ -917,7 +1262,7 @@ def main(argv=None):
                                               "warmup", "fa3_lib", "time_limit_s")}
     settings.update(kinds={k: KINDS[k]._asdict() for k in args.kind_names}, timing=vars(timing),
                     tolerance=G.TOLERANCE, data_seed=G.DATA_SEED, sinks_seed=SINKS_SEED,
-                    passes=list(args.passes))
+                    passes=list(args.passes), peers=list(args.peer_names))
     if "backward" in args.passes:
         settings.update(backward_tolerance=bp.TOLERANCE,
                         grad_seed=G.DATA_SEED + bp.GRAD_SEED_OFFSET)
@@ -961,10 +1306,16 @@ def main(argv=None):
                     except Exception as e:  # inputs or reference: every method of the cell
                         reason = f"inputs or reference failed: {G.short(e)}"
                         print(f"[{wid} {dtype} {kind_name} {pass_name}] {reason}", flush=True)
-                        records.extend(error_records(w, dtype, kind_name, pass_name, reason))
+                        records.extend(error_records(w, dtype, kind_name, pass_name, reason,
+                                                     impls))
+                    # After every cell: FlexAttention's compiles make a workload take minutes,
+                    # and a run stopped by its caller keeps what it measured.
+                    doc["elapsed_s"] = round(time.perf_counter() - t_start, 1)
+                    peers.write_json(json_path, doc)
             if bc is not None:
                 bc.release()
             if case is not None:
+                release_flex_masks(case)
                 case.release()
             torch.cuda.empty_cache()
             doc["elapsed_s"] = round(time.perf_counter() - t_start, 1)

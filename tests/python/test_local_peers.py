@@ -1,11 +1,15 @@
 """bench/local_peers.py without a GPU: the window-aware count of visible pairs against a brute
-force, the backward's count, the kinds and the options (--pass), the tables of both passes on fake
-records; with torch (on the CPU), the float64 reference against libjfa's reference and CPU
-backend, its gradients against finite differences, libjfa's float64 backward reference and CPU
-backward, jfa's params through bench/libjfa.py with the local-attention fields, jfa's backward
-method on the CPU backend, FA3's forward and backward calls with the window and softcap (fake
-ops), and a backward cell's plumbing."""
+force, the backward's count, the kinds and the options (--pass, --peers), the tables of both passes
+on fake records (with FlexAttention's columns); with torch (on the CPU), the float64 reference
+against libjfa's reference and CPU backend, its gradients against finite differences, libjfa's
+float64 backward reference and CPU backward, jfa's params through bench/libjfa.py with the
+local-attention fields, jfa's backward method on the CPU backend, FA3's forward and backward calls
+with the window and softcap (fake ops), a backward cell's plumbing, and FlexAttention's: its
+mask_mod and score_mod on index tensors against the reference's rule, the sink correction's
+algebra and autograd in float64, its forward (torch's eager flex_attention on the CPU) and its
+backward plumbing (a dense stand-in: FlexAttention has no CPU backward) through the checks."""
 
+import contextlib
 import ctypes
 import math
 import os
@@ -149,7 +153,7 @@ def test_the_pass_option_and_the_json_name_it_gives():
 def test_help_and_import_need_no_torch():
     text = help_without_torch("local_peers")
     for option in ("--fa3-lib", "--lib", "--kinds", "--head-dims", "--rounds", "--time-limit-s",
-                   "--dtypes", "--pass"):
+                   "--dtypes", "--pass", "--peers"):
         assert option in text
 
 
@@ -762,3 +766,459 @@ def test_the_gpu_check_stage_passes_the_pass_through(tmp_path):
         assert args[args.index("--name") + 1] == name
         assert r.stdout.strip() == (f"bench-local GPU: {value or 'forward'}, rc 0 ({name}.json, "
                                     f"table in {name}.log)")
+
+
+# ---- FlexAttention: options, table ------------------------------------------------------------
+
+def test_the_peers_option_and_the_methods_of_a_cell():
+    assert lp.parse_args([]).peer_names == ["fa3", "flex"]
+    assert lp.parse_args(["--peers", "fa3"]).peer_names == ["fa3"]
+    assert lp.parse_args(["--peers", "flex"]).peer_names == ["flex"]
+    assert lp.parse_args(["--peers", "flex,fa3"]).peer_names == ["fa3", "flex"]  # one order
+    assert lp.parse_args(["--peers", ""]).peer_names == []  # jfa (and jfa_nosinks) alone
+    for bad in (["--peers", "fa2"], ["--peers", "flex,cudnn"], ["--peers"]):
+        with pytest.raises(SystemExit):
+            lp.parse_args(bad)
+    # Every kind has jfa, its peer and FlexAttention; a run's methods filter them.
+    assert lp.cell_methods("swa128") == ["jfa", "fa3", "flex"]
+    assert lp.cell_methods("swa_sinks") == ["jfa", "jfa_nosinks", "flex"]
+    assert lp.cell_methods("swa128", {"jfa": 1, "jfa_nosinks": 1, "flex": 1}) == ["jfa", "flex"]
+    assert lp.cell_methods("sinks", {"jfa": 1, "jfa_nosinks": 1, "fa3": 1}) == [
+        "jfa", "jfa_nosinks"]
+    assert lp.METHODS["flex"] == "FlexAttention" and lp.SINK_METHODS == ("jfa", "flex")
+    assert lp.method_label("flex") == "FlexAttention"
+    assert lp.method_label("flex", object()) == lp.FLEX_SINKS_LABEL
+    assert lp.method_label("jfa", object()) == "jfa"
+    w = W.make_workload(W.SPEC_BY_ID["W2-d64"], [3, 4])
+    recs = lp.error_records(w, "bf16", "sinks", "backward", "x", {"jfa": 1, "jfa_nosinks": 1,
+                                                                   "flex": 1})
+    assert [r["method"] for r in recs] == ["jfa", "jfa_nosinks", "flex"]
+    assert [r["method"] for r in lp.error_records(w, "bf16", "swa128", "forward", "x")] == [
+        "jfa", "fa3", "flex"]
+
+
+def test_the_table_gets_flexattentions_columns_and_ratios():
+    bwd = {"pass": "backward"}
+    records = [
+        rec("jfa", "swa128", "W1", 128, 500.0, 520.0), rec("fa3", "swa128", "W1", 128, 250.0,
+                                                            260.0),
+        rec("flex", "swa128", "W1", 128, 125.0, 200.0),
+        rec("jfa", "sinks", "W1", 128, 450.0, 470.0),
+        rec("jfa_nosinks", "sinks", "W1", 128, 500.0, 500.0),
+        rec("flex", "sinks", "W1", 128, 150.0, 235.0, label=lp.FLEX_SINKS_LABEL),
+        rec("jfa", "swa128nc", "W2", 128, 100.0, 110.0),
+        rec("fa3", "swa128nc", "W2", 128, 50.0, 55.0),
+        rec("flex", "swa128nc", "W2", 128, status="error",
+            reason="prepare: InductorError: out of resource: shared memory"),
+        rec("jfa", "swa128", "W1", 128, 200.0, 240.0, **bwd),
+        rec("flex", "swa128", "W1", 128, 100.0, 80.0, **bwd),
+        rec("jfa", "softcap50", "W1", 128, 300.0, 300.0, **bwd),
+        rec("fa3", "softcap50", "W1", 128, 150.0, 150.0, **bwd),
+    ]
+    lines = lp.format_table(records).splitlines()
+    heads = [ln for ln in lines if ln.startswith("workload")]
+    assert len(heads) == 2 and all(h.split()[-9:] == [
+        "flex", "eager", "flex", "graph", "÷F", "eager", "÷F", "graph", "peer"] for h in heads)
+    rows = [ln.split() for ln in lines if ln.startswith(("W1 ", "W2 "))]
+    assert rows[0][2:] == ["swa128", "128", "500.0", "520.0", "250.0", "260.0", "2.00", "2.00",
+                           "125.0", "200.0", "4.00", "2.60", "FA3"]
+    assert rows[1][2:] == ["sinks", "128", "450.0", "470.0", "500.0", "500.0", "0.90", "0.94",
+                           "150.0", "235.0", "3.00", "2.00", "jfa-nosink"]
+    assert rows[2][2:] == ["swa128nc", "128", "100.0", "110.0", "50.0", "55.0", "2.00", "2.00",
+                           "err", "err", "-", "-", "FA3"]
+    # The backward: FlexAttention without FA3 (--peers flex), and FA3 without FlexAttention.
+    assert rows[3][2:] == ["swa128", "128", "200.0", "240.0", "-", "-", "-", "-", "100.0",
+                           "80.0", "2.00", "3.00", "FA3"]
+    assert rows[4][2:] == ["softcap50", "128", "300.0", "300.0", "150.0", "150.0", "2.00", "2.00",
+                           "-", "-", "-", "-", "FA3"]
+    assert any(ln.startswith("flex: FlexAttention") and "sigmoid(lse - sink)" in ln
+               for ln in lines)
+    assert any("FlexAttention [error] (first: W2 swa128nc)" in ln and "shared memory" in ln
+               for ln in lines)
+    # Without FlexAttention's records: the table as before, no flex columns nor note.
+    plain = lp.format_table([r for r in records if r["method"] != "flex"]).splitlines()
+    assert not any("flex" in ln for ln in plain)
+    assert [ln.split() for ln in plain if ln.startswith("W1 ")][0][4:] == [
+        "500.0", "520.0", "250.0", "260.0", "2.00", "2.00", "FA3"]
+
+
+# ---- FlexAttention: mask_mod, score_mod, the sink correction (torch, CPU) ----------------------
+
+def packed_lengths_case(torch, lengths_q, lengths_k):
+    """What flex_documents reads of a case: lengths, offsets and totals, on the CPU."""
+    from types import SimpleNamespace
+    cu_q = [0] + list(np.cumsum(lengths_q))
+    cu_k = [0] + list(np.cumsum(lengths_k))
+    return SimpleNamespace(
+        B=len(lengths_q), lq=list(lengths_q), lk=list(lengths_k), total_q=int(cu_q[-1]),
+        total_k=int(cu_k[-1]), cross=list(lengths_q) != list(lengths_k),
+        cu_q=torch.tensor(cu_q, dtype=torch.int32), cu_k=torch.tensor(cu_k, dtype=torch.int32),
+        cu_q_host=[int(x) for x in cu_q], cu_k_host=[int(x) for x in cu_k],
+        device=torch.device("cpu"))
+
+
+def block_visible(torch, case, causal, window):
+    """[total_q, total_k] bool: the reference's rule (visible) in each sequence's block."""
+    seen = torch.zeros(case.total_q, case.total_k, dtype=torch.bool)
+    for b in range(case.B):
+        a, e = case.cu_q_host[b], case.cu_q_host[b + 1]
+        c, d = case.cu_k_host[b], case.cu_k_host[b + 1]
+        seen[a:e, c:d] = lp.visible(e - a, d - c, causal, window)
+    return seen
+
+
+FLEX_WINDOWS = [(-1, -1), (0, 0), (1, 0), (0, 1), (2, 3), (3, -1), (-1, 2), (128, 0), (128, 128),
+                (4096, 0)]
+
+
+@pytest.mark.parametrize("lengths_q,lengths_k", [
+    (LENGTHS_Q, LENGTHS_Q), (LENGTHS_Q, LENGTHS_K), ([5, 9, 3], [3, 9, 5]), ([2, 6], [8, 1])])
+def test_flexattentions_mask_mod_is_the_references_rule_over_packed_sequences(lengths_q,
+                                                                               lengths_k):
+    """flex_local_mask_mod on index tensors (as create_block_mask and the kernels call it, no
+    compile): the block-diagonal of the reference's visibility per sequence, bottom-right aligned
+    where q and k lengths differ (rows without keys, empty sequences), for every kind's window,
+    causal or not, int32 indices as FlexAttention's and int64."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    case = packed_lengths_case(torch, lengths_q, lengths_k)
+    doc_q, doc_k, shift = lp.flex_documents(case)
+    assert doc_q.dtype == torch.int32 and doc_q.tolist() == sum(
+        ([b] * n for b, n in enumerate(lengths_q)), [])
+    assert doc_k.tolist() == sum(([b] * n for b, n in enumerate(lengths_k)), [])
+    assert (shift is None) == (lengths_q == lengths_k)
+    kinds = [lp.Kind(c, left, right, 0.0, False) for c in (False, True)
+             for left, right in FLEX_WINDOWS] + list(lp.KINDS.values())
+    for kind in kinds:
+        mask_mod = lp.flex_local_mask_mod(doc_q, doc_k, shift, kind)
+        want = block_visible(torch, case, kind.causal, (kind.left, kind.right))
+        for dtype in (torch.int32, torch.int64):
+            q_idx = torch.arange(case.total_q, dtype=dtype)[:, None]
+            kv_idx = torch.arange(case.total_k, dtype=dtype)[None, :]
+            got = mask_mod(torch.tensor(0), torch.tensor(0), q_idx, kv_idx)
+            assert torch.equal(got, want), (kind, dtype)
+        # The block mask depends on the mask alone: causal ignores right.
+        assert lp.flex_mask_key(kind) == (kind.causal, kind.left,
+                                          0 if kind.causal else kind.right)
+    assert lp.flex_mask_key(lp.KINDS["swa128"]) == lp.flex_mask_key(lp.KINDS["swa_sinks"])
+    assert lp.flex_mask_key(lp.KINDS["softcap50"]) == lp.flex_mask_key(lp.KINDS["sinks"])
+
+
+def test_flexattentions_score_mod_is_the_softcap_and_is_kept_per_cap():
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    score = torch.linspace(-400.0, 400.0, 101, dtype=torch.float64).view(1, 1, 101, 1)
+    mod = lp.flex_softcap_score_mod(50.0)
+    assert mod is lp.flex_softcap_score_mod(50) and mod is not lp.flex_softcap_score_mod(30.0)
+    idx = torch.arange(101)
+    got = mod(score, torch.tensor(0), torch.tensor(0), idx[:, None], idx[None, :])
+    torch.testing.assert_close(got, 50.0 * torch.tanh(score / 50.0), rtol=0, atol=0)
+    assert float(got.max()) < 50.0 and float(got.min()) > -50.0
+    # The reference's softcap is the same function of the scaled scores: its weights are the
+    # softmax of the score_mod's.
+    s = 80.0 * torch.randn(2, 5, 7, dtype=torch.float64)
+    seen = torch.ones(5, 7, dtype=torch.bool)
+    modded = mod(s, torch.tensor(0), torch.arange(2)[:, None, None], torch.arange(5)[:, None],
+                 torch.arange(7)[None, :])
+    torch.testing.assert_close(lp.local_probs(s, seen, 50.0), torch.softmax(modded, -1),
+                               rtol=0, atol=1e-15)
+
+
+def dense_flex(q, k, v, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
+               return_aux=None, return_lse=False):
+    """A dense stand-in for flex_attention (torch autograd, any device; FlexAttention has no CPU
+    backward): [1, H, T, D] inputs, block_mask.mask_mod and score_mod evaluated on every
+    (query, key) index, rows that see no key zeros with lse -inf (FlexAttention's convention);
+    the output in q's dtype, the LSE (natural log) in float32, float64 for float64 inputs."""
+    import torch
+    from types import SimpleNamespace
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    H, T, S = q.shape[1], q.shape[2], k.shape[2]
+    if enable_gqa and k.shape[1] != H:
+        k = k.repeat_interleave(H // k.shape[1], 1)
+        v = v.repeat_interleave(H // v.shape[1], 1)
+    s = torch.matmul(q.to(work), k.to(work).transpose(-1, -2)) * scale
+    qi, ki = torch.arange(T)[:, None], torch.arange(S)[None, :]
+    if score_mod is not None:
+        s = score_mod(s, torch.tensor(0), torch.arange(H)[:, None, None], qi, ki)
+    seen = (block_mask.mask_mod(torch.tensor(0), torch.tensor(0), qi, ki) if block_mask
+            is not None else torch.ones(T, S, dtype=torch.bool))
+    live = seen.any(-1)
+    s = torch.where(live[:, None], s.masked_fill(~seen, float("-inf")), torch.zeros_like(s))
+    out = (torch.matmul(torch.softmax(s, -1) * live[:, None], v.to(work))).to(q.dtype)
+    lse = torch.where(live, torch.logsumexp(s, -1), torch.full_like(s[..., 0], float("-inf")))
+    if return_aux is not None:
+        return out, SimpleNamespace(lse=lse)
+    return (out, lse) if return_lse else out
+
+
+@pytest.mark.parametrize("lq,lk,causal,window,softcap,with_sinks", GRAD_CASES)
+def test_the_sink_correction_is_exact_forward_and_backward(rng, lq, lk, causal, window, softcap,
+                                                           with_sinks):
+    """flex_sink_correction in float64: attention without sinks (its out and LSE, differentiable)
+    corrected by sigmoid(lse - sink) is local_reference with the sinks, and its autograd (dq, dk,
+    dv through out and lse, dsinks) is local_reference_grads' with them, rows without keys zeros
+    and passing nothing back, through flex_attend (GQA: two query heads on one K/V head)."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    from types import SimpleNamespace
+    q, k, v, dout = (torch.from_numpy(rng.standard_normal(shape)) for shape in
+                     ((lq, 2, 3), (lk, 1, 3), (lk, 1, 2), (lq, 2, 2)))
+    sinks = torch.from_numpy(2.0 * rng.standard_normal(2))
+    kind = lp.Kind(causal, window[0], window[1], softcap, True)
+    case = packed_lengths_case(torch, [lq], [lk])
+    case.H, case.Hkv, case.scale = 2, 1, 0.7
+    bm = SimpleNamespace(mask_mod=lp.flex_local_mask_mod(*lp.flex_documents(case), kind))
+    import peers_gpu as G
+    fns = (dense_flex, None, None, lp.flex_sink_correction)
+    attend = lp.flex_attend(G, fns, case, kind, bm, with_sinks=True)
+    leaves = [G.flex_layout(x).clone().requires_grad_(True) for x in (q, k, v)]
+    leaves.append(sinks.clone().requires_grad_(True))
+    out = attend(*leaves)
+    want = lp.local_reference(q, k, v, 0.7, causal, window, softcap, sinks)
+    np.testing.assert_allclose(G.flex_packed(out).detach().numpy(), want.numpy(), rtol=0,
+                               atol=1e-13)
+    grads = torch.autograd.grad(out, leaves, grad_outputs=G.flex_layout(dout))
+    ref = lp.local_reference_grads(q, k, v, dout, 0.7, causal, window, softcap, sinks)
+    for name, g, r in zip(("dq", "dk", "dv", "dsinks"), grads, ref):
+        g = g if name == "dsinks" else G.flex_packed(g)
+        assert bool(torch.isfinite(g).all()), name
+        np.testing.assert_allclose(g.numpy(), r.numpy(), rtol=0, atol=1e-12, err_msg=name)
+    # Without the correction: the attention without sinks, which the reference with them is not.
+    plain = lp.flex_attend(G, fns, case, kind, bm)(*(x.detach() for x in leaves[:3]))
+    np.testing.assert_allclose(G.flex_packed(plain).numpy(), lp.local_reference(
+        q, k, v, 0.7, causal, window, softcap).numpy(), rtol=0, atol=1e-13)
+    assert float((G.flex_packed(plain) - want).abs().max()) > 1e-3
+    # The algebra itself: out * S / (S + exp(sink)) with S = exp(lse).
+    lse = torch.from_numpy(rng.standard_normal((1, 2, 3)))
+    o = torch.from_numpy(rng.standard_normal((1, 2, 3, 4)))
+    S = lse.exp()
+    torch.testing.assert_close(lp.flex_sink_correction(o, lse, sinks),
+                               o * (S / (S + sinks.exp().view(1, 2, 1)))[..., None],
+                               rtol=1e-14, atol=0)
+
+
+def eager_flex_functions():
+    """torch's eager flex_attention and create_block_mask (no inductor: the CPU forward), with
+    the eager sink correction, as flex_fns gives them."""
+    flex_mod = pytest.importorskip("torch.nn.attention.flex_attention",
+                                   reason="this torch has no FlexAttention")
+    return (flex_mod.flex_attention, flex_mod.create_block_mask, flex_mod.create_block_mask,
+            lp.flex_sink_correction)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flexattentions_forward_on_the_cpu_passes_the_check_per_kind(monkeypatch):
+    """measure_cell with FlexAttention (torch's eager flex_attention on a bf16 CPU case, the block
+    mask of each kind built by create_block_mask) and peers_gpu.measure replaced by check-only:
+    the window, softcap and sinks kinds pass the check, the sinks ones as the LSE-corrected
+    variant against the reference with sinks; the block masks are built once per mask; without
+    the correction the sinks kinds fail, and so does a window that is not the kind's."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    import peers_gpu as G
+    from test_peers import cpu_case
+    case = cpu_case(G, "W2-d64", [9, 300, 4])
+    ctx = {"flex_functions": eager_flex_functions()}
+    impls = {"flex": lp.Variant("flex", lp.flex_prepare(G, ctx))}
+
+    def check_only(method, case_, causal, timing, opts):
+        prep = method.prepare(case_, causal)
+        status, err, why = G.check_output(case_, causal, prep, prep.run(), G.TOLERANCE["bf16"])
+        return {"method": method.name, "label": prep.label or method.current_label(),
+                "workload": case_.w.id, "dtype": "bf16", "causal": causal, "head_dim": 64,
+                "head_dim_v": 64, "status": status, "reason": why, "rel_error": err,
+                "median_ms": 1.0, "min_ms": 1.0, "eager_ms": 2.0, "graph_ms": 1.0,
+                "provider": prep.provider, "note": prep.note, "useful_gflop": 1.0,
+                "min_bytes": 0.0}
+
+    monkeypatch.setattr(G, "measure", check_only)
+    for name in ("swa128nc", "swa_softcap", "swa_sinks"):
+        (r,) = lp.measure_cell(torch, G, ctx, impls, case, name, None, {}, 1, None)
+        assert (r["method"], r["status"], r["kind"], r["pass"]) == ("flex", "ok", name,
+                                                                    "forward"), r
+        assert r["sinks"] == lp.KINDS[name].sinks and r["max_abs_error"] < 0.05
+        assert r["label"] == (lp.FLEX_SINKS_LABEL if r["sinks"] else "FlexAttention")
+        assert "block mask of the window" in r["note"] and "torch.compile(flex_attention)" in (
+            r["provider"])
+        assert ("softcap 50 as a score_mod" in r["note"]) == (name == "swa_softcap")
+        assert ("sigmoid(lse - sink)" in r["note"]) == r["sinks"]
+    # One block mask per (causal, left, right): swa_sinks' is swa128's.
+    assert sorted(case._flex_local_masks) == [(False, 128, 128), (True, 128, 0), (True, 4096, 0)]
+    (r,) = lp.measure_cell(torch, G, ctx, impls, case, "swa128", None, {}, 1, None)
+    assert r["status"] == "ok" and len(case._flex_local_masks) == 3
+    lp.release_flex_masks(case)
+    assert not hasattr(case, "_flex_local_masks")
+
+    ctx["flex_functions"] = ctx["flex_functions"][:3] + (lambda out, lse, sinks: out,)
+    (r,) = lp.measure_cell(torch, G, ctx, impls, case, "swa_sinks", None, {}, 1, None)
+    assert r["status"] == "wrong" and r["eager_tflops"] is None
+    # A mask whose window is not the kind's: a kind of swa128's mask checked on swa4096's.
+    ctx["flex_functions"] = eager_flex_functions()
+    case._flex_local_masks = {lp.flex_mask_key(lp.KINDS["swa4096"]): lp.flex_local_block_mask(
+        G, ctx["flex_functions"], case, lp.KINDS["swa128"])}
+    (r,) = lp.measure_cell(torch, G, ctx, impls, case, "swa4096", None, {}, 1, None)
+    assert r["status"] == "wrong"
+
+
+def test_flexattention_is_unavailable_without_it_and_a_failed_mask_is_kept(monkeypatch):
+    pytest.importorskip("torch", reason="torch is not installed")
+    import peers_gpu as G
+    from test_peers import cpu_case
+    case = cpu_case(G, "W2-d64", [9, 30, 4])
+    calls = []
+
+    def failing(*a, **k):
+        calls.append(a)
+        raise RuntimeError("no mask today")
+
+    fns = (None, failing, failing, None)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="no mask today"):
+            lp.flex_local_block_mask(G, fns, case, lp.KINDS["swa128"])
+    assert len(calls) == 2  # the compiled one and the eager one, once: the failure is kept
+
+    def unavailable(ctx):
+        raise G.Unavailable("torch.nn.attention.flex_attention: ImportError: x")
+
+    monkeypatch.setattr(G, "flex_functions", unavailable)
+    with pytest.raises(G.Unavailable, match="flex_attention"):
+        lp.flex_fns(G, {})
+
+
+def cpu_streams(torch, monkeypatch):
+    """backward_peers._autograd_peer's CUDA streams as no-ops for the rest of the test, so that it
+    runs on the CPU."""
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda *a, **k: Stream())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+
+
+def test_flexattentions_backward_gradients_pass_the_check_and_wrong_ones_fail(monkeypatch):
+    """flex_backward_prepare through backward_peers._autograd_peer on a bf16 CPU case, a dense
+    stand-in for flex_attention (FlexAttention has no CPU backward) with the kind's real block
+    mask's mask_mod: dq, dk, dv (unpacked from [1, H, tokens, D]) and, with sinks, dsinks from
+    autograd pass check_backward; without the sink correction, or with a window that is not the
+    kind's, they fail. Cross lengths with rows that see no key."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    import peers_gpu as G
+    from test_peers import cpu_case
+    flex_mod = pytest.importorskip("torch.nn.attention.flex_attention",
+                                   reason="this torch has no FlexAttention")
+    bc = lp.LocalBwdCase(cpu_case(G, "X1", [9, 30, 4]), G.DATA_SEED + bp.GRAD_SEED_OFFSET)
+    case, tol = bc.case, bp.TOLERANCE["bf16"]
+    assert case.cross and case.lq[0] > case.lk[0]  # causal rows without keys
+    cbm = flex_mod.create_block_mask
+    ctx = {"flex_functions": (dense_flex, cbm, cbm, lp.flex_sink_correction)}
+    prepare = lp.flex_backward_prepare(G, ctx)
+
+    cpu_streams(torch, monkeypatch)
+
+    def gradients(kind, sinks):
+        prep = prepare(bc, kind, sinks)
+        assert "autograd" in prep.provider and prep.stream is not None
+        assert len(prep.poison_like) == (4 if sinks is not None else 3)
+        bp._poison(bc, prep, False)
+        return prep.unpack(prep.run())
+
+    kind = lp.Kind(True, 5, 0, 3.0, True)
+    sinks = lp.cell_sinks(torch, kind, case.H, case.device)
+    bc.use(kind, sinks)
+    grads = gradients(kind, sinks)
+    assert [tuple(g.shape) for g in grads] == [tuple(case.q.shape), tuple(case.k.shape),
+                                               tuple(case.v.shape), (case.H,)]
+    status, errors, worst, why = lp.check_backward(bc, kind, grads, tol)
+    assert (status, why) == ("ok", "") and set(errors) == {"dq", "dk", "dv", "dsinks"}
+    ctx["flex_functions"] = ctx["flex_functions"][:3] + (lambda out, lse, s: out * s.sum(),)
+    assert lp.check_backward(bc, kind, gradients(kind, sinks), tol)[0] == "wrong"
+    ctx["flex_functions"] = (dense_flex, cbm, cbm, lp.flex_sink_correction)
+    bc.use(kind)  # without sinks
+    status, errors, _, why = lp.check_backward(bc, kind, gradients(kind, None), tol)
+    assert (status, why) == ("ok", "") and set(errors) == {"dq", "dk", "dv"}
+    wide = kind._replace(left=20)  # a mask of another window, kept under this kind's key
+    case._flex_local_masks[lp.flex_mask_key(kind)] = lp.flex_local_block_mask(
+        G, ctx["flex_functions"], case, wide)
+    assert lp.check_backward(bc, kind, gradients(kind, None), tol)[0] == "wrong"
+
+
+def test_a_backward_cell_gives_flexattention_the_sinks(monkeypatch):
+    """measure_backward_cell with FlexAttention among the methods (measure_backward replaced by
+    check-only, a dense stand-in for flex_attention): it gets the kind's sinks as jfa does, its
+    record is labelled the LSE-corrected variant and checked against the reference with sinks;
+    FA3's and jfa_nosinks' without."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    import peers_gpu as G
+    from test_peers import cpu_case
+    flex_mod = pytest.importorskip("torch.nn.attention.flex_attention",
+                                   reason="this torch has no FlexAttention")
+    bc = check_cell_case(G, cpu_case, [9, 300, 4])
+    cbm = flex_mod.create_block_mask
+    ctx = {"flex_functions": (dense_flex, cbm, cbm, lp.flex_sink_correction)}
+    flex = lp.flex_backward_prepare(G, ctx)
+    seen = []
+
+    def reference_peer(bc_, kind, sinks):  # jfa_nosinks / fa3 stand-in: the exact gradients
+        g = lp.local_case_grads(bc_.case, bc_.dout, kind)[0]
+        grads = tuple(torch.cat([g[i][j] for i in range(bc_.case.B)]).to(bc_.case.dtype)
+                      for j in range(3))
+        return bp.Prepared(lambda: grads, provider="fake")
+
+    cpu_streams(torch, monkeypatch)
+
+    def check_only(G_, bc_, prepare, kind, sinks, rec, opts):
+        prep = prepare(bc_, kind, sinks)
+        seen.append((rec["method"], sinks is not None))
+        status, errors, worst, why = lp.check_backward(bc_, kind, prep.unpack(prep.run()),
+                                                       rec["tolerance"])
+        rec.update(status=status, rel_errors=errors, rel_error=worst, reason=why)
+        if status == "ok":
+            rec.update(eager_ms=2.0, graph_ms=1.0)
+        return rec
+
+    monkeypatch.setattr(lp, "measure_backward", check_only)
+    impls = {"jfa_nosinks": reference_peer, "fa3": reference_peer, "flex": flex}
+    nosinks, fx = lp.measure_backward_cell(torch, G, ctx, impls, bc, "swa_sinks", {}, 1, None)
+    assert seen == [("jfa_nosinks", False), ("flex", True)]
+    assert (fx["method"], fx["status"], fx["sinks"], fx["label"]) == (
+        "flex", "ok", True, lp.FLEX_SINKS_LABEL)
+    assert "dsinks" in fx["rel_errors"] and fx["eager_tflops"] is not None
+    assert nosinks["status"] == "ok" and not nosinks["sinks"]
+    seen.clear()
+    fa3, fx = lp.measure_backward_cell(torch, G, ctx, impls, bc, "swa128nc", {}, 1, None)
+    assert seen == [("fa3", False), ("flex", False)]
+    assert (fx["status"], fx["label"], fx["sinks"]) == ("ok", "FlexAttention", False)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_every_window_shares_flexattentions_compiled_graph():
+    """torch.compile(flex_attention) (a backend that counts the graphs dynamo hands it: its guards
+    are the same as inductor's) on the forward of each kind of a CPU case: the windows' masks
+    capture left and right as tensors, so every window and the plain causal mask take one graph;
+    the softcap's score_mod and the sinks' LSE one more each; a prepare again (another round)
+    none, its block mask kept."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    flex_mod = pytest.importorskip("torch.nn.attention.flex_attention",
+                                   reason="this torch has no FlexAttention")
+    import torch._dynamo
+    import peers_gpu as G
+    from test_peers import cpu_case
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    flex = torch.compile(flex_mod.flex_attention, backend=counting)
+    fns = (flex, flex_mod.create_block_mask, flex_mod.create_block_mask, lp.flex_sink_correction)
+    case = cpu_case(G, "W2-d64", [9, 30, 4])
+    counts = []
+    for name in ("swa128", "swa4096", "swa128nc", "softcap50", "swa_softcap", "swa128", "sinks",
+                 "swa_sinks"):
+        kind = lp.KINDS[name]
+        ctx = {"flex_functions": fns, "kind": kind,
+               "sinks": lp.cell_sinks(torch, kind, case.H, case.device)}
+        lp.flex_prepare(G, ctx)(case, kind.causal).run()
+        counts.append(len(graphs))
+    torch._dynamo.reset()
+    assert counts == [1, 1, 1, 2, 2, 2, 3, 3]
