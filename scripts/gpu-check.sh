@@ -21,6 +21,9 @@
 #                   outputs checked against float64 first (bench/local_peers.py); LOCAL_PASS=backward
 #                   the backward op instead (gradients, dsinks too, checked against float64
 #                   first), both: the two.
+#   bench-paged     the paged-KV decode forward against FlashAttention-3 and FlashInfer, bf16,
+#                   outputs checked against float64 first (bench/paged_peers.py); PAGED_UNVERIFIED=1
+#                   runs jfa's unverified CUDA paged kernels, PAGED_CELLS its --cells. Not in all.
 #   bench           bench-forward, then bench-backward.
 #   all             every stage above but build's gathering (builds in place when no CARRY_DIR
 #                   exists), for a machine without the per-command limit.
@@ -38,7 +41,8 @@
 #        LOCAL_HEAD_DIMS (bench-local: default "64,128,256"), LOCAL_WORKLOADS and LOCAL_KINDS
 #        (bench-local: bench/local_peers.py's --workloads and --kinds), LOCAL_PASS (bench-local:
 #        its --pass, forward, backward or both, default forward; the JSON and log are local,
-#        local-backward or local-both), SUITE_FILTER (suite: a gtest filter of
+#        local-backward or local-both), LOCAL_PEERS (bench-local: its --peers, default fa3,flex; fa3
+#        alone skips FlexAttention's compiles), SUITE_FILTER (suite: a gtest filter of
 #        the GPU tests, default all), SANITIZER_FILTER (sanitize: a gtest filter instead of the
 #        reduced case set), SUITE_PYTEST (suite: the pytest paths and options instead
 #        of tests/python and the ctypes list), SUITE_SHARDS (default 3), SANITIZER_SHARDS (default 2),
@@ -46,7 +50,7 @@
 #        "64 96 128 192 192/128 256 32"), BENCH_ROUNDS (default 2), BENCH_DTYPES (default
 #        fp16,bf16), BENCH_WORKLOADS (default "W1 W2 W3 W4")
 set -u -o pipefail
-STAGE=${1:?usage: scripts/gpu-check.sh build|suite|sanitize|bench-forward|bench-backward|bench-local|bench|all OUTDIR}
+STAGE=${1:?usage: scripts/gpu-check.sh build|suite|sanitize|bench-forward|bench-backward|bench-local|bench-paged|bench|all OUTDIR}
 OUT=${2:?usage: scripts/gpu-check.sh STAGE OUTDIR}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -253,8 +257,20 @@ stage_bench_local() {
   timeout "$(left)" python3 bench/local_peers.py --lib "$JFA_LIBRARY" --fa3-lib "$FA3_FULL_LIB" \
     --out "$OUT" --name "$name" --pass "$pass" --head-dims "${LOCAL_HEAD_DIMS:-64,128,256}" \
     ${LOCAL_WORKLOADS:+--workloads "$LOCAL_WORKLOADS"} ${LOCAL_KINDS:+--kinds "$LOCAL_KINDS"} \
+    ${LOCAL_PEERS:+--peers "$LOCAL_PEERS"} \
     --rounds "${BENCH_ROUNDS:-2}" --time-limit-s $(($(left) - 30)) >"$OUT/$name.log" 2>&1 || rc=1
   summary bench-local "$(gpu_name): $pass, rc $rc ($name.json, table in $name.log)"
+  return $rc
+}
+
+stage_bench_paged() {
+  runtime_env || { summary bench-paged "FAILED (nothing carried)"; return 1; }
+  local rc=0 unverified="" kernels=off
+  [ "${PAGED_UNVERIFIED:-0}" = 1 ] && unverified=--unverified-jfa && kernels=on
+  timeout "$(left)" python3 bench/paged_peers.py --lib "$JFA_LIBRARY" --fa3-lib "$FA3_FULL_LIB" \
+    --out "$OUT" --name paged $unverified ${PAGED_CELLS:+--cells "$PAGED_CELLS"} \
+    --rounds "${BENCH_ROUNDS:-2}" --time-limit-s $(($(left) - 30)) >"$OUT/paged.log" 2>&1 || rc=1
+  summary bench-paged "$(gpu_name): unverified jfa $kernels, rc $rc (paged.json, table in paged.log)"
   return $rc
 }
 
@@ -265,6 +281,7 @@ case $STAGE in
   bench-forward) stage_bench_forward ;;
   bench-backward) stage_bench_backward ;;
   bench-local) stage_bench_local ;;
+  bench-paged) stage_bench_paged ;;
   bench)
     STAGE_SECONDS=$((STAGE_SECONDS / 2)) stage_bench_forward; a=$?
     START=$SECONDS stage_bench_backward; b=$?
@@ -276,6 +293,6 @@ case $STAGE in
       START=$SECONDS STAGE_SECONDS=100000 $s || rc=1
     done
     exit $rc ;;
-  *) echo "unknown stage '$STAGE' (build, suite, sanitize, bench-forward, bench-backward, bench-local, bench, all)" >&2
+  *) echo "unknown stage '$STAGE' (build, suite, sanitize, bench-forward, bench-backward, bench-local, bench-paged, bench, all)" >&2
      exit 2 ;;
 esac

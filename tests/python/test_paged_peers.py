@@ -1,0 +1,696 @@
+"""bench/paged_peers.py without a GPU: the cells (the grid, --quick, --cells), the cache lengths,
+the shuffled block tables, the KV byte count, the checked sample, the mirror of jfa's paged
+workspace plan and the options; with torch on the CPU, the float64 paged reference against
+libjfa's own (jfa.paged_attention(..., reference=True)), jfa's method through its C entry on the
+CPU backend, the check catching outputs that ignore the table or leave rows unwritten, FA3's
+paged call built from its schema and FlashInfer's planned calls (fake ops), a cell's rounds and
+rates; the table and the progress lines on fake records; scripts/gpu-check.sh's bench-paged
+stage."""
+
+import math
+import os
+import statistics
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
+SCRIPT = ROOT / "scripts" / "gpu-check.sh"
+sys.path.insert(0, str(BENCH))
+
+import paged_peers as pp  # noqa: E402
+from bench_scripts import help_without_torch  # noqa: E402
+
+
+def test_help_works_without_torch():
+    text = help_without_torch("paged_peers")
+    for option in ("--unverified-jfa", "--cells", "--quick", "--fa3-lib", "--time-limit-s"):
+        assert option in text
+
+
+# ---- cells --------------------------------------------------------------------------------------
+
+def test_the_default_grid_has_every_combination_and_keeps_a_cache_s_cells_together():
+    cells = pp.cells_of(pp.parse_cells(None))
+    assert len(cells) == len(set(cells)) == 2 * 4 * 4 * 2 * 2
+    assert {c.mode for c in cells} == {"decode", "spec4"}
+    assert {c.batch for c in cells} == {1, 8, 64, 256}
+    assert {c.cache for c in cells} == {"u512", "u4k", "u32k", "tail"}
+    assert {(c.heads, c.heads_kv) for c in cells} == {(32, 8), (64, 8)}
+    assert {c.head_dim for c in cells} == {128, 64} and {c.page_size for c in cells} == {16}
+    assert pp.cell_name(cells[0]) == "decode B1 u512 32:8 d128 p16"
+    # The cells of one cache follow each other: each key is one run of the list.
+    keys = [pp.cache_key(c) for c in cells]
+    runs = [k for i, k in enumerate(keys) if i == 0 or keys[i - 1] != k]
+    assert len(runs) == len(set(keys)) == 4 * 4 * 2
+    assert all(keys.count(k) == 4 for k in set(keys))  # 2 GQAs x 2 modes share a cache
+
+
+def test_quick_and_cells_narrow_each_axis():
+    quick = pp.cells_of(pp.parse_cells(None, quick=True))
+    assert [pp.cell_name(c) for c in quick[:2]] == ["decode B8 u4k 32:8 d128 p16",
+                                                   "spec4 B8 u4k 32:8 d128 p16"]
+    assert len(quick) == 8 and {c.cache for c in quick} == {"u4k", "tail"}
+    axes = pp.parse_cells("spec4, B1,p1,p64,p1")
+    assert axes["mode"] == ["spec4"] and axes["batch"] == [1] and axes["page_size"] == [1, 64]
+    assert axes["cache"] == list(pp.CACHES) and len(pp.cells_of(axes)) == 1 * 1 * 4 * 2 * 2 * 2
+    axes = pp.parse_cells("16:4,64:8,d256,tail", quick=True)
+    assert axes["gqa"] == [(16, 4), (64, 8)] and axes["head_dim"] == [256]
+    assert axes["batch"] == [8, 64] and axes["cache"] == ["tail"]
+    # KV heads order the cells (a cache per KV head count), then query heads.
+    assert [(c.heads, c.heads_kv) for c in pp.cells_of(axes)][:4] == [(16, 4)] * 2 + [(64, 8)] * 2
+    for bad in ("u8k", "B0", "3:2", "d", "x", "p-1", "0:0"):
+        with pytest.raises(ValueError, match="unknown cell value"):
+            pp.parse_cells(bad)
+    with pytest.raises(SystemExit):
+        pp.parse_args(["--cells", "decode,B7x"])
+
+
+def test_cache_lengths_are_uniform_or_a_reproducible_heavy_tail():
+    assert pp.cache_lengths("u4k", 3) == [4096] * 3 and pp.cache_lengths("u32k", 1) == [32768]
+    tail = pp.cache_lengths("tail", 256, seed=0)
+    assert tail == pp.cache_lengths("tail", 256, seed=0) != pp.cache_lengths("tail", 256, seed=1)
+    assert all(pp.TAIL_MIN <= n <= pp.TAIL_MAX for n in tail)
+    assert 1200 < statistics.median(tail) < 3500
+    assert max(tail) >= 8 * statistics.median(tail)  # a long tail, capped
+    assert pp.cache_lengths("tail", 8, seed=0) != tail[:8]  # each batch draws its own
+
+
+def test_block_tables_use_every_page_once_in_a_shuffled_order():
+    for lengths, page in (([5, 17, 32, 1], 16), ([4096] * 8, 16), ([300, 1, 2, 70], 1),
+                          ([1000, 33, 256], 256), ([64, 65], 64)):
+        table, num_pages = pp.block_table(lengths, page, seed=3)
+        counts = [math.ceil(n / page) for n in lengths]
+        assert num_pages == sum(counts) and tuple(table.shape) == (len(lengths), max(counts))
+        assert str(table.dtype) == "torch.int32"
+        used = [int(table[b, j]) for b, c in enumerate(counts) for j in range(c)]
+        assert sorted(used) == list(range(num_pages))  # every page serves one sequence once
+        assert all(int(table[b, j]) == 0 for b, c in enumerate(counts)
+                   for j in range(c, table.shape[1]))
+    table, num_pages = pp.block_table([4096] * 8, 16, seed=3)
+    assert table.flatten().tolist() != list(range(num_pages))  # shuffled
+    assert pp.block_table([4096] * 8, 16, seed=3)[0].equal(table)
+    assert not pp.block_table([4096] * 8, 16, seed=4)[0].equal(table)
+    assert pp.block_table([3, 1], 1)[1] == 4
+
+
+def test_kv_bytes_count_what_a_call_reads_and_the_cache_what_it_holds():
+    # 8 sequences of 512 keys, 8 KV heads, 128 + 128 columns of 2 bytes.
+    assert pp.kv_bytes([512] * 8, 8, 128) == 4096 * 8 * 256 * 2
+    assert pp.kv_bytes([3, 5], 2, 192, 128) == 8 * 2 * 320 * 2
+    assert pp.kv_bytes([3, 5], 2, 64, element_bytes=4) == 8 * 2 * 128 * 4
+    assert pp.cache_bytes([17, 16], 16, 8, 128) == 3 * 16 * 8 * 2 * 128 * 2  # whole pages
+    assert pp.cache_bytes([17, 16], 1, 8, 128) == 33 * 8 * 2 * 128 * 2
+
+
+def test_the_checked_sample_takes_the_extremes_and_spreads_over_a_large_batch():
+    assert pp.check_sample([9] * 8, 4) == list(range(8))
+    uniform = pp.check_sample([4096] * 256, 1)
+    assert len(uniform) == 8 and {0, 255} <= set(uniform)
+    assert len({i // 32 for i in uniform}) >= 6  # spread, not clustered at the ends
+    tail = pp.cache_lengths("tail", 64)
+    picks = pp.check_sample(tail, 4)
+    assert len(picks) == 8 and {tail.index(max(tail)), tail.index(min(tail)), 0, 63} <= set(picks)
+
+
+def test_jfa_s_workspace_mirrors_its_split_plan():
+    """paged_plan.hpp by hand: B1 decode 32:8 d128 (32 rows a CTA): 1 row block, 8 CTAs, 2 x 132
+    SMs wanted -> 33 splits, capped at ceil(4096 / 256) = 16; partials (fp32 O and (max, sum))
+    of 32 rows x 16 splits."""
+    rows = 1 * 32 * 16
+    assert pp.jfa_workspace_bytes(1, 1, 32, 8, 128, 4096, 132) == rows * 128 * 4 + rows * 8
+    # spec4 64:8 d64 (64 rows a CTA): 32 rows a KV head, 1 row block, 33 splits under the cap 64.
+    rows = 4 * 64 * 33
+    assert pp.jfa_workspace_bytes(1, 4, 64, 8, 64, 32768, 132) == rows * 64 * 4 + rows * 8
+    assert pp.jfa_workspace_bytes(1, 1, 32, 8, 128, 300, 132) == 32 * 2 * (128 * 4 + 8)
+    assert pp.jfa_workspace_bytes(1, 1, 32, 8, 128, 0, 132) == 32 * 16 * (128 * 4 + 8)
+    assert pp.jfa_workspace_bytes(64, 1, 32, 8, 128, 32768, 132) == 0  # 512 CTAs: one split
+    # d256 (16 rows a CTA): 4 x 4 rows -> 1 row block, 64 CTAs at B8: 5 splits.
+    rows = 8 * 4 * 32 * 5
+    assert pp.jfa_workspace_bytes(8, 4, 32, 8, 256, 4096, 132) == rows * 256 * 4 + rows * 8
+
+
+# ---- options ------------------------------------------------------------------------------------
+
+def test_options_and_their_quick_defaults(monkeypatch):
+    monkeypatch.delenv("FA3_FULL_LIB", raising=False)
+    a = pp.parse_args([])
+    assert (a.rounds, a.runs, a.warmup, a.host_calls, a.host_batches) == (1, 30, 5, 100, 3)
+    assert a.method_names == list(pp.METHODS) and len(a.cell_list) == 128
+    assert a.fa3_lib is None and not a.unverified_jfa and a.time_limit_s is None
+    q = pp.parse_args(["--quick", "--methods", "jfa,fa3", "--unverified-jfa", "--rounds", "2"])
+    assert (q.rounds, q.runs, q.warmup, q.host_calls) == (2, 10, 3, 30)
+    assert q.method_names == ["jfa", "fa3"] and q.unverified_jfa and len(q.cell_list) == 8
+    monkeypatch.setenv("FA3_FULL_LIB", "/p/fa3_full_bf16.so")
+    assert pp.parse_args([]).fa3_lib == "/p/fa3_full_bf16.so"
+    for bad in (["--methods", "jfa,cudnn"], ["--methods", ""], ["--runs", "0"], ["--warmup", "-1"]):
+        with pytest.raises(SystemExit):
+            pp.parse_args(bad)
+    assert pp.default_stem("2026-12-08", "NVIDIA H100 80GB HBM3") == "2026-12-08-h100-paged"
+
+
+def test_the_unverified_switch_is_set_only_when_asked(monkeypatch):
+    monkeypatch.setenv(pp.UNVERIFIED_SWITCH, "1")
+    pp.set_unverified_switch(False)  # set outside: cleared, the kernels run only when asked
+    assert pp.UNVERIFIED_SWITCH not in os.environ
+    pp.set_unverified_switch(True)
+    assert os.environ[pp.UNVERIFIED_SWITCH] == "1"
+    pp.set_unverified_switch(False)
+    assert pp.UNVERIFIED_SWITCH not in os.environ
+
+
+# ---- the reference and the methods (torch on the CPU) --------------------------------------------
+
+def _torch():
+    return pytest.importorskip("torch", reason="torch is not installed")
+
+
+@pytest.mark.parametrize("page_size", [1, 5, 16])
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_the_float64_reference_matches_libjfa_s_paged_reference(rng, page_size, tokens):
+    """GQA 8:2, partial last pages, a shuffled table, the causal mask with 4 tokens (one
+    sequence shorter than its tokens: its first rows see no key and are zeros)."""
+    torch = _torch()
+    import jfa
+    lengths = [2, 1, page_size, page_size + 1, 3 * page_size + 2, 70]
+    heads, heads_kv, d = 8, 2, 16
+    table, num_pages = pp.block_table(lengths, page_size, seed=int(rng.integers(1 << 30)))
+    k = rng.standard_normal((num_pages, page_size, heads_kv, d)).astype(np.float32)
+    v = rng.standard_normal((num_pages, page_size, heads_kv, d)).astype(np.float32)
+    q = rng.standard_normal((len(lengths) * tokens, heads, d)).astype(np.float32)
+    cu_q = np.arange(0, q.shape[0] + 1, tokens, dtype=np.int32)
+    scale = float(np.float32(0.3))  # the C params hold it in float32
+    want = jfa.paged_attention(q, k, v, table.numpy(), np.asarray(lengths, dtype=np.int32), cu_q,
+                               causal=True, softmax_scale=scale, reference=True)
+    got = pp.paged_reference(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v),
+                             table, lengths, tokens, scale, True, range(len(lengths)))
+    for i in range(len(lengths)):
+        assert got[i].dtype == torch.float64
+        np.testing.assert_allclose(got[i].numpy(), want[i * tokens:(i + 1) * tokens],
+                                   rtol=1e-10, atol=1e-12)
+    if tokens == 4:  # sequence 0 has 2 keys: its first 2 rows see none
+        assert not got[0][:2].any() and got[0][2:].abs().sum() > 0
+    # Non-causal differs where a sequence has more than one token.
+    loose = pp.attention_f64(torch.from_numpy(q[-tokens:]),
+                             pp.gather_pages(torch.from_numpy(k), table[-1], lengths[-1]),
+                             pp.gather_pages(torch.from_numpy(v), table[-1], lengths[-1]),
+                             scale, causal=False)
+    assert torch.allclose(loose, got[len(lengths) - 1]) == (tokens == 1)
+
+
+def cpu_inputs(lengths, mode="spec4", heads=8, heads_kv=2, d=64, page=16, seed=0):
+    torch = _torch()
+    cell = pp.Cell(mode, len(lengths), "tail", heads, heads_kv, d, page)
+    cache = pp.PagedCache(lengths, page, heads_kv, d, torch.bfloat16, "cpu", seed)
+    return pp.DecodeInputs(cell, cache, seed)
+
+
+def record_for(x, method="jfa"):
+    import peers_gpu as G
+    return pp.new_record(method, x.cell, x.cache.lengths, x.tokens, x.sample,
+                         G.TOLERANCE[pp.DTYPE])
+
+
+def test_jfa_runs_through_its_c_entry_and_passes_the_check_on_the_cpu():
+    _torch()
+    import jfa
+    import libjfa
+    import peers_gpu as G
+    x = cpu_inputs([3, 17, 40, 1, 100, 64, 16, 33, 5])
+    assert x.sample == pp.check_sample(x.cache.lengths, 4) and len(x.sample) == 8
+    ctx = {"jfa_lib": libjfa.Library(jfa.library_path())}
+    rec = record_for(x)
+    prep = pp.prepare_and_check(G, pp.jfa_prepare(G, ctx), x, rec)
+    assert prep is not None and rec["status"] == "ok" and rec["rel_error"] < 1e-2, rec
+    assert rec["max_abs_error"] < 0.1 and "jfa_attention_forward_paged" in rec["provider"]
+    params, kv = prep.keep[1].keep
+    assert (params.k, params.v, params.cu_seqlens_k, params.total_k) == (None, None, None, 0)
+    assert (params.max_seqlen_q, params.max_seqlen_k, params.causal) == (4, 100, 1)
+    assert (params.heads_q, params.heads_kv, params.batch, params.total_q) == (8, 2, 9, 36)
+    assert (kv.num_pages, kv.page_size, kv.max_pages_per_seq) == (x.cache.num_pages, 16, 7)
+    assert kv.block_table == x.cache.table.data_ptr() and kv.seqused_k == x.cache.used.data_ptr()
+    assert rec["kv_bytes"] == pp.kv_bytes(x.cache.lengths, 2, 64)
+    with pytest.raises(G.Unavailable, match="not here"):
+        pp.jfa_prepare(G, {"jfa_error": "not here"})(x)
+
+
+def test_the_check_fails_outputs_that_ignore_the_table_or_leave_rows_unwritten():
+    torch = _torch()
+    import peers_gpu as G
+    x = cpu_inputs([40, 17, 64, 3], mode="decode", heads=8, heads_kv=8)
+    c = x.cache
+    in_storage_order = torch.arange(c.num_pages, dtype=torch.int32)
+    counts = pp.pages_per_sequence(c.lengths, c.page_size)
+    starts = [sum(counts[:b]) for b in range(len(counts))]
+
+    def computed(table_row):  # every sequence through table_row(b), as a kernel would
+        rows = [pp.attention_f64(x.q[b:b + 1], pp.gather_pages(c.k, table_row(b), n),
+                                 pp.gather_pages(c.v, table_row(b), n), x.scale)
+                for b, n in enumerate(c.lengths)]
+        return torch.cat(rows).to(x.q.dtype)
+
+    def method(out, fail=None):
+        def prepare(_):
+            if fail:
+                raise fail
+            return pp.Prepared(lambda: (out,))
+        return prepare
+
+    right = computed(lambda b: c.table[b])
+    wrong = computed(lambda b: in_storage_order[starts[b]:])  # pages in storage order
+    holes = right.clone()
+    holes[2, 3, 5] = float("nan")
+    cases = [(right, None, "ok", ""), (wrong, None, "wrong", "relative error"),
+             (holes, None, "wrong", "non-finite"),
+             (right, G.Unavailable("no such build"), "unavailable", "no such build"),
+             (right, RuntimeError("boom"), "error", "prepare: RuntimeError: boom")]
+    for out, fail, status, reason in cases:
+        rec = record_for(x)
+        pp.prepare_and_check(G, method(out, fail), x, rec)
+        assert rec["status"] == status and rec["reason"].startswith(reason), rec
+
+    def failing_call(_):
+        def run():
+            raise RuntimeError("This flash attention build does not support paged KV")
+        return pp.Prepared(run, explain=lambda e: pp.fa3_failure(G, e))
+
+    rec = record_for(x, "fa3")
+    assert pp.prepare_and_check(G, failing_call, x, rec) is None
+    assert rec["status"] == "unavailable" and "does not support" in rec["reason"]
+    assert pp.fa3_failure(G, RuntimeError("CUDA error: illegal memory access"))[0] == "error"
+
+
+def test_jfa_s_unsupported_answer_is_unavailable_with_how_to_run_the_kernels():
+    _torch()
+    import peers_gpu as G
+    from jfa import JfaCudaError, JfaUnsupportedError
+    e = JfaUnsupportedError(2, "the CUDA backend does not take a paged KV cache yet",
+                            "jfa_attention_forward_paged")
+    status, reason = pp.jfa_failure(G, e, unverified=False)
+    assert status == "unavailable" and "does not take a paged KV cache" in reason
+    assert reason.startswith(f"{pp.UNVERIFIED_HINT}: ") and "--unverified-jfa" in reason
+    assert pp.jfa_failure(G, e, unverified=True) == ("unavailable", G.short(e))
+    assert pp.jfa_failure(G, JfaCudaError(4, "launch failed"), False)[0] == "error"
+
+
+def fa3_fwd_schema(co):
+    """torch.ops.flash_attn_3.fwd's arguments as FlashAttention-3's hopper/flash_api.cpp
+    registers them (the full build's: paged KV, splits, pack-GQA)."""
+    return ([(n, co.REQUIRED) for n in ("q", "k", "v")]
+            + [(n, None) for n in ("k_new", "v_new", "q_v", "out", "cu_seqlens_q",
+                                   "cu_seqlens_k", "cu_seqlens_k_new", "seqused_q", "seqused_k",
+                                   "max_seqlen_q", "max_seqlen_k", "page_table", "kv_batch_idx",
+                                   "leftpad_k", "rotary_cos", "rotary_sin", "seqlens_rotary",
+                                   "q_descale", "k_descale", "v_descale")]
+            + [("softmax_scale", co.REQUIRED), ("is_causal", co.REQUIRED),
+               ("window_size_left", -1), ("window_size_right", -1), ("attention_chunk", 0),
+               ("softcap", 0.0), ("is_rotary_interleaved", False), ("scheduler_metadata", None),
+               ("num_splits", 0), ("pack_gqa", None), ("sm_margin", 0)])
+
+
+def paged_attention_of(torch, q4, k_cache, v_cache, used, table, scale, causal):
+    """What a correct paged kernel returns, [B, T, H, D] in q's dtype."""
+    B, T = q4.shape[:2]
+    refs = pp.paged_reference(q4.flatten(0, 1), k_cache, v_cache, table, used.tolist(), T,
+                              scale, causal, range(B))
+    return torch.stack([refs[b] for b in range(B)]).to(q4.dtype)
+
+
+def test_fa3_s_paged_call_is_built_from_its_schema_and_checked():
+    torch = _torch()
+    import call_overhead as co
+    import peers_gpu as G
+    x = cpu_inputs([40, 17, 64, 3, 90], heads=8, heads_kv=2)
+    calls = []
+
+    def op(*args, **kwargs):
+        calls.append((args, kwargs))
+        q4, k, v = args[:3]
+        out = paged_attention_of(torch, q4, k, v, args[11], args[14], kwargs["softmax_scale"],
+                                 kwargs["is_causal"])
+        return out, None, None, None
+
+    ctx = {"fa3_op": op, "fa3_arguments": fa3_fwd_schema(co), "fa3_provider": "fwd from x.so"}
+    rec = record_for(x, "fa3")
+    prep = pp.prepare_and_check(G, pp.fa3_prepare(G, ctx), x, rec)
+    assert prep is not None and rec["status"] == "ok", rec
+    assert rec["provider"].startswith("fwd from x.so") and "pack_gqa=True" in rec["provider"]
+    args, kwargs = calls[0]
+    assert len(args) == 15 and tuple(args[0].shape) == (5, 4, 8, 64)
+    assert args[1] is x.cache.k and args[2] is x.cache.v
+    assert args[11] is x.cache.used and args[14] is x.cache.table
+    assert all(a is None for a in args[3:11] + args[12:14])
+    assert kwargs == {"softmax_scale": x.scale, "is_causal": True, "num_splits": 0,
+                      "pack_gqa": True}
+    older = [a for a in fa3_fwd_schema(co) if a[0] != "pack_gqa"]
+    with pytest.raises(G.Unavailable, match="pack_gqa"):
+        pp.fa3_prepare(G, dict(ctx, fa3_arguments=older))(x)
+
+    seen = []
+
+    def with_kvcache(q, k_cache, v_cache, **kw):  # FA3's wrapper: out alone without the LSE
+        seen.append(kw)
+        return paged_attention_of(torch, q, k_cache, v_cache, kw["cache_seqlens"],
+                                  kw["page_table"], kw["softmax_scale"], kw["causal"])
+
+    wrapper = types.SimpleNamespace(flash_attn_with_kvcache=with_kvcache)
+    rec = record_for(x, "fa3")
+    assert pp.prepare_and_check(G, pp.fa3_prepare(G, {"fa3_interface": wrapper}), x, rec)
+    assert rec["status"] == "ok" and "flash_attn_with_kvcache" in rec["provider"]
+    assert seen[0]["num_splits"] == 0 and seen[0]["pack_gqa"] is True
+    assert seen[0]["page_table"] is x.cache.table
+    with pytest.raises(G.Unavailable, match="load_library"):
+        pp.fa3_prepare(G, {"fa3_error": "torch.ops.load_library(x.so): OSError"})(x)
+    with pytest.raises(G.Unavailable, match="FlashAttention-3: not available"):
+        pp.fa3_prepare(G, {})(x)
+
+
+def test_flashinfer_gets_the_same_pages_in_its_csr_form():
+    torch = _torch()
+    x = cpu_inputs([40, 17, 64, 3, 90, 16], page=16)
+    c = x.cache
+    indptr, indices, last = c.flashinfer_layout()
+    counts = pp.pages_per_sequence(c.lengths, 16)
+    assert indptr.tolist() == [0] + list(np.cumsum(counts))
+    assert last.tolist() == [8, 1, 16, 3, 10, 16]
+    for b, n in enumerate(c.lengths):
+        pages = indices[indptr[b]:indptr[b + 1]]
+        assert pages.tolist() == c.table[b, :counts[b]].tolist()
+        assert (n - 1) // 16 + 1 == len(pages) and 1 <= int(last[b]) <= 16
+        assert torch.equal(pp.gather_pages(c.k, pages, n), pp.gather_pages(c.k, c.table[b], n))
+    assert sorted(indices.tolist()) == list(range(c.num_pages))
+
+
+class FakeFlashInfer:
+    """flashinfer's two wrappers, recording how they are made and planned, computing a correct
+    paged attention through the CSR layout they are planned with."""
+
+    def __init__(self, torch):
+        self.made, self.torch = [], torch
+        fake = self
+
+        class Wrapper:
+            def __init__(self, workspace, layout, **kw):
+                fake.made.append((type(self).__name__, layout, kw))
+
+            def plan(self, *args, **kw):
+                self.args, self.kw = args, kw
+                fake.made.append(("plan", args, kw))
+
+            def run(self, q, caches):
+                a = self.args[1:] if self.kw.get("causal") else self.args
+                indptr, indices, last = a[:3]
+                heads = a[3]
+                page = a[6]
+                k, v = caches
+                tokens = q.shape[0] // (len(indptr) - 1)
+                outs = []
+                for b in range(len(indptr) - 1):
+                    pages = indices[indptr[b]:indptr[b + 1]]
+                    n = (len(pages) - 1) * page + int(last[b])
+                    outs.append(pp.attention_f64(
+                        q[b * tokens:(b + 1) * tokens], pp.gather_pages(k, pages, n),
+                        pp.gather_pages(v, pages, n), self.kw["sm_scale"],
+                        self.kw.get("causal", False)))
+                out = fake.torch.cat(outs).to(q.dtype)
+                assert out.shape[1] == heads
+                return out
+
+        class BatchDecodeWithPagedKVCacheWrapper(Wrapper):
+            pass
+
+        class BatchPrefillWithPagedKVCacheWrapper(Wrapper):
+            pass
+
+        self.BatchDecodeWithPagedKVCacheWrapper = BatchDecodeWithPagedKVCacheWrapper
+        self.BatchPrefillWithPagedKVCacheWrapper = BatchPrefillWithPagedKVCacheWrapper
+
+
+def test_flashinfer_decodes_and_verifies_spec_tokens_with_the_causal_prefill():
+    torch = _torch()
+    import peers_gpu as G
+    fi = FakeFlashInfer(torch)
+    ctx = {"flashinfer": fi, "flashinfer_version": "9.9"}
+    for mode, heads, name, tensor_cores in (("decode", 16, "BatchDecode", True),
+                                            ("decode", 8, "BatchDecode", False),
+                                            ("spec4", 16, "BatchPrefill", None)):
+        fi.made.clear()
+        x = cpu_inputs([40, 17, 64, 3, 90], mode=mode, heads=heads, heads_kv=2)
+        rec = record_for(x, "flashinfer")
+        assert pp.prepare_and_check(G, pp.flashinfer_prepare(G, ctx), x, rec), rec
+        assert rec["status"] == "ok" and rec["provider"].startswith(f"flashinfer 9.9 {name}")
+        (kind, layout, kw), (_, args, plan_kw) = fi.made
+        assert kind.startswith(name) and layout == "NHD"
+        assert plan_kw["sm_scale"] == x.scale and plan_kw["q_data_type"] == torch.bfloat16
+        if tensor_cores is None:
+            assert plan_kw["causal"] is True and args[0] is x.cu_q and args[4:] == (16, 2, 64, 16)
+        else:
+            assert kw == {"use_tensor_cores": tensor_cores} and args[3:] == (heads, 2, 64, 16)
+            assert plan_kw["pos_encoding_mode"] == "NONE"
+    with pytest.raises(G.Unavailable, match="import flashinfer: ModuleNotFoundError"):
+        pp.flashinfer_prepare(G, {"flashinfer_error": "import flashinfer: ModuleNotFoundError: "
+                                                      "No module named 'flashinfer'"})(x)
+
+
+def test_loading_flashinfer_says_why_it_is_missing(monkeypatch):
+    _torch()
+    import peers_gpu as G
+    monkeypatch.setitem(sys.modules, "flashinfer", None)  # import raises ImportError
+    ctx = {}
+    pp.load_flashinfer(G, ctx)
+    assert "flashinfer" not in ctx and ctx["flashinfer_error"].startswith("import flashinfer: ")
+    assert pp.unavailable_reason(ctx, "flashinfer") == ctx["flashinfer_error"]
+    assert pp.unavailable_reason({"fa3_interface": object()}, "fa3") is None
+    assert pp.unavailable_reason({"fa3_error": "no .so"}, "fa3") == "no .so"
+    assert pp.unavailable_reason({"jfa_error": "no GPU"}, "jfa") == "no GPU"
+
+
+def test_a_cell_s_rounds_keep_the_median_and_count_its_kv_bytes(monkeypatch):
+    """measure_cell with measure_method replaced by check-only and made-up times: each method
+    measured in alternating order per round, its median round by eager_ms, the KV rates of the
+    kept times against the copy rate; a method that fails is measured once."""
+    _torch()
+    import jfa
+    import libjfa
+    import peers_gpu as G
+    x = cpu_inputs([40, 17, 64, 3, 90], mode="decode", heads=8, heads_kv=2)
+    ctx = {"jfa_lib": libjfa.Library(jfa.library_path())}
+    eager = {"jfa": iter([0.3, 0.1, 0.2]), "fa3": iter([0.4, 0.4, 0.4])}
+    order = []
+
+    def check_only(G_, prepare, x_, rec, opts):
+        order.append(rec["method"])
+        if pp.prepare_and_check(G_, prepare, x_, rec) is not None:
+            t = next(eager[rec["method"]])
+            rec.update(eager_ms=t, graph_ms=t / 2, host_us=9.0)
+        return rec
+
+    monkeypatch.setattr(pp, "measure_method", check_only)
+    impls = {"jfa": pp.jfa_prepare(G, ctx), "fa3": pp.fa3_prepare(G, {}),
+             "flashinfer": pp.flashinfer_prepare(G, {"flashinfer_error": "import failed"})}
+    reports = []
+    mine, fa3, fi = pp.measure_cell(G, impls, x, ["jfa", "fa3", "flashinfer"], {}, 3, 2.0,
+                                    reports.append)
+    # The peers first (an unverified kernel that faults goes last), then in turn; the peers
+    # failed their first round and are not measured again.
+    assert order == ["fa3", "flashinfer", "jfa", "jfa", "jfa"]
+    assert len(reports) == 5 and [r["round"] for r in reports] == [0, 0, 0, 1, 2]
+    assert mine["status"] == "ok" and mine["eager_ms"] == 0.2 and mine["graph_ms"] == 0.1
+    assert [r["eager_ms"] for r in mine["rounds"]] == [0.3, 0.1, 0.2]
+    kv = pp.kv_bytes(x.cache.lengths, 2, 64)
+    assert mine["kv_bytes"] == kv and mine["eager_kv_tbps"] == kv / 0.2e-3 / 1e12
+    assert mine["graph_of_copy"] == mine["graph_kv_tbps"] / 2.0
+    assert (fa3["status"], fi["status"]) == ("unavailable", "unavailable")
+    assert fi["reason"] == "import failed" and fa3["eager_kv_tbps"] is None
+    assert pp.cell_summary([mine, fa3, fi])["jfa_over_best_graph"] is None
+
+
+def test_the_run_stops_at_the_time_limit_or_a_lost_context():
+    assert pp.measure_order(["jfa", "fa3", "flashinfer"]) == ["fa3", "flashinfer", "jfa"]
+    assert pp.measure_order(["flashinfer", "jfa"]) == ["flashinfer", "jfa"]
+    stop = pp.Stop(None, 0.0)
+    assert stop.why() == ""
+    cell = pp.Cell("decode", 8, "u4k", 32, 8, 128, 16)
+    stop.lost(cell, "CUDA error: an illegal memory access was encountered")
+    stop.lost(cell, "a later error")  # the first cause stays
+    assert stop.why() == ("the CUDA context was lost after decode B8 u4k 32:8 d128 p16: CUDA "
+                          "error: an illegal memory access was encountered")
+    assert pp.Stop(0.0, 0.0).why() == "--time-limit-s 0 reached"
+    assert pp.Stop(1e9, 0.0).why() == ""
+
+
+def cpu_run(monkeypatch, argv, lost=""):
+    """main() on the CPU: the caches there, jfa's library taken as having a CUDA backend (its
+    calls run the CPU backend on host buffers), measure_method checking only, with made-up
+    times; the GPU's copy rate, memory and context faked. Returns (rc, the JSON)."""
+    torch = _torch()
+    import json
+    import libjfa
+    import peers
+    monkeypatch.setattr(pp, "DEVICE", "cpu")
+    monkeypatch.setattr(peers, "torch_with_cuda", lambda tool: torch)
+    monkeypatch.setattr(libjfa.Library, "cuda_available", lambda self: True)
+    monkeypatch.setattr(pp, "copy_rate", lambda torch_: {"copy_tbps": 3.0})
+    monkeypatch.setattr(pp, "cuda_context_lost", lambda G: lost)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda d: types.SimpleNamespace(total_memory=80 << 30))
+    monkeypatch.setitem(sys.modules, "flashinfer", None)
+    monkeypatch.setenv("FA3_LIB", "/nonexistent/fa3.so")
+    monkeypatch.delenv("FA3_FULL_LIB", raising=False)
+
+    def check_only(G, prepare, x, rec, opts):
+        if pp.prepare_and_check(G, prepare, x, rec) is not None:
+            rec.update(eager_ms=0.5, graph_ms=0.25, host_us=8.0)
+        return rec
+
+    monkeypatch.setattr(pp, "measure_method", check_only)
+    rc = pp.main(argv)
+    out = Path(argv[argv.index("--out") + 1]) / "run.json"
+    return rc, json.loads(out.read_text())
+
+
+def test_a_run_on_the_cpu_writes_its_json_and_table(monkeypatch, tmp_path, capsys):
+    rc, doc = cpu_run(monkeypatch, ["--quick", "--cells", "B2,B3,u512,16:4,d64", "--rounds", "2",
+                                    "--warm-seconds", "0", "--max-cache-gib", "0.0012",
+                                    "--out", str(tmp_path), "--name", "run"])
+    assert rc == 0 and doc["copy"] == {"copy_tbps": 3.0} and "stopped" not in doc
+    assert [r["cell"] for r in doc["results"][::3]] == [
+        "decode B2 u512 16:4 d64 p16", "spec4 B2 u512 16:4 d64 p16",
+        "decode B3 u512 16:4 d64 p16", "spec4 B3 u512 16:4 d64 p16"]
+    by = {(r["cell"], r["method"]): r for r in doc["results"]}
+    jfa = by[("spec4 B2 u512 16:4 d64 p16", "jfa")]
+    assert jfa["status"] == "ok" and jfa["graph_kv_tbps"] == 2 * 512 * 4 * 128 * 2 / 0.25e-3 / 1e12
+    assert len(jfa["rounds"]) == 2 and jfa["graph_of_copy"] == jfa["graph_kv_tbps"] / 3.0
+    assert by[("spec4 B2 u512 16:4 d64 p16", "flashinfer")]["status"] == "unavailable"
+    assert by[("spec4 B2 u512 16:4 d64 p16", "fa3")]["status"] == "unavailable"
+    skipped = by[("decode B3 u512 16:4 d64 p16", "jfa")]  # 1.5 MiB of cache, B2's 1 MiB
+    assert skipped["status"] == "skipped" and "--max-cache-gib" in skipped["reason"]
+    env = doc["environment"]
+    assert env["jfa_unverified_paged_kv"] is False and env["flashinfer"].startswith("import")
+    assert doc["settings"]["axes"]["gqa"] == ["16:4"] and len(doc["summary"]) == 4
+    printed = capsys.readouterr().out
+    assert doc["table"] in printed and "flashinfer: unavailable: import flashinfer" in printed
+    assert "[spec4 B2 u512 16:4 d64 p16 r1] jfa" in printed
+
+
+def test_a_run_says_why_it_stopped(monkeypatch, tmp_path):
+    rc, doc = cpu_run(monkeypatch, ["--cells", "decode,B2,u512,16:4,d64", "--time-limit-s", "0",
+                                    "--warm-seconds", "0", "--unverified-jfa",
+                                    "--out", str(tmp_path), "--name", "run"])
+    assert rc == 0 and doc["results"] == [] and doc["environment"]["jfa_unverified_paged_kv"]
+    assert doc["stopped"] == ("stopped: --time-limit-s 0 reached; 1 cell not measured (first: "
+                              "decode B2 u512 16:4 d64 p16)")
+    assert doc["not_measured"] == ["decode B2 u512 16:4 d64 p16"]
+    rc, doc = cpu_run(monkeypatch, ["--cells", "decode,spec4,B2,u512,u4k,16:4,d64",
+                                    "--warm-seconds", "0", "--out", str(tmp_path), "--name",
+                                    "run"], lost="CUDA error: an illegal memory access")
+    assert len(doc["results"]) == 3  # the first cell, then nothing more starts
+    assert doc["stopped"].startswith("stopped: the CUDA context was lost after decode B2 u512 "
+                                     "16:4 d64 p16: CUDA error: an illegal memory access; 3 cells")
+
+
+# ---- the report ---------------------------------------------------------------------------------
+
+def fake_record(method, cell, status="ok", eager=None, graph=None, host=None, **more):
+    rec = {"method": method, "cell": pp.cell_name(cell), "status": status,
+           "kv_bytes": pp.kv_bytes(pp.cache_lengths(cell.cache, cell.batch), cell.heads_kv,
+                                   cell.head_dim),
+           "eager_ms": eager, "graph_ms": graph, "host_us": host, "reason": "", **more}
+    return pp.add_rates(rec, 3.0)
+
+
+def test_the_table_shows_each_method_and_jfa_over_the_best_peer():
+    a = pp.Cell("decode", 64, "u4k", 32, 8, 128, 16)
+    b = pp.Cell("spec4", 8, "tail", 64, 8, 64, 1)
+    records = [fake_record("jfa", a, eager=0.2, graph=0.1, host=12.3),
+               fake_record("fa3", a, eager=0.3, graph=0.12, host=30.0),
+               fake_record("flashinfer", a, eager=0.25, graph=0.15, host=60.0,
+                           host_gpu_bound=True),
+               fake_record("jfa", b, "unavailable", reason="the CUDA backend does not take a "
+                                                          "paged KV cache yet"),
+               fake_record("fa3", b, eager=0.5, graph=None, graph_reason="capture failed"),
+               fake_record("flashinfer", b, "wrong", reason="relative error 0.3 > 0.01")]
+    kv = records[0]["kv_bytes"]
+    assert kv == 64 * 4096 * 8 * 256 * 2
+    assert records[0]["graph_kv_tbps"] == kv / 0.1e-3 / 1e12
+    s = pp.summarize(records)
+    assert s[0]["best_peer_graph"] == "fa3" and s[0]["best_peer_eager"] == "flashinfer"
+    assert s[0]["jfa_over_best_graph"] == pytest.approx(0.12 / 0.1)
+    assert s[0]["jfa_over_best_eager"] == pytest.approx(0.25 / 0.2)
+    assert s[0]["jfa_graph_of_copy"] == records[0]["graph_kv_tbps"] / 3.0
+    assert s[1]["jfa_over_best_eager"] is None and s[1]["best_peer_eager"] == "fa3"
+    table = pp.format_table(records, {"copy_tbps": 3.0}, "stopped: --time-limit-s 60 reached")
+    lines = table.splitlines()
+    assert "the device copies 3.00 TB/s, read + written" in lines[0]
+    assert lines[1].split() == ["jfa", "FA3", "FlashInfer"]
+    row_a = next(line for line in lines if line.startswith(pp.cell_name(a)))
+    rate = f"{kv / 0.1e-3 / 1e12:.2f}"
+    assert row_a.split()[6:10] == ["0.2000", "0.1000", rate, "12.3"]
+    assert row_a.split()[-3:] == ["1.25", "1.20", "FA3"] and "60.0!" in row_a
+    row_b = next(line for line in lines if line.startswith(pp.cell_name(b)))
+    assert row_b.split()[6:10] == ["n/a"] * 4 and "no graph" in row_b and "wrong" in row_b
+    assert row_b.split()[-3:] == ["-", "-", "FA3"]
+    assert any("jfa [unavailable] (first: spec4 B8 tail 64:8 d64 p1): the CUDA backend" in line
+               for line in lines)
+    assert any("FA3 [no graph]" in line and "capture failed" in line for line in lines)
+    assert lines[-1] == "stopped: --time-limit-s 60 reached"
+    assert pp.format_table([], None, "stopped") == "no results\nstopped"
+    line = pp.progress_line(records[0], " r1")
+    assert line.startswith("[decode B64 u4k 32:8 d128 p16 r1] jfa") and "host 12.3 µs" in line
+    assert f"graph 0.1000 ms ({rate} TB/s)" in line
+    assert "relative error 0.3" in pp.progress_line(records[-1])
+
+
+# ---- scripts/gpu-check.sh -----------------------------------------------------------------------
+
+def test_the_gpu_check_stage_passes_the_switch_and_the_cells_through(tmp_path):
+    """bench-paged, its helpers stubbed: PAGED_UNVERIFIED=1 becomes --unverified-jfa (nothing
+    else does), PAGED_CELLS --cells, FA3's full build --fa3-lib; the summary says which."""
+    stubs = ("runtime_env() { JFA_LIBRARY=/c/lib/libjfa.so FA3_FULL_LIB=/p/fa3_full.so; }; "
+             "left() { echo 400; }; gpu_name() { echo GPU; }; summary() { echo \"$*\"; }; "
+             "timeout() { shift; echo \"$*\"; }; ")
+    for unverified, cells in ((None, None), ("1", "decode,B64,u4k"), ("0", None), ("yes", None)):
+        out = tmp_path / f"{unverified}-{cells}"
+        out.mkdir()
+        code = (f"source <(sed -n '/^stage_bench_paged()/,/^}}/p' {SCRIPT}); {stubs}"
+                f"OUT={out}; stage_bench_paged")
+        env = {k: v for k, v in os.environ.items() if k not in ("PAGED_UNVERIFIED", "PAGED_CELLS",
+                                                               "BENCH_ROUNDS")}
+        env.update({k: v for k, v in (("PAGED_UNVERIFIED", unverified), ("PAGED_CELLS", cells))
+                    if v is not None})
+        r = subprocess.run(["bash", "-c", code], capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr
+        args = (out / "paged.log").read_text().split()
+        assert args[:2] == ["python3", "bench/paged_peers.py"]
+        assert args[args.index("--lib") + 1] == "/c/lib/libjfa.so"
+        assert args[args.index("--fa3-lib") + 1] == "/p/fa3_full.so"
+        assert args[args.index("--out") + 1] == str(out)
+        assert args[args.index("--name") + 1] == "paged"
+        assert args[args.index("--rounds") + 1] == "2"
+        assert args[args.index("--time-limit-s") + 1] == "370"
+        on = unverified == "1"
+        assert ("--unverified-jfa" in args) == on
+        assert (args[args.index("--cells") + 1] if "--cells" in args else None) == cells
+        assert r.stdout.strip() == (f"bench-paged GPU: unverified jfa {'on' if on else 'off'}, "
+                                    "rc 0 (paged.json, table in paged.log)")
+    # The options the stage passes are the script's own.
+    got = pp.parse_args(["--lib", "x.so", "--fa3-lib", "f.so", "--out", str(tmp_path), "--name",
+                         "paged", "--unverified-jfa", "--cells", "decode,B64,u4k", "--rounds",
+                         "2", "--time-limit-s", "370"])
+    assert got.unverified_jfa and len(got.cell_list) == 2 * 2 and got.time_limit_s == 370
+
+
+def test_the_gpu_check_stage_needs_the_carried_build(tmp_path):
+    r = subprocess.run(["bash", str(SCRIPT), "bench-paged", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "CARRY_DIR": str(tmp_path / "missing")})
+    assert r.returncode != 0 and "run 'scripts/gpu-check.sh build' first" in r.stderr
+    lines = (tmp_path / "out" / "summary.txt").read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bench-paged")
+    assert "FAILED (nothing carried)" in lines[0]
