@@ -48,10 +48,12 @@ echo "building libjfa_torch.so against torch in $BUILD (log: $BUILD/torch-build.
 export JFA_LIBRARY="$PWD/$BUILD/src/libjfa.so"
 echo "torch tests with the native ops ..."
 python3 -m pytest tests/python/test_torch.py tests/python/test_torch_cuda_backward.py \
-  tests/python/test_torch_local_attention.py tests/python/test_transformers_integration.py \
+  tests/python/test_torch_local_attention.py tests/python/test_torch_paged.py \
+  tests/python/test_transformers_integration.py \
   tests/python/test_transformers_integration_bf16.py tests/python/test_transformers_step_bench.py \
   tests/python/test_readme.py -q -rs || exit 1
 echo "torch tests with JFA_TORCH_OPS=ctypes ..."
 JFA_TORCH_OPS=ctypes python3 -m pytest tests/python/test_torch.py \
-  tests/python/test_torch_local_attention.py tests/python/test_transformers_integration.py \
+  tests/python/test_torch_local_attention.py tests/python/test_torch_paged.py \
+  tests/python/test_transformers_integration.py \
   tests/python/test_torch_cuda_backward.py -q || exit 1

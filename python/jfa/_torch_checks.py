@@ -126,3 +126,110 @@ def check_backward_inputs(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out
             _contiguous(name, t)
         _on_device(name, t, q.device)
     return layouts
+
+
+def _int32_tensor(name: str, t: Tensor, dims: int, shape: str, device) -> None:
+    """An int32 tensor of `dims` dimensions on the device of q (the block table, seqused_k)."""
+    _tensor(name, t)
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name} must be an int32 tensor {shape}, got {t.dtype}")
+    if t.dim() != dims:
+        raise ValueError(f"{name} must be {dims}-D {shape}, got shape {tuple(t.shape)}")
+    _on_device(name, t, device)
+
+
+def _offsets(name: str, t: Tensor, device) -> int:
+    """int32 1-D offsets on the device of q; returns their count (batch + 1)."""
+    _tensor(name, t)
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name} must be an int32 tensor (batch + 1 offsets), got {t.dtype}")
+    n = _checks.offsets_1d(name, tuple(t.shape))
+    _on_device(name, t, device)
+    return n
+
+
+def check_paged_inputs(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
+                       seqused_k: Tensor, cu_seqlens_q: Tensor, k_new=None, v_new=None,
+                       cu_seqlens_new=None):
+    """The paged op's checks of its tensors, metadata only (libjfa checks the values: page
+    indices, cache lengths, offsets), in the order and with the messages of src/torch/paged_op.cpp.
+    Returns q's (token, head) strides."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _tensor(name, t)
+    if q.dim() != 3:
+        raise ValueError("q must have 3 dimensions [total_q, heads_q, head_dim], got shape "
+                         f"{tuple(q.shape)}")
+    for name, t, cols in (("k_cache", k_cache, "head_dim"), ("v_cache", v_cache, "head_dim_v")):
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have 4 dimensions [num_pages, page_size, heads_kv, "
+                             f"{cols}], got shape {tuple(t.shape)}")
+    if tuple(v_cache.shape[:3]) != tuple(k_cache.shape[:3]):
+        raise ValueError("v_cache must have the shape of k_cache but for its last dimension "
+                         "[num_pages, page_size, heads_kv, head_dim_v], got k_cache "
+                         f"{tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)}")
+    heads_q, d, page_size = q.shape[1], q.shape[2], k_cache.shape[1]
+    heads_kv, d_v = k_cache.shape[2], v_cache.shape[3]
+    if k_cache.shape[3] != d:
+        raise ValueError("q and k_cache must have the same head_dim (last dimension), got q "
+                         f"{d} and k_cache {k_cache.shape[3]}")
+    if heads_q < 1 or heads_kv < 1:
+        raise ValueError(f"heads must be >= 1, got heads_q={heads_q} (q) and heads_kv={heads_kv} "
+                         "(k_cache, v_cache)")
+    if heads_q % heads_kv != 0:
+        raise ValueError("the heads of q must be a multiple of the heads of the caches (GQA/MQA), "
+                         f"got heads_q={heads_q} and heads_kv={heads_kv}")
+    if d < 1:
+        raise ValueError(f"head_dim must be >= 1, got {d}")
+    if d_v < 1:
+        raise ValueError(f"the head_dim of v_cache (head_dim_v) must be >= 1, got {d_v}")
+    if page_size < 1 or page_size > _checks.INT32_MAX:
+        raise ValueError(f"page_size (dimension 1 of the caches) must be in [1, 2^31 - 1], got "
+                         f"{page_size}")
+    if q.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"q must be float16, bfloat16 or float32, got {q.dtype}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"q, k_cache and v_cache must have the same dtype, got q {q.dtype} and "
+                            f"{name} {t.dtype}")
+    if k_cache.device != q.device or v_cache.device != q.device:
+        raise ValueError(f"q, k_cache and v_cache must be on the same device, got q on {q.device}, "
+                         f"k_cache on {k_cache.device}, v_cache on {v_cache.device}")
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError("q, k_cache and v_cache must be CPU or CUDA tensors, got device "
+                         f"{q.device}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not t.is_contiguous():  # no copy: an append must land in the caller's cache
+            raise ValueError(f"{name} must be contiguous (its pages are addressed packed, and "
+                             "appended to in place: pass the cache itself, not a copy)")
+    q_layout = layout("q", q)
+    _int32_tensor("block_table", block_table, 2, "[batch, max_pages_per_seq]", q.device)
+    if block_table.shape[1] > _checks.INT32_MAX:
+        raise ValueError("block_table must have at most 2^31 - 1 columns (max_pages_per_seq), "
+                         f"got {block_table.shape[1]}")
+    _int32_tensor("seqused_k", seqused_k, 1, "[batch]", q.device)
+    batch = _checks.offsets_batch("cu_seqlens_q", _offsets("cu_seqlens_q", cu_seqlens_q, q.device))
+    if block_table.shape[0] != batch or seqused_k.shape[0] != batch:
+        raise ValueError(f"block_table has {block_table.shape[0]} rows and seqused_k "
+                         f"{seqused_k.shape[0]} entries, but cu_seqlens_q describes {batch} "
+                         "sequences")
+    appending = k_new is not None
+    if appending != (v_new is not None) or appending != (cu_seqlens_new is not None):
+        raise ValueError("k_new, v_new and cu_seqlens_new go together (an append), or none")
+    if appending:
+        for name, t, cols in (("k_new", k_new, d), ("v_new", v_new, d_v)):
+            _tensor(name, t)
+            if t.dim() != 3 or t.shape[1] != heads_kv or t.shape[2] != cols:
+                raise ValueError(f"{name} must have shape [total_new, {heads_kv}, {cols}], got "
+                                 f"{tuple(t.shape)}")
+            if t.dtype != q.dtype:
+                raise TypeError(f"{name} must have the dtype of q ({q.dtype}), got {t.dtype}")
+            _on_device(name, t, q.device)
+            if not t.is_contiguous():
+                raise ValueError(f"{name} must be contiguous (the new rows are read packed); "
+                                 f"{_FIX}")
+        if k_new.shape[0] != v_new.shape[0]:
+            raise ValueError("k_new and v_new must have the same number of rows (total_new), got "
+                             f"{k_new.shape[0]} and {v_new.shape[0]}")
+        _checks.offsets_count("cu_seqlens_q", batch + 1, "cu_seqlens_new",
+                              _offsets("cu_seqlens_new", cu_seqlens_new, q.device))
+    return q_layout

@@ -10,6 +10,12 @@ workspace from torch's caching allocator and never read the offsets on the host,
 its backward can be captured in a CUDA graph and replayed after new lengths are written into the
 same offsets buffer. Both ops take ``device_check``, the word of libjfa's checked mode (device
 offsets, results that are not finite), which they write (in stream order, without waiting for it).
+
+``jfa::paged_attention``, the forward over a paged KV cache (serving), is built and registered the
+same way (native or ctypes, the fake kernel here); it has no backward: its autograd formula raises
+when a gradient reaches it. It writes its caches when it appends (k_new, v_new), and its schema
+marks them written, so torch.compile functionalizes the call (the append still lands in the caller's
+caches, copied back at the end of the graph where inductor cannot write them in place).
 """
 
 from typing import Optional, Tuple
@@ -19,7 +25,8 @@ from torch import Tensor
 from torch._library import autograd as _library_autograd  # see _torch_support.PRIVATE_API
 
 from . import _checks, _torch_native
-from ._torch_checks import check_backward_inputs, check_device_check, check_inputs, check_sinks
+from ._torch_checks import (_tensor, check_backward_inputs, check_device_check, check_inputs,
+                            check_paged_inputs, check_sinks)
 
 KIND, KIND_DETAIL = _torch_native.load(torch)
 if KIND == "ctypes":
@@ -52,6 +59,21 @@ def _jagged_attention_bwd_fake(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seq
     check_sinks(sinks, q.shape[1], q.device)
     dsinks = q.new_empty((0 if sinks is None else q.shape[1],), dtype=torch.float32)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
+
+
+@torch.library.register_fake("jfa::paged_attention")
+def _paged_attention_fake(q, k_cache, v_cache, block_table, seqused_k, cu_seqlens_q, max_seqlen_q,
+                          max_seqlen_k, causal, softmax_scale, return_lse, device_check=None,
+                          window_left=-1, window_right=-1, softcap=0.0, sinks=None, k_new=None,
+                          v_new=None, cu_seqlens_new=None):
+    check_paged_inputs(q, k_cache, v_cache, block_table, seqused_k, cu_seqlens_q, k_new, v_new,
+                       cu_seqlens_new)
+    check_device_check(device_check, q.device)
+    check_sinks(sinks, q.shape[1], q.device)
+    total_q, heads_q = q.shape[0], q.shape[1]
+    out = q.new_empty((total_q, heads_q, v_cache.shape[3]))  # v_cache's head_dim (head_dim_v)
+    lse = q.new_empty((heads_q, total_q) if return_lse else (0,), dtype=torch.float32)
+    return out, lse
 
 
 NEEDS_LSE_MESSAGE = (
@@ -102,9 +124,10 @@ def _raise_translated(error: RuntimeError):
     raise translated from None
 
 
-def _register_autograd(name: str, backward, setup_context) -> None:
+def _register_autograd(name: str, backward, setup_context, written=None) -> None:
     """torch.library.register_autograd for an op whose only written argument is device_check,
     with the version bump of the word that custom_op registers for a written argument.
+    ``written(args)``, where given, names the tensors a call writes instead (those to bump).
 
     register_autograd refuses ops that write an argument, as a formula cannot know how a written
     tensor that needs a gradient changed; the word is int32 and never needs one, so the formula of
@@ -120,10 +143,14 @@ def _register_autograd(name: str, backward, setup_context) -> None:
     word = next(i for i, a in enumerate(op._schema.arguments) if a.name == "device_check")
     after_view = torch._C._after_ADInplaceOrView_keyset
     bump = torch.autograd.graph.increment_version
+    if written is None:
+        def written(args):
+            return (args[word],) if len(args) > word and args[word] is not None else ()
 
     def ad_inplace_or_view(keyset, *args, **kwargs):
-        if len(args) > word and args[word] is not None:
-            bump(args[word])
+        tensors = written(args)
+        if tensors:
+            bump(tensors)
         try:
             return op.redispatch(keyset & after_view, *args, **kwargs)
         except RuntimeError as e:
@@ -151,7 +178,36 @@ def _backward_of_backward(ctx, *grads):
 _register_autograd("jagged_attention_bwd", _backward_of_backward,
                    lambda ctx, inputs, output: None)
 
+PAGED_NO_BACKWARD_MESSAGE = (
+    "jfa.paged_attention (torch.ops.jfa.paged_attention) is forward only (serving): it has no "
+    "backward; call it under torch.no_grad() or torch.inference_mode(), or on inputs that do not "
+    "require grad, or use jfa.jagged_attention on packed keys to train")
+
+
+def _paged_backward(ctx, *grads):
+    raise NotImplementedError(PAGED_NO_BACKWARD_MESSAGE)
+
+
+_PAGED_ARGS = [a.name for a in torch.ops.jfa.paged_attention.default._schema.arguments]
+_PAGED_WORD = _PAGED_ARGS.index("device_check")
+_PAGED_K_NEW = _PAGED_ARGS.index("k_new")
+
+
+def _paged_written(args):
+    """The tensors a paged call writes: the word, and the caches when it appends (the dispatcher
+    leaves out trailing arguments equal to their defaults, so a missing k_new is None)."""
+    word = args[_PAGED_WORD] if len(args) > _PAGED_WORD else None
+    caches = args[1:3] if len(args) > _PAGED_K_NEW and args[_PAGED_K_NEW] is not None else ()
+    return tuple(caches) + (() if word is None else (word,))
+
+
+# The formula raises at the backward, not the forward: a call with inputs that need a gradient
+# (a model run without no_grad) works, and only a gradient that reaches it fails, with the reason.
+_register_autograd("paged_attention", _paged_backward, lambda ctx, inputs, output: None,
+                   _paged_written)
+
 _FWD = torch.ops.jfa.jagged_attention_fwd.default
+_PAGED = torch.ops.jfa.paged_attention.default
 _below_inplace_or_view = torch._C._AutoDispatchBelowADInplaceOrView
 _bump_version = torch.autograd.graph.increment_version
 _is_compiling = torch.compiler.is_compiling
@@ -220,6 +276,55 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c
                 out, lse = _FWD(*args, return_lse, False, device_check, *local)
             if device_check is not None:
                 _bump_version(device_check)  # what the skipped ADInplaceOrView kernel does
+    except RuntimeError as e:  # the fast path skips the ADInplaceOrView kernel that translates
+        _raise_translated(e)
+    return (out, lse) if return_lse else out
+
+
+def _needs_grad(*tensors) -> bool:
+    return _grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def paged_attention(q, k_cache, v_cache, block_table, seqused_k, cu_seqlens_q, max_seqlen_q,
+                    max_seqlen_k, causal, softmax_scale, return_lse, window_size=(-1, -1),
+                    softcap=0.0, sinks=None, device_check=None, k_new=None, v_new=None,
+                    cu_seqlens_new=None):
+    """The torch face of jfa.paged_attention (traceable by torch.compile). As attention(), a call
+    that needs no gradient skips the autograd and ADInplaceOrView layers, and bumps the versions
+    of what it wrote (the word; the caches when it appends) here."""
+    # TypeErrors naming the argument, not the dispatcher's.
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("block_table", block_table),
+                    ("seqused_k", seqused_k)):
+        _tensor(name, t)
+    for name, t in (("k_new", k_new), ("v_new", v_new)):
+        if t is not None:
+            _tensor(name, t)
+    cu_q = _offsets_tensor("cu_seqlens_q", cu_seqlens_q, q.device)
+    cu_new = (None if cu_seqlens_new is None else
+              _offsets_tensor("cu_seqlens_new", cu_seqlens_new, q.device))
+    scale = None if softmax_scale is None else _checks.scale_value(softmax_scale)
+    return_lse = _checks.flag("return_lse", return_lse)
+    check_device_check(device_check, q.device)
+    window_left, window_right = _checks.window(window_size)
+    sinks = _sinks_tensor(sinks, q.device)
+    args = (q, k_cache, v_cache, block_table, seqused_k, cu_q,
+            _hint("max_seqlen_q", max_seqlen_q), _hint("max_seqlen_k", max_seqlen_k),
+            _checks.flag("causal", causal), scale, return_lse, device_check, window_left,
+            window_right, _checks.softcap_value(softcap), sinks, k_new, v_new, cu_new)
+    if _is_compiling():
+        # Raised here while tracing, as the exception itself (see attention()).
+        check_paged_inputs(q, k_cache, v_cache, block_table, seqused_k, cu_q, k_new, v_new,
+                           cu_new)
+        check_sinks(sinks, q.shape[1], q.device)
+    try:
+        if _is_compiling() or _needs_grad(q, k_cache, v_cache, k_new, v_new, sinks):
+            out, lse = _PAGED(*args)
+        else:
+            with _below_inplace_or_view():
+                out, lse = _PAGED(*args)
+            written = _paged_written(args)
+            if written:
+                _bump_version(written)  # what the skipped ADInplaceOrView kernel does
     except RuntimeError as e:  # the fast path skips the ADInplaceOrView kernel that translates
         _raise_translated(e)
     return (out, lse) if return_lse else out

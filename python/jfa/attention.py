@@ -122,35 +122,73 @@ def paged_attention(q, k_cache, v_cache, block_table, seqused_k, cu_seqlens_q, *
                     max_seqlen_q=None, max_seqlen_k=None, causal=False, softmax_scale=None,
                     return_lse=False, window_size=(-1, -1), softcap=0.0, sinks=None,
                     reference=False, q_tokens=None, k_new=None, v_new=None,
-                    cu_seqlens_new=None):
+                    cu_seqlens_new=None, device_check=None):
     """Attention of packed queries over a paged KV cache (serving: decode, speculative decode,
-    chunked prefill), numpy arrays on the CPU backend for now.
+    chunked prefill), torch tensors or numpy arrays. Forward only: no gradients.
 
     Args:
-        q: ``[total_q, heads_q, head_dim]`` float16/float32, packed by ``cu_seqlens_q``.
+        q: ``[total_q, heads_q, head_dim]``, packed by ``cu_seqlens_q``. torch: float16,
+            bfloat16 or float32 (CUDA -> the GPU backend on the current stream; CPU -> the CPU
+            backend), the last dimension contiguous; numpy: float16 or float32 (CPU backend).
         k_cache, v_cache: ``[num_pages, page_size, heads_kv, head_dim]`` (v: its own head_dim),
-            C-contiguous, q's dtype.
+            contiguous, q's dtype and device (a strided view is refused, not copied: an append
+            must land in the caller's cache).
         block_table: int32 ``[batch, max_pages_per_seq]``: each sequence's pages in order (shuffled
             or shared pages are fine; only the entries of pages that hold keys are read).
         seqused_k: int32 ``[batch]``: each sequence's cache length, its len_k.
         cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, softmax_scale, return_lse, window_size,
             softcap, sinks: as for :func:`jagged_attention` (the causal mask and windows aligned
-            bottom-right with len_k = seqused_k).
-        reference: compute libjfa's float64 reference instead (rows ``q_tokens``, all when None).
+            bottom-right with len_k = seqused_k, plus the appended rows). torch: block_table,
+            seqused_k and the offsets on q's device (the offsets may be lists of ints); nothing is
+            read on the host, so a call on CUDA tensors does not synchronize. The CUDA kernels plan
+            their launch from max_seqlen_q, which they need.
+        reference: compute libjfa's float64 reference instead (rows ``q_tokens``, all when None);
+            numpy arrays only (pass ``t.cpu().numpy()`` for a float16/float32 tensor t).
         k_new, v_new, cu_seqlens_new: an append (one call per decode or prefill step): the step's
             new keys ``[total_new, heads_kv, head_dim]`` and values, packed by ``cu_seqlens_new``,
             written into each sequence's pages after its ``seqused_k`` rows (the caches change in
             place; ``seqused_k`` does not) and attended over with them. The reference writes
             nothing. A call rejected for its arguments writes nothing.
+        device_check: torch only: None, or the 1-element int32 word of the checked mode on q's
+            device, as for :func:`jagged_attention` (on CUDA the call checks cu_seqlens_q,
+            seqused_k and the block table where it runs; the CPU backend checks them on the host
+            and stores 0).
 
-    Returns ``out`` (float64 with ``reference``) or ``(out, lse)``. Raises TypeError/ValueError for
-    bad arguments and jfa.JfaError (with the library's message: a block table entry outside
-    [0, num_pages), a cache length past the table, ...) when libjfa rejects the call.
+    With torch tensors the call is ``torch.ops.jfa.paged_attention``, whose schema marks k_cache
+    and v_cache written; ``torch.compile(fullgraph=True)`` keeps it in the graph. The
+    CUDA backend does not take a paged cache yet: it answers jfa.JfaUnsupportedError, unless
+    ``JFA_CUDA_UNVERIFIED_PAGED_KV=1`` routes the call to its kernels, not yet verified on a GPU
+    (decode and speculative decode, fp16/bf16, head_dim 64/128/256, no append).
+
+    Returns ``out`` ``[total_q, heads_q, head_dim_v]`` of q's dtype (float64 with ``reference``),
+    or ``(out, lse)`` (lse float32 ``[heads_q, total_q]``). Raises TypeError/ValueError for bad
+    arguments and jfa.JfaError (with the library's message: a block table entry outside
+    [0, num_pages), a cache length past the table, ...) when libjfa rejects the call. A gradient
+    that reaches the result of a torch call raises NotImplementedError.
     """
-    if _torch is not None and any(isinstance(x, _torch.Tensor)
-                                  for x in (q, k_cache, v_cache, block_table, seqused_k)):
-        raise TypeError("paged_attention takes numpy arrays for now (the CPU backend); torch "
-                        "tensors come with the CUDA kernels")
+    if _torch is not None and isinstance(q, _torch.Tensor):
+        if not (isinstance(k_cache, _torch.Tensor) and isinstance(v_cache, _torch.Tensor)):
+            raise TypeError("q, k_cache and v_cache must all be torch tensors or all numpy arrays, "
+                            f"got q {type(q).__name__}, k_cache {type(k_cache).__name__}, "
+                            f"v_cache {type(v_cache).__name__}")
+        if reference or q_tokens is not None:
+            raise TypeError("paged_attention(reference=True) and q_tokens take numpy arrays; pass "
+                            "t.cpu().numpy() for a torch tensor t (float16 or float32)")
+        return _ops.paged_attention(q, k_cache, v_cache, block_table, seqused_k, cu_seqlens_q,
+                                    max_seqlen_q, max_seqlen_k, causal, softmax_scale, return_lse,
+                                    window_size, softcap, sinks, device_check, k_new, v_new,
+                                    cu_seqlens_new)
+    if _torch is not None and (isinstance(k_cache, _torch.Tensor)
+                               or isinstance(v_cache, _torch.Tensor)):
+        raise TypeError("q, k_cache and v_cache must all be torch tensors or all numpy arrays, got "
+                        f"q {type(q).__name__}, k_cache {type(k_cache).__name__}, "
+                        f"v_cache {type(v_cache).__name__}")
+    if _is_foreign_tensor(q):
+        raise TypeError(f"q is a {type(q).__module__}.{type(q).__name__} but torch support is not "
+                        f"available: {_unavailable_reason()}")
+    if device_check is not None:  # host offsets and tables are checked before every call
+        raise TypeError("device_check is for torch tensors; numpy calls check their offsets and "
+                        f"block table on the host, got {type(device_check).__name__}")
     from . import _numpy_backend
     # The reference takes no length hints (as attention_reference).
     hints = (None, None) if reference else (max_seqlen_q, max_seqlen_k)

@@ -40,29 +40,6 @@ void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
           "the head_dim of v (head_dim_v) must be >= 1, got " + std::to_string(v.size(2)));
 }
 
-jfa_dtype jfa_dtype_of(int32_t dtype) {
-  if (dtype == aoti_torch_dtype_float16()) return JFA_DTYPE_FLOAT16;
-  if (dtype == aoti_torch_dtype_bfloat16()) return JFA_DTYPE_BFLOAT16;
-  if (dtype == aoti_torch_dtype_float32()) return JFA_DTYPE_FLOAT32;
-  raise("TypeError", "q must be float16, bfloat16 or float32, got " + dtype_string(dtype));
-}
-
-// Offsets as the kernel reads them: int32, 1-D, on q's device, dense (a device copy when strided;
-// no host synchronization).
-Tensor dense_offsets(const char* name, const Tensor& t, DeviceId device) {
-  if (dtype_of(t) != aoti_torch_dtype_int32())
-    raise("TypeError", std::string(name) + " must be an int32 tensor (batch + 1 offsets), got " +
-                           dtype_string(dtype_of(t)));
-  if (t.dim() != 1)
-    raise("ValueError",
-          std::string(name) + " must be 1-D (batch + 1 offsets), got shape " + shape_string(t));
-  check_on_device(name, t, device);
-  if (t.size(0) <= 1 || t.stride(0) == 1) return t;
-  AtenTensorHandle copy = nullptr;
-  check_shim(aoti_torch_clone(t.get(), &copy), "clone of the offsets");
-  return Tensor(copy);
-}
-
 // None (the hint left out) means unknown, as 0 does.
 int32_t seqlen_hint(const char* name, std::optional<int64_t> hint) {
   const int64_t value = hint.value_or(0);
@@ -116,6 +93,27 @@ std::string float_string(double value) {
 
 }  // namespace
 
+jfa_dtype jfa_dtype_of(int32_t dtype) {
+  if (dtype == aoti_torch_dtype_float16()) return JFA_DTYPE_FLOAT16;
+  if (dtype == aoti_torch_dtype_bfloat16()) return JFA_DTYPE_BFLOAT16;
+  if (dtype == aoti_torch_dtype_float32()) return JFA_DTYPE_FLOAT32;
+  raise("TypeError", "q must be float16, bfloat16 or float32, got " + dtype_string(dtype));
+}
+
+Tensor dense_offsets(const char* name, const Tensor& t, DeviceId device) {
+  if (dtype_of(t) != aoti_torch_dtype_int32())
+    raise("TypeError", std::string(name) + " must be an int32 tensor (batch + 1 offsets), got " +
+                           dtype_string(dtype_of(t)));
+  if (t.dim() != 1)
+    raise("ValueError",
+          std::string(name) + " must be 1-D (batch + 1 offsets), got shape " + shape_string(t));
+  check_on_device(name, t, device);
+  if (t.size(0) <= 1 || t.stride(0) == 1) return t;
+  AtenTensorHandle copy = nullptr;
+  check_shim(aoti_torch_clone(t.get(), &copy), "clone of the offsets");
+  return Tensor(copy);
+}
+
 [[noreturn]] void raise(const char* kind, const std::string& message) {
   throw std::runtime_error(std::string(kind) + ": " + message);
 }
@@ -158,6 +156,10 @@ std::string dtype_string(int32_t dtype) {
   if (dtype == aoti_torch_dtype_float64()) return "torch.float64";
   if (dtype == aoti_torch_dtype_int32()) return "torch.int32";
   if (dtype == aoti_torch_dtype_int64()) return "torch.int64";
+  if (dtype == aoti_torch_dtype_int16()) return "torch.int16";
+  if (dtype == aoti_torch_dtype_int8()) return "torch.int8";
+  if (dtype == aoti_torch_dtype_uint8()) return "torch.uint8";
+  if (dtype == aoti_torch_dtype_bool()) return "torch.bool";
   return "dtype code " + std::to_string(dtype);
 }
 
@@ -251,6 +253,29 @@ CudaDeviceScope::~CudaDeviceScope() {
   if (guard_ != nullptr) aoti_torch_delete_device_guard(guard_);
 }
 
+void set_scores(jfa_attention_params& p, std::optional<int64_t> max_seqlen_q,
+                std::optional<int64_t> max_seqlen_k, bool causal,
+                std::optional<double> softmax_scale, int64_t window_left, int64_t window_right,
+                double softcap, const std::optional<Tensor>& sinks, int64_t heads_q,
+                DeviceId device) {
+  p.max_seqlen_q = seqlen_hint("max_seqlen_q", max_seqlen_q);
+  p.max_seqlen_k = seqlen_hint("max_seqlen_k", max_seqlen_k);
+  if (softmax_scale.has_value()) {
+    const double s = *softmax_scale;
+    if (!std::isfinite(s) || std::fabs(s) > std::numeric_limits<float>::max())
+      raise("ValueError",
+            "softmax_scale must be finite in float32 (or None for "
+            "1/sqrt(head_dim)), got " +
+                float_string(s));
+    p.softmax_scale = static_cast<float>(s);
+  }
+  p.window_left = window_bound("window_left", window_left);
+  p.window_right = window_bound("window_right", window_right);
+  p.softcap = saturated_float(softcap);
+  p.sinks = sinks_pointer(sinks, heads_q, device);
+  p.causal = causal ? 1 : 0;
+}
+
 ForwardCall prepare_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                             const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
                             std::optional<int64_t> max_seqlen_q,
@@ -291,21 +316,8 @@ ForwardCall prepare_forward(const Tensor& q, const Tensor& k, const Tensor& v,
   p.q_layout = layout_of("q", q);
   p.k_layout = layout_of("k", k);
   p.v_layout = layout_of("v", v);
-  p.max_seqlen_q = seqlen_hint("max_seqlen_q", max_seqlen_q);
-  p.max_seqlen_k = seqlen_hint("max_seqlen_k", max_seqlen_k);
-  if (softmax_scale.has_value()) {
-    const double s = *softmax_scale;
-    if (!std::isfinite(s) || std::fabs(s) > std::numeric_limits<float>::max())
-      raise("ValueError",
-            "softmax_scale must be finite in float32 (or None for "
-            "1/sqrt(head_dim)), got " +
-                float_string(s));
-    p.softmax_scale = static_cast<float>(s);
-  }
-  p.window_left = window_bound("window_left", window_left);
-  p.window_right = window_bound("window_right", window_right);
-  p.softcap = saturated_float(softcap);
-  p.sinks = sinks_pointer(sinks, q.size(1), device);
+  set_scores(p, max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_left, window_right,
+             softcap, sinks, q.size(1), device);
 
   const int64_t heads_q = q.size(1), d = q.size(2);
   p.q = q.data_ptr();
@@ -321,7 +333,6 @@ ForwardCall prepare_forward(const Tensor& q, const Tensor& k, const Tensor& v,
   p.head_dim = static_cast<int32_t>(d);
   p.head_dim_v = static_cast<int32_t>(v.size(2));
   p.dtype = jdtype;
-  p.causal = causal ? 1 : 0;
   p.backend = on_cuda ? JFA_BACKEND_CUDA : JFA_BACKEND_CPU;
   return ForwardCall{p, cu_q, cu_k, device, dtype, on_cuda};
 }

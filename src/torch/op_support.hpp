@@ -46,6 +46,21 @@ jfa_tensor_layout layout_of(const char* name, const Tensor& t);
 // A tensor of `sizes` (packed, row-major) on `device`.
 Tensor empty(std::initializer_list<int64_t> sizes, int32_t dtype, DeviceId device);
 
+// q's dtype as the C ABI names it (TypeError for the dtypes it does not take).
+jfa_dtype jfa_dtype_of(int32_t dtype);
+
+// Offsets as the kernels read them: int32, 1-D, on `device`, dense (a device copy when strided; no
+// host synchronization).
+Tensor dense_offsets(const char* name, const Tensor& t, DeviceId device);
+
+// The fields of p that the packed and the paged forward take alike: the max_seqlen hints, the
+// scale, the causal mask, the window, softcap and sinks (None or float32 [heads_q] on `device`).
+void set_scores(jfa_attention_params& p, std::optional<int64_t> max_seqlen_q,
+                std::optional<int64_t> max_seqlen_k, bool causal,
+                std::optional<double> softmax_scale, int64_t window_left, int64_t window_right,
+                double softcap, const std::optional<Tensor>& sinks, int64_t heads_q,
+                DeviceId device);
+
 // The forward's parameters from the op's arguments, checked (every pointer but out and lse set),
 // with the dense offsets they point into; `on_cuda` says which backend serves the tensors. The
 // window and softcap are only converted to the C fields here (libjfa checks their values).

@@ -30,4 +30,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> jagged_attention_bwd(
     bool deterministic, std::optional<Tensor> device_check, int64_t window_left,
     int64_t window_right, double softcap, std::optional<Tensor> sinks);
 
+// The forward over a paged KV cache (jfa_attention_forward_paged); no backward (serving). Returns
+// (out, lse) as jagged_attention_fwd. With k_new, v_new and cu_seqlens_new (an append) the call
+// writes the step's new rows into k_cache and v_cache in place before attending over them.
+std::tuple<Tensor, Tensor> paged_attention(
+    Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seqused_k,
+    Tensor cu_seqlens_q, std::optional<int64_t> max_seqlen_q, std::optional<int64_t> max_seqlen_k,
+    bool causal, std::optional<double> softmax_scale, bool return_lse,
+    std::optional<Tensor> device_check, int64_t window_left, int64_t window_right, double softcap,
+    std::optional<Tensor> sinks, std::optional<Tensor> k_new, std::optional<Tensor> v_new,
+    std::optional<Tensor> cu_seqlens_new);
+
 }  // namespace jfa::torch_ops
