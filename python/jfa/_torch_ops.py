@@ -35,6 +35,15 @@ if KIND == "ctypes":
     _torch_ctypes_op.register()
 
 
+def _forward_outputs(q, head_dim_v, return_lse):
+    """The fake forwards' out [total_q, heads_q, head_dim_v] and lse [heads_q, total_q] (empty
+    without return_lse)."""
+    total_q, heads_q = q.shape[0], q.shape[1]
+    out = q.new_empty((total_q, heads_q, head_dim_v))
+    lse = q.new_empty((heads_q, total_q) if return_lse else (0,), dtype=torch.float32)
+    return out, lse
+
+
 @torch.library.register_fake("jfa::jagged_attention_fwd")
 def _jagged_attention_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                causal, softmax_scale, return_lse, deterministic=False,
@@ -43,10 +52,7 @@ def _jagged_attention_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
     check_device_check(device_check, q.device)
     check_sinks(sinks, q.shape[1], q.device)
-    total_q, heads_q = q.shape[0], q.shape[1]
-    out = q.new_empty((total_q, heads_q, v.shape[2]))  # v's head_dim (head_dim_v)
-    lse = q.new_empty((heads_q, total_q) if return_lse else (0,), dtype=torch.float32)
-    return out, lse
+    return _forward_outputs(q, v.shape[2], return_lse)  # v's head_dim (head_dim_v)
 
 
 @torch.library.register_fake("jfa::jagged_attention_bwd")
@@ -70,10 +76,7 @@ def _paged_attention_fake(q, k_cache, v_cache, block_table, seqused_k, cu_seqlen
                        cu_seqlens_new)
     check_device_check(device_check, q.device)
     check_sinks(sinks, q.shape[1], q.device)
-    total_q, heads_q = q.shape[0], q.shape[1]
-    out = q.new_empty((total_q, heads_q, v_cache.shape[3]))  # v_cache's head_dim (head_dim_v)
-    lse = q.new_empty((heads_q, total_q) if return_lse else (0,), dtype=torch.float32)
-    return out, lse
+    return _forward_outputs(q, v_cache.shape[3], return_lse)  # v_cache's head_dim (head_dim_v)
 
 
 NEEDS_LSE_MESSAGE = (

@@ -12,6 +12,7 @@
 #include "cuda/sm90/forward/fwd_config.cuh"
 #include "cuda/sm90/forward/mask.cuh"
 #include "cuda/sm90/shared/ragged_rows_store.cuh"
+#include "cuda/sm90/shared/row_end.cuh"
 #include "cuda/sm90/shared/softmax.cuh"
 #include "cuda/tlx/fence.hpp"
 #include "cuda/tlx/fragment.hpp"
@@ -20,34 +21,6 @@
 #include "jfa/jfa.h"
 
 namespace jfa::sm90 {
-
-// A row's end in the local-attention kernels: the normaliser of O and the LSE over scores scaled by
-// score_scale, with its head's sink in the denominator where there are sinks (the LSE includes it;
-// a row that sees no key has out 0 and LSE the sink, -inf without). A sink far above the scores
-// makes the normaliser infinite and O zero, its limit.
-struct LocalRowEnd {
-  float inv, lse;
-};
-
-__device__ __forceinline__ LocalRowEnd local_row_end(const FwdLocalArgs& a, int32_t head,
-                                                     float row_max, float l, bool empty) {
-  const float base = row_max * a.score_scale;
-  LocalRowEnd e{empty ? 0.f : 1.f / l, empty ? -INFINITY : base + logf(l)};
-  if (a.sinks != nullptr) {
-    const float sink = __ldg(a.sinks + head);
-    if (empty) {
-      e.lse = sink;
-    } else {
-      e.inv = 1.f / (l + __expf(sink - base));
-      const float hi = fmaxf(e.lse, sink), lo = fminf(e.lse, sink);
-      e.lse = hi + log1pf(__expf(lo - hi));
-    }
-    // fmaxf would pass over a NaN sink: a sink that is not finite is the LSE, which the checked
-    // mode reports.
-    if (!(fabsf(sink) < INFINITY)) e.lse = sink;
-  }
-  return e;
-}
 
 // `no_keys`: no row of the item sees a key (O is zero, LSE -inf; mask.keys not loaded).
 template <typename Cfg>
@@ -79,8 +52,9 @@ __device__ __forceinline__ void epilogue(const tlx::AccumFragment<Cfg::kDv>& o,
     inv[h] = empty ? 0.f : 1.f / l;
     [[maybe_unused]] float local_lse = 0.f;
     if constexpr (Cfg::kLocal) {
-      const LocalRowEnd e =
-          local_row_end(static_cast<const FwdLocalArgs&>(a), w.head, softmax.row_max[h], l, empty);
+      const FwdLocalArgs& local = static_cast<const FwdLocalArgs&>(a);
+      const RowEnd e =
+          row_end(local.sinks, w.head, local.score_scale, softmax.row_max[h], l, empty);
       inv[h] = e.inv;
       local_lse = e.lse;
     }

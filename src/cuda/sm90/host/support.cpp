@@ -39,8 +39,7 @@ jfa_status check_tensors_supported(const TensorArg* tensors, int n) {
   return JFA_SUCCESS;
 }
 
-jfa_status check_supported(const jfa::detail::Params& p, Pass pass,
-                           const jfa::cuda::DeviceFacts** facts_out) {
+jfa_status current_hopper_device(const char* supported, const jfa::cuda::DeviceFacts** facts_out) {
   using jfa::detail::fail;
   int device = 0;
   const cudaError_t e = cudaGetDevice(&device);
@@ -54,7 +53,16 @@ jfa_status check_supported(const jfa::detail::Params& p, Pass pass,
                 cudaGetErrorString(facts.error));
   if (facts.major != 9 || facts.minor != 0)
     return fail(JFA_ERROR_UNSUPPORTED, "device %d has compute capability %d.%d; %s", device,
-                facts.major, facts.minor, kSupported);
+                facts.major, facts.minor, supported);
+  *facts_out = &facts;
+  return JFA_SUCCESS;
+}
+
+jfa_status check_supported(const jfa::detail::Params& p, Pass pass,
+                           const jfa::cuda::DeviceFacts** facts_out) {
+  using jfa::detail::fail;
+  const jfa::cuda::DeviceFacts* facts = nullptr;
+  if (const jfa_status s = current_hopper_device(kSupported, &facts); s != JFA_SUCCESS) return s;
   if (p.dtype != JFA_DTYPE_FLOAT16 && p.dtype != JFA_DTYPE_BFLOAT16)
     return fail(JFA_ERROR_UNSUPPORTED, "dtype float32 is not supported on CUDA; %s", kSupported);
   if (!has_kernels(pass, p.head_dim, p.head_dim_v)) {
@@ -79,7 +87,7 @@ jfa_status check_supported(const jfa::detail::Params& p, Pass pass,
   if (const jfa_status s = check_tensors_supported(tensors, 4); s != JFA_SUCCESS) return s;
   if (p.lse != nullptr && (reinterpret_cast<uintptr_t>(p.lse) & 3u) != 0)
     return fail(JFA_ERROR_INVALID_ARGUMENT, "lse must be 4-byte aligned");
-  *facts_out = &facts;
+  *facts_out = facts;
   return JFA_SUCCESS;
 }
 

@@ -17,6 +17,10 @@ struct TensorArg {
   const char* name;
 };
 
+// The current device's facts when it is a Hopper GPU (compute capability 9.0); otherwise
+// JFA_ERROR_CUDA, or JFA_ERROR_UNSUPPORTED ending with `supported` (what the kernels run on).
+jfa_status current_hopper_device(const char* supported, const jfa::cuda::DeviceFacts** facts);
+
 // Checks the current device and the forward's parameters (q, k, v, out and lse) for the pass (its
 // head sizes); on success *facts is the current device's. Returns the status and sets the message
 // otherwise.

@@ -8,42 +8,22 @@
 
 #include "cuda/sm90/paged/paged_args.hpp"
 #include "cuda/sm90/paged/paged_vec.cuh"
+#include "cuda/sm90/shared/row_end.cuh"
 #include "jfa/jfa.h"
 
 namespace jfa::sm90 {
 
-struct PagedRowEnd {
-  float inv;  // the factor of O
-  float lse;
-};
-
-// A row whose sum is 0 saw no key: out 0 and LSE -inf, or its sink. A sink far above the scores
-// makes the normaliser infinite and O zero, its limit; a sink that is not finite is the LSE (which
-// the checked mode reports).
-__device__ __forceinline__ PagedRowEnd paged_row_end(const PagedArgs& a, float m, float l,
-                                                     int32_t head) {
-  const bool empty = l == 0.f;
-  const float base = m * a.score_scale;
-  PagedRowEnd e{empty ? 0.f : 1.f / l, empty ? -INFINITY : base + logf(l)};
-  if (a.sinks != nullptr) {
-    const float sink = __ldg(a.sinks + head);
-    if (empty) {
-      e.lse = sink;
-    } else {
-      e.inv = 1.f / (l + __expf(sink - base));
-      const float hi = fmaxf(e.lse, sink), lo = fminf(e.lse, sink);
-      e.lse = hi + log1pf(__expf(lo - hi));
-    }
-    if (!(fabsf(sink) < INFINITY)) e.lse = sink;
-  }
-  return e;
+// A row whose sum is 0 saw no key (row_end: out 0 and LSE -inf, or its sink).
+__device__ __forceinline__ RowEnd paged_row_end(const PagedArgs& a, float m, float l,
+                                                int32_t head) {
+  return row_end(a.sinks, head, a.score_scale, m, l, l == 0.f);
 }
 
 // Whether the checked mode reports a row: one that saw a key without a finite positive sum (a
 // score float32 cannot hold, or a NaN input), or an LSE written that is not finite where the row
 // saw a key or has a sink.
 __device__ __forceinline__ bool paged_row_not_finite(const PagedArgs& a, bool saw_key, float l,
-                                                     const PagedRowEnd& e) {
+                                                     const RowEnd& e) {
   if (saw_key && !(l > 0.f && l < INFINITY)) return true;
   return a.lse != nullptr && (l != 0.f || a.sinks != nullptr) && !(fabsf(e.lse) < INFINITY);
 }
@@ -81,7 +61,7 @@ __global__ void __launch_bounds__(kPagedCombineThreads) paged_combine_kernel(con
     }
     const int64_t token = row / a.heads_q;
     const int32_t head = static_cast<int32_t>(row % a.heads_q);
-    const PagedRowEnd e = paged_row_end(a, m, l, head);
+    const RowEnd e = paged_row_end(a, m, l, head);
     T* dst = static_cast<T*>(a.out) + token * a.out_token_stride + head * a.out_head_stride +
              lane * kCols;
     store_scaled<T, kCols>(dst, o, e.inv);

@@ -331,7 +331,7 @@ __global__ void __launch_bounds__(PagedConfig<kD>::kThreads)
   for (int j = 0; j < kRows; ++j) {
     if (j >= team_rows) continue;
     if (a.splits == 1) {
-      const PagedRowEnd e = paged_row_end(a, m[j], l[j], head[j]);
+      const RowEnd e = paged_row_end(a, m[j], l[j], head[j]);
       T* dst = static_cast<T*>(a.out) + token[j] * a.out_token_stride +
                head[j] * a.out_head_stride + lane * 8;
       store_scaled<T, 8>(dst, o[j], e.inv);

@@ -58,20 +58,11 @@ bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u
 // What the kernels take, JFA_ERROR_UNSUPPORTED naming the rest; *facts is the current device's.
 jfa_status check_paged_supported(const Params& p, const jfa_paged_kv& kv,
                                  const jfa::cuda::DeviceFacts** facts_out) {
-  int device = 0;
-  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) {
-    cudaGetLastError();
-    return fail(JFA_ERROR_CUDA, "cannot query the current CUDA device: %s", cudaGetErrorString(e));
-  }
-  const jfa::cuda::DeviceFacts& facts = jfa::cuda::device_facts(device);
-  if (facts.error != cudaSuccess)
-    return fail(JFA_ERROR_CUDA, "cannot query CUDA device %d: %s", device,
-                cudaGetErrorString(facts.error));
-  if (facts.major != 9 || facts.minor != 0)
-    return fail(JFA_ERROR_UNSUPPORTED,
-                "device %d has compute capability %d.%d; the CUDA paged forward runs on 9.0 "
-                "(Hopper)",
-                device, facts.major, facts.minor);
+  const jfa::cuda::DeviceFacts* facts = nullptr;
+  if (const jfa_status s =
+          current_hopper_device("the CUDA paged forward runs on 9.0 (Hopper)", &facts);
+      s != JFA_SUCCESS)
+    return s;
   if (p.dtype != JFA_DTYPE_FLOAT16 && p.dtype != JFA_DTYPE_BFLOAT16)
     return fail(JFA_ERROR_UNSUPPORTED,
                 "dtype float32: the CUDA paged forward takes fp16 and bf16 (float32 on the CPU "
@@ -117,7 +108,7 @@ jfa_status check_paged_supported(const Params& p, const jfa_paged_kv& kv,
                 "%d query heads per KV head times max_seqlen_q %d: too many rows for the CUDA "
                 "paged forward",
                 p.group_size(), p.max_seqlen_q);
-  *facts_out = &facts;
+  *facts_out = facts;
   return JFA_SUCCESS;
 }
 
