@@ -82,6 +82,7 @@ def test_cache_lengths_are_uniform_or_a_reproducible_heavy_tail():
 
 
 def test_block_tables_use_every_page_once_in_a_shuffled_order():
+    pytest.importorskip("torch", reason="torch is not installed")
     for lengths, page in (([5, 17, 32, 1], 16), ([4096] * 8, 16), ([300, 1, 2, 70], 1),
                           ([1000, 33, 256], 256), ([64, 65], 64)):
         table, num_pages = pp.block_table(lengths, page, seed=3)
