@@ -24,6 +24,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import backward_peers as bp  # noqa: E402
+import local_backward as lb  # noqa: E402
 import local_peers as lp  # noqa: E402
 import peers  # noqa: E402
 import workloads as W  # noqa: E402
@@ -714,7 +715,7 @@ def test_a_backward_cell_checks_each_method_on_its_own_reference_and_counts_the_
             rec.update(eager_ms=2.0, graph_ms=1.0)
         return rec
 
-    monkeypatch.setattr(lp, "measure_backward", check_only)
+    monkeypatch.setattr(lb, "measure_backward", check_only)
     jfa_bwd = lp.jfa_backward_prepare(G, ctx)
     impls = {"jfa": jfa_bwd, "jfa_nosinks": jfa_bwd, "fa3": no_window_peer}
     mine, peer = lp.measure_backward_cell(torch, G, ctx, impls, bc, "swa128nc", {}, 1, None)
@@ -1175,7 +1176,7 @@ def test_a_backward_cell_gives_flexattention_the_sinks(monkeypatch):
             rec.update(eager_ms=2.0, graph_ms=1.0)
         return rec
 
-    monkeypatch.setattr(lp, "measure_backward", check_only)
+    monkeypatch.setattr(lb, "measure_backward", check_only)
     impls = {"jfa_nosinks": reference_peer, "fa3": reference_peer, "flex": flex}
     nosinks, fx = lp.measure_backward_cell(torch, G, ctx, impls, bc, "swa_sinks", {}, 1, None)
     assert seen == [("jfa_nosinks", False), ("flex", True)]
