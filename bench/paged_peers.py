@@ -18,8 +18,8 @@ queries ~ N(0, 1) from --seed; softmax scale 1/sqrt(head_dim). A cell whose cach
 
 Methods (--methods):
 - jfa: jfa_attention_forward_paged, its C entry through bench/libjfa.py (ctypes) on device
-  buffers, max_seqlen_q and max_seqlen_k given, a kept workspace of the size its split plan asks
-  (src/cuda/sm90/paged/paged_plan.hpp, mirrored in jfa_workspace_bytes). Its CUDA paged kernels
+  buffers, max_seqlen_q and max_seqlen_k given, a kept workspace of the size libjfa asks for the
+  call (jfa_attention_paged_workspace_size: its split plan's partials). Its CUDA paged kernels
   had not run on a GPU when this was written: libjfa routes a device cache to them only under
   JFA_CUDA_UNVERIFIED_PAGED_KV=1, which this script sets with --unverified-jfa and clears
   without; jfa's cells then say the library's "unsupported" reason.
@@ -114,10 +114,6 @@ UNVERIFIED_HINT = "jfa's unverified CUDA paged kernels are off (--unverified-jfa
 # FA3's paged call: peers' keywords (scale, mask), the split count and pack-GQA.
 FA3_PAGED_KEYWORDS = dict(co.FA3_KEYWORDS, num_splits=("num_splits",), pack_gqa=("pack_gqa",))
 FLASHINFER_WORKSPACE_BYTES = 256 << 20
-# Mirrors of src/cuda/sm90/paged/: query rows a CTA holds at each head size (paged_config.hpp:
-# kTeams * kRowsPerTeam), and the split plan's bounds (paged_plan.hpp, paged_config.hpp).
-PAGED_ROWS_PER_CTA = {64: 64, 128: 32, 256: 16}
-PAGED_MIN_SPLIT_KEYS, PAGED_MAX_SPLITS, PAGED_NO_HINT_SPLITS = 256, 64, 16
 
 
 def token_axis(token):
@@ -238,24 +234,16 @@ def check_sample(lengths, tokens, few=CHECK_FEW):
     return sorted(picks)
 
 
-def jfa_workspace_bytes(batch, tokens, heads, heads_kv, head_dim, max_k, sm_count):
-    """Bytes of workspace jfa's CUDA paged forward asks for (paged_plan.hpp's plan_paged): with
-    more than one split, fp32 partial outputs and a (max, sum) pair per row and split; 0 with
-    one. A caller's workspace smaller than that makes the call allocate its own, in the timing."""
-    rows_per_cta = PAGED_ROWS_PER_CTA.get(head_dim, max(PAGED_ROWS_PER_CTA.values()))
-    row_blocks = -(-(heads // heads_kv) * tokens // rows_per_cta)
-    base = batch * heads_kv * row_blocks
-    if max_k > 0:
-        cap = min(max(-(-max_k // PAGED_MIN_SPLIT_KEYS), 1), PAGED_MAX_SPLITS)
-    else:
-        cap = PAGED_NO_HINT_SPLITS
-    target = 2 * max(sm_count, 1)  # two CTAs an SM
-    want = 1 if base >= target or base == 0 else -(-target // base)
-    splits = min(max(want, 1), cap)
-    if splits == 1:
-        return 0
-    rows = batch * tokens * heads * splits
-    return rows * head_dim * 4 + rows * 2 * 4
+def jfa_workspace_bytes(lib, params, kv):
+    """Bytes of workspace jfa's paged forward asks for these params and cache (lib: a
+    libjfa.Library): the library's own answer, jfa_attention_paged_workspace_size, from the
+    call's sizes and hints (its split plan's partials; 0 on the CPU backend or with one split). A
+    smaller workspace would make the call allocate its own, in the timing."""
+    size = ctypes.c_size_t(0)
+    lib.check(lib.lib.jfa_attention_paged_workspace_size(ctypes.byref(params), ctypes.byref(kv),
+                                                         ctypes.byref(size)),
+              "jfa_attention_paged_workspace_size")
+    return size.value
 
 
 # ---- the reference ------------------------------------------------------------------------------
@@ -661,7 +649,8 @@ def jfa_failure(G, e, unverified):
 def jfa_prepare(G, ctx):
     """jfa's paged forward through its C entry (ctx["jfa_lib"]: a libjfa.Library): params as
     for the packed forward without k, v and their offsets, the cache's jfa_paged_kv, out filled
-    with NaN, a kept workspace of jfa_workspace_bytes; the CPU backend for inputs on the CPU."""
+    with NaN, a kept workspace of the size libjfa asks (jfa_workspace_bytes); the CPU backend for
+    inputs on the CPU."""
     def prepare(x):
         import torch
         lib = ctx.get("jfa_lib")
@@ -677,14 +666,11 @@ def jfa_prepare(G, ctx):
                        max_seqlen_k=max(x.cache.lengths), backend="cuda" if gpu else "cpu",
                        stream=torch.cuda.current_stream().cuda_stream if gpu else None)
         p.cu_seqlens_k, p.total_k = None, 0  # the keys come from the cache
-        size = 0
-        if gpu:
-            sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-            size = jfa_workspace_bytes(x.batch, x.tokens, x.heads, x.heads_kv, x.head_dim,
-                                       max(x.cache.lengths), sms)
+        kv = paged_kv(lib, x.cache)
+        size = jfa_workspace_bytes(lib, p, kv)
         workspace = torch.empty(size, dtype=torch.uint8, device=x.device) if size else None
         p.workspace, p.workspace_bytes = (workspace.data_ptr(), size) if size else (None, 0)
-        fwd = paged_forward_fn(lib, p, paged_kv(lib, x.cache))
+        fwd = paged_forward_fn(lib, p, kv)
 
         def run():
             fwd()

@@ -299,6 +299,24 @@ JFA_API jfa_status jfa_paged_kv_init_sized(jfa_paged_kv* kv, size_t struct_size)
 JFA_API jfa_status jfa_attention_forward_paged(const jfa_attention_params* params,
                                                const jfa_paged_kv* kv);
 
+/* The bytes of params->workspace that jfa_attention_forward_paged needs on the CUDA backend for
+ * these sizes, on any device this build serves: the partial results where each sequence's keys are
+ * split over the SMs. It reads sizes and hints only (batch, total_q, heads_q, heads_kv, head_dim,
+ * head_dim_v, dtype, backend, max_seqlen_q, max_seqlen_k, the window) and kv's struct_size, nothing
+ * through a pointer, so it can be asked before the buffers exist. 0 for calls the CPU backend takes
+ * (backend=cpu, or auto with the buffers in host memory or none given: set backend=cuda to ask
+ * ahead of them), for calls that need no split (many sequences, or few keys by max_seqlen_k or
+ * window_left), for those the CUDA paged kernels do not take (they fail before they allocate), and
+ * without the CUDA backend. Not monotone in batch (more sequences, fewer splits): a caller that
+ * keeps one workspace asks for each batch size it runs. A workspace of at least this size serves as
+ * for jfa_attention_forward (16-byte aligned, in stream order); with a smaller one, or none, the
+ * call allocates its own in stream order. The CUDA paged kernels are not routed yet (see above):
+ * the query answers for them anyway, so that callers can size their workspace now.
+ * JFA_ERROR_INVALID_ARGUMENT for NULL arguments, a struct_size that is not accepted, and values of
+ * the fields it reads that the forward rejects. */
+JFA_API jfa_status jfa_attention_paged_workspace_size(const jfa_attention_params* params,
+                                                      const jfa_paged_kv* kv, size_t* bytes);
+
 /* The float64 reference over a paged cache (jfa_attention_reference's rows and outputs). */
 JFA_API jfa_status jfa_attention_reference_paged(const jfa_attention_params* params,
                                                  const jfa_paged_kv* kv, const int64_t* q_tokens,

@@ -126,6 +126,8 @@ _PROTOTYPES = {
     "jfa_attention_reference": (_c_status, [_P, _c_int64_p, ctypes.c_int64, _c_double_p, _c_double_p]),
     "jfa_paged_kv_init_sized": (_c_status, [ctypes.POINTER(PagedKv), ctypes.c_size_t]),
     "jfa_attention_forward_paged": (_c_status, [_P, ctypes.POINTER(PagedKv)]),
+    "jfa_attention_paged_workspace_size": (
+        _c_status, [_P, ctypes.POINTER(PagedKv), ctypes.POINTER(ctypes.c_size_t)]),
     "jfa_attention_reference_paged": (
         _c_status,
         [_P, ctypes.POINTER(PagedKv), _c_int64_p, ctypes.c_int64, _c_double_p, _c_double_p]),

@@ -211,8 +211,8 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Te
     """The forward over a paged KV cache (jfa_attention_forward_paged). Returns (out, lse); lse is
     empty unless return_lse. With k_new, v_new and cu_seqlens_new the call first writes each
     sequence's new rows into its pages (in place). On CUDA tensors it runs on the current stream
-    and reads nothing on the host; it passes no workspace (libjfa has no size query for paged
-    calls yet, so a call that needs one allocates it in stream order)."""
+    and reads nothing on the host, with a workspace of jfa_attention_paged_workspace_size bytes
+    from torch's caching allocator, as the native op's."""
     q_layout = check_paged_inputs(q, k_cache, v_cache, block_table, seqused_k, cu_seqlens_q,
                                   k_new, v_new, cu_seqlens_new)
     check_device_check(device_check, q.device)
@@ -255,7 +255,13 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Te
         return out, lse
     with torch.cuda.device(q.device):
         p.stream = torch.cuda.current_stream(q.device).cuda_stream
-        # No workspace: one sized for the packed forward is too small for the paged splits'
-        # partials, and there is no paged size query yet.
+        # The splits' partials from torch's caching allocator: no device allocation on a warm
+        # path, and inside a captured graph the graph's pool holds them.
+        size = ctypes.c_size_t(0)
+        call("jfa_attention_paged_workspace_size", ctypes.byref(p), ctypes.byref(kv),
+             ctypes.byref(size))
+        workspace = torch.empty((size.value,), dtype=torch.uint8, device=q.device)
+        p.workspace = workspace.data_ptr() if size.value else None
+        p.workspace_bytes = size.value
         call("jfa_attention_forward_paged", ctypes.byref(p), ctypes.byref(kv))
     return out, lse

@@ -15,6 +15,7 @@
 
 #include "api/buffer_checks.hpp"
 #include "api/call_buffers.hpp"
+#include "api/enum_bits.hpp"
 #include "api/error.hpp"
 #include "api/memory_probe.hpp"
 #include "api/params_layouts.hpp"
@@ -332,6 +333,54 @@ jfa_status prepare(const jfa_attention_params* params, const jfa_paged_kv* kv, G
   return outputs ? check_outputs_apart_from_cache(*packed, *kv) : JFA_SUCCESS;
 }
 
+// The fields the size query reads, checked as the forward checks them (no pointer: the query may
+// come before the buffers exist).
+jfa_status check_query_fields(const jfa_attention_params& p) {
+  if (const jfa_status s = jfa::detail::check_batch_and_total_q(p.batch, p.total_q);
+      s != JFA_SUCCESS)
+    return s;
+  if (p.heads_q <= 0 || p.heads_kv <= 0 || p.heads_q % p.heads_kv != 0)
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "heads_q and heads_kv must be > 0, heads_q a multiple of heads_kv (GQA/MQA), got "
+                "heads_q=%d heads_kv=%d",
+                p.heads_q, p.heads_kv);
+  if (p.head_dim <= 0 || p.head_dim_v < 0)
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "head_dim must be > 0 and head_dim_v >= 0 (0 for head_dim), got %d and %d",
+                p.head_dim, p.head_dim_v);
+  const int32_t dtype = jfa::detail::enum_bits(p.dtype);
+  if (dtype != JFA_DTYPE_FLOAT16 && dtype != JFA_DTYPE_BFLOAT16 && dtype != JFA_DTYPE_FLOAT32)
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "dtype %d is not a jfa_dtype (float16=0, bfloat16=1, float32=2)", dtype);
+  const int32_t backend = jfa::detail::enum_bits(p.backend);
+  if (backend != JFA_BACKEND_AUTO && backend != JFA_BACKEND_CPU && backend != JFA_BACKEND_CUDA)
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "backend %d is not a jfa_backend (auto=0, cpu=1, cuda=2)", backend);
+  if (p.max_seqlen_q < 0 || p.max_seqlen_k < 0)
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "max_seqlen_q and max_seqlen_k must be >= 0 (0 = unknown), got %d and %d",
+                p.max_seqlen_q, p.max_seqlen_k);
+  if (p.window_left < -1 || p.window_right < -1)
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "window_left and window_right must be >= 0, or -1 for unbounded, got "
+                "window_left=%d window_right=%d",
+                p.window_left, p.window_right);
+  return JFA_SUCCESS;
+}
+
+// Whether the call goes to the CPU backend (host memory): backend=cpu, or auto with its buffers in
+// host memory, as the forward resolves it (a call with no buffer given resolves to the host too).
+bool host_call(const jfa_attention_params& p, const jfa_paged_kv& kv) {
+  const int32_t backend = jfa::detail::enum_bits(p.backend);
+  if (backend != JFA_BACKEND_AUTO) return backend == JFA_BACKEND_CPU;
+  if (cache_on_device(kv)) return false;
+  for (const void* ptr :
+       {p.q, static_cast<const void*>(p.out), static_cast<const void*>(p.cu_seqlens_q)})
+    if (ptr != nullptr && jfa::detail::memory_kind(ptr) == jfa::detail::MemoryKind::kDevice)
+      return false;
+  return true;
+}
+
 #ifdef JFA_WITH_CUDA
 // The CUDA paged kernels have not run on a GPU yet: only this switch, off by default and read per
 // call, routes calls to them (for their first device tests; bench/NOTES.md).
@@ -411,6 +460,41 @@ jfa_status jfa_attention_forward_paged(const jfa_attention_params* params, const
     if (const jfa_status s = prepare(params, kv, &g, &packed, true); s != JFA_SUCCESS) return s;
     if (kv->k_new != nullptr) write_appended(*kv, packed);
     return jfa_attention_forward(&packed);
+  });
+}
+
+jfa_status jfa_attention_paged_workspace_size(const jfa_attention_params* params,
+                                              const jfa_paged_kv* kv, size_t* bytes) {
+  return guarded([&] {
+    jfa_attention_params p;
+    jfa_status s;
+    if ((s = read_paged_params(params, &p)) != JFA_SUCCESS) return s;
+    if (kv == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "kv must not be NULL");
+    if (kv->struct_size != sizeof(jfa_paged_kv))
+      return fail(JFA_ERROR_INVALID_ARGUMENT,
+                  "kv->struct_size is %u, not %zu: fill the struct with jfa_paged_kv_init() first",
+                  kv->struct_size, sizeof(jfa_paged_kv));
+    if (bytes == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "bytes must not be NULL");
+    if ((s = check_query_fields(p)) != JFA_SUCCESS) return s;
+    *bytes = 0;
+    if (host_call(p, *kv)) return JFA_SUCCESS;  // the CPU backend's copies are host memory
+#ifdef JFA_WITH_CUDA
+    jfa::detail::Params shape{};
+    shape.batch = p.batch;
+    shape.total_q = p.total_q;
+    shape.heads_q = p.heads_q;
+    shape.heads_kv = p.heads_kv;
+    shape.head_dim = p.head_dim;
+    shape.head_dim_v = p.head_dim_v == 0 ? p.head_dim : p.head_dim_v;
+    shape.dtype = p.dtype;
+    shape.causal = p.causal != 0;
+    shape.window = jfa::detail::resolve_window(shape.causal, p.window_left, p.window_right);
+    shape.max_seqlen_q = p.max_seqlen_q;
+    shape.max_seqlen_k = p.max_seqlen_k;
+    return jfa::cuda::paged_workspace_bytes(shape, bytes);
+#else
+    return JFA_SUCCESS;
+#endif
   });
 }
 

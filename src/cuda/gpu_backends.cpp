@@ -21,7 +21,8 @@ size_t sm90_forward_workspace_bytes(int64_t total_q, int64_t batch) {
 
 constexpr GpuBackend kBackends[] = {
     {"sm90", 9, 0, &jfa::sm90::forward, &jfa::sm90::backward, &sm90_forward_workspace_bytes,
-     &jfa::sm90::backward_workspace_bytes, &jfa::sm90::paged_forward},
+     &jfa::sm90::backward_workspace_bytes, &jfa::sm90::paged_forward,
+     &jfa::sm90::paged_forward_workspace_bytes},
 };
 
 const GpuBackend* backend_for(const DeviceFacts& facts) {
@@ -89,6 +90,17 @@ size_t backward_workspace_bytes(int64_t total_q, int64_t total_k, int64_t batch,
   for (const GpuBackend& b : kBackends)
     bytes = std::max(bytes, b.backward_workspace_bytes(total_q, total_k, batch, heads_q, head_dim));
   return bytes;
+}
+
+jfa_status paged_workspace_bytes(const jfa::detail::Params& p, size_t* bytes) {
+  *bytes = 0;
+  for (const GpuBackend& b : kBackends) {
+    if (b.paged_workspace_bytes == nullptr) continue;
+    size_t one = 0;
+    if (const jfa_status s = b.paged_workspace_bytes(p, &one); s != JFA_SUCCESS) return s;
+    *bytes = std::max(*bytes, one);
+  }
+  return JFA_SUCCESS;
 }
 
 }  // namespace jfa::cuda

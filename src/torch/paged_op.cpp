@@ -230,8 +230,15 @@ std::tuple<Tensor, Tensor> paged_attention(
   }
   const CudaDeviceScope scope(device.index);
   p.stream = current_cuda_stream(device.index);
-  // No workspace: libjfa has no size query for paged calls yet, and one sized for the packed
-  // forward is too small for the splits' partials, so the call allocates its own in stream order.
+  size_t workspace_bytes = 0;
+  check_status("jfa_attention_paged_workspace_size",
+               jfa_attention_paged_workspace_size(&p, &kv, &workspace_bytes));
+  // From torch's caching allocator, as the packed forward's: no device allocation on a warm path,
+  // and inside a captured graph the graph's pool holds it.
+  const Tensor workspace =
+      empty({static_cast<int64_t>(workspace_bytes)}, aoti_torch_dtype_uint8(), device);
+  p.workspace = workspace_bytes > 0 ? workspace.data_ptr() : nullptr;
+  p.workspace_bytes = workspace_bytes;
   check_status("jfa_attention_forward_paged", jfa_attention_forward_paged(&p, &kv));
   return {out, lse};
 }

@@ -4,7 +4,9 @@
 // lengths 0, 1 and page multiples +- 1, page sizes 1 to 64, GQA, decode, speculative and chunked
 // query lengths, the causal mask, windows, softcap and sinks. Each call must give exactly what the
 // packed call gives on the keys gathered here, and the forward must match the float64 reference;
-// invalid tables, lengths and fields are errors that name them.
+// invalid tables, lengths and fields are errors that name them. The workspace size query of the
+// CUDA paged forward: 0 for host calls, its arguments checked, and (in a CUDA build, with or
+// without a GPU) the bytes of the split plan, which is host code tested here by hand.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/sm90/paged/paged_plan.hpp"
 #include "jfa/jfa.h"
 #include "test_seed.hpp"
 
@@ -482,6 +485,222 @@ TEST(PagedKv, CudaRouteOnlyUnderItsSwitch) {
   const jfa_attention_params host = d.params(true);
   EXPECT_EQ(jfa_attention_reference_paged(&host, &kv, nullptr, d.cu_q.back(), ref.data(), nullptr),
             JFA_SUCCESS)
+      << jfa_last_error_message();
+}
+
+// ---- The workspace size query (jfa_attention_paged_workspace_size) ----------------------------
+
+// A decode-like call of these sizes with no buffer (the query reads none), for the CUDA backend.
+jfa_attention_params shape_params(int64_t batch, int32_t tokens, int32_t heads_q, int32_t heads_kv,
+                                  int32_t head_dim, int32_t max_k, int32_t window_left = -1) {
+  jfa_attention_params p;
+  jfa_attention_params_init(&p);
+  p.batch = batch;
+  p.total_q = batch * tokens;
+  p.heads_q = heads_q;
+  p.heads_kv = heads_kv;
+  p.head_dim = head_dim;
+  p.dtype = JFA_DTYPE_BFLOAT16;
+  p.causal = 1;
+  p.max_seqlen_q = tokens;
+  p.max_seqlen_k = max_k;
+  p.window_left = window_left;
+  p.backend = JFA_BACKEND_CUDA;
+  return p;
+}
+
+jfa::sm90::PagedShape shape_of(const jfa_attention_params& p) {
+  return {p.batch,    p.total_q,      p.heads_q,      p.heads_kv,
+          p.head_dim, p.max_seqlen_q, p.max_seqlen_k, p.window_left};
+}
+
+// Partials of `rows` (token, head, split) rows: fp32 O and a (max, sum) pair each.
+size_t partials(size_t rows, size_t head_dim) { return rows * head_dim * 4 + rows * 8; }
+
+// The plan by hand, on 132 SMs (264 CTAs wanted): the splits fill the SMs up to the cap of one per
+// 256 keys (16 without a hint), then the partials of total_q * heads_q rows per split.
+TEST(PagedWorkspace, ThePlanByHand) {
+  using jfa::sm90::paged_workspace_bytes;
+  // B1 decode 32:8 d128 (32 rows a CTA): 1 row block, 8 CTAs -> 33 splits, capped at 4096 / 256.
+  EXPECT_EQ(paged_workspace_bytes(shape_of(shape_params(1, 1, 32, 8, 128, 4096))),
+            partials(32 * 16, 128));
+  // spec4 64:8 d64 (64 rows a CTA): 32 rows a KV head, 1 row block, 33 splits under the cap 64.
+  EXPECT_EQ(paged_workspace_bytes(shape_of(shape_params(1, 4, 64, 8, 64, 32768))),
+            partials(4 * 64 * 33, 64));
+  EXPECT_EQ(paged_workspace_bytes(shape_of(shape_params(1, 1, 32, 8, 128, 300))),
+            partials(32 * 2, 128));
+  EXPECT_EQ(paged_workspace_bytes(shape_of(shape_params(1, 1, 32, 8, 128, 0))),
+            partials(32 * 16, 128));  // no hint: 16 splits
+  // A left window of 600 bounds a row's keys to 601 (3 splits), whatever the hint says.
+  EXPECT_EQ(paged_workspace_bytes(shape_of(shape_params(1, 1, 32, 8, 128, 0, 600))),
+            partials(32 * 3, 128));
+  EXPECT_EQ(paged_workspace_bytes(shape_of(shape_params(64, 1, 32, 8, 128, 32768))), 0u);  // 512
+  // d256 (16 rows a CTA): 4 x 4 rows, 1 row block, 64 CTAs at B8: 5 splits.
+  EXPECT_EQ(paged_workspace_bytes(shape_of(shape_params(8, 4, 32, 8, 256, 4096))),
+            partials(8 * 4 * 32 * 5, 256));
+  // The launch's bytes on any device are at most the query's (the splits grow with the SMs, which
+  // the plan counts up to kPagedPlanMaxSms), and the same on a device with the most.
+  std::mt19937_64 rng(jfa::testing::logged_seed());
+  const int32_t dims[] = {64, 128, 256};
+  for (int round = 0; round < 2000; ++round) {
+    const int32_t heads_kv = 1 + static_cast<int32_t>(rng() % 16);
+    const jfa_attention_params p =
+        shape_params(static_cast<int64_t>(rng() % 300), 1 + static_cast<int32_t>(rng() % 16),
+                     heads_kv * (1 + static_cast<int32_t>(rng() % 16)), heads_kv, dims[rng() % 3],
+                     static_cast<int32_t>(rng() % 3 == 0 ? 0 : rng() % 70000),
+                     rng() % 4 == 0 ? static_cast<int32_t>(rng() % 5000) : -1);
+    const jfa::sm90::PagedShape s = shape_of(p);
+    const size_t most = paged_workspace_bytes(s);
+    for (int sms : {1, 2, 16, 78, 114, 132, 133, 1000}) {
+      const jfa::sm90::PagedPlan plan = jfa::sm90::plan_paged(s, sms);
+      EXPECT_LE(plan.workspace_bytes, most) << "round " << round << " sms " << sms;
+      if (sms >= jfa::sm90::kPagedPlanMaxSms) {
+        EXPECT_EQ(plan.workspace_bytes, most);
+      }
+      EXPECT_EQ(plan.workspace_bytes == 0, plan.splits == 1 || p.total_q == 0);
+    }
+  }
+}
+
+// Whether libjfa has the CUDA backend (with or without a GPU): its packed query answers 0 only
+// without it.
+bool cuda_build() {
+  jfa_attention_params p = shape_params(1, 1, 1, 1, 64, 0);
+  size_t bytes = 0;
+  EXPECT_EQ(jfa_attention_workspace_size(&p, &bytes), JFA_SUCCESS) << jfa_last_error_message();
+  return bytes > 0;
+}
+
+size_t query(const jfa_attention_params& p, const jfa_paged_kv& kv) {
+  size_t bytes = 12345;
+  EXPECT_EQ(jfa_attention_paged_workspace_size(&p, &kv, &bytes), JFA_SUCCESS)
+      << jfa_last_error_message();
+  return bytes;
+}
+
+// The query answers the plan's bytes for the CUDA backend (no pointer read, no GPU needed), and 0
+// where the CUDA paged kernels take no such call; 0 for everything without the CUDA backend.
+TEST(PagedWorkspace, QueryAnswersThePlan) {
+  const bool cuda = cuda_build();
+  jfa_paged_kv kv;
+  ASSERT_EQ(jfa_paged_kv_init(&kv), JFA_SUCCESS);
+  const jfa_attention_params shapes[] = {
+      shape_params(1, 1, 32, 8, 128, 4096),   shape_params(1, 4, 64, 8, 64, 32768),
+      shape_params(1, 1, 32, 8, 128, 0),      shape_params(1, 1, 32, 8, 128, 0, 600),
+      shape_params(64, 1, 32, 8, 128, 32768), shape_params(8, 4, 32, 8, 256, 4096),
+      shape_params(3, 16, 8, 1, 64, 100000),  shape_params(0, 1, 32, 8, 128, 4096)};
+  for (const jfa_attention_params& p : shapes) {
+    const size_t want = cuda ? jfa::sm90::paged_workspace_bytes(shape_of(p)) : 0;
+    EXPECT_EQ(query(p, kv), want) << "batch " << p.batch << " tokens " << p.max_seqlen_q
+                                  << " head_dim " << p.head_dim;
+  }
+  EXPECT_EQ(query(shapes[0], kv) > 0, cuda);
+  // Calls the CUDA paged kernels reject before they allocate: float32, head sizes they lack or
+  // that differ, no max_seqlen_q hint or one above 16 query tokens.
+  const std::function<void(jfa_attention_params&)> rejected[] = {
+      [](jfa_attention_params& p) { p.dtype = JFA_DTYPE_FLOAT32; },
+      [](jfa_attention_params& p) { p.head_dim = 96; },
+      [](jfa_attention_params& p) { p.head_dim_v = 64; },
+      [](jfa_attention_params& p) { p.max_seqlen_q = 0; },
+      [](jfa_attention_params& p) { p.max_seqlen_q = p.total_q = 17; }};
+  for (const auto& change : rejected) {
+    jfa_attention_params p = shapes[0];
+    change(p);
+    EXPECT_EQ(query(p, kv), 0u);
+  }
+  // head_dim_v 0 means head_dim, as in the forward.
+  jfa_attention_params same_v = shapes[0];
+  same_v.head_dim_v = same_v.head_dim;
+  EXPECT_EQ(query(same_v, kv), query(shapes[0], kv));
+  // Host calls: the CPU backend, or auto with no buffer in device memory (none given, here).
+  for (jfa_backend backend : {JFA_BACKEND_CPU, JFA_BACKEND_AUTO}) {
+    jfa_attention_params p = shapes[0];
+    p.backend = backend;
+    EXPECT_EQ(query(p, kv), 0u);
+  }
+}
+
+// Host buffers: the CPU backend's call needs no workspace, whichever backend field picks it; the
+// query writes nothing but *bytes, and the call runs as it did.
+TEST(PagedWorkspace, HostCallsNeedNone) {
+  std::mt19937_64 rng(jfa::testing::logged_seed());
+  PagedCase c;
+  c.len_q = {1, 4, 2};
+  c.seqused = {20, 5, 300};
+  PagedData d(c, rng);
+  const jfa_paged_kv kv = d.kv();
+  for (jfa_backend backend : {JFA_BACKEND_CPU, JFA_BACKEND_AUTO}) {
+    std::fill(d.out.begin(), d.out.end(), NAN);
+    jfa_attention_params p = d.params(true);
+    p.backend = backend;
+    p.max_seqlen_q = 4;
+    EXPECT_EQ(query(p, kv), 0u);
+    EXPECT_TRUE(std::all_of(d.out.begin(), d.out.end(), [](float x) { return std::isnan(x); }));
+    EXPECT_EQ(jfa_attention_forward_paged(&p, &kv), JFA_SUCCESS) << jfa_last_error_message();
+  }
+}
+
+// Its arguments are checked as the forward checks them: NULL pointers, struct sizes, and the
+// fields it reads; each error names what is wrong.
+TEST(PagedWorkspace, QueryChecksItsArguments) {
+  jfa_paged_kv kv;
+  ASSERT_EQ(jfa_paged_kv_init(&kv), JFA_SUCCESS);
+  const jfa_attention_params good = shape_params(2, 1, 8, 2, 128, 1000);
+  size_t bytes = 0;
+  EXPECT_EQ(jfa_attention_paged_workspace_size(nullptr, &kv, &bytes), JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("params must not be NULL"),
+            std::string::npos);
+  EXPECT_EQ(jfa_attention_paged_workspace_size(&good, nullptr, &bytes), JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("kv must not be NULL"), std::string::npos);
+  EXPECT_EQ(jfa_attention_paged_workspace_size(&good, &kv, nullptr), JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("bytes must not be NULL"),
+            std::string::npos);
+  jfa_paged_kv bad_kv = kv;
+  bad_kv.struct_size = 0;
+  EXPECT_EQ(jfa_attention_paged_workspace_size(&good, &bad_kv, &bytes), JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("kv->struct_size is 0"), std::string::npos);
+  bad_kv.struct_size = sizeof(jfa_paged_kv) + 8;
+  EXPECT_EQ(jfa_attention_paged_workspace_size(&good, &bad_kv, &bytes), JFA_ERROR_INVALID_ARGUMENT);
+  struct Bad {
+    const char* message;
+    std::function<void(jfa_attention_params&)> mutate;
+  };
+  static const float k_stand_in[1] = {0.f};
+  const std::vector<Bad> cases = {
+      {"struct_size", [](jfa_attention_params& p) { p.struct_size = 0; }},
+      {"struct_size", [](jfa_attention_params& p) { p.struct_size = 12345; }},
+      {"params->k, v, cu_seqlens_k and total_k are unused",
+       [](jfa_attention_params& p) { p.k = k_stand_in; }},
+      {"batch", [](jfa_attention_params& p) { p.batch = -1; }},
+      {"total_q", [](jfa_attention_params& p) { p.total_q = int64_t{1} << 40; }},
+      {"heads_q=8 heads_kv=0", [](jfa_attention_params& p) { p.heads_kv = 0; }},
+      {"heads_q=8 heads_kv=3", [](jfa_attention_params& p) { p.heads_kv = 3; }},
+      {"head_dim must be > 0", [](jfa_attention_params& p) { p.head_dim = 0; }},
+      {"head_dim_v >= 0", [](jfa_attention_params& p) { p.head_dim_v = -4; }},
+      {"dtype 7",
+       [](jfa_attention_params& p) {
+         const int32_t bits = 7;  // not a jfa_dtype, as a C caller may pass it
+         std::memcpy(&p.dtype, &bits, sizeof bits);
+       }},
+      {"backend 9",
+       [](jfa_attention_params& p) {
+         const int32_t bits = 9;
+         std::memcpy(&p.backend, &bits, sizeof bits);
+       }},
+      {"max_seqlen_q and max_seqlen_k must be >= 0",
+       [](jfa_attention_params& p) { p.max_seqlen_k = -1; }},
+      {"window_left=-2", [](jfa_attention_params& p) { p.window_left = -2; }},
+  };
+  for (const Bad& bad : cases) {
+    jfa_attention_params p = good;
+    bad.mutate(p);
+    bytes = 777;
+    EXPECT_EQ(jfa_attention_paged_workspace_size(&p, &kv, &bytes), JFA_ERROR_INVALID_ARGUMENT)
+        << bad.message;
+    EXPECT_NE(std::string(jfa_last_error_message()).find(bad.message), std::string::npos)
+        << "message: " << jfa_last_error_message() << "\nwanted: " << bad.message;
+  }
+  EXPECT_EQ(jfa_attention_paged_workspace_size(&good, &kv, &bytes), JFA_SUCCESS)
       << jfa_last_error_message();
 }
 

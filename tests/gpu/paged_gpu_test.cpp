@@ -6,9 +6,9 @@
 // 3), cache lengths 0, 1, page multiples +- 1 and long ones, GQA 8:1, 4:1 and 1:1, head_dim 64,
 // 128, 256, fp16 and bf16, 1, 4 and 16 query tokens per sequence with and without the causal mask,
 // windows, softcap, sinks, LSE on and off, one split and several (with and without the max_seqlen_k
-// hint, a caller's workspace or none), outputs poisoned and guarded; graph capture replayed on new
-// lengths and a new table; the checked mode on invalid tables and lengths (no fault, its bits set);
-// the calls the kernels do not take.
+// hint; a caller's workspace of jfa_attention_paged_workspace_size bytes, another size or none),
+// outputs poisoned and guarded; graph capture replayed on new lengths and a new table; the checked
+// mode on invalid tables and lengths (no fault, its bits set); the calls the kernels do not take.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -494,8 +494,9 @@ TEST(PagedGpu, SixteenTokensAndLargeGroups) {
 }
 
 // Long caches on few CTAs (one sequence, one KV head): many splits and their combine, with and
-// without the max_seqlen_k hint and under a window that bounds them; a caller's workspace, large
-// enough or not, gives the same bits as the library's own.
+// without the max_seqlen_k hint and under a window that bounds them; a caller's workspace, too
+// small, of exactly jfa_attention_paged_workspace_size bytes or larger, gives the same bits as the
+// library's own, and one large enough is the only one (the call allocates nothing).
 TEST(PagedGpu, SplitsOfLongCachesAndWorkspaces) {
   const ScopedPagedSwitch on;
   int k = 0;
@@ -523,7 +524,15 @@ TEST(PagedGpu, SplitsOfLongCachesAndWorkspaces) {
       Outputs own;
       ASSERT_EQ(dev.run(h, &own), JFA_SUCCESS) << jfa_last_error_message();
       check_outputs(h, own);
-      for (size_t bytes : {size_t{16}, size_t{64} << 20}) {
+      size_t queried = 0;
+      {
+        const jfa_attention_params p = dev.params(h);
+        const jfa_paged_kv kv = dev.kv(h);
+        ASSERT_EQ(jfa_attention_paged_workspace_size(&p, &kv, &queried), JFA_SUCCESS)
+            << jfa_last_error_message();
+      }
+      EXPECT_GT(queried, size_t{16}) << "one sequence on one KV head splits its keys";
+      for (size_t bytes : {size_t{16}, queried, size_t{64} << 20}) {
         DeviceBuffer ws(bytes);
         Outputs given;
         JFA_CUDA_OK(cudaDeviceSynchronize());

@@ -1,6 +1,6 @@
 """bench/paged_peers.py without a GPU: the cells (the grid, --quick, --cells), the cache lengths,
-the shuffled block tables, the KV byte count, the checked sample, the mirror of jfa's paged
-workspace plan and the options; with torch on the CPU, the float64 paged reference against
+the shuffled block tables, the KV byte count, the checked sample, jfa's paged workspace as libjfa
+sizes it and the options; with torch on the CPU, the float64 paged reference against
 libjfa's own (jfa.paged_attention(..., reference=True)), jfa's method through its C entry on the
 CPU backend, the check catching outputs that ignore the table or leave rows unwritten, FA3's
 paged call built from its schema and FlashInfer's planned calls (fake ops), a cell's rounds and
@@ -119,21 +119,49 @@ def test_the_checked_sample_takes_the_extremes_and_spreads_over_a_large_batch():
     assert len(picks) == 8 and {tail.index(max(tail)), tail.index(min(tail)), 0, 63} <= set(picks)
 
 
-def test_jfa_s_workspace_mirrors_its_split_plan():
-    """paged_plan.hpp by hand: B1 decode 32:8 d128 (32 rows a CTA): 1 row block, 8 CTAs, 2 x 132
-    SMs wanted -> 33 splits, capped at ceil(4096 / 256) = 16; partials (fp32 O and (max, sum))
-    of 32 rows x 16 splits."""
+def test_jfa_s_workspace_is_the_library_s_answer():
+    """jfa_workspace_bytes asks libjfa (jfa_attention_paged_workspace_size), which reads sizes and
+    hints only: for the CUDA backend, with no buffer and no GPU, a CUDA build answers its split
+    plan's partials (paged_plan.hpp by hand, 2 x 132 SMs wanted), a build without it 0; the CPU
+    backend needs none."""
+    import ctypes
+
+    import jfa
+    import libjfa
+    from jfa import _library
+    lib = libjfa.Library(jfa.library_path())
+
+    def size(batch, tokens, heads, heads_kv, head_dim, max_k, backend="cuda"):
+        p = lib.params(q=None, k=None, v=None, out=None, cu_seqlens_q=None, batch=batch,
+                       total_q=batch * tokens, heads_q=heads, heads_kv=heads_kv,
+                       head_dim=head_dim, dtype="bf16", causal=True, max_seqlen_q=tokens,
+                       max_seqlen_k=max_k, backend=backend)
+        p.cu_seqlens_k, p.total_k = None, 0  # the keys come from the cache
+        kv = _library.PagedKv()
+        lib.check(lib.lib.jfa_paged_kv_init_sized(ctypes.byref(kv), ctypes.sizeof(kv)),
+                  "jfa_paged_kv_init_sized")
+        return pp.jfa_workspace_bytes(lib, p, kv)
+
+    packed = lib.params(q=None, k=None, v=None, out=None, cu_seqlens_q=None, batch=1, total_q=1,
+                        heads_q=1, head_dim=64, dtype="bf16")
+    cuda_build = lib.workspace_size(packed) > 0  # 0 only without the CUDA backend
+    # B1 decode 32:8 d128 (32 rows a CTA): 1 row block, 8 CTAs -> 33 splits, capped at
+    # ceil(4096 / 256) = 16; partials (fp32 O and (max, sum)) of 32 rows x 16 splits.
     rows = 1 * 32 * 16
-    assert pp.jfa_workspace_bytes(1, 1, 32, 8, 128, 4096, 132) == rows * 128 * 4 + rows * 8
+    want = rows * 128 * 4 + rows * 8
+    assert size(1, 1, 32, 8, 128, 4096) == (want if cuda_build else 0)
+    assert size(1, 1, 32, 8, 128, 4096, backend="cpu") == 0
+    if not cuda_build:
+        return
     # spec4 64:8 d64 (64 rows a CTA): 32 rows a KV head, 1 row block, 33 splits under the cap 64.
     rows = 4 * 64 * 33
-    assert pp.jfa_workspace_bytes(1, 4, 64, 8, 64, 32768, 132) == rows * 64 * 4 + rows * 8
-    assert pp.jfa_workspace_bytes(1, 1, 32, 8, 128, 300, 132) == 32 * 2 * (128 * 4 + 8)
-    assert pp.jfa_workspace_bytes(1, 1, 32, 8, 128, 0, 132) == 32 * 16 * (128 * 4 + 8)
-    assert pp.jfa_workspace_bytes(64, 1, 32, 8, 128, 32768, 132) == 0  # 512 CTAs: one split
+    assert size(1, 4, 64, 8, 64, 32768) == rows * 64 * 4 + rows * 8
+    assert size(1, 1, 32, 8, 128, 300) == 32 * 2 * (128 * 4 + 8)
+    assert size(1, 1, 32, 8, 128, 0) == 32 * 16 * (128 * 4 + 8)
+    assert size(64, 1, 32, 8, 128, 32768) == 0  # 512 CTAs: one split
     # d256 (16 rows a CTA): 4 x 4 rows -> 1 row block, 64 CTAs at B8: 5 splits.
     rows = 8 * 4 * 32 * 5
-    assert pp.jfa_workspace_bytes(8, 4, 32, 8, 256, 4096, 132) == rows * 256 * 4 + rows * 8
+    assert size(8, 4, 32, 8, 256, 4096) == rows * 256 * 4 + rows * 8
 
 
 # ---- options ------------------------------------------------------------------------------------
@@ -229,6 +257,7 @@ def test_jfa_runs_through_its_c_entry_and_passes_the_check_on_the_cpu():
     prep = pp.prepare_and_check(G, pp.jfa_prepare(G, ctx), x, rec)
     assert prep is not None and rec["status"] == "ok" and rec["rel_error"] < 1e-2, rec
     assert rec["max_abs_error"] < 0.1 and "jfa_attention_forward_paged" in rec["provider"]
+    assert prep.keep[0] is None and "workspace 0 bytes" in rec["provider"]  # the CPU backend's
     params, kv = prep.keep[1].keep
     assert (params.k, params.v, params.cu_seqlens_k, params.total_k) == (None, None, None, 0)
     assert (params.max_seqlen_q, params.max_seqlen_k, params.causal) == (4, 100, 1)

@@ -595,6 +595,46 @@ def test_cuda_decode_is_graph_capturable(seed, monkeypatch):
     torch.testing.assert_close(out.cpu().float(), want.float(), **TOL[torch.float16])
 
 
+def _paged_workspace_size(q, k_cache, batch, max_seqlen_q, max_seqlen_k):
+    """libjfa's answer for a CUDA paged call of these sizes and hints (no buffer given)."""
+    import ctypes
+
+    from jfa import _library
+    p, kv = _library.new_params(), _library.new_paged_kv()
+    p.batch, p.total_q, p.heads_q, p.head_dim = batch, q.shape[0], q.shape[1], q.shape[2]
+    p.heads_kv, p.head_dim_v = k_cache.shape[2], k_cache.shape[3]
+    p.dtype = {torch.float16: _library.DTYPE_FLOAT16, torch.bfloat16: _library.DTYPE_BFLOAT16,
+               torch.float32: _library.DTYPE_FLOAT32}[q.dtype]
+    p.max_seqlen_q, p.max_seqlen_k = max_seqlen_q, max_seqlen_k
+    p.backend = _library.BACKEND_CUDA
+    size = ctypes.c_size_t(0)
+    _library.call("jfa_attention_paged_workspace_size", ctypes.byref(p), ctypes.byref(kv),
+                  ctypes.byref(size))
+    return size.value
+
+
+@needs_cuda
+def test_cuda_workspace_comes_from_torch_s_allocator(seed, monkeypatch):
+    """Two long sequences split their keys over the SMs: the op asks libjfa for the workspace of
+    the splits' partials (jfa_attention_paged_workspace_size) and takes it from torch's caching
+    allocator, beside out, and the result is the CPU backend's."""
+    monkeypatch.setenv("JFA_CUDA_UNVERIFIED_PAGED_KV", "1")
+    used = [5000, 300]
+    q, kc, vc, table, seqused, cu_q, *_ = _case(seed, 16, used, [1, 1], heads_q=32, heads_kv=8,
+                                                d=128, dv=128, dtype=torch.float16, device="cuda")
+    size = _paged_workspace_size(q, kc, 2, 1, max(used))
+    assert size > 0
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out, _ = jfa.paged_attention(q, kc, vc, table, seqused, cu_q, max_seqlen_q=1,
+                                 max_seqlen_k=max(used), causal=True)
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() - before >= size + out.numel() * out.element_size()
+    want = jfa.paged_attention(*(t.cpu() for t in (q, kc, vc, table, seqused, cu_q)), causal=True)
+    torch.testing.assert_close(out.cpu().float(), want.float(), **TOL[torch.float16])
+
+
 @needs_cuda
 def test_cuda_without_the_switch_is_unsupported(seed, monkeypatch):
     """Without JFA_CUDA_UNVERIFIED_PAGED_KV=1 the CUDA backend takes no paged cache: the library's

@@ -112,6 +112,20 @@ jfa_status check_paged_supported(const Params& p, const jfa_paged_kv& kv,
   return JFA_SUCCESS;
 }
 
+// What the plan reads of p: the launch and the size query build it alike.
+PagedShape paged_shape(const Params& p) {
+  return {p.batch,    p.total_q,      p.heads_q,      p.heads_kv,
+          p.head_dim, p.max_seqlen_q, p.max_seqlen_k, p.window.left};
+}
+
+// The shapes check_paged_supported lets through, from sizes and hints alone (every head size the
+// kernels have, built or not: the answer may exceed what a build that lacks one runs).
+bool paged_kernels_take(const Params& p) {
+  return (p.dtype == JFA_DTYPE_FLOAT16 || p.dtype == JFA_DTYPE_BFLOAT16) &&
+         p.head_dim_v == p.head_dim && paged_rows_per_cta(p.head_dim) != 0 && p.max_seqlen_q >= 1 &&
+         p.max_seqlen_q <= kPagedMaxQueryTokens;
+}
+
 // The kernels' arguments. maybe_unused, as launch_checks: a build whose JFA_SM90_HEAD_DIMS holds
 // none of the paged head sizes launches nothing.
 [[maybe_unused]] PagedArgs make_args(const Params& p, const jfa_paged_kv& kv,
@@ -176,9 +190,8 @@ jfa_status run_paged(const Params& p, const jfa_paged_kv& kv,
                      const jfa::cuda::DeviceFacts& device) {
   using C = PagedConfig<kD>;
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
-  const PagedPlan plan =
-      plan_paged({p.batch, p.total_q, p.heads_q, p.heads_kv, kD, p.max_seqlen_q, p.max_seqlen_k,
-                  p.window.left, device.sm_count, C::kRowsPerCta});
+  static_assert(paged_rows_per_cta(kD) == C::kRowsPerCta, "the plan counts the CTA's rows");
+  const PagedPlan plan = plan_paged(paged_shape(p), device.sm_count);
   if (plan.ctas > INT32_MAX)
     return fail(JFA_ERROR_UNSUPPORTED,
                 "batch %lld with %d KV heads: too many CTAs (%lld) for the CUDA paged forward",
@@ -193,9 +206,9 @@ jfa_status run_paged(const Params& p, const jfa_paged_kv& kv,
         s != JFA_SUCCESS)
       return s;
   }
-  // The splits' partials. There is no size query for paged calls yet: a caller's workspace serves
-  // when it is large enough (one sized for the packed forward usually is not), else the call
-  // allocates its own in stream order.
+  // The splits' partials: the caller's workspace (jfa_attention_paged_workspace_size, which plans
+  // with at least this device's SMs) when it is large enough, else one allocated in stream order
+  // (a caller's sized for the packed forward is usually too small, and stays usable that way).
   CallWorkspace workspace;
   if (compute && plan.splits > 1) {
     Params wp = p;
@@ -229,6 +242,21 @@ jfa_status run_paged_dtype(const Params& p, const jfa_paged_kv& kv,
 }
 
 }  // namespace
+
+jfa_status paged_forward_workspace_bytes(const Params& p, size_t* bytes) {
+  *bytes = 0;
+  if (!paged_kernels_take(p)) return JFA_SUCCESS;
+  // The partials of the most splits, total_q * heads_q rows of head_dim + 2 floats each, must fit
+  // size_t (calls whose q fits in memory are far from it).
+  if (static_cast<double>(p.total_q) * p.heads_q * kPagedMaxSplits * (p.head_dim + 2) *
+          sizeof(float) >
+      9.0e18)
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "total_q %lld times heads_q %d is too large for the CUDA paged forward's workspace",
+                static_cast<long long>(p.total_q), p.heads_q);
+  *bytes = paged_workspace_bytes(paged_shape(p));
+  return JFA_SUCCESS;
+}
 
 jfa_status paged_forward(const Params& p, const jfa_paged_kv& kv) {
   const jfa::cuda::DeviceFacts* facts = nullptr;

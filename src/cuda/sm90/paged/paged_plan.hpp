@@ -1,7 +1,9 @@
 // The launch of a paged call from plain shapes only (host code): CTAs per (sequence, KV head), the
 // split of each sequence's keys and the workspace the splits need. Nothing here reads a buffer
 // (seqused_k, cu_seqlens_q live on the device), so a call plans the same whatever the lengths are,
-// and can be captured in a CUDA graph and replayed with new ones.
+// and can be captured in a CUDA graph and replayed with new ones. plan_paged is the one place the
+// plan and its bytes are computed: the launch (paged_dispatch.cu) and the size query
+// (jfa_attention_paged_workspace_size) both call it, so they cannot drift.
 #pragma once
 
 #include <algorithm>
@@ -16,15 +18,33 @@ namespace jfa::sm90 {
 // kPagedMinSplitKeys keys, up to kPagedMaxSplits.
 inline constexpr int kPagedNoHintSplits = 16;
 inline constexpr int kPagedMaxSplits = 64;
+// The most SMs a plan fills: the most a compute capability 9.0 device has (H100 SXM, H200). The
+// splits grow with the SMs, so planning with at most this many lets the size query, which names no
+// device, answer the most that any device's launch needs.
+inline constexpr int kPagedPlanMaxSms = 132;
 
+// Query rows a CTA holds at a head_dim the kernels take (PagedConfig::kRowsPerCta); 0 at others.
+constexpr int paged_rows_per_cta(int32_t head_dim) {
+  switch (head_dim) {
+    case 64:
+      return PagedConfig<64>::kRowsPerCta;
+    case 128:
+      return PagedConfig<128>::kRowsPerCta;
+    case 256:
+      return PagedConfig<256>::kRowsPerCta;
+    default:
+      return 0;
+  }
+}
+
+// What the plan reads of a call: sizes and hints, no buffer.
 struct PagedShape {
   int64_t batch, total_q;
-  int32_t heads_q, heads_kv, head_dim;
+  int32_t heads_q, heads_kv;
+  int32_t head_dim;     // one the kernels take (paged_rows_per_cta is not 0)
   int32_t max_q;        // the max_seqlen_q hint, 1 .. kPagedMaxQueryTokens
   int32_t max_k;        // the max_seqlen_k hint, 0 when not given
   int32_t window_left;  // -1 unbounded
-  int sm_count;
-  int rows_per_cta;  // PagedConfig::kRowsPerCta
 };
 
 struct PagedPlan {
@@ -35,10 +55,12 @@ struct PagedPlan {
   size_t workspace_ml_offset;  // where the (max, sum) pairs start in it
 };
 
-inline PagedPlan plan_paged(const PagedShape& s) {
+// The plan on a device of sm_count SMs (counted up to kPagedPlanMaxSms).
+inline PagedPlan plan_paged(const PagedShape& s, int sm_count) {
   PagedPlan plan{};
+  const int rows_per_cta = paged_rows_per_cta(s.head_dim);
   const int64_t group = s.heads_q / s.heads_kv;
-  plan.row_blocks = static_cast<int32_t>((group * s.max_q + s.rows_per_cta - 1) / s.rows_per_cta);
+  plan.row_blocks = static_cast<int32_t>((group * s.max_q + rows_per_cta - 1) / rows_per_cta);
   const int64_t base = s.batch * s.heads_kv * plan.row_blocks;
   // The keys one CTA may see at most: the hint, and under a left window (bottom-right aligned) the
   // window's span, max_q + window_left, whatever the cache's length.
@@ -52,7 +74,7 @@ inline PagedPlan plan_paged(const PagedShape& s) {
                : std::clamp<int64_t>((keys + kPagedMinSplitKeys - 1) / kPagedMinSplitKeys, 1,
                                      kPagedMaxSplits);
   // Two CTAs fit an SM (96 KB of shared memory each): split until the launch fills them once.
-  const int64_t target = 2 * static_cast<int64_t>(std::max(s.sm_count, 1));
+  const int64_t target = 2 * static_cast<int64_t>(std::clamp(sm_count, 1, kPagedPlanMaxSms));
   const int64_t want = base >= target || base == 0 ? 1 : (target + base - 1) / base;
   plan.splits = static_cast<int32_t>(std::clamp<int64_t>(want, 1, cap));
   plan.ctas = base * plan.splits;
@@ -63,6 +85,12 @@ inline PagedPlan plan_paged(const PagedShape& s) {
     plan.workspace_bytes = plan.workspace_ml_offset + rows * 2 * sizeof(float);
   }
   return plan;
+}
+
+// The workspace a call of this shape needs on any device the kernels serve: its plan with the most
+// SMs (what a launch on a device with fewer needs is at most this).
+inline size_t paged_workspace_bytes(const PagedShape& s) {
+  return plan_paged(s, kPagedPlanMaxSms).workspace_bytes;
 }
 
 }  // namespace jfa::sm90

@@ -14,6 +14,8 @@
 // its range, a row on a page outside the cache reads as zeros); their results are unspecified.
 #pragma once
 
+#include <cstddef>
+
 #include "common/params.hpp"
 #include "jfa/jfa.h"
 
@@ -23,5 +25,11 @@ namespace jfa::sm90 {
 // `kv` (validated fields, buffers in device memory), on p.stream. No host read of device memory,
 // no host synchronisation: capturable in a CUDA graph.
 jfa_status paged_forward(const jfa::detail::Params& p, const jfa_paged_kv& kv);
+
+// The workspace paged_forward needs for p's sizes and hints (batch, total_q, heads, head sizes,
+// dtype, max_seqlen_q and max_seqlen_k, window.left; no pointer) on any 9.0 device: its plan's
+// (paged_plan.hpp). 0 with one split, and for calls the kernels do not take (they fail before they
+// allocate anything); JFA_ERROR_INVALID_ARGUMENT where the size overflows.
+jfa_status paged_forward_workspace_bytes(const jfa::detail::Params& p, size_t* bytes);
 
 }  // namespace jfa::sm90
