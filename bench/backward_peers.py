@@ -1117,16 +1117,26 @@ def measure(G, ctx, name, bc, causal, opts, pass_name="backward"):
     return add_rates(rec)
 
 
-def _measure(G, bc, causal, prep, rec, opts, deterministic, step=False):
+def first_gradients(G, prep, rec):
+    """The method's gradients from its first, untimed run; None, with the record's status and
+    reason set from the failure, where it fails."""
     import torch
-    _poison(bc, prep, step)
     try:
         grads = prep.unpack(prep.run())
         torch.cuda.synchronize()
+        return grads
     except Exception as e:
         co.synchronize_quietly()
         status, reason = prep.explain(e) if prep.explain else ("error", G.short(e))
         rec.update(status=status, reason=reason)
+        return None
+
+
+def _measure(G, bc, causal, prep, rec, opts, deterministic, step=False):
+    import torch
+    _poison(bc, prep, step)
+    grads = first_gradients(G, prep, rec)
+    if grads is None:
         return
     sequences = prep.check_sequences
     if sequences is not None:

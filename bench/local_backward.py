@@ -249,15 +249,9 @@ def _measure_backward(G, bc, prepare, kind, sinks, rec, opts, stream):
 
 
 def _check_and_time_backward(G, bc, prep, kind, rec, opts, stream):
-    import torch
     bp._poison(bc, prep, False)
-    try:
-        grads = prep.unpack(prep.run())
-        torch.cuda.synchronize()
-    except Exception as e:
-        co.synchronize_quietly()
-        status, reason = prep.explain(e) if prep.explain else ("error", G.short(e))
-        rec.update(status=status, reason=reason)
+    grads = bp.first_gradients(G, prep, rec)
+    if grads is None:
         return
     status, errors, worst, reason = check_backward(bc, kind, grads, rec["tolerance"])
     rec.update(status=status, rel_errors=errors, rel_error=worst, reason=reason)

@@ -52,9 +52,8 @@ __device__ __forceinline__ void epilogue(const tlx::AccumFragment<Cfg::kDv>& o,
     inv[h] = empty ? 0.f : 1.f / l;
     [[maybe_unused]] float local_lse = 0.f;
     if constexpr (Cfg::kLocal) {
-      const FwdLocalArgs& local = static_cast<const FwdLocalArgs&>(a);
       const RowEnd e =
-          row_end(local.sinks, w.head, local.score_scale, softmax.row_max[h], l, empty);
+          row_end(static_cast<const FwdLocalArgs&>(a), w.head, softmax.row_max[h], l, empty);
       inv[h] = e.inv;
       local_lse = e.lse;
     }

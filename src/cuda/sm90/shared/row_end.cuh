@@ -14,12 +14,14 @@ struct RowEnd {
   float lse;
 };
 
-__device__ __forceinline__ RowEnd row_end(const float* sinks, int32_t head, float score_scale,
-                                          float row_max, float l, bool empty) {
-  const float base = row_max * score_scale;
+// Args: any kernel's arguments with `sinks` (nullable, [heads_q]) and `score_scale`.
+template <typename Args>
+__device__ __forceinline__ RowEnd row_end(const Args& a, int32_t head, float row_max, float l,
+                                          bool empty) {
+  const float base = row_max * a.score_scale;
   RowEnd e{empty ? 0.f : 1.f / l, empty ? -INFINITY : base + logf(l)};
-  if (sinks != nullptr) {
-    const float sink = __ldg(sinks + head);
+  if (a.sinks != nullptr) {
+    const float sink = __ldg(a.sinks + head);
     if (empty) {
       e.lse = sink;
     } else {
