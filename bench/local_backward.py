@@ -10,16 +10,17 @@ import warnings
 import backward_peers as bp
 import call_overhead as co
 import peers
-from local_kinds import (FA3_LOCAL_KEYWORDS, KINDS, SINK_METHODS, cell_methods, cell_sinks,
-                         fa3_values, local_fields, method_label)
+from local_kinds import (FA3_LOCAL_KEYWORDS, KINDS, cell_methods, cell_sinks, fa3_values,
+                         local_fields, method_label, method_run)
 from local_reference import local_case_grads, pass_flops
 from rounds import measure_rounds
 
 
 class LocalBwdCase:
     """A case of the backward: peers_gpu's Case, the upstream gradient dO (packed as the output,
-    [total_q, H, Dv]) and the float64 reference of the kind in use (use()), in
-    backward_peers.check's interface (case, reference)."""
+    [total_q, H, Dv]) and the float64 reference of the kind in use (use(); one per kind as a
+    method runs it, a baseline's without its softcap or sinks), in backward_peers.check's
+    interface (case, reference)."""
 
     def __init__(self, case, seed):
         import torch
@@ -190,12 +191,14 @@ def load_fa3_backward(ctx, lib_path):
     ctx.update(fa3_schemas=got["schemas"], fa3_bwd_provider=got.get("fa3_provider"),
                fa3_bwd_error=got.get("fa3_error"))
 
-def backward_record(name, bc, kind_name, sinks, flops):
-    """The record of a method's backward on a cell, before it is measured."""
-    c, kind = bc.case, KINDS[kind_name]
+
+def backward_record(name, bc, kind_name, run, sinks, flops):
+    """The record of a method's backward on a cell of kind_name, before it is measured: its
+    window, softcap and sinks those the method runs (run, sinks: method_run's)."""
+    c = bc.case
     return {"method": name, "label": method_label(name, sinks), "pass": "backward",
             "workload": c.w.id, "base": c.w.spec.base, "dtype": c.dtype_name, "kind": kind_name,
-            "causal": kind.causal, "window": [kind.left, kind.right], "softcap": kind.softcap,
+            "causal": run.causal, "window": [run.left, run.right], "softcap": run.softcap,
             "sinks": sinks is not None, "heads": c.H, "heads_kv": c.Hkv, "head_dim": c.D,
             "head_dim_v": c.Dv, "status": None, "reason": "", "provider": "", "rel_error": None,
             "rel_errors": {}, "tolerance": bp.TOLERANCE[c.dtype_name],
@@ -277,17 +280,19 @@ def backward_progress_line(rec, tag):
 
 def measure_backward_cell(torch, G, ctx, impls, bc, kind_name, opts, rounds, report):
     """One record per method of the cell that impls holds (cell_methods;
-    backward_peers.combine_rounds of its rounds) of a kind's backward on a case: jfa and
-    FlexAttention with the kind's sinks, its peer (FA3, or jfa without sinks) with none."""
+    backward_peers.combine_rounds of its rounds) of a kind's backward on a case, each method
+    running the kind as method_run says (jfa and FlexAttention with the kind's sinks and softcap,
+    FA3 without sinks, a baseline without its modifier) and checked against the reference of
+    what it runs (LocalBwdCase.use)."""
     kind, c = KINDS[kind_name], bc.case
     flops = pass_flops(c.lq, c.lk, kind, c.H, c.D, c.Dv, "backward")
     sinks = cell_sinks(torch, kind, c.H, c.device)
 
     def measure(m):
-        with_sinks = sinks if m in SINK_METHODS else None
-        bc.use(kind, with_sinks)
-        rec = backward_record(m, bc, kind_name, with_sinks, flops)
-        return bp.add_rates(measure_backward(G, bc, impls[m], kind, with_sinks, rec, opts))
+        run, with_sinks = method_run(kind, sinks, m)
+        bc.use(run, with_sinks)
+        rec = backward_record(m, bc, kind_name, run, with_sinks, flops)
+        return bp.add_rates(measure_backward(G, bc, impls[m], run, with_sinks, rec, opts))
 
     methods = cell_methods(kind_name, impls)
     per_method = measure_rounds(methods, rounds, measure, report)

@@ -1,7 +1,7 @@
 """The shared definitions of bench/local_peers.py and its modules: the kinds (Kind, KINDS),
-the methods and their labels, the seeds and FLOP factors of the passes, and what every pass
-builds a cell from (cell_methods, cell_sinks, local_fields, fa3_values). No torch needed to
-import it."""
+the methods and their labels (jfa's baselines without a modifier among them: BASELINES), the
+seeds and FLOP factors of the passes, and what every pass builds a cell from (cell_methods,
+method_run, cell_sinks, local_fields, fa3_values). No torch needed to import it."""
 
 from collections import namedtuple
 
@@ -16,10 +16,16 @@ KINDS = {"swa128": Kind(True, 128, 0, 0.0, False), "swa4096": Kind(True, 4096, 0
          "swa_softcap": Kind(True, 4096, 0, 50.0, False), "sinks": Kind(True, -1, 0, 0.0, True),
          "swa_sinks": Kind(True, 128, 0, 0.0, True)}
 METHODS = {"jfa": "jfa", "fa3": peers.FA3_LABEL, "jfa_nosinks": "jfa without sinks",
-           "flex": "FlexAttention"}
+           "jfa_nosoftcap": "jfa without softcap", "flex": "FlexAttention"}
+# jfa's baselines: jfa on a kind's cell without one of its modifiers (the Kind fields given; the
+# rest as the kind has them), timed on every kind that has it, so that jfa ÷ baseline is what the
+# modifier costs jfa. FA3 has no sinks: jfa_nosinks is the sinks kinds' peer too.
+BASELINES = {"jfa_nosinks": {"sinks": False}, "jfa_nosoftcap": {"softcap": 0.0}}
 # FlexAttention on the sinks kinds: its output corrected by the LSE (flex_sink_correction).
 FLEX_SINKS_LABEL = "FlexAttention + LSE sink correction"
-SINK_METHODS = ("jfa", "flex")  # the methods that take a kind's sinks
+# The methods that take a kind's sinks where the kind as they run it has them (method_run): FA3
+# has none, jfa_nosinks drops them.
+SINK_METHODS = ("jfa", "jfa_nosoftcap", "flex")
 # FA3's keywords: peers' (scale, mask) and the local-attention arguments.
 FA3_LOCAL_KEYWORDS = {"window_size_left": ("window_size_left",),
                       "window_size_right": ("window_size_right",), "softcap": ("softcap",)}
@@ -34,11 +40,28 @@ def peer_of(kind_name):
     return "jfa_nosinks" if KINDS[kind_name].sinks else "fa3"
 
 
+def baselines_of(kind_name):
+    """jfa's baselines of a kind (BASELINES' order): one per modifier the kind has."""
+    kind = KINDS[kind_name]
+    return [m for m, off in BASELINES.items()
+            if any(getattr(kind, field) != value for field, value in off.items())]
+
+
 def cell_methods(kind_name, available=None):
-    """The methods of a kind's cells, in measuring order: jfa, its peer (peer_of), FlexAttention;
-    those of `available` (the run's methods: --peers) alone where given."""
-    methods = ["jfa", peer_of(kind_name), "flex"]
+    """The methods of a kind's cells, in measuring order: jfa, its peer (peer_of), its other
+    baselines (baselines_of), FlexAttention; those of `available` (the run's methods: --peers
+    and the baselines) alone where given."""
+    peer = peer_of(kind_name)
+    methods = ["jfa", peer] + [m for m in baselines_of(kind_name) if m != peer] + ["flex"]
     return [m for m in methods if available is None or m in available]
+
+
+def method_run(kind, sinks, method):
+    """(kind, sinks) as a method runs a cell of a kind with these sinks (None: without): a
+    baseline's kind without its modifier (BASELINES), the sinks for SINK_METHODS alone where
+    that kind has them. Its reference, fields and record follow from them."""
+    run = kind._replace(**BASELINES.get(method, {}))
+    return run, (sinks if run.sinks and method in SINK_METHODS else None)
 
 
 def method_label(name, sinks=None):

@@ -19,7 +19,10 @@ op library --fa3-lib names (e.g. its full bf16 build: windows and softcap at hea
 256, forward and backward), the calls built from the ops' schemas as bench/peers.py and
 bench/backward_peers.py do, window_size_left, window_size_right and softcap by keyword.
 FA3 has no sinks: the sinks kinds time jfa with sinks against jfa without them (jfa_nosinks,
-same window and mask), the ratio being what the sinks cost. FlexAttention (flex, every kind):
+same window and mask), the ratio being what the sinks cost. The softcap kinds time, beside FA3,
+jfa without softcap (jfa_nosoftcap: softcap 0, window, mask and sinks as the kind has them), the
+ratio being what the softcap costs (local_kinds.BASELINES: jfa's baselines, each on the kinds
+with its modifier, whatever --peers says). FlexAttention (flex, every kind):
 torch.compile(flex_attention) on the packed sequences as one [1, H, tokens, D] batch, as
 bench/peers.py and bench/backward_peers.py run it (peers_gpu's flex_functions, flex_layout,
 flex_kwargs), with a block mask of the document mask and the kind's window (flex_local_mask_mod:
@@ -29,13 +32,14 @@ after one forward, the backward alone timed (backward_peers._autograd_peer). Fle
 sinks: on the sinks kinds it runs as "FlexAttention + LSE sink correction", its output corrected
 by its LSE, out * sigmoid(lse - sink) (exact, forward and autograd: flex_sink_correction; one
 compiled kernel, timed with it), dsinks from autograd checked as jfa's. --peers fa3,flex (default
-both) chooses the peers; FlexAttention's compiles take minutes. jfa: its C entry through
-bench/libjfa.py, as bench/peers.py, with window_left, window_right, softcap and sinks (float32
-[heads] on the GPU) set in its params; its backward is jfa_attention_backward from the forward's
-out and LSE, writing dsinks (float32 [heads]) where the kind has sinks. A build whose CUDA
-kernels reject them says so in its cells.
+both) chooses the peers (jfa's baselines run either way); FlexAttention's compiles take minutes.
+jfa: its C entry through bench/libjfa.py, as bench/peers.py, with window_left, window_right,
+softcap and sinks (float32 [heads] on the GPU) set in its params; its backward is
+jfa_attention_backward from the forward's out and LSE, writing dsinks (float32 [heads]) where the
+kind has sinks. A build whose CUDA kernels reject them says so in its cells.
 
-Checks, before anything is timed: forward outputs against a float64 reference (local_reference,
+Checks, before anything is timed, each method against the reference of what it runs (a
+baseline's without its modifier): forward outputs against a float64 reference (local_reference,
 jfa.h's rules) on workloads.check_sample's sequences (all of a small batch, else the longest, the
 shortest, the first and the last): relative error ||out - ref|| / ||ref|| <= 1e-2 in bf16
 (peers_gpu's TOLERANCE), the max absolute error kept too. Backward: dq, dk and dv against float64
@@ -57,9 +61,10 @@ not peers.py's L^2/2.
 
 Writes <out>/<YYYY-MM-DD>-<gpu>-local.json (--pass backward: -local-backward.json, both:
 -local-both.json; --name: another stem) after every cell, a record per method
-(jfa, fa3 or jfa_nosinks, flex), and prints a table per pass: a row per workload x kind x
-head_dim, jfa's and the peer's TFLOP/s eager and graph, jfa ÷ peer, and where FlexAttention ran,
-its TFLOP/s and jfa ÷ FlexAttention (÷F). --time-limit-s S: no cell starts after S seconds; the
+(jfa, fa3 or jfa_nosinks, jfa_nosoftcap on the softcap kinds, flex), and prints a table per pass:
+a row per workload x kind x head_dim, jfa's and the peer's TFLOP/s eager and graph, jfa ÷ peer,
+where FlexAttention ran, its TFLOP/s and jfa ÷ FlexAttention (÷F), and where jfa without softcap
+ran, its TFLOP/s (nocap) and jfa ÷ it (÷C). --time-limit-s S: no cell starts after S seconds; the
 JSON and the table say so.
 
 This script holds the options, the table, the forward methods and main; beside it,
@@ -93,10 +98,10 @@ from rounds import measure_rounds  # noqa: E402
 
 # The modules beside this script; what they hold is re-exported here (the tests and callers use
 # local_peers' names).
-from local_kinds import (FA3_LOCAL_KEYWORDS, FLEX_SINKS_LABEL,  # noqa: E402,F401
-                         FLOP_FACTOR, KINDS, METHODS, SINK_METHODS, SINKS_SEED, Kind,
-                         cell_methods, cell_sinks, fa3_values, local_fields, method_label,
-                         peer_of)
+from local_kinds import (BASELINES, FA3_LOCAL_KEYWORDS,  # noqa: E402,F401
+                         FLEX_SINKS_LABEL, FLOP_FACTOR, KINDS, METHODS, SINK_METHODS, SINKS_SEED,
+                         Kind, baselines_of, cell_methods, cell_sinks, fa3_values, local_fields,
+                         method_label, method_run, peer_of)
 from local_reference import (local_case_grads, local_flops, local_probs,  # noqa: E402,F401
                              local_reference, local_reference_grads, pass_flops, visible,
                              visible_pairs)
@@ -112,7 +117,10 @@ from local_flex import (flex_about, flex_attend, flex_backward_prepare,  # noqa:
 DEFAULT_WORKLOADS = ["W1", "W2", "W3"]
 DEFAULT_HEAD_DIMS = ["64", "128", "256"]
 PEER_SHORT = {"fa3": "FA3", "jfa_nosinks": "jfa-nosink"}
-# The peers --peers chooses from (jfa_nosinks, the sinks kinds' baseline, runs either way).
+# The table's column groups after the peer's, each where the records hold its method: (method,
+# the name of its TFLOP/s columns, that of jfa ÷ it).
+EXTRA_COLUMNS = (("flex", "flex", "÷F"), ("jfa_nosoftcap", "nocap", "÷C"))
+# The peers --peers chooses from (jfa's baselines, BASELINES, run either way).
 PEER_CHOICES = ("fa3", "flex")
 PASSES = ("forward", "backward")
 PASS_CHOICES = {"forward": ("forward",), "backward": ("backward",), "both": PASSES}
@@ -164,29 +172,32 @@ def _ratios(jfa, other):
 def pass_table(records, pass_name):
     """The lines of one pass's table: its title, the header, a row per workload base x kind x
     head_dim (table_rows) with jfa's and the peer's useful TFLOP/s eager and graph, jfa / peer
-    (eager, graph), then, where the records hold FlexAttention's, its TFLOP/s and jfa / Flex
-    (÷F), and the peer's name."""
+    (eager, graph), then, per group of EXTRA_COLUMNS whose method the records hold
+    (FlexAttention, jfa without softcap), its TFLOP/s and jfa / it ("-" on a kind without it),
+    and the peer's name."""
     by = {(r["workload"], r["dtype"], r["kind"], r["method"]): r for r in records}
-    flex = any(r["method"] == "flex" for r in records)
+    methods = {r["method"] for r in records}
+    extra = [(m, short, ratio, max(11, len(short) + 7)) for m, short, ratio in EXTRA_COLUMNS
+             if m in methods]
     counted = "" if pass_name == "forward" else f"{FLOP_FACTOR[pass_name]:g} x the forward's, "
     head = (f"{'workload':<9}{'dtype':<6}{'kind':<12}{'d':>7}{'jfa eager':>11}{'jfa graph':>11}"
             f"{'peer eager':>11}{'peer graph':>11}{'÷ eager':>9}{'÷ graph':>9}"
-            + (f"{'flex eager':>11}{'flex graph':>11}{'÷F eager':>9}{'÷F graph':>9}" if flex
-               else "") + "  peer")
+            + "".join(f"{short + ' eager':>{w}}{short + ' graph':>{w}}{ratio + ' eager':>9}"
+                      f"{ratio + ' graph':>9}" for _, short, ratio, w in extra) + "  peer")
     lines = [f"{PASS_TITLES[pass_name]}: useful TFLOP/s ({counted}visible pairs under mask and "
              "window), medians", head]
     for wid, dtype, kind in table_rows(records):
         peer = peer_of(kind)
-        jfa, other = by.get((wid, dtype, kind, "jfa")), by.get((wid, dtype, kind, peer))
-        fx = by.get((wid, dtype, kind, "flex"))
-        any_r = jfa or other or fx
+        row = {m: by.get((wid, dtype, kind, m)) for m in ["jfa", peer] + [e[0] for e in extra]}
+        jfa, other = row["jfa"], row[peer]
+        any_r = next(r for r in row.values() if r is not None)
         d = peers.head_dim_text(any_r.get("head_dim"), any_r.get("head_dim_v"))
         line = (f"{any_r.get('base', wid):<9}{dtype:<6}{kind:<12}{d:>7}"
                 + "".join(f"{_cell(r, m):>11}" for r in (jfa, other) for m in peers.MODES)
                 + "".join(f"{x:>9}" for x in _ratios(jfa, other)))
-        if flex:
-            line += ("".join(f"{_cell(fx, m):>11}" for m in peers.MODES)
-                     + "".join(f"{x:>9}" for x in _ratios(jfa, fx)))
+        for m, _, _, w in extra:
+            line += ("".join(f"{_cell(row[m], mode):>{w}}" for mode in peers.MODES)
+                     + "".join(f"{x:>9}" for x in _ratios(jfa, row[m])))
         lines.append(line + f"  {PEER_SHORT[peer]}")
     return lines
 
@@ -218,6 +229,9 @@ def format_table(records, stopped=""):
                      "softcap as a score_mod; ÷F: jfa ÷ FlexAttention. On the sinks kinds, "
                      "which FlexAttention lacks, its output is corrected by sigmoid(lse - sink) "
                      "(exact), the correction timed with it.")
+    if any(r["method"] == "jfa_nosoftcap" for r in records):
+        lines.append("nocap: jfa without softcap (softcap 0, window, mask and sinks as the kind "
+                     "has them) on the softcap kinds; ÷C: jfa ÷ it, what the softcap costs jfa.")
     if notes:
         lines += ["notes:"] + notes[:40]
     if stopped:
@@ -255,8 +269,8 @@ def parse_args(argv=None):
     ap.add_argument("--peers", default=",".join(PEER_CHOICES),
                     help="comma-separated peers of jfa, of fa3,flex (default both); FlexAttention "
                          "compiles its kernels for every workload and pass, for softcap and for "
-                         "sinks (minutes): --peers fa3 leaves it out. The sinks kinds' jfa "
-                         "without sinks runs either way")
+                         "sinks (minutes): --peers fa3 leaves it out. jfa without sinks (the "
+                         "sinks kinds) and without softcap (the softcap kinds) run either way")
     ap.add_argument("--pass", dest="pass_option", default="forward", choices=list(PASS_CHOICES),
                     help="what is timed: the forward, the backward op alone (after one untimed "
                          "forward saving what it needs), or both (default forward)")
@@ -402,29 +416,31 @@ def fa3_prepare(G, co, ctx):
 
 def measure_cell(torch, G, ctx, impls, case, kind_name, timing, opts, rounds, report):
     """One record per method of the cell that impls holds (cell_methods; peers.combine_rounds of
-    its rounds) of a kind's forward on a case: jfa and FlexAttention with the kind's sinks, FA3 and
-    jfa_nosinks without (ctx["kind"] and ctx["sinks"] say which to the methods)."""
+    its rounds) of a kind's forward on a case, each method running the kind as method_run says
+    (jfa and FlexAttention with the kind's sinks and softcap, FA3 without sinks, a baseline
+    without its modifier; ctx["kind"] and ctx["sinks"] tell the methods) and checked against the
+    float64 reference of what it runs, one per (softcap, sinks) of the cell."""
     kind, w = KINDS[kind_name], case.w
     flops = local_flops(w.lengths_q, w.lengths_k, kind, case.H, case.D, case.Dv)
     sinks = cell_sinks(torch, kind, case.H, case.device)
     refs = {}
 
     def measure(m):
-        with_sinks = sinks if m in SINK_METHODS else None
-        key = with_sinks is not None
+        run, with_sinks = method_run(kind, sinks, m)
+        key = (run.softcap, with_sinks is not None)  # the window and mask are the cell's
         if key not in refs:
             refs[key] = {i: local_reference(
                 case.q_rows(case.q, i), case.k[case.cu_k_host[i]:case.cu_k_host[i + 1]],
-                case.v[case.cu_k_host[i]:case.cu_k_host[i + 1]], case.scale, kind.causal,
-                (kind.left, kind.right), kind.softcap, with_sinks) for i in case.sample}
-        case._refs = {kind.causal: refs[key]}  # what peers_gpu's check compares with
-        ctx["kind"], ctx["sinks"] = kind, with_sinks
+                case.v[case.cu_k_host[i]:case.cu_k_host[i + 1]], case.scale, run.causal,
+                (run.left, run.right), run.softcap, with_sinks) for i in case.sample}
+        case._refs = {run.causal: refs[key]}  # what peers_gpu's check compares with
+        ctx["kind"], ctx["sinks"] = run, with_sinks
         if "jfa_lib" in ctx:
-            ctx["jfa_lib"].fields = local_fields(kind, with_sinks)
-        rec = G.measure(impls[m], case, kind.causal, timing, opts)
-        rec.update(kind=kind_name, base=w.spec.base, window=[kind.left, kind.right],
-                   softcap=kind.softcap, sinks=key, max_abs_error=impls[m].max_abs_error,
-                   useful_gflop=flops / 1e9)
+            ctx["jfa_lib"].fields = local_fields(run, with_sinks)
+        rec = G.measure(impls[m], case, run.causal, timing, opts)
+        rec.update(kind=kind_name, base=w.spec.base, window=[run.left, run.right],
+                   softcap=run.softcap, sinks=with_sinks is not None,
+                   max_abs_error=impls[m].max_abs_error, useful_gflop=flops / 1e9)
         rec["pass"] = "forward"
         if rec["status"] == "wrong":  # not timed: the kernel time peers_gpu took is dropped
             rec.update(median_ms=None, min_ms=None, useful_tflops=None, eff_tbps=None)
@@ -499,10 +515,10 @@ def main(argv=None):
     for line in schema_lines:
         print(line, flush=True)
 
-    jfa = G.Jfa(ctx).prepare
-    impls = {"jfa": Variant("jfa", jfa), "jfa_nosinks": Variant("jfa_nosinks", jfa)}
-    jfa_bwd = jfa_backward_prepare(G, ctx)
-    bwd_impls = {"jfa": jfa_bwd, "jfa_nosinks": jfa_bwd}
+    # jfa and its baselines (whatever --peers says): one method, the kind set per method_run.
+    jfa, jfa_bwd = G.Jfa(ctx).prepare, jfa_backward_prepare(G, ctx)
+    impls = {m: Variant(m, jfa) for m in ("jfa", *BASELINES)}
+    bwd_impls = {m: jfa_bwd for m in ("jfa", *BASELINES)}
     if "fa3" in args.peer_names:
         impls["fa3"] = Variant("fa3", fa3_prepare(G, co, ctx))
         bwd_impls["fa3"] = fa3_backward_prepare(G, co, ctx)

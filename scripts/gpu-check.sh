@@ -17,7 +17,8 @@
 #                   and CUDA-graph replay, every output checked against a float reference first.
 #   bench-backward  the same for the backward op (gradients checked against float64 first).
 #   bench-local     the forward with sliding windows, softcap and sinks against FlashAttention-3's
-#                   build with windows and softcap (bf16, head_dim 64, 128, 256; sinks jfa alone),
+#                   build with windows and softcap (bf16, head_dim 64, 128, 256; sinks jfa alone;
+#                   sinks and softcap also against jfa without them),
 #                   outputs checked against float64 first (bench/local_peers.py); LOCAL_PASS=backward
 #                   the backward op instead (gradients, dsinks too, checked against float64
 #                   first), both: the two.

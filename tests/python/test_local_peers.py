@@ -1,13 +1,15 @@
 """bench/local_peers.py without a GPU: the window-aware count of visible pairs against a brute
-force, the backward's count, the kinds and the options (--pass, --peers), the tables of both passes
-on fake records (with FlexAttention's columns); with torch (on the CPU), the float64 reference
-against libjfa's reference and CPU backend, its gradients against finite differences, libjfa's
-float64 backward reference and CPU backward, jfa's params through bench/libjfa.py with the
-local-attention fields, jfa's backward method on the CPU backend, FA3's forward and backward calls
-with the window and softcap (fake ops), a backward cell's plumbing, and FlexAttention's: its
-mask_mod and score_mod on index tensors against the reference's rule, the sink correction's
-algebra and autograd in float64, its forward (torch's eager flex_attention on the CPU) and its
-backward plumbing (a dense stand-in: FlexAttention has no CPU backward) through the checks."""
+force, the backward's count, the kinds, jfa's baselines (jfa without sinks, without softcap) and
+the options (--pass, --peers), the tables of both passes on fake records (with FlexAttention's and
+jfa without softcap's columns); with torch (on the CPU), the float64 reference against libjfa's
+reference and CPU backend, its gradients against finite differences, libjfa's float64 backward
+reference and CPU backward, jfa's params through bench/libjfa.py with the local-attention fields,
+jfa's backward method on the CPU backend, FA3's forward and backward calls with the window and
+softcap (fake ops), a cell's and a backward cell's plumbing (each method against the reference of
+what it runs, jfa_nosoftcap's without softcap), and FlexAttention's: its mask_mod and score_mod on
+index tensors against the reference's rule, the sink correction's algebra and autograd in float64,
+its forward (torch's eager flex_attention on the CPU) and its backward plumbing (a dense stand-in:
+FlexAttention has no CPU backward) through the checks."""
 
 import contextlib
 import ctypes
@@ -114,6 +116,27 @@ def test_the_kinds():
     assert K["sinks"] == (True, -1, 0, 0.0, True)
     assert K["swa_sinks"] == (True, 128, 0, 0.0, True)
     assert [lp.peer_of(k) for k in K] == ["fa3"] * 5 + ["jfa_nosinks"] * 2
+    assert [lp.baselines_of(k) for k in K] == [[]] * 3 + [["jfa_nosoftcap"]] * 2 + [
+        ["jfa_nosinks"]] * 2
+
+
+def test_a_baseline_runs_the_kind_without_its_modifier_the_rest_as_the_kind_has_it():
+    """method_run: jfa_nosinks drops the sinks, jfa_nosoftcap the softcap (window, mask and sinks
+    kept), FA3 gets no sinks, jfa and FlexAttention the kind as it is."""
+    both = lp.Kind(True, 128, 0, 30.0, True)
+    sinks = object()
+    assert lp.method_run(both, sinks, "jfa") == (both, sinks)
+    assert lp.method_run(both, sinks, "flex") == (both, sinks)
+    assert lp.method_run(both, sinks, "fa3") == (both, None)  # FA3 says it has none
+    assert lp.method_run(both, sinks, "jfa_nosinks") == (both._replace(sinks=False), None)
+    assert lp.method_run(both, sinks, "jfa_nosoftcap") == (both._replace(softcap=0.0), sinks)
+    cap = lp.KINDS["swa_softcap"]
+    assert lp.method_run(cap, None, "jfa_nosoftcap") == (lp.Kind(True, 4096, 0, 0.0, False),
+                                                         None)
+    assert lp.local_fields(lp.method_run(cap, None, "jfa_nosoftcap")[0]) == {
+        "window_left": 4096, "window_right": 0, "softcap": 0.0, "sinks": None}
+    assert lp.METHODS["jfa_nosoftcap"] == "jfa without softcap"
+    assert set(lp.BASELINES) == {"jfa_nosinks", "jfa_nosoftcap"} <= set(lp.METHODS)
 
 
 def test_options(monkeypatch):
@@ -363,47 +386,60 @@ def test_fa3_gets_the_window_and_softcap_and_no_sinks_kind():
                                "kind": lp.KINDS["swa128"]})(case, True)
 
 
+def forward_rows(torch, case, causal, window, softcap, sinks):
+    """local_reference of every sequence of a case, packed, in its dtype: a method's output."""
+    return torch.cat([lp.local_reference(
+        case.q_rows(case.q, i), case.k[case.cu_k_host[i]:case.cu_k_host[i + 1]],
+        case.v[case.cu_k_host[i]:case.cu_k_host[i + 1]], case.scale, causal, window, softcap,
+        sinks) for i in range(case.B)]).to(case.dtype)
+
+
+def fake_jfa_forward(torch, G, case, ctx, fields_seen, softcap=None):
+    """A stand-in for jfa's forward: the exact attention of the fields ctx["jfa_lib"] holds
+    (recorded in fields_seen), the sinks read from their pointer; softcap: this one instead of
+    the fields' (a jfa that ignores what it is asked)."""
+    def prepare(case_, causal):
+        f = dict(ctx["jfa_lib"].fields)
+        fields_seen.append(f)
+        sinks = None if f["sinks"] is None else torch.from_numpy(np.ctypeslib.as_array(
+            (ctypes.c_float * case.H).from_address(f["sinks"])).copy())
+        out = forward_rows(torch, case, causal, (f["window_left"], f["window_right"]),
+                           f["softcap"] if softcap is None else softcap, sinks)
+        return G.Prepared(lambda: out, lambda o, i: case.q_rows(o, i), dense=lambda o: o)
+    return prepare
+
+
+def check_only_forward(G, dtype):
+    """peers_gpu.measure's stand-in: the method's output checked, fixed times."""
+    def measure(method, case_, causal, timing, opts):
+        prep = method.prepare(case_, causal)
+        status, err, why = G.check_output(case_, causal, prep, prep.run(), G.TOLERANCE[dtype])
+        return {"method": method.name, "label": method.current_label(), "workload": case_.w.id,
+                "dtype": dtype, "causal": causal, "head_dim": 64, "head_dim_v": 64,
+                "status": status, "reason": why, "rel_error": err, "median_ms": 1.0,
+                "min_ms": 1.0, "eager_ms": 2.0, "graph_ms": 1.0, "useful_tflops": 9.0,
+                "eff_tbps": 1.0, "useful_gflop": 123.0, "min_bytes": 0.0}
+    return measure
+
+
 def test_a_cell_checks_each_method_on_its_own_reference_and_counts_the_window(monkeypatch):
     """measure_cell with peers_gpu.measure replaced by check-only: jfa gets the kind's fields
     (sinks for jfa, none for jfa_nosinks) and the reference of what it runs; a peer that ignores
     the window fails the check and keeps no time; the rates use the window-aware count."""
     torch = pytest.importorskip("torch", reason="torch is not installed")
-    import ctypes
     import peers_gpu as G
     from test_peers import cpu_case
 
     case = cpu_case(G, "W2-d64", [9, 300, 4], dtype="fp16")
     ctx = {"jfa_lib": lp.LocalLibrary(None)}
     fields_seen = []
-
-    def rows_of(causal, window, softcap, sinks):
-        return torch.cat([lp.local_reference(
-            case.q_rows(case.q, i), case.k[case.cu_k_host[i]:case.cu_k_host[i + 1]],
-            case.v[case.cu_k_host[i]:case.cu_k_host[i + 1]], case.scale, causal, window, softcap,
-            sinks) for i in range(case.B)]).to(case.dtype)
-
-    def fake_jfa(case_, causal):
-        f = dict(ctx["jfa_lib"].fields)
-        fields_seen.append(f)
-        sinks = None if f["sinks"] is None else torch.from_numpy(np.ctypeslib.as_array(
-            (ctypes.c_float * case.H).from_address(f["sinks"])).copy())
-        out = rows_of(causal, (f["window_left"], f["window_right"]), f["softcap"], sinks)
-        return G.Prepared(lambda: out, lambda o, i: case.q_rows(o, i), dense=lambda o: o)
+    fake_jfa = fake_jfa_forward(torch, G, case, ctx, fields_seen)
 
     def fake_fa3(case_, causal):  # ignores the window
-        out = rows_of(causal, (-1, -1), ctx["kind"].softcap, None)
+        out = forward_rows(torch, case, causal, (-1, -1), ctx["kind"].softcap, None)
         return G.Prepared(lambda: out, lambda o, i: case.q_rows(o, i), dense=lambda o: o)
 
-    def check_only(method, case_, causal, timing, opts):
-        prep = method.prepare(case_, causal)
-        status, err, why = G.check_output(case_, causal, prep, prep.run(), G.TOLERANCE["fp16"])
-        return {"method": method.name, "label": method.current_label(), "workload": case_.w.id,
-                "dtype": "fp16", "causal": causal, "head_dim": 64, "head_dim_v": 64,
-                "status": status, "reason": why, "rel_error": err, "median_ms": 1.0,
-                "min_ms": 1.0, "eager_ms": 2.0, "graph_ms": 1.0, "useful_tflops": 9.0,
-                "eff_tbps": 1.0, "useful_gflop": 123.0, "min_bytes": 0.0}
-
-    monkeypatch.setattr(G, "measure", check_only)
+    monkeypatch.setattr(G, "measure", check_only_forward(G, "fp16"))
     impls = {"jfa": lp.Variant("jfa", fake_jfa), "jfa_nosinks": lp.Variant("jfa_nosinks", fake_jfa),
              "fa3": lp.Variant("fa3", fake_fa3)}
     jfa, fa3 = lp.measure_cell(torch, G, ctx, impls, case, "swa128nc", None, {}, 1, None)
@@ -426,6 +462,53 @@ def test_a_cell_checks_each_method_on_its_own_reference_and_counts_the_window(mo
     assert nosinks["max_abs_error"] < 1e-2
     assert sorted(f["sinks"] is None for f in fields_seen) == [False, False, True, True]
     assert all(f["window_left"] == 128 and f["window_right"] == 0 for f in fields_seen)
+
+
+# A kind with both modifiers, its softcap strong enough that the check tells it from none.
+CAP_SINKS = lp.Kind(True, 128, 0, 1.0, True)
+
+
+def test_a_cell_times_jfa_without_softcap_against_the_reference_without_it(monkeypatch):
+    """measure_cell on softcap kinds: jfa_nosoftcap (jfa's own prepare) runs beside jfa and the
+    peer with softcap 0, window, mask and sinks as the kind has them, checked against the
+    reference without softcap (jfa's with it: the references do not mix); a jfa that keeps the
+    softcap fails it. Its record says softcap 0."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    import peers_gpu as G
+    from test_peers import cpu_case
+
+    monkeypatch.setitem(lp.KINDS, "cap_sinks", CAP_SINKS)
+    case = cpu_case(G, "W2-d64", [9, 300, 4], dtype="fp16")
+    ctx = {"jfa_lib": lp.LocalLibrary(None)}
+    fields_seen = []
+    monkeypatch.setattr(G, "measure", check_only_forward(G, "fp16"))
+    honest = fake_jfa_forward(torch, G, case, ctx, fields_seen)
+    impls = {m: lp.Variant(m, honest) for m in ("jfa", *lp.BASELINES)}
+
+    jfa, nosoftcap = lp.measure_cell(torch, G, ctx, impls, case, "swa_softcap", None, {}, 1, None)
+    assert [(r["method"], r["status"], r["softcap"], r["sinks"]) for r in (jfa, nosoftcap)] == [
+        ("jfa", "ok", 50.0, False), ("jfa_nosoftcap", "ok", 0.0, False)]
+    assert nosoftcap["label"] == "jfa without softcap" and nosoftcap["window"] == [4096, 0]
+    assert nosoftcap["useful_gflop"] == jfa["useful_gflop"]  # the same pairs
+    assert fields_seen == [lp.local_fields(lp.KINDS["swa_softcap"]),
+                           {"window_left": 4096, "window_right": 0, "softcap": 0.0,
+                            "sinks": None}]
+
+    fields_seen.clear()
+    recs = lp.measure_cell(torch, G, ctx, impls, case, "cap_sinks", None, {}, 1, None)
+    assert [(r["method"], r["status"], r["softcap"], r["sinks"]) for r in recs] == [
+        ("jfa", "ok", 1.0, True), ("jfa_nosinks", "ok", 1.0, False),
+        ("jfa_nosoftcap", "ok", 0.0, True)]
+    assert [(f["softcap"], f["sinks"] is not None) for f in fields_seen] == [
+        (1.0, True), (1.0, False), (0.0, True)]
+    assert all(r["max_abs_error"] < 1e-2 for r in recs)
+
+    # A jfa that keeps the softcap when asked for none: jfa_nosoftcap fails, jfa does not.
+    keeps = fake_jfa_forward(torch, G, case, ctx, fields_seen, softcap=CAP_SINKS.softcap)
+    impls = {m: lp.Variant(m, keeps) for m in ("jfa", *lp.BASELINES)}
+    recs = lp.measure_cell(torch, G, ctx, impls, case, "cap_sinks", None, {}, 1, None)
+    assert [r["status"] for r in recs] == ["ok", "ok", "wrong"]
+    assert recs[2]["eager_tflops"] is None and recs[2]["max_abs_error"] > 0.05
 
 
 def test_the_cli_of_a_carried_library_is_found(tmp_path):
@@ -742,6 +825,52 @@ def test_a_backward_cell_checks_each_method_on_its_own_reference_and_counts_the_
     assert all(f["window_left"] == 128 and f["window_right"] == 0 for _, _, f in seen)
 
 
+def test_a_backward_cell_times_jfa_without_softcap_against_the_reference_without_it(
+        monkeypatch):
+    """measure_backward_cell on a kind with softcap and sinks, jfa's backward on the CPU backend
+    for jfa and both its baselines (measure_backward replaced by check-only): jfa_nosoftcap runs
+    softcap 0 with the kind's window and sinks (dsinks checked), each method against the
+    reference of what it runs, which its gradients pass and the reference with softcap fails.
+    Its record says softcap 0."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    import jfa
+    import libjfa
+    import peers_gpu as G
+    from test_peers import cpu_case
+    monkeypatch.setitem(lp.KINDS, "cap_sinks", CAP_SINKS)
+    bc = check_cell_case(G, cpu_case, [9, 300, 4])
+    ctx = {"jfa_lib": lp.LocalLibrary(libjfa.Library(jfa.library_path()))}
+    seen = {}
+
+    def check_only(G_, bc_, prepare, kind, sinks, rec, opts):
+        prep = prepare(bc_, kind, sinks)
+        grads = prep.run()
+        seen[rec["method"]] = (kind, sinks, dict(ctx["jfa_lib"].fields), grads)
+        status, errors, worst, why = lp.check_backward(bc_, kind, grads, rec["tolerance"])
+        rec.update(status=status, rel_errors=errors, rel_error=worst, reason=why)
+        if status == "ok":
+            rec.update(eager_ms=2.0, graph_ms=1.0)
+        return rec
+
+    monkeypatch.setattr(lb, "measure_backward", check_only)
+    jfa_bwd = lp.jfa_backward_prepare(G, ctx)
+    impls = {m: jfa_bwd for m in ("jfa", *lp.BASELINES)}
+    recs = lp.measure_backward_cell(torch, G, ctx, impls, bc, "cap_sinks", {}, 1, None)
+    assert [(r["method"], r["status"], r["softcap"], r["sinks"]) for r in recs] == [
+        ("jfa", "ok", 1.0, True), ("jfa_nosinks", "ok", 1.0, False),
+        ("jfa_nosoftcap", "ok", 0.0, True)]
+    assert recs[2]["label"] == "jfa without softcap" and recs[2]["window"] == [128, 0]
+    assert "dsinks" in recs[2]["rel_errors"] and recs[2]["eager_tflops"] is not None
+    assert recs[2]["useful_gflop"] == recs[0]["useful_gflop"]
+    kind, sinks, fields, grads = seen["jfa_nosoftcap"]
+    assert kind == CAP_SINKS._replace(softcap=0.0) and sinks is not None
+    assert fields == lp.local_fields(kind, sinks) and fields["softcap"] == 0.0
+    assert seen["jfa"][2]["softcap"] == 1.0 and seen["jfa"][2]["sinks"] == fields["sinks"]
+    bc.use(CAP_SINKS, sinks)  # jfa's reference, with the softcap: not jfa_nosoftcap's
+    status, _, _, why = lp.check_backward(bc, CAP_SINKS, grads, bp.TOLERANCE["bf16"])
+    assert status == "wrong", why
+
+
 def test_the_gpu_check_stage_passes_the_pass_through(tmp_path):
     """scripts/gpu-check.sh's bench-local stage, its helpers stubbed: LOCAL_PASS becomes --pass,
     and the JSON and log names say the pass (local for the forward, as before)."""
@@ -776,17 +905,24 @@ def test_the_peers_option_and_the_methods_of_a_cell():
     assert lp.parse_args(["--peers", "fa3"]).peer_names == ["fa3"]
     assert lp.parse_args(["--peers", "flex"]).peer_names == ["flex"]
     assert lp.parse_args(["--peers", "flex,fa3"]).peer_names == ["fa3", "flex"]  # one order
-    assert lp.parse_args(["--peers", ""]).peer_names == []  # jfa (and jfa_nosinks) alone
+    assert lp.parse_args(["--peers", ""]).peer_names == []  # jfa (and its baselines) alone
     for bad in (["--peers", "fa2"], ["--peers", "flex,cudnn"], ["--peers"]):
         with pytest.raises(SystemExit):
             lp.parse_args(bad)
     # Every kind has jfa, its peer and FlexAttention; a run's methods filter them.
     assert lp.cell_methods("swa128") == ["jfa", "fa3", "flex"]
     assert lp.cell_methods("swa_sinks") == ["jfa", "jfa_nosinks", "flex"]
+    assert lp.cell_methods("softcap50") == ["jfa", "fa3", "jfa_nosoftcap", "flex"]
+    assert lp.cell_methods("swa_softcap") == ["jfa", "fa3", "jfa_nosoftcap", "flex"]
     assert lp.cell_methods("swa128", {"jfa": 1, "jfa_nosinks": 1, "flex": 1}) == ["jfa", "flex"]
     assert lp.cell_methods("sinks", {"jfa": 1, "jfa_nosinks": 1, "fa3": 1}) == [
         "jfa", "jfa_nosinks"]
-    assert lp.METHODS["flex"] == "FlexAttention" and lp.SINK_METHODS == ("jfa", "flex")
+    # jfa's baselines are the run's methods whatever --peers says (main's impls).
+    baselines_only = dict.fromkeys(("jfa",) + tuple(lp.BASELINES))
+    assert lp.cell_methods("softcap50", baselines_only) == ["jfa", "jfa_nosoftcap"]
+    assert lp.cell_methods("swa_softcap", {"jfa": 1, "fa3": 1}) == ["jfa", "fa3"]
+    assert lp.METHODS["flex"] == "FlexAttention"
+    assert lp.SINK_METHODS == ("jfa", "jfa_nosoftcap", "flex")
     assert lp.method_label("flex") == "FlexAttention"
     assert lp.method_label("flex", object()) == lp.FLEX_SINKS_LABEL
     assert lp.method_label("jfa", object()) == "jfa"
@@ -796,6 +932,10 @@ def test_the_peers_option_and_the_methods_of_a_cell():
     assert [r["method"] for r in recs] == ["jfa", "jfa_nosinks", "flex"]
     assert [r["method"] for r in lp.error_records(w, "bf16", "swa128", "forward", "x")] == [
         "jfa", "fa3", "flex"]
+    recs = lp.error_records(w, "bf16", "swa_softcap", "backward", "x")
+    assert [(r["method"], r["label"]) for r in recs] == [
+        ("jfa", "jfa"), ("fa3", peers.FA3_LABEL), ("jfa_nosoftcap", "jfa without softcap"),
+        ("flex", "FlexAttention")]
 
 
 def test_the_table_gets_flexattentions_columns_and_ratios():
@@ -841,6 +981,62 @@ def test_the_table_gets_flexattentions_columns_and_ratios():
     assert not any("flex" in ln for ln in plain)
     assert [ln.split() for ln in plain if ln.startswith("W1 ")][0][4:] == [
         "500.0", "520.0", "250.0", "260.0", "2.00", "2.00", "FA3"]
+
+
+def test_the_table_gets_jfa_without_softcaps_columns_and_ratios():
+    """jfa_nosoftcap's records give a column group after FlexAttention's (its TFLOP/s, nocap, and
+    jfa ÷ it, ÷C), "-" on the kinds without softcap, and a line saying what it is; the peer's and
+    FlexAttention's columns as before."""
+    bwd = {"pass": "backward"}
+    records = [
+        rec("jfa", "swa128", "W1", 128, 500.0, 520.0),
+        rec("fa3", "swa128", "W1", 128, 250.0, 260.0),
+        rec("flex", "swa128", "W1", 128, 125.0, 130.0),
+        rec("jfa", "softcap50", "W1", 128, 400.0, 440.0),
+        rec("fa3", "softcap50", "W1", 128, 200.0, 220.0),
+        rec("jfa_nosoftcap", "softcap50", "W1", 128, 500.0, 550.0, softcap=0.0),
+        rec("flex", "softcap50", "W1", 128, 100.0, 110.0),
+        rec("jfa", "swa_softcap", "W1", 128, 300.0, 330.0),
+        rec("fa3", "swa_softcap", "W1", 128, status="unavailable", reason="no softcap here"),
+        rec("jfa_nosoftcap", "swa_softcap", "W1", 128, status="wrong",
+            reason="relative error 0.3 > 0.01"),
+        rec("jfa", "sinks", "W1", 128, 450.0, 470.0),
+        rec("jfa_nosinks", "sinks", "W1", 128, 500.0, 500.0),
+        rec("jfa", "softcap50", "W1", 128, 200.0, 200.0, **bwd),
+        rec("fa3", "softcap50", "W1", 128, 100.0, 100.0, **bwd),
+        rec("jfa_nosoftcap", "softcap50", "W1", 128, 250.0, 400.0, **bwd),
+    ]
+    lines = lp.format_table(records).splitlines()
+    heads = [ln.split() for ln in lines if ln.startswith("workload")]
+    assert heads[0][-17:] == ["flex", "eager", "flex", "graph", "÷F", "eager", "÷F", "graph",
+                              "nocap", "eager", "nocap", "graph", "÷C", "eager", "÷C", "graph",
+                              "peer"]
+    assert heads[1][-9:] == ["nocap", "eager", "nocap", "graph", "÷C", "eager", "÷C", "graph",
+                             "peer"] and "flex" not in heads[1]  # the backward has no flex
+    rows = [ln.split() for ln in lines if ln.startswith("W1 ")]
+    assert rows[0][2:] == ["swa128", "128", "500.0", "520.0", "250.0", "260.0", "2.00", "2.00",
+                           "125.0", "130.0", "4.00", "4.00", "-", "-", "-", "-", "FA3"]
+    assert rows[1][2:] == ["softcap50", "128", "400.0", "440.0", "200.0", "220.0", "2.00",
+                           "2.00", "100.0", "110.0", "4.00", "4.00", "500.0", "550.0", "0.80",
+                           "0.80", "FA3"]
+    assert rows[2][2:] == ["swa_softcap", "128", "300.0", "330.0", "n/a", "n/a", "-", "-", "-",
+                           "-", "-", "-", "wrong", "wrong", "-", "-", "FA3"]
+    assert rows[3][2:] == ["sinks", "128", "450.0", "470.0", "500.0", "500.0", "0.90", "0.94",
+                           "-", "-", "-", "-", "-", "-", "-", "-", "jfa-nosink"]
+    assert rows[4][2:] == ["softcap50", "128", "200.0", "200.0", "100.0", "100.0", "2.00", "2.00",
+                           "250.0", "400.0", "0.80", "0.50", "FA3"]
+    assert any(ln.startswith("nocap: jfa without softcap (softcap 0") for ln in lines)
+    assert any("jfa without softcap [wrong] (first: W1 swa_softcap)" in ln for ln in lines)
+    # The columns line up: every row of a table as wide as its header, the peer's name aside.
+    tables = "\n".join(lines).split("\n\n")
+    assert len(tables) == 2
+    for table in tables:
+        widths = {len(ln.rsplit("  ", 1)[0]) for ln in table.splitlines()
+                  if ln.startswith(("workload", "W1 "))}
+        assert len(widths) == 1, widths
+    # Without its records: no nocap columns nor line.
+    plain = lp.format_table([r for r in records if r["method"] != "jfa_nosoftcap"])
+    assert "nocap" not in plain and "÷C" not in plain
 
 
 # ---- FlexAttention: mask_mod, score_mod, the sink correction (torch, CPU) ----------------------
