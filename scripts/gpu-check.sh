@@ -25,6 +25,10 @@
 #   bench-paged     the paged-KV decode forward against FlashAttention-3 and FlashInfer, bf16,
 #                   outputs checked against float64 first (bench/paged_peers.py); PAGED_UNVERIFIED=1
 #                   runs jfa's unverified CUDA paged kernels, PAGED_CELLS its --cells. Not in all.
+#   profile-local   Nsight Compute (--set full, clocks not locked) over one jfa and one
+#                   FlashAttention-3 call of one local-attention cell (bench/profile_local_pair.py,
+#                   PROFILE_ARGS its options, default the backward of W1, head_dim 128, window
+#                   4096): pair.ncu-rep, its details as text and its raw metrics as CSV. Not in all.
 #   bench           bench-forward, then bench-backward.
 #   all             every stage above but build's gathering (builds in place when no CARRY_DIR
 #                   exists), for a machine without the per-command limit.
@@ -51,7 +55,7 @@
 #        "64 96 128 192 192/128 256 32"), BENCH_ROUNDS (default 2), BENCH_DTYPES (default
 #        fp16,bf16), BENCH_WORKLOADS (default "W1 W2 W3 W4")
 set -u -o pipefail
-STAGE=${1:?usage: scripts/gpu-check.sh build|suite|sanitize|bench-forward|bench-backward|bench-local|bench-paged|bench|all OUTDIR}
+STAGE=${1:?usage: scripts/gpu-check.sh build|suite|sanitize|bench-forward|bench-backward|bench-local|bench-paged|profile-local|bench|all OUTDIR}
 OUT=${2:?usage: scripts/gpu-check.sh STAGE OUTDIR}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -275,6 +279,20 @@ stage_bench_paged() {
   return $rc
 }
 
+stage_profile_local() {
+  runtime_env || { summary profile-local "FAILED (nothing carried)"; return 1; }
+  command -v ncu >/dev/null || { summary profile-local "FAILED (no ncu)"; return 1; }
+  local rc=0
+  # shellcheck disable=SC2086  # PROFILE_ARGS is a list of options
+  FA3_LIB=$FA3_FULL_LIB timeout "$(left)" ncu --profile-from-start off --clock-control none \
+    --set "${NCU_SET:-full}" -f -o "$OUT/pair" python3 bench/profile_local_pair.py \
+    ${PROFILE_ARGS:---pass backward --head-dim 128 --window 4096} >"$OUT/profile.log" 2>&1 || rc=1
+  ncu --import "$OUT/pair.ncu-rep" --page details >"$OUT/pair.txt" 2>&1
+  ncu --import "$OUT/pair.ncu-rep" --page raw --csv >"$OUT/pair-raw.csv" 2>&1
+  summary profile-local "$(gpu_name): rc $rc ($(grep -c '^  [a-zA-Z_].*(' "$OUT/pair.txt") kernels in pair.txt)"
+  return $rc
+}
+
 case $STAGE in
   build) stage_build ;;
   suite) stage_suite ;;
@@ -283,6 +301,7 @@ case $STAGE in
   bench-backward) stage_bench_backward ;;
   bench-local) stage_bench_local ;;
   bench-paged) stage_bench_paged ;;
+  profile-local) stage_profile_local ;;
   bench)
     STAGE_SECONDS=$((STAGE_SECONDS / 2)) stage_bench_forward; a=$?
     START=$SECONDS stage_bench_backward; b=$?
@@ -294,6 +313,6 @@ case $STAGE in
       START=$SECONDS STAGE_SECONDS=100000 $s || rc=1
     done
     exit $rc ;;
-  *) echo "unknown stage '$STAGE' (build, suite, sanitize, bench-forward, bench-backward, bench-local, bench-paged, bench, all)" >&2
+  *) echo "unknown stage '$STAGE' (build, suite, sanitize, bench-forward, bench-backward, bench-local, bench-paged, profile-local, bench, all)" >&2
      exit 2 ;;
 esac
