@@ -50,7 +50,8 @@
 #        alone skips FlexAttention's compiles), SUITE_FILTER (suite: a gtest filter of
 #        the GPU tests, default all), SANITIZER_FILTER (sanitize: a gtest filter instead of the
 #        reduced case set), SUITE_PYTEST (suite: the pytest paths and options instead
-#        of tests/python and the ctypes list), SUITE_SHARDS (default 3), SANITIZER_SHARDS (default 2),
+#        of tests/python and the ctypes list), SUITE_PYTEST_NATIVE (suite: those of the native
+#        ops' run alone), SUITE_SHARDS (default 3), SANITIZER_SHARDS (default 2),
 #        STAGE_SECONDS (the time a stage plans for, default 450), HEAD_DIMS (benchmarks: default
 #        "64 96 128 192 192/128 256 32"), BENCH_ROUNDS (default 2), BENCH_DTYPES (default
 #        fp16,bf16), BENCH_WORKLOADS (default "W1 W2 W3 W4")
@@ -153,6 +154,7 @@ stage_suite() {
     tests/python/test_torch_cuda_backward.py tests/python/test_torch_cuda_graph_backward.py
     tests/python/test_torch_local_attention.py tests/python/test_readme.py)
   [ -n "${SUITE_PYTEST:-}" ] && native=($SUITE_PYTEST) && ctypes=($SUITE_PYTEST)
+  [ -n "${SUITE_PYTEST_NATIVE:-}" ] && native=($SUITE_PYTEST_NATIVE)
   (timeout $((budget * 2 / 3)) python3 -m pytest "${native[@]}" -q -rs -p no:cacheprovider \
      >"$OUT/pytest.log" 2>&1; echo $? >"$OUT/pytest.rc") &
   local ppid=$!
