@@ -17,6 +17,17 @@ What reaches the attention function decides how the batch is cut into sequences:
 - otherwise every row of the batch is one sequence (with a KV cache: the row's queries are its
   last tokens, as jfa's bottom-right causal alignment has them).
 
+Continuous batching (``model.generate_batch``, transformers' paged KV cache) needs no name of its
+own: transformers 5.25 pages the call, not the attention function (the ``paged|`` prefix is
+deprecated). The cache's ``update`` writes the step's keys into their pages and gathers each
+sequence's keys back, packed, with ``cu_seq_lens_k`` (per layer type, a sliding layer getting only
+its window): the first case above, so ``jfa.jagged_attention``. ``jfa.paged_attention`` reads pages
+only where transformers hands a block table instead (its decode fast path, which it opens only for
+flash-attention 2/3 on CUDA/XPU): the step's keys are appended to the pages and attended there.
+``register()`` lets continuous batching keep "jfa" (5.25 accepts only "paged|eager", "sdpa" and
+flash implementations by name). Batches it pads (CUDA graphs, compile; off by default for "jfa")
+are not supported: jfa's offsets must end at the last row.
+
 The module's ``scaling``, causal flag, ``sliding_window`` (a window of that many keys up to and
 including the query's own, transformers' convention), ``softcap`` and attention sinks
 (``s_aux``) are passed on; dropout must be 0 and ``output_attentions`` is not available. The head
@@ -26,9 +37,11 @@ sizes are those the backend takes (the CPU backend: 1 to 512; CUDA: see the READ
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from .. import jagged_attention, lengths_to_offsets, offsets_from_position_ids
+from .. import jagged_attention, lengths_to_offsets, offsets_from_position_ids, paged_attention
 
 NAME = "jfa"
 
@@ -73,6 +86,10 @@ def jfa_attention_forward(module, query, key, value, attention_mask, dropout=0.0
         return out.view(batch, q_len, heads_q, -1), None
 
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if kwargs.get("block_table") is not None:
+        out = _attend_cache_pages(q, k, v, cu_q.to(torch.int32), cu_k.to(torch.int32), kwargs,
+                                  options)
+        return out.view(batch, q_len, heads_q, -1), None
     if cu_q is not None and cu_k is not None:
         return attend(cu_q.to(torch.int32), cu_k.to(torch.int32), kwargs.get("max_length_q"),
                       kwargs.get("max_length_k"))
@@ -107,15 +124,50 @@ def _attend_padded(q, k, v, mask, batch, q_len, options):
     return full.view(batch, q_len, out.shape[1], -1)
 
 
+def _attend_cache_pages(q, k_new, v_new, cu_q, cu_k, kwargs, options):
+    """Continuous batching's block-table call (as flash_attn_with_kvcache takes it): the layer's
+    pages ``k_cache`` / ``v_cache`` and ``block_table`` instead of gathered keys, ``cu_seq_lens_k``
+    counting the step's own keys. These are appended to the pages and attended with the cached ones.
+    Its max_length hints are placeholders (1), so none is passed; the appended rows are read
+    packed, so they are made contiguous (a no-op for a model's projections)."""
+    cached = (cu_k.diff() - cu_q.diff()).to(torch.int32)
+    return paged_attention(q, kwargs["k_cache"], kwargs["v_cache"], kwargs["block_table"], cached,
+                           cu_q, k_new=k_new.contiguous(), v_new=v_new.contiguous(),
+                           cu_seqlens_new=cu_q, **options)
+
+
+def _let_continuous_batching_keep_jfa() -> None:
+    """transformers 5.25's continuous batching refuses implementations other than "paged|eager",
+    "sdpa" and flash by name, though it calls any of them with what jfa takes (packed keys and
+    their offsets). Its switch to a batching implementation leaves a model on "jfa" as it is."""
+    try:
+        from transformers.generation.continuous_batching.continuous_api import \
+            ContinuousBatchingManager as manager
+    except ImportError:  # a transformers without continuous batching
+        return
+    switch = getattr(manager, "switch_to_cb_friendly_attn", None)
+    if switch is None or getattr(switch, "keeps_jfa", False):
+        return
+
+    @functools.wraps(switch)
+    def switch_unless_jfa(self, model, *args, **kwargs):
+        if model.config._attn_implementation != NAME:
+            switch(self, model, *args, **kwargs)
+
+    switch_unless_jfa.keeps_jfa = True
+    manager.switch_to_cb_friendly_attn = switch_unless_jfa
+
+
 def register() -> None:
     """Registers "jfa" with transformers' AttentionInterface and, so that a padded batch brings its
     padding mask (2-D, or None without padding) instead of a dense 4-D one, with its
-    AttentionMaskInterface. Idempotent."""
+    AttentionMaskInterface; lets continuous batching run it. Idempotent."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
     AttentionInterface.register(NAME, jfa_attention_forward)
     AttentionMaskInterface.register(NAME, flash_attention_mask)
+    _let_continuous_batching_keep_jfa()
 
 
 register()
