@@ -1,8 +1,9 @@
 // The choices the Hopper forward makes, in one table. Each was settled by an A/B measurement on an
 // H200 across the benchmark workloads (bench/DECISIONS.md names the measurement behind each,
-// bench/NOTES.md holds the numbers and how they were taken): the winner is what ships. The alternatives that lost stay compiled in tuning builds (CMake
-// -DJFA_SM90_TUNING=ON, picked there by JFA_SM90_* environment variables) and in the GPU tests,
-// which instantiate them; the shipped library reads no environment and holds only these kernels.
+// bench/NOTES.md holds the numbers and how they were taken): the winner is what ships. The
+// alternatives that lost stay compiled in tuning builds (CMake -DJFA_SM90_TUNING=ON, picked there
+// by JFA_SM90_* environment variables) and in the GPU tests, which instantiate them; the shipped
+// library reads no environment and holds only these kernels.
 #pragma once
 
 #include <cstdint>
