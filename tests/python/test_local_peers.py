@@ -766,6 +766,22 @@ def test_fa3s_backward_gets_the_window_and_softcap_and_is_checked():
         lp.fa3_backward_prepare(G, co, {"fa3_bwd_error": "torch.ops.load_library(x.so): "
                                                           "OSError"})(bc, kind, None)
 
+def check_only_backward(ctx, on_prepared):
+    """A stand-in for local_backward.measure_backward that checks and does not time: each
+    method's gradients against the reference of the kind it runs (on_prepared(rec, kind, sinks,
+    fields, run) first, fields the library's once prepared, run the method's call, which it returns
+    the gradients of), 2 ms eager and 1 ms graph where they pass."""
+    def check_only(G_, bc_, prepare, kind, sinks, rec, opts):
+        ctx["jfa_lib"].fields = {}
+        prep = prepare(bc_, kind, sinks)
+        grads = on_prepared(rec, kind, sinks, dict(ctx["jfa_lib"].fields), prep.run)
+        status, errors, worst, why = lp.check_backward(bc_, kind, grads, rec["tolerance"])
+        rec.update(status=status, rel_errors=errors, rel_error=worst, reason=why)
+        if status == "ok":
+            rec.update(eager_ms=2.0, graph_ms=1.0)
+        return rec
+    return check_only
+
 
 def test_a_backward_cell_checks_each_method_on_its_own_reference_and_counts_the_window(
         monkeypatch):
@@ -788,17 +804,11 @@ def test_a_backward_cell_checks_each_method_on_its_own_reference_and_counts_the_
                       for j in range(3))
         return bp.Prepared(lambda: grads, provider="fake")
 
-    def check_only(G_, bc_, prepare, kind, sinks, rec, opts):
-        ctx["jfa_lib"].fields = {}
-        prep = prepare(bc_, kind, sinks)
-        seen.append((rec["method"], sinks is not None, dict(ctx["jfa_lib"].fields)))
-        status, errors, worst, why = lp.check_backward(bc_, kind, prep.run(), rec["tolerance"])
-        rec.update(status=status, rel_errors=errors, rel_error=worst, reason=why)
-        if status == "ok":
-            rec.update(eager_ms=2.0, graph_ms=1.0)
-        return rec
+    def record(rec, kind, sinks, fields, run):
+        seen.append((rec["method"], sinks is not None, fields))
+        return run()
 
-    monkeypatch.setattr(lb, "measure_backward", check_only)
+    monkeypatch.setattr(lb, "measure_backward", check_only_backward(ctx, record))
     jfa_bwd = lp.jfa_backward_prepare(G, ctx)
     impls = {"jfa": jfa_bwd, "jfa_nosinks": jfa_bwd, "fa3": no_window_peer}
     mine, peer = lp.measure_backward_cell(torch, G, ctx, impls, bc, "swa128nc", {}, 1, None)
@@ -842,17 +852,12 @@ def test_a_backward_cell_times_jfa_without_softcap_against_the_reference_without
     ctx = {"jfa_lib": lp.LocalLibrary(libjfa.Library(jfa.library_path()))}
     seen = {}
 
-    def check_only(G_, bc_, prepare, kind, sinks, rec, opts):
-        prep = prepare(bc_, kind, sinks)
-        grads = prep.run()
-        seen[rec["method"]] = (kind, sinks, dict(ctx["jfa_lib"].fields), grads)
-        status, errors, worst, why = lp.check_backward(bc_, kind, grads, rec["tolerance"])
-        rec.update(status=status, rel_errors=errors, rel_error=worst, reason=why)
-        if status == "ok":
-            rec.update(eager_ms=2.0, graph_ms=1.0)
-        return rec
+    def record(rec, kind, sinks, fields, run):
+        grads = run()
+        seen[rec["method"]] = (kind, sinks, fields, grads)
+        return grads
 
-    monkeypatch.setattr(lb, "measure_backward", check_only)
+    monkeypatch.setattr(lb, "measure_backward", check_only_backward(ctx, record))
     jfa_bwd = lp.jfa_backward_prepare(G, ctx)
     impls = {m: jfa_bwd for m in ("jfa", *lp.BASELINES)}
     recs = lp.measure_backward_cell(torch, G, ctx, impls, bc, "cap_sinks", {}, 1, None)
