@@ -1,6 +1,5 @@
 // The CUDA forward over a paged KV cache (jfa_attention_forward_paged with device buffers: the
-// kernels of src/cuda/sm90/paged, reached under JFA_CUDA_UNVERIFIED_PAGED_KV=1, which these tests
-// set in scope) against the float64 reference of the same call on host copies
+// kernels of src/cuda/sm90/paged) against the float64 reference of the same call on host copies
 // (jfa_attention_reference_paged): random block tables (shuffled pages, pages shared between
 // sequences, partial last pages, garbage past the used pages), page sizes 1, 16, 64, 256 (and 48,
 // 3), cache lengths 0, 1, page multiples +- 1 and long ones, GQA 8:1, 4:1 and 1:1, head_dim 64,
@@ -15,7 +14,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -39,36 +37,7 @@ using jfa::tools::HostBuffer;
 
 namespace {
 
-constexpr const char* kSwitch = "JFA_CUDA_UNVERIFIED_PAGED_KV";
 constexpr size_t kGuardBytes = 4096;  // poisoned bytes before and after out and lse
-
-// Sets the switch that routes paged calls to the CUDA kernels (or, with NULL, clears it) for a
-// scope, then puts back what the environment held.
-class ScopedPagedSwitch {
- public:
-  explicit ScopedPagedSwitch(const char* value = "1") {
-    if (const char* old = std::getenv(kSwitch)) {
-      had_ = true;
-      old_ = old;
-    }
-    if (value != nullptr)
-      setenv(kSwitch, value, 1);
-    else
-      unsetenv(kSwitch);
-  }
-  ~ScopedPagedSwitch() {
-    if (had_)
-      setenv(kSwitch, old_.c_str(), 1);
-    else
-      unsetenv(kSwitch);
-  }
-  ScopedPagedSwitch(const ScopedPagedSwitch&) = delete;
-  ScopedPagedSwitch& operator=(const ScopedPagedSwitch&) = delete;
-
- private:
-  bool had_ = false;
-  std::string old_;
-};
 
 struct PagedCase {
   std::vector<int32_t> len_q, seqused;
@@ -387,7 +356,6 @@ void check_outputs(const PagedHost& h, const Outputs& r) {
 
 // Runs a case twice (the runs must agree bit for bit) and checks it.
 void run_case(const PagedCase& c) {
-  const ScopedPagedSwitch on;
   const uint64_t seed = fresh_seed(describe(c).c_str());
   std::mt19937_64 rng(seed);
   PagedHost h(c, rng);
@@ -498,7 +466,6 @@ TEST(PagedGpu, SixteenTokensAndLargeGroups) {
 // small, of exactly jfa_attention_paged_workspace_size bytes or larger, gives the same bits as the
 // library's own, and one large enough is the only one (the call allocates nothing).
 TEST(PagedGpu, SplitsOfLongCachesAndWorkspaces) {
-  const ScopedPagedSwitch on;
   int k = 0;
   for (int32_t d : {64, 128, 256}) {
     for (int variant = 0; variant < 3; ++variant) {
@@ -559,7 +526,6 @@ TEST(PagedGpu, SplitsOfLongCachesAndWorkspaces) {
 // Sequences without query tokens, and no sequence at all: nothing to compute, the checked mode's
 // word still stored (0), out untouched.
 TEST(PagedGpu, NoQueryTokens) {
-  const ScopedPagedSwitch on;
   PagedCase c;
   c.len_q = {0, 0};
   c.seqused = {5, 0};
@@ -586,7 +552,6 @@ TEST(PagedGpu, NoQueryTokens) {
 // block table in place and replay: each replay must give the reference of the new cache, with
 // several splits (their workspace allocated inside the graph) and with one.
 TEST(PagedGpu, GraphCaptureReplaysOnNewLengthsAndTable) {
-  const ScopedPagedSwitch on;
   for (int32_t sequences : {2, 200}) {  // several splits (a workspace in the graph), and one
     PagedCase c;
     c.head_dim = 128;
@@ -646,7 +611,6 @@ TEST(PagedGpu, GraphCaptureReplaysOnNewLengthsAndTable) {
 // bits (paged_sm90.hpp) without a fault or a write outside out and lse; a valid call stores 0 (the
 // garbage past the used pages is not read). Run it under compute-sanitizer memcheck.
 TEST(PagedGpu, CheckedModeOnInvalidTablesAndLengths) {
-  const ScopedPagedSwitch on;
   PagedCase c;
   c.head_dim = 64;
   c.heads_q = 4;
@@ -714,8 +678,8 @@ TEST(PagedGpu, CheckedModeOnInvalidTablesAndLengths) {
 }
 
 // What the CUDA paged forward does not take is JFA_ERROR_UNSUPPORTED naming it (an argument that
-// breaks a rule: JFA_ERROR_INVALID_ARGUMENT), before anything is written; without the switch a call
-// on device buffers stays unsupported.
+// breaks a rule: JFA_ERROR_INVALID_ARGUMENT), before anything is written; the reference, a host
+// computation, refuses a cache in device memory.
 TEST(PagedGpu, RejectsWhatTheKernelsDoNotTake) {
   PagedCase c;
   c.head_dim = 128;
@@ -781,32 +745,25 @@ TEST(PagedGpu, RejectsWhatTheKernelsDoNotTake) {
     const Outputs r = d.download();
     return all_bytes(r.out.data(), r.out.size(), 0xFF);
   };
-  {
-    const ScopedPagedSwitch on;
-    for (const Bad& bad : cases) {
-      SCOPED_TRACE(bad.message);
-      d.poison();
-      jfa_attention_params p = d.params(h);
-      jfa_paged_kv kv = d.kv(h);
-      bad.mutate(p, kv);
-      EXPECT_EQ(jfa_attention_forward_paged(&p, &kv), bad.status);
-      EXPECT_NE(std::string(jfa_last_error_message()).find(bad.message), std::string::npos)
-          << jfa_last_error_message();
-      EXPECT_TRUE(out_untouched()) << "a rejected call wrote out";
-    }
-  }
-  for (const char* off : {static_cast<const char*>(nullptr), "0"}) {
-    const ScopedPagedSwitch env(off);
+  for (const Bad& bad : cases) {
+    SCOPED_TRACE(bad.message);
     d.poison();
-    const jfa_attention_params p = d.params(h);
-    const jfa_paged_kv kv = d.kv(h);
-    EXPECT_EQ(jfa_attention_forward_paged(&p, &kv), JFA_ERROR_UNSUPPORTED);
-    EXPECT_NE(std::string(jfa_last_error_message())
-                  .find("the CUDA backend does not take a paged KV cache yet"),
-              std::string::npos)
+    jfa_attention_params p = d.params(h);
+    jfa_paged_kv kv = d.kv(h);
+    bad.mutate(p, kv);
+    EXPECT_EQ(jfa_attention_forward_paged(&p, &kv), bad.status);
+    EXPECT_NE(std::string(jfa_last_error_message()).find(bad.message), std::string::npos)
         << jfa_last_error_message();
     EXPECT_TRUE(out_untouched()) << "a rejected call wrote out";
   }
+  const jfa_attention_params p = d.params(h);
+  const jfa_paged_kv kv = d.kv(h);
+  std::vector<double> ref(static_cast<size_t>(h.total_q) * c.heads_q * c.head_dim);
+  EXPECT_EQ(jfa_attention_reference_paged(&p, &kv, nullptr, h.total_q, ref.data(), nullptr),
+            JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("the reference needs host buffers"),
+            std::string::npos)
+      << jfa_last_error_message();
 }
 
 }  // namespace

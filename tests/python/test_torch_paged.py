@@ -3,7 +3,7 @@ KV cache with shuffled and shared pages and partial last pages gives what libjfa
 reference and an independent float64 torch computation give, and what jfa.jagged_attention gives
 on the same keys packed; the append writes the caches in place; bad arguments raise errors that
 say why; opcheck and torch.compile(fullgraph=True) on the CPU. The CUDA tests (Hopper) run the
-unverified paged kernels behind JFA_CUDA_UNVERIFIED_PAGED_KV=1 against the CPU backend."""
+CUDA paged kernels against the CPU backend."""
 
 import math
 
@@ -547,7 +547,7 @@ def test_compile_inductor_writes_the_caches_in_place(seed):
     assert torch.equal(out, jfa.jagged_attention(q * 2.0, k, v, cu_q, cu_k, causal=True))
 
 
-# ---- CUDA (Hopper): the unverified paged kernels against the CPU backend ----------------------
+# ---- CUDA (Hopper): the paged kernels against the CPU backend ---------------------------------
 
 def _decode_case(seed, dtype, batch=12, heads_q=32, heads_kv=8, d=128, page_size=16):
     used = [0, 1, 15, 16, 17, 31, 32, 33, 100, 257, 1000, 2048][:batch]
@@ -558,10 +558,9 @@ def _decode_case(seed, dtype, batch=12, heads_q=32, heads_kv=8, d=128, page_size
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("local", [False, True], ids=["plain", "window-softcap-sinks"])
-def test_cuda_decode_matches_the_cpu(seed, monkeypatch, dtype, local):
+def test_cuda_decode_matches_the_cpu(seed, dtype, local):
     """Decode (one token per sequence), head_dim 128, GQA 4:1, page size 16, shuffled and shared
-    pages: the CUDA kernels (JFA_CUDA_UNVERIFIED_PAGED_KV=1) give what the CPU backend gives."""
-    monkeypatch.setenv("JFA_CUDA_UNVERIFIED_PAGED_KV", "1")
+    pages: the CUDA kernels give what the CPU backend gives."""
     (q, kc, vc, table, seqused, cu_q, *_), longest = _decode_case(seed, dtype)
     sinks = torch.randn(32, generator=torch.Generator().manual_seed(seed)).cuda() if local else None
     extra = dict(window_size=(100, 0), softcap=20.0, sinks=sinks) if local else {}
@@ -580,10 +579,9 @@ def test_cuda_decode_matches_the_cpu(seed, monkeypatch, dtype, local):
 
 
 @needs_cuda
-def test_cuda_decode_is_graph_capturable(seed, monkeypatch):
+def test_cuda_decode_is_graph_capturable(seed):
     """No host synchronization: the call captures into a CUDA graph, and a replay after new cache
     lengths are written into the same seqused_k gives the new result."""
-    monkeypatch.setenv("JFA_CUDA_UNVERIFIED_PAGED_KV", "1")
     (q, kc, vc, table, seqused, cu_q, *_), longest = _decode_case(seed, torch.float16)
     graph, out = capture(lambda: jfa.paged_attention(q, kc, vc, table, seqused, cu_q,
                                                      max_seqlen_q=1, max_seqlen_k=longest,
@@ -614,11 +612,10 @@ def _paged_workspace_size(q, k_cache, batch, max_seqlen_q, max_seqlen_k):
 
 
 @needs_cuda
-def test_cuda_workspace_comes_from_torch_s_allocator(seed, monkeypatch):
+def test_cuda_workspace_comes_from_torch_s_allocator(seed):
     """Two long sequences split their keys over the SMs: the op asks libjfa for the workspace of
     the splits' partials (jfa_attention_paged_workspace_size) and takes it from torch's caching
     allocator, beside out, and the result is the CPU backend's."""
-    monkeypatch.setenv("JFA_CUDA_UNVERIFIED_PAGED_KV", "1")
     used = [5000, 300]
     q, kc, vc, table, seqused, cu_q, *_ = _case(seed, 16, used, [1, 1], heads_q=32, heads_kv=8,
                                                 d=128, dv=128, dtype=torch.float16, device="cuda")
@@ -636,13 +633,16 @@ def test_cuda_workspace_comes_from_torch_s_allocator(seed, monkeypatch):
 
 
 @needs_cuda
-def test_cuda_without_the_switch_is_unsupported(seed, monkeypatch):
-    """Without JFA_CUDA_UNVERIFIED_PAGED_KV=1 the CUDA backend takes no paged cache: the library's
-    JfaUnsupportedError, its message unchanged."""
-    monkeypatch.delenv("JFA_CUDA_UNVERIFIED_PAGED_KV", raising=False)
+def test_cuda_refuses_an_append_and_a_table_elsewhere(seed):
+    """The CUDA kernels do not append yet: the library's JfaUnsupportedError, the caches untouched;
+    a block table on the host is the op's ValueError."""
     (q, kc, vc, table, seqused, cu_q, *_), _ = _decode_case(seed, torch.float16, batch=3)
-    with pytest.raises(jfa.JfaUnsupportedError,
-                       match="the CUDA backend does not take a paged KV cache yet"):
-        jfa.paged_attention(q, kc, vc, table, seqused, cu_q, max_seqlen_q=1)
+    k_new, v_new = kc[0, :3].clone(), vc[0, :3].clone()
+    cu_new = torch.tensor([0, 1, 2, 3], dtype=torch.int32, device="cuda")
+    want_k, want_v = kc.clone(), vc.clone()
+    with pytest.raises(jfa.JfaUnsupportedError, match="the CUDA paged forward does not append yet"):
+        jfa.paged_attention(q, kc, vc, table, seqused, cu_q, max_seqlen_q=1, k_new=k_new,
+                            v_new=v_new, cu_seqlens_new=cu_new)
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
     with pytest.raises(ValueError, match=r"block_table must be on the device of q \(cuda:0\)"):
         jfa.paged_attention(q, kc, vc, table.cpu(), seqused, cu_q, max_seqlen_q=1)

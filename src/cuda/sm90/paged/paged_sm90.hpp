@@ -1,6 +1,6 @@
 // Entry of the Hopper forward over a paged KV cache (decode and speculative decode: at most 16
-// query tokens per sequence): support checks, the plan, the kernels. Not yet run on a GPU: the
-// API reaches it only under JFA_CUDA_UNVERIFIED_PAGED_KV=1 (src/api/paged_kv_api.cpp).
+// query tokens per sequence): support checks, the plan, the kernels. The API routes calls with
+// device buffers or backend=cuda here (src/api/paged_kv_api.cpp).
 //
 // The checked mode (params.device_check) reports cu_seqlens_q by the packed forward's q bits and
 // JFA_CHECK_RESULT_NOT_FINITE as the packed forward does; the cache's rules, which jfa.h has no
