@@ -186,7 +186,11 @@ typedef enum jfa_device_check_bits {
    * beyond float32 (|scale * q.k| above 3.4e38) is +-inf while out stays accurate, since such
    * rows take their exponentials from score differences. Backward: an element of dq, dk or dv is
    * NaN or infinite, or an lse row that sees keys is not finite. */
-  JFA_CHECK_RESULT_NOT_FINITE = 256
+  JFA_CHECK_RESULT_NOT_FINITE = 256,
+  /* A paged call's append (jfa_paged_kv::k_new), on CUDA: cu_seqlens_new breaks the rules of
+   * offsets (first 0, nondecreasing, last total_new), or a page that receives a sequence's new rows
+   * holds another sequence's keys. */
+  JFA_PAGED_APPEND_INVALID = 512
 } jfa_device_check_bits;
 
 /* What a word of device_check reports, as text ("valid" for 0); valid until the next call on

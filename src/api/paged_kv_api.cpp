@@ -6,6 +6,7 @@
 // The CPU backend: the gathered copy is host memory. A forward whose cache is in device memory, or
 // that asks for backend=cuda, goes to the CUDA backend's paged kernels (cuda/sm90/paged/: decode
 // and speculative decode, no append yet), which read the pages where they are.
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -276,6 +277,28 @@ jfa_attention_params packed_params(const jfa_attention_params& p, const Gathered
   return q;
 }
 
+// The cache's buffers, beside the call's: the caches are written where the call appends.
+void add_cache_views(const jfa::detail::Params& pp, const jfa_paged_kv& kv,
+                     std::vector<BufferView>* views) {
+  const int64_t cache_rows = kv.num_pages * kv.page_size;
+  const size_t es = jfa_dtype_size(pp.dtype);
+  const bool appending = kv.k_new != nullptr;
+  views->push_back(jfa::detail::packed_view("kv->k_cache", kv.k_cache, cache_rows, pp.heads_kv,
+                                            pp.head_dim, es, appending));
+  views->push_back(jfa::detail::packed_view("kv->v_cache", kv.v_cache, cache_rows, pp.heads_kv,
+                                            pp.head_dim_v, es, appending));
+  views->push_back(jfa::detail::packed_view("kv->k_new", kv.k_new, kv.total_new, pp.heads_kv,
+                                            pp.head_dim, es, false));
+  views->push_back(jfa::detail::packed_view("kv->v_new", kv.v_new, kv.total_new, pp.heads_kv,
+                                            pp.head_dim_v, es, false));
+  views->push_back(jfa::detail::array_view("kv->cu_seqlens_new", kv.cu_seqlens_new,
+                                           appending ? pp.batch + 1 : 0, sizeof(int32_t), false));
+  views->push_back(jfa::detail::array_view(
+      "kv->block_table", kv.block_table, pp.batch * kv.max_pages_per_seq, sizeof(int32_t), false));
+  views->push_back(
+      jfa::detail::array_view("kv->seqused_k", kv.seqused_k, pp.batch, sizeof(int32_t), false));
+}
+
 // The outputs must not share memory with the cache, nor (when appending) the cache with anything
 // else (the packed call sees only the copy); the packed call's host checks, passed before the
 // append writes.
@@ -284,24 +307,7 @@ jfa_status check_outputs_apart_from_cache(const jfa_attention_params& packed,
   jfa::detail::Params pp;
   if (const jfa_status s = jfa::detail::build_params(&packed, &pp); s != JFA_SUCCESS) return s;
   std::vector<BufferView> views = jfa::detail::forward_buffers(pp);
-  const int64_t cache_rows = kv.num_pages * kv.page_size;
-  const size_t es = jfa_dtype_size(packed.dtype);
-  const bool appending = kv.k_new != nullptr;
-  views.push_back(jfa::detail::packed_view("kv->k_cache", kv.k_cache, cache_rows, pp.heads_kv,
-                                           pp.head_dim, es, appending));
-  views.push_back(jfa::detail::packed_view("kv->v_cache", kv.v_cache, cache_rows, pp.heads_kv,
-                                           pp.head_dim_v, es, appending));
-  views.push_back(jfa::detail::packed_view("kv->k_new", kv.k_new, kv.total_new, pp.heads_kv,
-                                           pp.head_dim, es, false));
-  views.push_back(jfa::detail::packed_view("kv->v_new", kv.v_new, kv.total_new, pp.heads_kv,
-                                           pp.head_dim_v, es, false));
-  views.push_back(jfa::detail::array_view("kv->cu_seqlens_new", kv.cu_seqlens_new,
-                                          kv.k_new != nullptr ? pp.batch + 1 : 0, sizeof(int32_t),
-                                          false));
-  views.push_back(jfa::detail::array_view("kv->block_table", kv.block_table,
-                                          pp.batch * kv.max_pages_per_seq, sizeof(int32_t), false));
-  views.push_back(
-      jfa::detail::array_view("kv->seqused_k", kv.seqused_k, pp.batch, sizeof(int32_t), false));
+  add_cache_views(pp, kv, &views);
   jfa::detail::MemoryKind kind;
   jfa_status s;
   if ((s = jfa::detail::check_call_buffers(views, &kind)) != JFA_SUCCESS) return s;
@@ -378,12 +384,20 @@ bool host_call(const jfa_attention_params& p, const jfa_paged_kv& kv) {
 }
 
 #ifdef JFA_WITH_CUDA
+// The CUDA append (cuda/sm90/paged/paged_append.cuh) has not run on a GPU yet: only this switch,
+// off by default and read per call, routes appending calls to it (for its first device tests;
+// bench/NOTES.md).
+bool unverified_cuda_paged_append() {
+  const char* on = std::getenv("JFA_CUDA_UNVERIFIED_PAGED_APPEND");
+  return on != nullptr && on[0] == '1' && on[1] == '\0';
+}
+
 // The CUDA route: the packed forward's checks of params with no packed keys (cu_seqlens_q stands
 // in for cu_seqlens_k, which they require and the kernels never read), every buffer of the call
 // and the cache's on the device and apart from the outputs, then the current device's backend.
 // seqused_k and the block table are device memory, never read here (the checked mode checks them).
 jfa_status forward_paged_cuda(const jfa_attention_params& p, const jfa_paged_kv& kv) {
-  if (kv.k_new != nullptr)
+  if (kv.k_new != nullptr && !unverified_cuda_paged_append())
     return fail(JFA_ERROR_UNSUPPORTED,
                 "the CUDA paged forward does not append yet (kv->k_new): write the step's keys and "
                 "values into their pages first, then call without k_new");
@@ -394,16 +408,7 @@ jfa_status forward_paged_cuda(const jfa_attention_params& p, const jfa_paged_kv&
   if ((s = jfa::detail::build_params(&with_offsets, &pp)) != JFA_SUCCESS) return s;
   pp.cu_seqlens_k = nullptr;
   std::vector<BufferView> views = jfa::detail::forward_buffers(pp);
-  const int64_t cache_rows = kv.num_pages * kv.page_size;
-  const size_t es = jfa_dtype_size(pp.dtype);
-  views.push_back(jfa::detail::packed_view("kv->k_cache", kv.k_cache, cache_rows, pp.heads_kv,
-                                           pp.head_dim, es, false));
-  views.push_back(jfa::detail::packed_view("kv->v_cache", kv.v_cache, cache_rows, pp.heads_kv,
-                                           pp.head_dim_v, es, false));
-  views.push_back(jfa::detail::array_view("kv->block_table", kv.block_table,
-                                          pp.batch * kv.max_pages_per_seq, sizeof(int32_t), false));
-  views.push_back(
-      jfa::detail::array_view("kv->seqused_k", kv.seqused_k, pp.batch, sizeof(int32_t), false));
+  add_cache_views(pp, kv, &views);
   jfa::detail::MemoryKind kind;
   if ((s = jfa::detail::check_call_buffers(views, &kind)) != JFA_SUCCESS) return s;
   const jfa_backend backend = jfa::detail::resolve_backend(p.backend, kind);
