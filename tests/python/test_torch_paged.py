@@ -213,11 +213,12 @@ def test_a_block_table_of_no_columns(seed):
     assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
 
 
-def _append_case(seed, page_size, full, added, len_q, dtype=torch.float32):
+def _append_case(seed, page_size, full, added, len_q, dtype=torch.float32, **shape):
     """Caches whose sequences hold full[b] - added[b] rows, the added[b] new rows apart (the rows
-    they go to made stale first), and the caches as the append must leave them."""
+    they go to made stale first), and the caches as the append must leave them (on the host;
+    shape: _case's head counts and sizes)."""
     q, kc, vc, table, _, cu_q, k, v, cu_k = _case(seed, page_size, full, len_q, share=False,
-                                                  dtype=dtype)
+                                                  dtype=dtype, **shape)
     before = [n - a for n, a in zip(full, added)]
     cu_k_list = cu_k.tolist()
     k_new = torch.cat([k[cu_k_list[b] + before[b]:cu_k_list[b + 1]] for b in range(len(full))])
@@ -630,6 +631,50 @@ def test_cuda_workspace_comes_from_torch_s_allocator(seed):
     assert torch.cuda.max_memory_allocated() - before >= size + out.numel() * out.element_size()
     want = jfa.paged_attention(*(t.cpu() for t in (q, kc, vc, table, seqused, cu_q)), causal=True)
     torch.testing.assert_close(out.cpu().float(), want.float(), **TOL[torch.float16])
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_cuda_append_matches_the_cpu(seed, dtype, monkeypatch):
+    """A decode and speculative step with the append on CUDA (routed only under
+    JFA_CUDA_UNVERIFIED_PAGED_APPEND=1 until it has run on a GPU): the caches as the append must
+    leave them, bit for bit, and the output the CPU backend gives; again from a CUDA graph replay
+    after the caches were made stale, with the word of the checked mode 0."""
+    monkeypatch.setenv("JFA_CUDA_UNVERIFIED_PAGED_APPEND", "1")
+    full, added, len_q = [3, 40, 17, 300, 2, 33], [1, 4, 0, 2, 2, 16], [1, 4, 1, 2, 2, 16]
+    (q, kc, vc, table, before, cu_q, k_new, v_new, cu_new, k, v, cu_k, want_k,
+     want_v) = _append_case(seed, 16, full, added, len_q, dtype=dtype, heads_q=8, heads_kv=2,
+                            d=128, dv=128)
+    want, want_lse = jfa.paged_attention(q, kc.clone(), vc.clone(), table, before, cu_q,
+                                         causal=True, return_lse=True, k_new=k_new, v_new=v_new,
+                                         cu_seqlens_new=cu_new)
+    stale_k, stale_v = kc.cuda(), vc.cuda()
+    dev = [t.cuda() for t in (q, kc, vc, table, before, cu_q, k_new, v_new, cu_new)]
+    word = torch.full((1,), -1, dtype=torch.int32, device="cuda")
+
+    def step():
+        return jfa.paged_attention(dev[0], dev[1], dev[2], dev[3], dev[4], dev[5], max_seqlen_q=16,
+                                   max_seqlen_k=max(full), causal=True, return_lse=True,
+                                   k_new=dev[6], v_new=dev[7], cu_seqlens_new=dev[8],
+                                   device_check=word)
+
+    out, lse = step()
+    torch.cuda.synchronize()
+    assert word.item() == 0, jfa.device_check_message(word.item())
+    assert torch.equal(dev[1].cpu(), want_k) and torch.equal(dev[2].cpu(), want_v)
+    torch.testing.assert_close(out.cpu().float(), want.float(), **TOL[dtype])
+    torch.testing.assert_close(lse.cpu(), want_lse, atol=1e-3, rtol=1e-3)
+    dev[1].copy_(stale_k)
+    dev[2].copy_(stale_v)
+    graph, (g_out, _) = capture(step)
+    dev[1].copy_(stale_k)
+    dev[2].copy_(stale_v)
+    word.fill_(-1)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert word.item() == 0, jfa.device_check_message(word.item())
+    assert torch.equal(dev[1].cpu(), want_k) and torch.equal(dev[2].cpu(), want_v)
+    torch.testing.assert_close(g_out.cpu().float(), want.float(), **TOL[dtype])
 
 
 @needs_cuda
