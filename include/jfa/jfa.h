@@ -268,13 +268,17 @@ JFA_API jfa_status jfa_attention_reference(const jfa_attention_params* params,
  * sequence, max_seqlen_q given (the launch is planned from the hints: nothing is read on the host,
  * so the call can be captured in a CUDA graph), float16 and bfloat16, head_dim 64, 128 or 256 with
  * head_dim_v equal, softmax_scale > 0, caches 16-byte aligned, q and out as its packed forward
- * takes them; JFA_ERROR_UNSUPPORTED names the rest, an append (k_new) and chunked prefill (more
- * query tokens) among them. It reads the block table and seqused_k on the device only, so their
- * errors are not a status there but the checked mode's (device_check) k bits, until jfa.h has bits
- * of the cache's own: JFA_OFFSETS_K_DECREASING for a negative seqused_k, JFA_OFFSETS_K_ABOVE_MAX
- * for one above max_pages_per_seq * page_size (or max_seqlen_k where given),
+ * takes them, with the append (k_new, v_new 16-byte aligned; max_seqlen_k, where given, counts
+ * the appended rows); JFA_ERROR_UNSUPPORTED names the rest, chunked prefill (more query tokens)
+ * among them. It reads the block table, seqused_k and cu_seqlens_new on the device only, so their
+ * errors are not a status there but the checked mode's (device_check) bits: the append's rules
+ * (cu_seqlens_new's, and a page receiving new rows that holds another sequence's keys)
+ * JFA_PAGED_APPEND_INVALID; the cache's, until jfa.h has bits of their own, the closest k bits:
+ * JFA_OFFSETS_K_DECREASING for a negative seqused_k, JFA_OFFSETS_K_ABOVE_MAX for a sequence's keys
+ * (seqused_k plus its new rows) above max_pages_per_seq * page_size (or max_seqlen_k where given),
  * JFA_OFFSETS_K_LAST_NOT_TOTAL for a page outside [0, num_pages) that holds keys; the kernels then
- * stay inside every buffer, their results unspecified. */
+ * stay inside every buffer (a new row bound outside the table or the cache is not written), their
+ * results unspecified. */
 typedef struct jfa_paged_kv {
   uint32_t struct_size;       /* set by jfa_paged_kv_init; other values are rejected */
   void* k_cache;              /* [num_pages, page_size, heads_kv, head_dim], dtype of q, packed */

@@ -5,8 +5,7 @@
 // only once every check has passed.
 // The CPU backend: the gathered copy is host memory. A forward whose cache is in device memory, or
 // that asks for backend=cuda, goes to the CUDA backend's paged kernels (cuda/sm90/paged/: decode
-// and speculative decode, no append yet), which read the pages where they are.
-#include <cstdlib>
+// and speculative decode, with the append), which read and write the pages where they are.
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -384,23 +383,11 @@ bool host_call(const jfa_attention_params& p, const jfa_paged_kv& kv) {
 }
 
 #ifdef JFA_WITH_CUDA
-// The CUDA append (cuda/sm90/paged/paged_append.cuh) has not run on a GPU yet: only this switch,
-// off by default and read per call, routes appending calls to it (for its first device tests;
-// bench/NOTES.md).
-bool unverified_cuda_paged_append() {
-  const char* on = std::getenv("JFA_CUDA_UNVERIFIED_PAGED_APPEND");
-  return on != nullptr && on[0] == '1' && on[1] == '\0';
-}
-
 // The CUDA route: the packed forward's checks of params with no packed keys (cu_seqlens_q stands
 // in for cu_seqlens_k, which they require and the kernels never read), every buffer of the call
 // and the cache's on the device and apart from the outputs, then the current device's backend.
 // seqused_k and the block table are device memory, never read here (the checked mode checks them).
 jfa_status forward_paged_cuda(const jfa_attention_params& p, const jfa_paged_kv& kv) {
-  if (kv.k_new != nullptr && !unverified_cuda_paged_append())
-    return fail(JFA_ERROR_UNSUPPORTED,
-                "the CUDA paged forward does not append yet (kv->k_new): write the step's keys and "
-                "values into their pages first, then call without k_new");
   jfa_attention_params with_offsets = p;
   with_offsets.cu_seqlens_k = p.cu_seqlens_q;
   jfa::detail::Params pp;

@@ -426,8 +426,8 @@ TEST(PagedKv, CudaBackendOnHostBuffersIsRefusedAsThePackedForward) {
   EXPECT_EQ(jfa_attention_forward_paged(&p, &kv), refused);
   EXPECT_EQ(jfa_last_error_message(), packed_message);
   EXPECT_TRUE(all_nan()) << "a refused call wrote out or lse";
-  // An append for the CUDA backend: refused too (without CUDA as above; with it, the CUDA paged
-  // forward does not append yet), the cache untouched.
+  // An append for the CUDA backend on host buffers: refused as the packed call is, the cache
+  // untouched.
   const std::vector<float> k_new(static_cast<size_t>(c.heads_kv) * c.head_dim, 1.f);
   const std::vector<float> v_new(static_cast<size_t>(c.heads_kv) * c.head_dim_v, 1.f);
   const std::vector<int32_t> cu_new = {0, 1, 1, 1}, before = {19, 5, 3};
@@ -438,7 +438,8 @@ TEST(PagedKv, CudaBackendOnHostBuffersIsRefusedAsThePackedForward) {
   appending.cu_seqlens_new = cu_new.data();
   appending.total_new = 1;
   const jfa_status s = jfa_attention_forward_paged(&p, &appending);
-  EXPECT_TRUE(s == refused || s == JFA_ERROR_UNSUPPORTED) << jfa_status_string(s);
+  EXPECT_EQ(s, refused) << jfa_status_string(s);
+  EXPECT_EQ(jfa_last_error_message(), packed_message);
   EXPECT_TRUE(all_nan() && same_bits(d.k_cache, k_cache) && same_bits(d.v_cache, v_cache))
       << "a refused append wrote out, lse or the cache";
 

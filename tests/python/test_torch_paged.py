@@ -625,8 +625,8 @@ def test_cuda_workspace_comes_from_torch_s_allocator(seed):
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    out, _ = jfa.paged_attention(q, kc, vc, table, seqused, cu_q, max_seqlen_q=1,
-                                 max_seqlen_k=max(used), causal=True)
+    out = jfa.paged_attention(q, kc, vc, table, seqused, cu_q, max_seqlen_q=1,
+                              max_seqlen_k=max(used), causal=True)
     torch.cuda.synchronize()
     assert torch.cuda.max_memory_allocated() - before >= size + out.numel() * out.element_size()
     want = jfa.paged_attention(*(t.cpu() for t in (q, kc, vc, table, seqused, cu_q)), causal=True)
@@ -635,12 +635,10 @@ def test_cuda_workspace_comes_from_torch_s_allocator(seed):
 
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_cuda_append_matches_the_cpu(seed, dtype, monkeypatch):
-    """A decode and speculative step with the append on CUDA (routed only under
-    JFA_CUDA_UNVERIFIED_PAGED_APPEND=1 until it has run on a GPU): the caches as the append must
-    leave them, bit for bit, and the output the CPU backend gives; again from a CUDA graph replay
-    after the caches were made stale, with the word of the checked mode 0."""
-    monkeypatch.setenv("JFA_CUDA_UNVERIFIED_PAGED_APPEND", "1")
+def test_cuda_append_matches_the_cpu(seed, dtype):
+    """A decode and speculative step with the append on CUDA: the caches as the append must leave
+    them, bit for bit, and the output the CPU backend gives; again from a CUDA graph replay after
+    the caches were made stale, with the word of the checked mode 0."""
     full, added, len_q = [3, 40, 17, 300, 2, 33], [1, 4, 0, 2, 2, 16], [1, 4, 1, 2, 2, 16]
     (q, kc, vc, table, before, cu_q, k_new, v_new, cu_new, k, v, cu_k, want_k,
      want_v) = _append_case(seed, 16, full, added, len_q, dtype=dtype, heads_q=8, heads_kv=2,
@@ -678,16 +676,8 @@ def test_cuda_append_matches_the_cpu(seed, dtype, monkeypatch):
 
 
 @needs_cuda
-def test_cuda_refuses_an_append_and_a_table_elsewhere(seed):
-    """The CUDA kernels do not append yet: the library's JfaUnsupportedError, the caches untouched;
-    a block table on the host is the op's ValueError."""
+def test_cuda_refuses_a_table_elsewhere(seed):
+    """A block table on the host is the op's ValueError."""
     (q, kc, vc, table, seqused, cu_q, *_), _ = _decode_case(seed, torch.float16, batch=3)
-    k_new, v_new = kc[0, :3].clone(), vc[0, :3].clone()
-    cu_new = torch.tensor([0, 1, 2, 3], dtype=torch.int32, device="cuda")
-    want_k, want_v = kc.clone(), vc.clone()
-    with pytest.raises(jfa.JfaUnsupportedError, match="the CUDA paged forward does not append yet"):
-        jfa.paged_attention(q, kc, vc, table, seqused, cu_q, max_seqlen_q=1, k_new=k_new,
-                            v_new=v_new, cu_seqlens_new=cu_new)
-    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
     with pytest.raises(ValueError, match=r"block_table must be on the device of q \(cuda:0\)"):
         jfa.paged_attention(q, kc, vc, table.cpu(), seqused, cu_q, max_seqlen_q=1)

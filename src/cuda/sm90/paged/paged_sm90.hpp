@@ -1,8 +1,7 @@
 // Entry of the Hopper forward over a paged KV cache (decode and speculative decode: at most 16
 // query tokens per sequence), with its append (the step's new rows written into their pages first,
-// paged_append.cuh; routed only under JFA_CUDA_UNVERIFIED_PAGED_APPEND=1 until it has run on a
-// GPU): support checks, the plan, the kernels. The API routes calls with device buffers or
-// backend=cuda here (src/api/paged_kv_api.cpp).
+// paged_append.cuh): support checks, the plan, the kernels. The API routes calls with device
+// buffers or backend=cuda here (src/api/paged_kv_api.cpp).
 //
 // The checked mode (params.device_check) reports cu_seqlens_q by the packed forward's q bits and
 // JFA_CHECK_RESULT_NOT_FINITE as the packed forward does; the append's rules by
