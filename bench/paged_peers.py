@@ -19,10 +19,9 @@ queries ~ N(0, 1) from --seed; softmax scale 1/sqrt(head_dim). A cell whose cach
 Methods (--methods):
 - jfa: jfa_attention_forward_paged, its C entry through bench/libjfa.py (ctypes) on device
   buffers, max_seqlen_q and max_seqlen_k given, a kept workspace of the size libjfa asks for the
-  call (jfa_attention_paged_workspace_size: its split plan's partials). Its CUDA paged kernels
-  had not run on a GPU when this was written: libjfa routes a device cache to them only under
-  JFA_CUDA_UNVERIFIED_PAGED_KV=1, which this script sets with --unverified-jfa and clears
-  without; jfa's cells then say the library's "unsupported" reason.
+  call (jfa_attention_paged_workspace_size: its split plan's partials). Where libjfa does not
+  take the call (no CUDA paged kernels for the device or the head size), jfa's cells say the
+  library's "unsupported" reason.
 - fa3: FlashAttention-3's paged forward: torch.ops.flash_attn_3.fwd of --fa3-lib (its full bf16
   build), q [B, tokens, H, D] with page_table, seqused_k, num_splits=0 (its own heuristic) and
   pack_gqa=True, the call built from the op's schema as bench/peers.py builds it; without
@@ -56,7 +55,7 @@ table last: a row per cell, each method's eager and graph ms, graph KV TB/s and 
 ÷ best peer. --time-limit-s S: no cell starts after S seconds; the JSON and the table say so.
 
 usage: python3 bench/paged_peers.py --lib build/gpu/src/libjfa.so
-           --fa3-lib .peers/fa3_full_bf16.so [--unverified-jfa] [--quick]
+           --fa3-lib .peers/fa3_full_bf16.so [--quick]
            [--cells decode,spec4,B8,B64,u4k,tail,32:8,d128,p16] [--methods jfa,fa3,flashinfer]
            [--rounds N] [--runs N] [--warmup N] [--host-calls N] [--max-cache-gib G]
            [--time-limit-s S] [--seed N] [--out bench/results] [--name NAME]
@@ -109,8 +108,6 @@ PEERS = ("fa3", "flashinfer")
 LABELS = {"jfa": "jfa (jfa_attention_forward_paged)", "fa3": "FlashAttention-3 (paged)",
           "flashinfer": "FlashInfer"}
 SHORT = {"jfa": "jfa", "fa3": "FA3", "flashinfer": "FlashInfer"}
-UNVERIFIED_SWITCH = "JFA_CUDA_UNVERIFIED_PAGED_KV"
-UNVERIFIED_HINT = "jfa's unverified CUDA paged kernels are off (--unverified-jfa runs them)"
 # FA3's paged call: peers' keywords (scale, mask), the split count and pack-GQA.
 FA3_PAGED_KEYWORDS = dict(co.FA3_KEYWORDS, num_splits=("num_splits",), pack_gqa=("pack_gqa",))
 FLASHINFER_WORKSPACE_BYTES = 256 << 20
@@ -456,10 +453,6 @@ def parse_args(argv=None):
                     help="FlashAttention-3's op library with paged KV (its full bf16 build, e.g. "
                          ".peers/fa3_full_bf16.so; default $FA3_FULL_LIB; without it, "
                          "flash_attn_interface.flash_attn_with_kvcache where it imports)")
-    ap.add_argument("--unverified-jfa", action="store_true",
-                    help=f"set {UNVERIFIED_SWITCH}=1: run jfa's CUDA paged kernels, which have "
-                         "not been verified on a GPU yet (without it jfa's cells say the "
-                         "library's unsupported reason)")
     ap.add_argument("--cells", default=None,
                     help="comma-separated values of any axis, each replacing that axis's "
                          "default: decode,spec4; B<batch>; u512,u4k,u32k,tail; <H>:<Hkv>; "
@@ -511,15 +504,6 @@ def parse_args(argv=None):
 def default_stem(date, gpu):
     """The JSON's file stem without --name: <date>-<gpu>-paged."""
     return f"{date}-{peers.gpu_slug(gpu)}-paged"
-
-
-def set_unverified_switch(on):
-    """JFA_CUDA_UNVERIFIED_PAGED_KV=1 in this process's environment (libjfa reads it per call)
-    with --unverified-jfa, unset without: jfa's unverified kernels run only when asked for."""
-    if on:
-        os.environ[UNVERIFIED_SWITCH] = "1"
-    else:
-        os.environ.pop(UNVERIFIED_SWITCH, None)
 
 
 # ---- inputs (torch) -----------------------------------------------------------------------------
@@ -636,13 +620,13 @@ def paged_forward_fn(lib, params, kv):
     return run
 
 
-def jfa_failure(G, e, unverified):
+def jfa_failure(G, e):
     """(status, reason) of jfa's failed first call: "unavailable" where the build does not take
-    the call (unsupported: the paged kernels off or missing; no CUDA backend), said with how to
-    run the unverified kernels where they were off; else "error"."""
+    the call (unsupported: no paged kernels for the device or shape; no CUDA backend); else
+    "error"."""
     from jfa import JfaBackendUnavailableError, JfaUnsupportedError
     if isinstance(e, (JfaUnsupportedError, JfaBackendUnavailableError)):
-        return "unavailable", (G.short(e) if unverified else f"{UNVERIFIED_HINT}: {G.short(e)}")
+        return "unavailable", G.short(e)
     return "error", G.short(e)
 
 
@@ -676,10 +660,9 @@ def jfa_prepare(G, ctx):
             fwd()
             return (out,)
 
-        unverified = os.environ.get(UNVERIFIED_SWITCH) == "1"
         return Prepared(run, provider=f"libjfa {lib.version()} ({os.path.basename(lib.path)}), "
                                       f"jfa_attention_forward_paged, workspace {size} bytes",
-                        explain=lambda e: jfa_failure(G, e, unverified), outputs=(out,),
+                        explain=lambda e: jfa_failure(G, e), outputs=(out,),
                         keep=(workspace, fwd))
     return prepare
 
@@ -896,7 +879,7 @@ def measure_method(G, prepare, x, rec, opts):
 
 def measure_order(methods):
     """The methods in the order of a cell's first round: the peers, then jfa. A kernel that
-    faults loses the process's CUDA context; jfa's unverified ones then do so after the peers'
+    faults loses the process's CUDA context; jfa's, the newest, then do so after the peers'
     figures of their cell are taken."""
     return [m for m in methods if m != "jfa"] + [m for m in methods if m == "jfa"]
 
@@ -1009,17 +992,15 @@ def load_methods(G, args, ctx, env):
     if "flashinfer" in args.method_names:
         load_flashinfer(G, ctx)
         env["flashinfer"] = ctx.get("flashinfer_version") or ctx.get("flashinfer_error")
-    env["jfa_unverified_paged_kv"] = os.environ.get(UNVERIFIED_SWITCH) == "1"
     env["jfa"] = env.get("jfa_version") or ctx.get("jfa_error")
 
 
 def run_settings(args, G, max_cache):
     """The settings a run's JSON keeps: the options, the axes, dtype, tolerance, the cache limit
     and the heavy tail's parameters."""
-    settings = {k: getattr(args, k) for k in ("cells", "quick", "unverified_jfa", "method_names",
-                                              "rounds", "runs", "warmup", "host_calls",
-                                              "host_batches", "seed", "fa3_lib",
-                                              "time_limit_s")}
+    settings = {k: getattr(args, k) for k in ("cells", "quick", "method_names", "rounds", "runs",
+                                              "warmup", "host_calls", "host_batches", "seed",
+                                              "fa3_lib", "time_limit_s")}
     settings.update(axes={a: [":".join(map(str, v)) if isinstance(v, tuple) else v
                               for v in vs] for a, vs in args.axes.items()},
                     dtype=DTYPE, tolerance=G.TOLERANCE[DTYPE], max_cache_bytes=max_cache,
@@ -1077,7 +1058,6 @@ def measure_cache_group(G, args, impls, cells, copy, max_cache, stop, report):
 def main(argv=None):
     args = parse_args(argv)
     t_start = time.perf_counter()
-    set_unverified_switch(args.unverified_jfa)  # before the library's first call
     torch = peers.torch_with_cuda("paged_peers.py")
     if torch is None:
         return 2
@@ -1090,8 +1070,7 @@ def main(argv=None):
     for m in args.method_names:
         if unavailable_reason(ctx, m):
             print(f"{m}: unavailable: {unavailable_reason(ctx, m)}", flush=True)
-    print(f"GPU {env.get('gpu')}, torch {env.get('torch')}, jfa {env['jfa']} (unverified paged "
-          f"kernels {'on' if env['jfa_unverified_paged_kv'] else 'off'}), fa3: "
+    print(f"GPU {env.get('gpu')}, torch {env.get('torch')}, jfa {env['jfa']}, fa3: "
           f"{env.get('fa3', '-')}, flashinfer: {env.get('flashinfer', '-')}", flush=True)
     co.warm_up_gpu(G, args.warm_seconds)
     copy = copy_rate(torch)

@@ -22,9 +22,9 @@
 #                   outputs checked against float64 first (bench/local_peers.py); LOCAL_PASS=backward
 #                   the backward op instead (gradients, dsinks too, checked against float64
 #                   first), both: the two.
-#   bench-paged     the paged-KV decode forward against FlashAttention-3 and FlashInfer, bf16,
-#                   outputs checked against float64 first (bench/paged_peers.py); PAGED_UNVERIFIED=1
-#                   runs jfa's unverified CUDA paged kernels, PAGED_CELLS its --cells. Not in all.
+#   bench-paged     jfa's CUDA paged-KV decode forward against FlashAttention-3 and FlashInfer,
+#                   bf16, outputs checked against float64 first (bench/paged_peers.py); PAGED_CELLS
+#                   its --cells. Not in all.
 #   profile-local   Nsight Compute (--set full, clocks not locked) over one jfa and one
 #                   FlashAttention-3 call of one local-attention cell (bench/profile_local_pair.py,
 #                   PROFILE_ARGS its options, default the backward of W1, head_dim 128, window
@@ -272,12 +272,11 @@ stage_bench_local() {
 
 stage_bench_paged() {
   runtime_env || { summary bench-paged "FAILED (nothing carried)"; return 1; }
-  local rc=0 unverified="" kernels=off
-  [ "${PAGED_UNVERIFIED:-0}" = 1 ] && unverified=--unverified-jfa && kernels=on
+  local rc=0
   timeout "$(left)" python3 bench/paged_peers.py --lib "$JFA_LIBRARY" --fa3-lib "$FA3_FULL_LIB" \
-    --out "$OUT" --name paged $unverified ${PAGED_CELLS:+--cells "$PAGED_CELLS"} \
+    --out "$OUT" --name paged ${PAGED_CELLS:+--cells "$PAGED_CELLS"} \
     --rounds "${BENCH_ROUNDS:-2}" --time-limit-s $(($(left) - 30)) >"$OUT/paged.log" 2>&1 || rc=1
-  summary bench-paged "$(gpu_name): unverified jfa $kernels, rc $rc (paged.json, table in paged.log)"
+  summary bench-paged "$(gpu_name): rc $rc (paged.json, table in paged.log)"
   return $rc
 }
 

@@ -186,7 +186,11 @@ typedef enum jfa_device_check_bits {
    * beyond float32 (|scale * q.k| above 3.4e38) is +-inf while out stays accurate, since such
    * rows take their exponentials from score differences. Backward: an element of dq, dk or dv is
    * NaN or infinite, or an lse row that sees keys is not finite. */
-  JFA_CHECK_RESULT_NOT_FINITE = 256
+  JFA_CHECK_RESULT_NOT_FINITE = 256,
+  /* A paged call's append (jfa_paged_kv::k_new), on CUDA: cu_seqlens_new breaks the rules of
+   * offsets (first 0, nondecreasing, last total_new), or a page that receives a sequence's new rows
+   * holds another sequence's keys. */
+  JFA_PAGED_APPEND_INVALID = 512
 } jfa_device_check_bits;
 
 /* What a word of device_check reports, as text ("valid" for 0); valid until the next call on
@@ -259,7 +263,22 @@ JFA_API jfa_status jfa_attention_reference(const jfa_attention_params* params,
  * order, page_size rows a page (a page may serve several sequences, and pages need not be in
  * order). Queries stay packed by cu_seqlens_q, and every rule of jfa_attention_params holds with
  * len_k = seqused_k[b]: the causal mask and windows aligned bottom-right, GQA, softcap, sinks, the
- * LSE. CPU backend (host memory) only for now: the CUDA backend answers JFA_ERROR_UNSUPPORTED. */
+ * LSE. The CPU backend (host memory) takes every such call. The CUDA backend (the cache in device
+ * memory, or backend=cuda; Hopper) takes decode and speculative decode: at most 16 query tokens a
+ * sequence, max_seqlen_q given (the launch is planned from the hints: nothing is read on the host,
+ * so the call can be captured in a CUDA graph), float16 and bfloat16, head_dim 64, 128 or 256 with
+ * head_dim_v equal, softmax_scale > 0, caches 16-byte aligned, q and out as its packed forward
+ * takes them, with the append (k_new, v_new 16-byte aligned; max_seqlen_k, where given, counts
+ * the appended rows); JFA_ERROR_UNSUPPORTED names the rest, chunked prefill (more query tokens)
+ * among them. It reads the block table, seqused_k and cu_seqlens_new on the device only, so their
+ * errors are not a status there but the checked mode's (device_check) bits: the append's rules
+ * (cu_seqlens_new's, and a page receiving new rows that holds another sequence's keys)
+ * JFA_PAGED_APPEND_INVALID; the cache's, until jfa.h has bits of their own, the closest k bits:
+ * JFA_OFFSETS_K_DECREASING for a negative seqused_k, JFA_OFFSETS_K_ABOVE_MAX for a sequence's keys
+ * (seqused_k plus its new rows) above max_pages_per_seq * page_size (or max_seqlen_k where given),
+ * JFA_OFFSETS_K_LAST_NOT_TOTAL for a page outside [0, num_pages) that holds keys; the kernels then
+ * stay inside every buffer (a new row bound outside the table or the cache is not written), their
+ * results unspecified. */
 typedef struct jfa_paged_kv {
   uint32_t struct_size;       /* set by jfa_paged_kv_init; other values are rejected */
   void* k_cache;              /* [num_pages, page_size, heads_kv, head_dim], dtype of q, packed */
@@ -293,9 +312,10 @@ JFA_API jfa_status jfa_paged_kv_init_sized(jfa_paged_kv* kv, size_t struct_size)
  * jfa_attention_forward, except that k, v, cu_seqlens_k and total_k are unused and must be NULL / 0
  * (and k_layout, v_layout zero; max_seqlen_k a hint of the longest key count, or 0), and *kv holds
  * the keys and values. A block table entry outside [0, num_pages) for a page that holds keys, or a
- * key count outside its range, is JFA_ERROR_INVALID_ARGUMENT naming it; a call rejected for its
- * arguments writes nothing, appended rows included. out and lse must not share memory with any
- * input, nor the caches (when appending) with anything else. */
+ * key count outside its range, is JFA_ERROR_INVALID_ARGUMENT naming it on the CPU backend (on the
+ * CUDA backend the checked mode reports them, see above); a call rejected for its arguments writes
+ * nothing, appended rows included. out and lse must not share memory with any input, nor the
+ * caches (when appending) with anything else. */
 JFA_API jfa_status jfa_attention_forward_paged(const jfa_attention_params* params,
                                                const jfa_paged_kv* kv);
 
@@ -310,14 +330,13 @@ JFA_API jfa_status jfa_attention_forward_paged(const jfa_attention_params* param
  * without the CUDA backend. Not monotone in batch (more sequences, fewer splits): a caller that
  * keeps one workspace asks for each batch size it runs. A workspace of at least this size serves as
  * for jfa_attention_forward (16-byte aligned, in stream order); with a smaller one, or none, the
- * call allocates its own in stream order. The CUDA paged kernels are not routed yet (see above):
- * the query answers for them anyway, so that callers can size their workspace now.
- * JFA_ERROR_INVALID_ARGUMENT for NULL arguments, a struct_size that is not accepted, and values of
- * the fields it reads that the forward rejects. */
+ * call allocates its own in stream order. JFA_ERROR_INVALID_ARGUMENT for NULL arguments, a
+ * struct_size that is not accepted, and values of the fields it reads that the forward rejects. */
 JFA_API jfa_status jfa_attention_paged_workspace_size(const jfa_attention_params* params,
                                                       const jfa_paged_kv* kv, size_t* bytes);
 
-/* The float64 reference over a paged cache (jfa_attention_reference's rows and outputs). */
+/* The float64 reference over a paged cache (jfa_attention_reference's rows and outputs): host
+ * memory only, whatever params->backend says, as jfa_attention_reference. */
 JFA_API jfa_status jfa_attention_reference_paged(const jfa_attention_params* params,
                                                  const jfa_paged_kv* kv, const int64_t* q_tokens,
                                                  int64_t n_tokens, double* out, double* lse);

@@ -155,10 +155,12 @@ def paged_attention(q, k_cache, v_cache, block_table, seqused_k, cu_seqlens_q, *
             and stores 0).
 
     With torch tensors the call is ``torch.ops.jfa.paged_attention``, whose schema marks k_cache
-    and v_cache written; ``torch.compile(fullgraph=True)`` keeps it in the graph. The
-    CUDA backend does not take a paged cache yet: it answers jfa.JfaUnsupportedError, unless
-    ``JFA_CUDA_UNVERIFIED_PAGED_KV=1`` routes the call to its kernels, not yet verified on a GPU
-    (decode and speculative decode, fp16/bf16, head_dim 64/128/256, no append).
+    and v_cache written; ``torch.compile(fullgraph=True)`` keeps it in the graph. On CUDA tensors
+    (Hopper) the paged kernels take decode and speculative decode: at most 16 query tokens a
+    sequence, max_seqlen_q given, float16/bfloat16, head_dim 64, 128 or 256 (the same for v);
+    with the append; the rest, chunked prefill among them, raises jfa.JfaUnsupportedError (the
+    CPU backend takes every call). On CUDA an invalid block table entry, cache length or append
+    offset is not an error but a bit of ``device_check`` (the results unspecified).
 
     Returns ``out`` ``[total_q, heads_q, head_dim_v]`` of q's dtype (float64 with ``reference``),
     or ``(out, lse)`` (lse float32 ``[heads_q, total_q]``). Raises TypeError/ValueError for bad

@@ -22,6 +22,9 @@ extern "C" const char* jfa_device_check_message(int32_t word) {
       {JFA_CHECK_RESULT_NOT_FINITE,
        "a result is NaN or infinite (a score q.k beyond float32, a NaN or infinite input, or an "
        "LSE beyond float32)"},
+      {JFA_PAGED_APPEND_INVALID,
+       "the paged append is invalid (cu_seqlens_new breaks the rules of offsets, or a page "
+       "receiving new rows holds another sequence's keys)"},
   };
   text.clear();
   int32_t known = 0;

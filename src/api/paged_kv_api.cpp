@@ -3,14 +3,11 @@
 // appends) into packed host buffers, and the packed forward or reference on them, so that every
 // rule and check of the packed path holds as it is. The forward writes the new rows into the pages
 // only once every check has passed.
-// The CPU backend: the gathered copy is host memory. The CUDA backend's paged kernels
-// (cuda/sm90/paged/) have not run on a GPU yet: only JFA_CUDA_UNVERIFIED_PAGED_KV=1 routes calls
-// whose cache is in device memory (or that ask for backend=cuda) to them; without it such calls are
-// JFA_ERROR_UNSUPPORTED, as before the kernels existed.
-#include <cstdlib>
+// The CPU backend: the gathered copy is host memory. A forward whose cache is in device memory, or
+// that asks for backend=cuda, goes to the CUDA backend's paged kernels (cuda/sm90/paged/: decode
+// and speculative decode, with the append), which read and write the pages where they are.
 #include <cstring>
 #include <limits>
-#include <string>
 #include <vector>
 
 #include "api/buffer_checks.hpp"
@@ -119,15 +116,14 @@ bool cache_on_device(const jfa_paged_kv& kv) {
   return false;
 }
 
-// The host path's side: a cache in device memory, or backend=cuda, is not for it.
-jfa_status check_host_cache(const jfa_paged_kv& kv, const jfa_attention_params& p) {
+// The gather reads the cache on the host. The forward sends a cache in device memory to the CUDA
+// route before this; the reference, a host computation, refuses it as jfa_attention_reference
+// refuses device buffers.
+jfa_status check_host_cache(const jfa_paged_kv& kv) {
   if (cache_on_device(kv))
-    return fail(JFA_ERROR_UNSUPPORTED,
-                "the CUDA backend does not take a paged KV cache yet: give the cache, its block "
-                "table and seqused_k in host memory for the CPU backend");
-  if (p.backend == JFA_BACKEND_CUDA)
-    return fail(JFA_ERROR_UNSUPPORTED,
-                "the CUDA backend does not take a paged KV cache yet: use the CPU backend");
+    return fail(JFA_ERROR_INVALID_ARGUMENT,
+                "the reference needs host buffers, but kv's cache, block table, seqused_k or new "
+                "rows are in device memory");
   return JFA_SUCCESS;
 }
 
@@ -280,6 +276,28 @@ jfa_attention_params packed_params(const jfa_attention_params& p, const Gathered
   return q;
 }
 
+// The cache's buffers, beside the call's: the caches are written where the call appends.
+void add_cache_views(const jfa::detail::Params& pp, const jfa_paged_kv& kv,
+                     std::vector<BufferView>* views) {
+  const int64_t cache_rows = kv.num_pages * kv.page_size;
+  const size_t es = jfa_dtype_size(pp.dtype);
+  const bool appending = kv.k_new != nullptr;
+  views->push_back(jfa::detail::packed_view("kv->k_cache", kv.k_cache, cache_rows, pp.heads_kv,
+                                            pp.head_dim, es, appending));
+  views->push_back(jfa::detail::packed_view("kv->v_cache", kv.v_cache, cache_rows, pp.heads_kv,
+                                            pp.head_dim_v, es, appending));
+  views->push_back(jfa::detail::packed_view("kv->k_new", kv.k_new, kv.total_new, pp.heads_kv,
+                                            pp.head_dim, es, false));
+  views->push_back(jfa::detail::packed_view("kv->v_new", kv.v_new, kv.total_new, pp.heads_kv,
+                                            pp.head_dim_v, es, false));
+  views->push_back(jfa::detail::array_view("kv->cu_seqlens_new", kv.cu_seqlens_new,
+                                           appending ? pp.batch + 1 : 0, sizeof(int32_t), false));
+  views->push_back(jfa::detail::array_view(
+      "kv->block_table", kv.block_table, pp.batch * kv.max_pages_per_seq, sizeof(int32_t), false));
+  views->push_back(
+      jfa::detail::array_view("kv->seqused_k", kv.seqused_k, pp.batch, sizeof(int32_t), false));
+}
+
 // The outputs must not share memory with the cache, nor (when appending) the cache with anything
 // else (the packed call sees only the copy); the packed call's host checks, passed before the
 // append writes.
@@ -288,24 +306,7 @@ jfa_status check_outputs_apart_from_cache(const jfa_attention_params& packed,
   jfa::detail::Params pp;
   if (const jfa_status s = jfa::detail::build_params(&packed, &pp); s != JFA_SUCCESS) return s;
   std::vector<BufferView> views = jfa::detail::forward_buffers(pp);
-  const int64_t cache_rows = kv.num_pages * kv.page_size;
-  const size_t es = jfa_dtype_size(packed.dtype);
-  const bool appending = kv.k_new != nullptr;
-  views.push_back(jfa::detail::packed_view("kv->k_cache", kv.k_cache, cache_rows, pp.heads_kv,
-                                           pp.head_dim, es, appending));
-  views.push_back(jfa::detail::packed_view("kv->v_cache", kv.v_cache, cache_rows, pp.heads_kv,
-                                           pp.head_dim_v, es, appending));
-  views.push_back(jfa::detail::packed_view("kv->k_new", kv.k_new, kv.total_new, pp.heads_kv,
-                                           pp.head_dim, es, false));
-  views.push_back(jfa::detail::packed_view("kv->v_new", kv.v_new, kv.total_new, pp.heads_kv,
-                                           pp.head_dim_v, es, false));
-  views.push_back(jfa::detail::array_view("kv->cu_seqlens_new", kv.cu_seqlens_new,
-                                          kv.k_new != nullptr ? pp.batch + 1 : 0, sizeof(int32_t),
-                                          false));
-  views.push_back(jfa::detail::array_view("kv->block_table", kv.block_table,
-                                          pp.batch * kv.max_pages_per_seq, sizeof(int32_t), false));
-  views.push_back(
-      jfa::detail::array_view("kv->seqused_k", kv.seqused_k, pp.batch, sizeof(int32_t), false));
+  add_cache_views(pp, kv, &views);
   jfa::detail::MemoryKind kind;
   jfa_status s;
   if ((s = jfa::detail::check_call_buffers(views, &kind)) != JFA_SUCCESS) return s;
@@ -321,7 +322,7 @@ jfa_status prepare(const jfa_attention_params* params, const jfa_paged_kv* kv, G
   jfa_status s;
   if ((s = read_paged_params(params, &p)) != JFA_SUCCESS) return s;
   if ((s = check_cache_fields(kv, p)) != JFA_SUCCESS) return s;
-  if ((s = check_host_cache(*kv, p)) != JFA_SUCCESS) return s;
+  if ((s = check_host_cache(*kv)) != JFA_SUCCESS) return s;
   // Aligned before anything is read through them.
   if ((s = jfa::detail::check_aligned("kv->block_table", kv->block_table, sizeof(int32_t))) !=
           JFA_SUCCESS ||
@@ -382,22 +383,11 @@ bool host_call(const jfa_attention_params& p, const jfa_paged_kv& kv) {
 }
 
 #ifdef JFA_WITH_CUDA
-// The CUDA paged kernels have not run on a GPU yet: only this switch, off by default and read per
-// call, routes calls to them (for their first device tests; bench/NOTES.md).
-bool unverified_cuda_paged_kv() {
-  const char* on = std::getenv("JFA_CUDA_UNVERIFIED_PAGED_KV");
-  return on != nullptr && std::string(on) == "1";
-}
-
 // The CUDA route: the packed forward's checks of params with no packed keys (cu_seqlens_q stands
 // in for cu_seqlens_k, which they require and the kernels never read), every buffer of the call
 // and the cache's on the device and apart from the outputs, then the current device's backend.
 // seqused_k and the block table are device memory, never read here (the checked mode checks them).
 jfa_status forward_paged_cuda(const jfa_attention_params& p, const jfa_paged_kv& kv) {
-  if (kv.k_new != nullptr)
-    return fail(JFA_ERROR_UNSUPPORTED,
-                "the CUDA paged forward does not append yet (kv->k_new): write the step's keys and "
-                "values into their pages first, then call without k_new");
   jfa_attention_params with_offsets = p;
   with_offsets.cu_seqlens_k = p.cu_seqlens_q;
   jfa::detail::Params pp;
@@ -405,16 +395,7 @@ jfa_status forward_paged_cuda(const jfa_attention_params& p, const jfa_paged_kv&
   if ((s = jfa::detail::build_params(&with_offsets, &pp)) != JFA_SUCCESS) return s;
   pp.cu_seqlens_k = nullptr;
   std::vector<BufferView> views = jfa::detail::forward_buffers(pp);
-  const int64_t cache_rows = kv.num_pages * kv.page_size;
-  const size_t es = jfa_dtype_size(pp.dtype);
-  views.push_back(jfa::detail::packed_view("kv->k_cache", kv.k_cache, cache_rows, pp.heads_kv,
-                                           pp.head_dim, es, false));
-  views.push_back(jfa::detail::packed_view("kv->v_cache", kv.v_cache, cache_rows, pp.heads_kv,
-                                           pp.head_dim_v, es, false));
-  views.push_back(jfa::detail::array_view("kv->block_table", kv.block_table,
-                                          pp.batch * kv.max_pages_per_seq, sizeof(int32_t), false));
-  views.push_back(
-      jfa::detail::array_view("kv->seqused_k", kv.seqused_k, pp.batch, sizeof(int32_t), false));
+  add_cache_views(pp, kv, &views);
   jfa::detail::MemoryKind kind;
   if ((s = jfa::detail::check_call_buffers(views, &kind)) != JFA_SUCCESS) return s;
   const jfa_backend backend = jfa::detail::resolve_backend(p.backend, kind);
@@ -446,18 +427,21 @@ jfa_status jfa_paged_kv_init_sized(jfa_paged_kv* kv, size_t struct_size) {
 
 jfa_status jfa_attention_forward_paged(const jfa_attention_params* params, const jfa_paged_kv* kv) {
   return guarded([&] {
+    jfa_attention_params p;
+    jfa_status s;
+    if ((s = read_paged_params(params, &p)) != JFA_SUCCESS) return s;
+    if ((s = check_cache_fields(kv, p)) != JFA_SUCCESS) return s;
+    if (cache_on_device(*kv) || p.backend == JFA_BACKEND_CUDA) {
 #ifdef JFA_WITH_CUDA
-    if (unverified_cuda_paged_kv()) {
-      jfa_attention_params p;
-      jfa_status s;
-      if ((s = read_paged_params(params, &p)) != JFA_SUCCESS) return s;
-      if ((s = check_cache_fields(kv, p)) != JFA_SUCCESS) return s;
-      if (cache_on_device(*kv) || p.backend == JFA_BACKEND_CUDA) return forward_paged_cuda(p, *kv);
-    }
+      return forward_paged_cuda(p, *kv);
+#else
+      // The packed forward's answer to backend=cuda without CUDA (no pointer reads as device).
+      return jfa::detail::check_backend_side(JFA_BACKEND_CUDA, jfa::detail::MemoryKind::kHost);
 #endif
+    }
     GatheredKv g;
     jfa_attention_params packed;
-    if (const jfa_status s = prepare(params, kv, &g, &packed, true); s != JFA_SUCCESS) return s;
+    if ((s = prepare(params, kv, &g, &packed, true)) != JFA_SUCCESS) return s;
     if (kv->k_new != nullptr) write_appended(*kv, packed);
     return jfa_attention_forward(&packed);
   });

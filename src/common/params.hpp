@@ -47,11 +47,12 @@ struct Params {
   int32_t* device_check;  // nullable: the word of the checked mode (jfa.h)
 
   int32_t group_size() const { return heads_q / heads_kv; }
-  // A window beyond the causal mask, softcap or sinks.
-  bool uses_local_attention() const {
-    return window.left != -1 || (window.right != -1 && !causal) || softcap != 0.0f ||
-           sinks != nullptr;
+  // A window beyond the causal mask, or softcap: what changes the keys a row sees or its scores.
+  bool uses_window_or_softcap() const {
+    return window.left != -1 || (window.right != -1 && !causal) || softcap != 0.0f;
   }
+  // A window beyond the causal mask, softcap or sinks.
+  bool uses_local_attention() const { return uses_window_or_softcap() || sinks != nullptr; }
 };
 
 // The backward's parameters: the forward's (out and lse as the forward wrote them) and the

@@ -25,8 +25,7 @@ struct GpuBackend {
   size_t (*backward_workspace_bytes)(int64_t total_q, int64_t total_k, int64_t batch,
                                      int32_t heads_q, int32_t head_dim);
   // The forward over a paged KV cache (p without packed keys; kv's fields validated), or NULL
-  // where the architecture has no paged kernels. Reached only under JFA_CUDA_UNVERIFIED_PAGED_KV=1
-  // until its kernels have run on a GPU (src/api/paged_kv_api.cpp).
+  // where the architecture has no paged kernels.
   jfa_status (*paged_forward)(const jfa::detail::Params& p, const jfa_paged_kv& kv);
   // The caller's workspace a paged call needs, from p's sizes and hints only (no pointer); NULL
   // where paged_forward is. Fails only where the size overflows.

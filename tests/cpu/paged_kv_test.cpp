@@ -4,14 +4,14 @@
 // lengths 0, 1 and page multiples +- 1, page sizes 1 to 64, GQA, decode, speculative and chunked
 // query lengths, the causal mask, windows, softcap and sinks. Each call must give exactly what the
 // packed call gives on the keys gathered here, and the forward must match the float64 reference;
-// invalid tables, lengths and fields are errors that name them. The workspace size query of the
-// CUDA paged forward: 0 for host calls, its arguments checked, and (in a CUDA build, with or
-// without a GPU) the bytes of the split plan, which is host code tested here by hand.
+// invalid tables, lengths and fields are errors that name them, and backend=cuda on host buffers is
+// refused as the packed forward refuses it. The workspace size query of the CUDA paged forward: 0
+// for host calls, its arguments checked, and (in a CUDA build, with or without a GPU) the bytes of
+// the split plan, which is host code tested here by hand.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -308,32 +308,6 @@ TEST(PagedKv, AppendWritesTheNewRowsAndAttendsOverThem) {
   }
 }
 
-// Sets (or, with NULL, unsets) an environment variable for a scope, then puts back what it held.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    had_ = std::getenv(name) != nullptr;
-    if (value != nullptr)
-      setenv(name, value, 1);
-    else
-      unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (had_)
-      setenv(name_, old_.c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
-
 class PagedKvErrors : public ::testing::Test {
  protected:
   PagedKvErrors() : rng_(7), d_(make_case(), rng_) {}
@@ -350,9 +324,6 @@ class PagedKvErrors : public ::testing::Test {
     mutate_(p, kv);
     return jfa_attention_forward_paged(&p, &kv);
   }
-  // The messages below are the host path's: the CUDA route's switch stays off whatever the
-  // environment says.
-  ScopedEnv cuda_route_off_{"JFA_CUDA_UNVERIFIED_PAGED_KV", nullptr};
   std::mt19937_64 rng_;
   PagedData d_;
   std::function<void(jfa_attention_params&, jfa_paged_kv&)> mutate_ = [](jfa_attention_params&,
@@ -399,8 +370,6 @@ TEST_F(PagedKvErrors, NameWhatIsWrong) {
        [&](jfa_attention_params& p, auto&) { p.k = d_.k_packed.data(); }},
       {"out and kv->k_cache share memory", JFA_ERROR_INVALID_ARGUMENT,
        [&](jfa_attention_params& p, auto&) { p.out = d_.k_cache.data(); }},
-      {"the CUDA backend does not take a paged KV cache yet", JFA_ERROR_UNSUPPORTED,
-       [](jfa_attention_params& p, auto&) { p.backend = JFA_BACKEND_CUDA; }},
   };
   for (const Bad& bad : cases) {
     mutate_ = bad.mutate;
@@ -418,14 +387,11 @@ TEST_F(PagedKvErrors, NameWhatIsWrong) {
   EXPECT_EQ(jfa_paged_kv_init_sized(&kv, sizeof kv - 8), JFA_ERROR_INVALID_ARGUMENT);
 }
 
-// The CUDA paged kernels are not yet verified on a GPU: only JFA_CUDA_UNVERIFIED_PAGED_KV=1 routes
-// calls to them. Without it (unset, or any other value) a call for the CUDA backend stays
-// JFA_ERROR_UNSUPPORTED with the message it always had; with it, host calls on the CPU backend give
-// the same bits as without, and a host call that asks for the CUDA backend is refused before
-// anything is written (its buffers are not on a device; a library without CUDA keeps the
-// unsupported answer).
-TEST(PagedKv, CudaRouteOnlyUnderItsSwitch) {
-  constexpr const char* kSwitch = "JFA_CUDA_UNVERIFIED_PAGED_KV";
+// backend=cuda on host buffers, as the packed forward answers it (no CUDA in this build, or host
+// buffers for the CUDA backend), before anything is written, an append included; the CPU and auto
+// backends give the packed call's bits, and the reference, a host computation, ignores the backend
+// as jfa_attention_reference does. No GPU is needed: the CUDA route refuses host buffers first.
+TEST(PagedKv, CudaBackendOnHostBuffersIsRefusedAsThePackedForward) {
   std::mt19937_64 rng(jfa::testing::logged_seed());
   PagedCase c;
   c.len_q = {1, 4, 0};
@@ -433,59 +399,69 @@ TEST(PagedKv, CudaRouteOnlyUnderItsSwitch) {
   c.window_left = 7;
   c.softcap = 3.f;
   c.sinks = true;
+  c.share_pages = false;  // the append below writes sequence 0's last page
   PagedData d(c, rng);
-  jfa_paged_kv kv = d.kv();
+  auto poison = [&] {
+    std::fill(d.out.begin(), d.out.end(), NAN);
+    std::fill(d.lse.begin(), d.lse.end(), NAN);
+  };
   auto all_nan = [&] {
     return std::all_of(d.out.begin(), d.out.end(), [](float x) { return std::isnan(x); }) &&
            std::all_of(d.lse.begin(), d.lse.end(), [](float x) { return std::isnan(x); });
   };
-  for (const char* off : {static_cast<const char*>(nullptr), "0", "", "yes"}) {
-    const ScopedEnv env(kSwitch, off);
-    jfa_attention_params p = d.params(true);
-    p.backend = JFA_BACKEND_CUDA;
-    EXPECT_EQ(jfa_attention_forward_paged(&p, &kv), JFA_ERROR_UNSUPPORTED);
-    EXPECT_NE(std::string(jfa_last_error_message())
-                  .find("the CUDA backend does not take a paged KV cache yet: use the CPU backend"),
-              std::string::npos)
-        << jfa_last_error_message();
-    EXPECT_TRUE(all_nan()) << "a refused call wrote out or lse";
-  }
-  std::vector<float> out_off, lse_off;
-  {
-    const ScopedEnv env(kSwitch, nullptr);
-    jfa_attention_params p = d.params(true);
-    ASSERT_EQ(jfa_attention_forward_paged(&p, &kv), JFA_SUCCESS) << jfa_last_error_message();
-    out_off = d.out;
-    lse_off = d.lse;
-  }
-  const ScopedEnv on(kSwitch, "1");
-  for (jfa_backend backend : {JFA_BACKEND_CPU, JFA_BACKEND_AUTO}) {
-    std::fill(d.out.begin(), d.out.end(), NAN);
-    std::fill(d.lse.begin(), d.lse.end(), NAN);
-    jfa_attention_params p = d.params(true);
-    p.backend = backend;
-    ASSERT_EQ(jfa_attention_forward_paged(&p, &kv), JFA_SUCCESS) << jfa_last_error_message();
-    EXPECT_TRUE(same_bits(d.out, out_off) && same_bits(d.lse, lse_off))
-        << "the switch changed a host call";
-  }
-  std::fill(d.out.begin(), d.out.end(), NAN);
-  std::fill(d.lse.begin(), d.lse.end(), NAN);
+  jfa_attention_params packed = d.params(false);
+  ASSERT_EQ(jfa_attention_forward(&packed), JFA_SUCCESS) << jfa_last_error_message();
+  const std::vector<float> out_packed = d.out, lse_packed = d.lse;
+  poison();
+  packed.backend = JFA_BACKEND_CUDA;
+  const jfa_status refused = jfa_attention_forward(&packed);
+  const std::string packed_message = jfa_last_error_message();
+  ASSERT_TRUE(refused == JFA_ERROR_BACKEND_UNAVAILABLE || refused == JFA_ERROR_INVALID_ARGUMENT)
+      << jfa_status_string(refused) << ": " << packed_message;
+
+  const std::vector<float> k_cache = d.k_cache, v_cache = d.v_cache;
+  jfa_paged_kv kv = d.kv();
   jfa_attention_params p = d.params(true);
   p.backend = JFA_BACKEND_CUDA;
-  const jfa_status s = jfa_attention_forward_paged(&p, &kv);
-  const std::string message = jfa_last_error_message();
-  EXPECT_TRUE((s == JFA_ERROR_INVALID_ARGUMENT &&
-               message.find("backend=cuda needs device buffers") != std::string::npos) ||
-              (s == JFA_ERROR_UNSUPPORTED &&
-               message.find("does not take a paged KV cache") != std::string::npos))
-      << jfa_status_string(s) << ": " << message;
+  EXPECT_EQ(jfa_attention_forward_paged(&p, &kv), refused);
+  EXPECT_EQ(jfa_last_error_message(), packed_message);
   EXPECT_TRUE(all_nan()) << "a refused call wrote out or lse";
-  // The reference stays a host computation whatever the switch says.
-  std::vector<double> ref(out_off.size());
-  const jfa_attention_params host = d.params(true);
-  EXPECT_EQ(jfa_attention_reference_paged(&host, &kv, nullptr, d.cu_q.back(), ref.data(), nullptr),
+  // An append for the CUDA backend on host buffers: refused as the packed call is, the cache
+  // untouched.
+  const std::vector<float> k_new(static_cast<size_t>(c.heads_kv) * c.head_dim, 1.f);
+  const std::vector<float> v_new(static_cast<size_t>(c.heads_kv) * c.head_dim_v, 1.f);
+  const std::vector<int32_t> cu_new = {0, 1, 1, 1}, before = {19, 5, 3};
+  jfa_paged_kv appending = kv;
+  appending.seqused_k = before.data();
+  appending.k_new = k_new.data();
+  appending.v_new = v_new.data();
+  appending.cu_seqlens_new = cu_new.data();
+  appending.total_new = 1;
+  const jfa_status s = jfa_attention_forward_paged(&p, &appending);
+  EXPECT_EQ(s, refused) << jfa_status_string(s);
+  EXPECT_EQ(jfa_last_error_message(), packed_message);
+  EXPECT_TRUE(all_nan() && same_bits(d.k_cache, k_cache) && same_bits(d.v_cache, v_cache))
+      << "a refused append wrote out, lse or the cache";
+
+  for (jfa_backend backend : {JFA_BACKEND_CPU, JFA_BACKEND_AUTO}) {
+    poison();
+    p.backend = backend;
+    ASSERT_EQ(jfa_attention_forward_paged(&p, &kv), JFA_SUCCESS) << jfa_last_error_message();
+    EXPECT_TRUE(same_bits(d.out, out_packed) && same_bits(d.lse, lse_packed))
+        << "backend " << backend << " differs from the packed call";
+  }
+  const int64_t total_q = d.cu_q.back();
+  std::vector<double> ref(static_cast<size_t>(total_q) * c.heads_q * c.head_dim_v);
+  std::vector<double> ref_cuda(ref.size());
+  p.backend = JFA_BACKEND_CPU;
+  ASSERT_EQ(jfa_attention_reference_paged(&p, &kv, nullptr, total_q, ref.data(), nullptr),
             JFA_SUCCESS)
       << jfa_last_error_message();
+  p.backend = JFA_BACKEND_CUDA;
+  ASSERT_EQ(jfa_attention_reference_paged(&p, &kv, nullptr, total_q, ref_cuda.data(), nullptr),
+            JFA_SUCCESS)
+      << jfa_last_error_message();
+  EXPECT_TRUE(ref == ref_cuda);
 }
 
 // ---- The workspace size query (jfa_attention_paged_workspace_size) ----------------------------

@@ -1,6 +1,5 @@
 // The CUDA forward over a paged KV cache (jfa_attention_forward_paged with device buffers: the
-// kernels of src/cuda/sm90/paged, reached under JFA_CUDA_UNVERIFIED_PAGED_KV=1, which these tests
-// set in scope) against the float64 reference of the same call on host copies
+// kernels of src/cuda/sm90/paged) against the float64 reference of the same call on host copies
 // (jfa_attention_reference_paged): random block tables (shuffled pages, pages shared between
 // sequences, partial last pages, garbage past the used pages), page sizes 1, 16, 64, 256 (and 48,
 // 3), cache lengths 0, 1, page multiples +- 1 and long ones, GQA 8:1, 4:1 and 1:1, head_dim 64,
@@ -8,14 +7,15 @@
 // windows, softcap, sinks, LSE on and off, one split and several (with and without the max_seqlen_k
 // hint; a caller's workspace of jfa_attention_paged_workspace_size bytes, another size or none),
 // outputs poisoned and guarded; graph capture replayed on new lengths and a new table; the checked
-// mode on invalid tables and lengths (no fault, its bits set); the calls the kernels do not take.
+// mode on invalid tables and lengths (no fault, its bits set); the calls the kernels do not take;
+// the append (new rows written into their pages, every other byte of the caches kept) and its
+// checked mode.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -39,36 +39,7 @@ using jfa::tools::HostBuffer;
 
 namespace {
 
-constexpr const char* kSwitch = "JFA_CUDA_UNVERIFIED_PAGED_KV";
 constexpr size_t kGuardBytes = 4096;  // poisoned bytes before and after out and lse
-
-// Sets the switch that routes paged calls to the CUDA kernels (or, with NULL, clears it) for a
-// scope, then puts back what the environment held.
-class ScopedPagedSwitch {
- public:
-  explicit ScopedPagedSwitch(const char* value = "1") {
-    if (const char* old = std::getenv(kSwitch)) {
-      had_ = true;
-      old_ = old;
-    }
-    if (value != nullptr)
-      setenv(kSwitch, value, 1);
-    else
-      unsetenv(kSwitch);
-  }
-  ~ScopedPagedSwitch() {
-    if (had_)
-      setenv(kSwitch, old_.c_str(), 1);
-    else
-      unsetenv(kSwitch);
-  }
-  ScopedPagedSwitch(const ScopedPagedSwitch&) = delete;
-  ScopedPagedSwitch& operator=(const ScopedPagedSwitch&) = delete;
-
- private:
-  bool had_ = false;
-  std::string old_;
-};
 
 struct PagedCase {
   std::vector<int32_t> len_q, seqused;
@@ -85,6 +56,7 @@ struct PagedCase {
   bool share_pages = true;    // later sequences sometimes read sequence 0's first page
   int32_t spare_pages = 3;    // pages no sequence uses
   int32_t spare_columns = 1;  // block-table columns past every sequence's pages (garbage)
+  std::vector<int32_t> len_new;  // rows each sequence appends (empty: no append)
 };
 
 std::string describe(const PagedCase& c) {
@@ -93,35 +65,38 @@ std::string describe(const PagedCase& c) {
   for (int32_t n : c.seqused) longest = std::max(longest, n);
   std::snprintf(buf, sizeof buf,
                 "%s d=%d hq=%d hkv=%d page=%d batch=%zu longest=%d causal=%d window=(%d,%d) "
-                "softcap=%g sinks=%d lse=%d hint_k=%d max_q=%d",
+                "softcap=%g sinks=%d lse=%d hint_k=%d max_q=%d append=%d",
                 jfa::tools::dtype_name(c.dtype), c.head_dim, c.heads_q, c.heads_kv, c.page_size,
                 c.len_q.size(), longest, c.causal ? 1 : 0, c.window_left, c.window_right,
                 static_cast<double>(c.softcap), c.sink_sd > 0.f ? 1 : 0, c.with_lse ? 1 : 0,
-                c.hint_k ? 1 : 0, c.max_q);
+                c.hint_k ? 1 : 0, c.max_q, c.len_new.empty() ? 0 : 1);
   return buf;
 }
 
 // Pages that n keys fill.
 int32_t pages_of(int32_t n, int32_t page_size) { return (n + page_size - 1) / page_size; }
 
-// The host side of a case: q, the caches, the block table and the lengths, sinks.
+// The host side of a case: q, the caches, the block table and the lengths, sinks, the append.
 struct PagedHost {
   PagedCase c;
-  int64_t batch = 0, total_q = 0, num_pages = 0;
+  int64_t batch = 0, total_q = 0, num_pages = 0, total_new = 0;
   int32_t max_pages = 0;
-  std::vector<int32_t> cu_q, seqused, table;
-  HostBuffer q, k_cache, v_cache;
+  std::vector<int32_t> cu_q, seqused, table, cu_new;
+  HostBuffer q, k_cache, v_cache, k_new, v_new;
   std::vector<float> sinks;
 
   PagedHost(const PagedCase& pc, std::mt19937_64& rng) : c(pc), seqused(pc.seqused) {
     batch = static_cast<int64_t>(c.len_q.size());
     cu_q.assign(batch + 1, 0);
+    cu_new.assign(appending() ? batch + 1 : 0, 0);
     int64_t needed = 0;
     for (int64_t b = 0; b < batch; ++b) {
       cu_q[b + 1] = cu_q[b] + c.len_q[b];
-      max_pages = std::max(max_pages, pages_of(seqused[b], c.page_size));
-      needed += pages_of(seqused[b], c.page_size);
+      if (appending()) cu_new[b + 1] = cu_new[b] + c.len_new[b];
+      max_pages = std::max(max_pages, pages_of(keys(b), c.page_size));
+      needed += pages_of(keys(b), c.page_size);
     }
+    total_new = appending() ? cu_new.back() : 0;
     max_pages += c.spare_columns;
     total_q = cu_q.back();
     num_pages = needed + c.spare_pages;
@@ -133,10 +108,20 @@ struct PagedHost {
     jfa::tools::fill_normal(q, rng);
     jfa::tools::fill_normal(k_cache, rng);
     jfa::tools::fill_normal(v_cache, rng);
+    if (appending()) {
+      k_new = HostBuffer(c.dtype, std::max<int64_t>(total_new, 1) * c.heads_kv * c.head_dim);
+      v_new = HostBuffer(c.dtype, std::max<int64_t>(total_new, 1) * c.heads_kv * c.head_dim);
+      jfa::tools::fill_normal(k_new, rng);
+      jfa::tools::fill_normal(v_new, rng);
+    }
     std::normal_distribution<float> sink(0.f, c.sink_sd > 0.f ? c.sink_sd : 1.f);
     for (int32_t h = 0; c.sink_sd > 0.f && h < c.heads_q; ++h) sinks.push_back(sink(rng));
     make_table(rng);
   }
+
+  bool appending() const { return !c.len_new.empty(); }
+  // Keys of sequence b the call attends over: the cache's and the appended rows.
+  int32_t keys(int64_t b) const { return seqused[b] + (appending() ? c.len_new[b] : 0); }
 
   // A table for the current lengths: the pages shuffled over the sequences, a later sequence
   // sometimes reading sequence 0's first page, and garbage (no valid page) past the pages that
@@ -150,7 +135,7 @@ struct PagedHost {
     for (size_t i = 0; i < table.size(); ++i) table[i] = garbage[i % 4];
     size_t next = 0;
     for (int64_t b = 0; b < batch; ++b) {
-      const int32_t used = pages_of(seqused[b], c.page_size);
+      const int32_t used = pages_of(keys(b), c.page_size);
       for (int32_t j = 0; j < used; ++j) {
         const bool share = c.share_pages && b > 0 && j == 0 && rng() % 3 == 0 && seqused[0] > 0;
         table[b * max_pages + j] = share ? table[0] : pages[next++];
@@ -187,13 +172,15 @@ struct PagedHost {
     p.sinks = sinks.empty() ? nullptr : sinks_ptr;
     p.max_seqlen_q = max_seqlen_q();
     if (c.hint_k) {
-      for (int32_t n : seqused) p.max_seqlen_k = std::max(p.max_seqlen_k, n);
+      for (int64_t b = 0; b < batch; ++b) p.max_seqlen_k = std::max(p.max_seqlen_k, keys(b));
     }
     return p;
   }
 
-  jfa_paged_kv kv(const void* k, const void* v, const int32_t* table_ptr,
-                  const int32_t* used) const {
+  // new_k, new_v and new_cu: the append's buffers in the same memory (ignored without one).
+  jfa_paged_kv kv(const void* k, const void* v, const int32_t* table_ptr, const int32_t* used,
+                  const void* new_k = nullptr, const void* new_v = nullptr,
+                  const int32_t* new_cu = nullptr) const {
     jfa_paged_kv kv;
     EXPECT_EQ(jfa_paged_kv_init(&kv), JFA_SUCCESS);
     // Without an append the cache is only read (the struct's pointers are writable for appends).
@@ -204,7 +191,27 @@ struct PagedHost {
     kv.num_pages = num_pages;
     kv.page_size = c.page_size;
     kv.max_pages_per_seq = max_pages;
+    if (appending()) {
+      kv.k_new = new_k;
+      kv.v_new = new_v;
+      kv.cu_seqlens_new = new_cu;
+      kv.total_new = total_new;
+    }
     return kv;
+  }
+
+  // The caches as the append leaves them: each new row on its page.
+  void append_into(HostBuffer* k, HostBuffer* v) const {
+    const size_t row = static_cast<size_t>(c.heads_kv) * c.head_dim * jfa::dtype_size(c.dtype);
+    for (int64_t b = 0; b < batch && appending(); ++b) {
+      for (int32_t i = 0; i < c.len_new[b]; ++i) {
+        const int64_t pos = seqused[b] + i;
+        const int64_t page = table[b * max_pages + pos / c.page_size];
+        const int64_t at = page * c.page_size + pos % c.page_size;
+        std::memcpy(k->bytes.data() + at * row, k_new.bytes.data() + (cu_new[b] + i) * row, row);
+        std::memcpy(v->bytes.data() + at * row, v_new.bytes.data() + (cu_new[b] + i) * row, row);
+      }
+    }
   }
 };
 
@@ -215,7 +222,7 @@ struct Outputs {
 
 // The device copies of a case and its guarded outputs.
 struct PagedDevice {
-  DeviceBuffer q, k, v, table, seqused, cu_q, sinks, out, lse;
+  DeviceBuffer q, k, v, table, seqused, cu_q, sinks, out, lse, k_new, v_new, cu_new;
   int32_t* device_check = nullptr;
 
   explicit PagedDevice(const PagedHost& h) {
@@ -227,6 +234,9 @@ struct PagedDevice {
     upload_table_and_lengths(h);
     cu_q = copy(h.cu_q.data(), h.cu_q.size() * 4);
     sinks = copy(h.sinks.data(), h.sinks.size() * 4);
+    k_new = copy(h.k_new.bytes.data(), h.k_new.bytes.size());
+    v_new = copy(h.v_new.bytes.data(), h.v_new.bytes.size());
+    cu_new = copy(h.cu_new.data(), h.cu_new.size() * 4);
     const size_t es = jfa::dtype_size(h.c.dtype);
     out = DeviceBuffer(h.total_q * h.c.heads_q * h.c.head_dim * es + 2 * kGuardBytes);
     lse = DeviceBuffer(h.total_q * h.c.heads_q * 4 + 2 * kGuardBytes);
@@ -263,7 +273,8 @@ struct PagedDevice {
   }
 
   jfa_paged_kv kv(const PagedHost& h) const {
-    return h.kv(k.ptr, v.ptr, table.as<int32_t>(), seqused.as<int32_t>());
+    return h.kv(k.ptr, v.ptr, table.as<int32_t>(), seqused.as<int32_t>(), k_new.ptr, v_new.ptr,
+                cu_new.as<int32_t>());
   }
 
   void poison() {
@@ -327,8 +338,8 @@ void check_outputs(const PagedHost& h, const Outputs& r) {
   jfa_attention_params hp = h.params(h.q.data(), nullptr, nullptr, h.cu_q.data(), h.sinks.data());
   hp.max_seqlen_q = hp.max_seqlen_k = 0;
   hp.backend = JFA_BACKEND_CPU;
-  const jfa_paged_kv hkv =
-      h.kv(h.k_cache.data(), h.v_cache.data(), h.table.data(), h.seqused.data());
+  const jfa_paged_kv hkv = h.kv(h.k_cache.data(), h.v_cache.data(), h.table.data(),
+                                h.seqused.data(), h.k_new.data(), h.v_new.data(), h.cu_new.data());
   std::vector<double> ref(h.total_q * row_elems), ref_lse(h.total_q * c.heads_q);
   ASSERT_EQ(
       jfa_attention_reference_paged(&hp, &hkv, nullptr, h.total_q, ref.data(), ref_lse.data()),
@@ -387,13 +398,40 @@ void check_outputs(const PagedHost& h, const Outputs& r) {
 
 // Runs a case twice (the runs must agree bit for bit) and checks it.
 void run_case(const PagedCase& c) {
-  const ScopedPagedSwitch on;
   const uint64_t seed = fresh_seed(describe(c).c_str());
   std::mt19937_64 rng(seed);
   PagedHost h(c, rng);
   PagedDevice d(h);
   Outputs first, second;
   ASSERT_EQ(d.run(h, &first), JFA_SUCCESS) << jfa_last_error_message();
+  check_outputs(h, first);
+  ASSERT_EQ(d.run(h, &second), JFA_SUCCESS) << jfa_last_error_message();
+  EXPECT_TRUE(first.out == second.out) << "two runs differ (out)";
+  EXPECT_EQ(std::memcmp(first.lse.data(), second.lse.data(), first.lse.size() * 4), 0)
+      << "two runs differ (lse)";
+}
+
+// The caches on the device.
+std::vector<unsigned char> download_bytes(const DeviceBuffer& d, size_t bytes) {
+  std::vector<unsigned char> host(bytes);
+  EXPECT_EQ(cudaMemcpy(host.data(), d.ptr, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  return host;
+}
+
+// Runs an appending case twice: the caches as the append leaves them (exactly), out and lse
+// against the reference, the two runs bit for bit.
+void run_case_with_append(const PagedCase& c) {
+  const uint64_t seed = fresh_seed(describe(c).c_str());
+  std::mt19937_64 rng(seed);
+  PagedHost h(c, rng);
+  PagedDevice d(h);
+  HostBuffer k_want = h.k_cache, v_want = h.v_cache;
+  h.append_into(&k_want, &v_want);
+  Outputs first, second;
+  ASSERT_EQ(d.run(h, &first), JFA_SUCCESS) << jfa_last_error_message();
+  SCOPED_TRACE(describe(c));
+  EXPECT_TRUE(download_bytes(d.k, k_want.bytes.size()) == k_want.bytes) << "k_cache after append";
+  EXPECT_TRUE(download_bytes(d.v, v_want.bytes.size()) == v_want.bytes) << "v_cache after append";
   check_outputs(h, first);
   ASSERT_EQ(d.run(h, &second), JFA_SUCCESS) << jfa_last_error_message();
   EXPECT_TRUE(first.out == second.out) << "two runs differ (out)";
@@ -498,7 +536,6 @@ TEST(PagedGpu, SixteenTokensAndLargeGroups) {
 // small, of exactly jfa_attention_paged_workspace_size bytes or larger, gives the same bits as the
 // library's own, and one large enough is the only one (the call allocates nothing).
 TEST(PagedGpu, SplitsOfLongCachesAndWorkspaces) {
-  const ScopedPagedSwitch on;
   int k = 0;
   for (int32_t d : {64, 128, 256}) {
     for (int variant = 0; variant < 3; ++variant) {
@@ -559,7 +596,6 @@ TEST(PagedGpu, SplitsOfLongCachesAndWorkspaces) {
 // Sequences without query tokens, and no sequence at all: nothing to compute, the checked mode's
 // word still stored (0), out untouched.
 TEST(PagedGpu, NoQueryTokens) {
-  const ScopedPagedSwitch on;
   PagedCase c;
   c.len_q = {0, 0};
   c.seqused = {5, 0};
@@ -586,7 +622,6 @@ TEST(PagedGpu, NoQueryTokens) {
 // block table in place and replay: each replay must give the reference of the new cache, with
 // several splits (their workspace allocated inside the graph) and with one.
 TEST(PagedGpu, GraphCaptureReplaysOnNewLengthsAndTable) {
-  const ScopedPagedSwitch on;
   for (int32_t sequences : {2, 200}) {  // several splits (a workspace in the graph), and one
     PagedCase c;
     c.head_dim = 128;
@@ -646,7 +681,6 @@ TEST(PagedGpu, GraphCaptureReplaysOnNewLengthsAndTable) {
 // bits (paged_sm90.hpp) without a fault or a write outside out and lse; a valid call stores 0 (the
 // garbage past the used pages is not read). Run it under compute-sanitizer memcheck.
 TEST(PagedGpu, CheckedModeOnInvalidTablesAndLengths) {
-  const ScopedPagedSwitch on;
   PagedCase c;
   c.head_dim = 64;
   c.heads_q = 4;
@@ -700,10 +734,14 @@ TEST(PagedGpu, CheckedModeOnInvalidTablesAndLengths) {
   const int32_t decreasing = word_after([](PagedHost& b) { b.cu_q = {0, 3, 1, 4}; });
   EXPECT_EQ(decreasing & JFA_OFFSETS_Q_DECREASING, JFA_OFFSETS_Q_DECREASING)
       << jfa_device_check_message(decreasing);
+  // With invalid offsets, whether JFA_CHECK_RESULT_NOT_FINITE comes too is unspecified (jfa.h):
+  // rows of tokens past max_seqlen_q are not computed.
   const int32_t q_above = word_after([](PagedHost& b) { b.cu_q = {0, 3, 3, 4}; });
-  EXPECT_EQ(q_above, JFA_OFFSETS_Q_ABOVE_MAX) << jfa_device_check_message(q_above);
+  EXPECT_EQ(q_above & ~JFA_CHECK_RESULT_NOT_FINITE, JFA_OFFSETS_Q_ABOVE_MAX)
+      << jfa_device_check_message(q_above);
   const int32_t first = word_after([](PagedHost& b) { b.cu_q = {1, 2, 3, 4}; });
-  EXPECT_EQ(first, JFA_OFFSETS_Q_FIRST_NOT_ZERO) << jfa_device_check_message(first);
+  EXPECT_EQ(first & ~JFA_CHECK_RESULT_NOT_FINITE, JFA_OFFSETS_Q_FIRST_NOT_ZERO)
+      << jfa_device_check_message(first);
   // A NaN in q: its rows' sums are NaN.
   HostBuffer nan_q = h.q;
   std::fill(nan_q.bytes.begin(), nan_q.bytes.begin() + 2 * c.head_dim, 0xFF);
@@ -713,9 +751,114 @@ TEST(PagedGpu, CheckedModeOnInvalidTablesAndLengths) {
   JFA_CUDA_OK(cudaDeviceSynchronize());
 }
 
+// The append: each sequence's new rows land on their pages at rows seqused .. seqused + len_new - 1
+// and every other byte of the caches stays as it was; the call attends over the cache with them,
+// as the reference that reads them from k_new does; twice, bit for bit (the second call writes the
+// same rows again). Decode, speculative and prefill-sized appends, sequences appending nothing or
+// starting empty, appends across page edges; page sizes 1, 16, 48 (no shift) and 64, every head
+// size, GQA, causal, a window and softcap; one call with several splits; queries fewer than the
+// new rows, and none.
+TEST(PagedGpu, AppendWritesNewRowsThenAttends) {
+  int k = 0;
+  for (int32_t page : {1, 16, 48, 64}) {
+    for (int32_t d : {64, 128, 256}) {
+      ++k;
+      if (quick_mode() && k % 3 != 0) continue;
+      PagedCase c;
+      c.page_size = page;
+      c.head_dim = d;
+      c.dtype = k % 2 ? DType::kBFloat16 : DType::kFloat16;
+      c.heads_q = kGqas[k % 3].heads_q;
+      c.heads_kv = kGqas[k % 3].heads_kv;
+      c.causal = k % 4 != 1;
+      c.window_left = k % 5 == 2 ? 70 : -1;
+      c.softcap = k % 5 == 3 ? 30.f : 0.f;
+      c.share_pages = false;  // a page receiving new rows holds no other sequence's keys
+      c.seqused = {0, page - 1, page, 17, 300, 5, k % 3 == 0 ? 5000 : 40};
+      c.len_new = {1, 2, 4, 0, 16, 100, 1};
+      c.len_q = {1, 2, 4, 1, 16, 4, 1};
+      c.max_q = 16;
+      run_case_with_append(c);
+    }
+  }
+  // No query token: the call only writes.
+  PagedCase c;
+  c.share_pages = false;
+  c.seqused = {3, 20};
+  c.len_new = {5, 1};
+  c.len_q = {0, 0};
+  run_case_with_append(c);
+}
+
+// The append's checked mode: cu_seqlens_new that breaks the rules of offsets and a page receiving
+// new rows that holds another sequence's keys set JFA_PAGED_APPEND_INVALID; new rows past the table
+// or past the max_seqlen_k hint set JFA_OFFSETS_K_ABOVE_MAX; no fault, no write outside out, lse or
+// the caches (run it under compute-sanitizer memcheck); a valid append stores 0.
+TEST(PagedGpu, CheckedModeOnInvalidAppends) {
+  PagedCase c;
+  c.head_dim = 64;
+  c.heads_q = 4;
+  c.heads_kv = 2;
+  c.page_size = 16;
+  c.share_pages = false;
+  c.seqused = {40, 17, 300};
+  c.len_new = {1, 3, 2};
+  c.len_q = {1, 2, 1};
+  c.max_q = 2;
+  std::mt19937_64 rng(fresh_seed("checked append"));
+  PagedHost h(c, rng);
+  PagedDevice d(h);
+  const DeviceBuffer word(4);
+  d.device_check = word.as<int32_t>();
+  const int32_t capacity = h.max_pages * c.page_size;
+  auto upload = [&](const PagedHost& x) {
+    d.upload_table_and_lengths(x);
+    EXPECT_EQ(
+        cudaMemcpy(d.cu_new.ptr, x.cu_new.data(), x.cu_new.size() * 4, cudaMemcpyHostToDevice),
+        cudaSuccess);
+  };
+  auto word_after = [&](const std::function<void(PagedHost&)>& spoil,
+                        const std::function<void(jfa_attention_params&)>& adjust = {}) {
+    PagedHost bad = h;
+    spoil(bad);
+    upload(bad);
+    Outputs r;
+    const int32_t got = device_check_after(word, [&](int32_t*) {
+      EXPECT_EQ(d.run(h, &r, nullptr, adjust), JFA_SUCCESS) << jfa_last_error_message();
+    });
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    EXPECT_TRUE(all_bytes(r.out.data(), kGuardBytes, 0xFF) &&
+                all_bytes(r.out.data() + r.out.size() - kGuardBytes, kGuardBytes, 0xFF))
+        << "write outside out";
+    upload(h);
+    return got;
+  };
+  EXPECT_EQ(word_after([](PagedHost&) {}), 0);
+  const int32_t decreasing = word_after([](PagedHost& b) { b.cu_new = {0, 3, 1, 6}; });
+  EXPECT_EQ(decreasing & JFA_PAGED_APPEND_INVALID, JFA_PAGED_APPEND_INVALID)
+      << jfa_device_check_message(decreasing);
+  const int32_t first = word_after([](PagedHost& b) { b.cu_new = {1, 2, 4, 6}; });
+  EXPECT_EQ(first & JFA_PAGED_APPEND_INVALID, JFA_PAGED_APPEND_INVALID)
+      << jfa_device_check_message(first);
+  const int32_t last = word_after([](PagedHost& b) { b.cu_new = {0, 1, 4, 5}; });
+  EXPECT_EQ(last & JFA_PAGED_APPEND_INVALID, JFA_PAGED_APPEND_INVALID)
+      << jfa_device_check_message(last);
+  // Sequence 1 appends at rows 17..19: its second page. Give it sequence 0's first page.
+  const int32_t shared =
+      word_after([](PagedHost& b) { b.table[1 * b.max_pages + 1] = b.table[0]; });
+  EXPECT_EQ(shared, JFA_PAGED_APPEND_INVALID) << jfa_device_check_message(shared);
+  const int32_t past_table = word_after([&](PagedHost& b) { b.seqused[2] = capacity - 1; });
+  EXPECT_EQ(past_table & JFA_OFFSETS_K_ABOVE_MAX, JFA_OFFSETS_K_ABOVE_MAX)
+      << jfa_device_check_message(past_table);
+  const int32_t above_hint =
+      word_after([](PagedHost&) {}, [](jfa_attention_params& p) { p.max_seqlen_k = 301; });
+  EXPECT_EQ(above_hint, JFA_OFFSETS_K_ABOVE_MAX) << jfa_device_check_message(above_hint);
+  JFA_CUDA_OK(cudaDeviceSynchronize());
+}
+
 // What the CUDA paged forward does not take is JFA_ERROR_UNSUPPORTED naming it (an argument that
-// breaks a rule: JFA_ERROR_INVALID_ARGUMENT), before anything is written; without the switch a call
-// on device buffers stays unsupported.
+// breaks a rule: JFA_ERROR_INVALID_ARGUMENT), before anything is written; the reference, a host
+// computation, refuses a cache in device memory.
 TEST(PagedGpu, RejectsWhatTheKernelsDoNotTake) {
   PagedCase c;
   c.head_dim = 128;
@@ -731,12 +874,12 @@ TEST(PagedGpu, RejectsWhatTheKernelsDoNotTake) {
     jfa_status status;
     std::function<void(jfa_attention_params&, jfa_paged_kv&)> mutate;
   };
-  DeviceBuffer k_new(4096), cu_new(16);
+  DeviceBuffer k_new(4096), v_new(4096), cu_new(16);
   const std::vector<Bad> cases = {
-      {"does not append yet", JFA_ERROR_UNSUPPORTED,
+      {"must be 16-byte aligned for the CUDA paged forward's append", JFA_ERROR_UNSUPPORTED,
        [&](jfa_attention_params&, jfa_paged_kv& kv) {
-         kv.k_new = k_new.ptr;
-         kv.v_new = k_new.ptr;
+         kv.k_new = static_cast<unsigned char*>(k_new.ptr) + 2;
+         kv.v_new = v_new.ptr;
          kv.cu_seqlens_new = cu_new.as<int32_t>();
          kv.total_new = 0;
        }},
@@ -781,32 +924,25 @@ TEST(PagedGpu, RejectsWhatTheKernelsDoNotTake) {
     const Outputs r = d.download();
     return all_bytes(r.out.data(), r.out.size(), 0xFF);
   };
-  {
-    const ScopedPagedSwitch on;
-    for (const Bad& bad : cases) {
-      SCOPED_TRACE(bad.message);
-      d.poison();
-      jfa_attention_params p = d.params(h);
-      jfa_paged_kv kv = d.kv(h);
-      bad.mutate(p, kv);
-      EXPECT_EQ(jfa_attention_forward_paged(&p, &kv), bad.status);
-      EXPECT_NE(std::string(jfa_last_error_message()).find(bad.message), std::string::npos)
-          << jfa_last_error_message();
-      EXPECT_TRUE(out_untouched()) << "a rejected call wrote out";
-    }
-  }
-  for (const char* off : {static_cast<const char*>(nullptr), "0"}) {
-    const ScopedPagedSwitch env(off);
+  for (const Bad& bad : cases) {
+    SCOPED_TRACE(bad.message);
     d.poison();
-    const jfa_attention_params p = d.params(h);
-    const jfa_paged_kv kv = d.kv(h);
-    EXPECT_EQ(jfa_attention_forward_paged(&p, &kv), JFA_ERROR_UNSUPPORTED);
-    EXPECT_NE(std::string(jfa_last_error_message())
-                  .find("the CUDA backend does not take a paged KV cache yet"),
-              std::string::npos)
+    jfa_attention_params p = d.params(h);
+    jfa_paged_kv kv = d.kv(h);
+    bad.mutate(p, kv);
+    EXPECT_EQ(jfa_attention_forward_paged(&p, &kv), bad.status);
+    EXPECT_NE(std::string(jfa_last_error_message()).find(bad.message), std::string::npos)
         << jfa_last_error_message();
     EXPECT_TRUE(out_untouched()) << "a rejected call wrote out";
   }
+  const jfa_attention_params p = d.params(h);
+  const jfa_paged_kv kv = d.kv(h);
+  std::vector<double> ref(static_cast<size_t>(h.total_q) * c.heads_q * c.head_dim);
+  EXPECT_EQ(jfa_attention_reference_paged(&p, &kv, nullptr, h.total_q, ref.data(), nullptr),
+            JFA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(jfa_last_error_message()).find("the reference needs host buffers"),
+            std::string::npos)
+      << jfa_last_error_message();
 }
 
 }  // namespace

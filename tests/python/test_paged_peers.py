@@ -29,8 +29,9 @@ from bench_scripts import help_without_torch  # noqa: E402
 
 def test_help_works_without_torch():
     text = help_without_torch("paged_peers")
-    for option in ("--unverified-jfa", "--cells", "--quick", "--fa3-lib", "--time-limit-s"):
+    for option in ("--cells", "--quick", "--fa3-lib", "--time-limit-s"):
         assert option in text
+    assert "--unverified-jfa" not in text  # jfa's CUDA paged kernels always take part
 
 
 # ---- cells --------------------------------------------------------------------------------------
@@ -171,26 +172,17 @@ def test_options_and_their_quick_defaults(monkeypatch):
     a = pp.parse_args([])
     assert (a.rounds, a.runs, a.warmup, a.host_calls, a.host_batches) == (1, 30, 5, 100, 3)
     assert a.method_names == list(pp.METHODS) and len(a.cell_list) == 128
-    assert a.fa3_lib is None and not a.unverified_jfa and a.time_limit_s is None
-    q = pp.parse_args(["--quick", "--methods", "jfa,fa3", "--unverified-jfa", "--rounds", "2"])
+    assert a.fa3_lib is None and a.time_limit_s is None
+    q = pp.parse_args(["--quick", "--methods", "jfa,fa3", "--rounds", "2"])
     assert (q.rounds, q.runs, q.warmup, q.host_calls) == (2, 10, 3, 30)
-    assert q.method_names == ["jfa", "fa3"] and q.unverified_jfa and len(q.cell_list) == 8
+    assert q.method_names == ["jfa", "fa3"] and len(q.cell_list) == 8
     monkeypatch.setenv("FA3_FULL_LIB", "/p/fa3_full_bf16.so")
     assert pp.parse_args([]).fa3_lib == "/p/fa3_full_bf16.so"
-    for bad in (["--methods", "jfa,cudnn"], ["--methods", ""], ["--runs", "0"], ["--warmup", "-1"]):
+    for bad in (["--methods", "jfa,cudnn"], ["--methods", ""], ["--runs", "0"], ["--warmup", "-1"],
+                ["--unverified-jfa"]):
         with pytest.raises(SystemExit):
             pp.parse_args(bad)
     assert pp.default_stem("2026-12-08", "NVIDIA H100 80GB HBM3") == "2026-12-08-h100-paged"
-
-
-def test_the_unverified_switch_is_set_only_when_asked(monkeypatch):
-    monkeypatch.setenv(pp.UNVERIFIED_SWITCH, "1")
-    pp.set_unverified_switch(False)  # set outside: cleared, the kernels run only when asked
-    assert pp.UNVERIFIED_SWITCH not in os.environ
-    pp.set_unverified_switch(True)
-    assert os.environ[pp.UNVERIFIED_SWITCH] == "1"
-    pp.set_unverified_switch(False)
-    assert pp.UNVERIFIED_SWITCH not in os.environ
 
 
 # ---- the reference and the methods (torch on the CPU) --------------------------------------------
@@ -315,17 +307,17 @@ def test_the_check_fails_outputs_that_ignore_the_table_or_leave_rows_unwritten()
     assert pp.fa3_failure(G, RuntimeError("CUDA error: illegal memory access"))[0] == "error"
 
 
-def test_jfa_s_unsupported_answer_is_unavailable_with_how_to_run_the_kernels():
+def test_jfa_s_unsupported_answer_is_unavailable_with_the_library_s_reason():
     _torch()
     import peers_gpu as G
-    from jfa import JfaCudaError, JfaUnsupportedError
-    e = JfaUnsupportedError(2, "the CUDA backend does not take a paged KV cache yet",
-                            "jfa_attention_forward_paged")
-    status, reason = pp.jfa_failure(G, e, unverified=False)
-    assert status == "unavailable" and "does not take a paged KV cache" in reason
-    assert reason.startswith(f"{pp.UNVERIFIED_HINT}: ") and "--unverified-jfa" in reason
-    assert pp.jfa_failure(G, e, unverified=True) == ("unavailable", G.short(e))
-    assert pp.jfa_failure(G, JfaCudaError(4, "launch failed"), False)[0] == "error"
+    from jfa import JfaBackendUnavailableError, JfaCudaError, JfaUnsupportedError
+    e = JfaUnsupportedError(2, "head_dim 96: the CUDA paged forward takes head_dim 64, 128 and "
+                            "256 in this build", "jfa_attention_forward_paged")
+    assert pp.jfa_failure(G, e) == ("unavailable", G.short(e))
+    assert "head_dim 96" in G.short(e)
+    e = JfaBackendUnavailableError(3, "backend=cuda: this libjfa was built without CUDA")
+    assert pp.jfa_failure(G, e) == ("unavailable", G.short(e))
+    assert pp.jfa_failure(G, JfaCudaError(4, "launch failed"))[0] == "error"
 
 
 def fa3_fwd_schema(co):
@@ -526,7 +518,7 @@ def test_a_cell_s_rounds_keep_the_median_and_count_its_kv_bytes(monkeypatch):
     reports = []
     mine, fa3, fi = pp.measure_cell(G, impls, x, ["jfa", "fa3", "flashinfer"], {}, 3, 2.0,
                                     reports.append)
-    # The peers first (an unverified kernel that faults goes last), then in turn; the peers
+    # The peers first (jfa's kernel, should it fault, goes last), then in turn; the peers
     # failed their first round and are not measured again.
     assert order == ["fa3", "flashinfer", "jfa", "jfa", "jfa"]
     assert len(reports) == 5 and [r["round"] for r in reports] == [0, 0, 0, 1, 2]
@@ -602,7 +594,7 @@ def test_a_run_on_the_cpu_writes_its_json_and_table(monkeypatch, tmp_path, capsy
     skipped = by[("decode B3 u512 16:4 d64 p16", "jfa")]  # 1.5 MiB of cache, B2's 1 MiB
     assert skipped["status"] == "skipped" and "--max-cache-gib" in skipped["reason"]
     env = doc["environment"]
-    assert env["jfa_unverified_paged_kv"] is False and env["flashinfer"].startswith("import")
+    assert "jfa_unverified_paged_kv" not in env and env["flashinfer"].startswith("import")
     assert doc["settings"]["axes"]["gqa"] == ["16:4"] and len(doc["summary"]) == 4
     printed = capsys.readouterr().out
     assert doc["table"] in printed and "flashinfer: unavailable: import flashinfer" in printed
@@ -611,9 +603,9 @@ def test_a_run_on_the_cpu_writes_its_json_and_table(monkeypatch, tmp_path, capsy
 
 def test_a_run_says_why_it_stopped(monkeypatch, tmp_path):
     rc, doc = cpu_run(monkeypatch, ["--cells", "decode,B2,u512,16:4,d64", "--time-limit-s", "0",
-                                    "--warm-seconds", "0", "--unverified-jfa",
-                                    "--out", str(tmp_path), "--name", "run"])
-    assert rc == 0 and doc["results"] == [] and doc["environment"]["jfa_unverified_paged_kv"]
+                                    "--warm-seconds", "0", "--out", str(tmp_path), "--name",
+                                    "run"])
+    assert rc == 0 and doc["results"] == []
     assert doc["stopped"] == ("stopped: --time-limit-s 0 reached; 1 cell not measured (first: "
                               "decode B2 u512 16:4 d64 p16)")
     assert doc["not_measured"] == ["decode B2 u512 16:4 d64 p16"]
@@ -642,8 +634,8 @@ def test_the_table_shows_each_method_and_jfa_over_the_best_peer():
                fake_record("fa3", a, eager=0.3, graph=0.12, host=30.0),
                fake_record("flashinfer", a, eager=0.25, graph=0.15, host=60.0,
                            host_gpu_bound=True),
-               fake_record("jfa", b, "unavailable", reason="the CUDA backend does not take a "
-                                                          "paged KV cache yet"),
+               fake_record("jfa", b, "unavailable", reason="backend=cuda: this libjfa was "
+                                                          "built without CUDA"),
                fake_record("fa3", b, eager=0.5, graph=None, graph_reason="capture failed"),
                fake_record("flashinfer", b, "wrong", reason="relative error 0.3 > 0.01")]
     kv = records[0]["kv_bytes"]
@@ -666,7 +658,7 @@ def test_the_table_shows_each_method_and_jfa_over_the_best_peer():
     row_b = next(line for line in lines if line.startswith(pp.cell_name(b)))
     assert row_b.split()[6:10] == ["n/a"] * 4 and "no graph" in row_b and "wrong" in row_b
     assert row_b.split()[-3:] == ["-", "-", "FA3"]
-    assert any("jfa [unavailable] (first: spec4 B8 tail 64:8 d64 p1): the CUDA backend" in line
+    assert any("jfa [unavailable] (first: spec4 B8 tail 64:8 d64 p1): backend=cuda" in line
                for line in lines)
     assert any("FA3 [no graph]" in line and "capture failed" in line for line in lines)
     assert lines[-1] == "stopped: --time-limit-s 60 reached"
@@ -679,20 +671,20 @@ def test_the_table_shows_each_method_and_jfa_over_the_best_peer():
 
 # ---- scripts/gpu-check.sh -----------------------------------------------------------------------
 
-def test_the_gpu_check_stage_passes_the_switch_and_the_cells_through(tmp_path):
-    """bench-paged, its helpers stubbed: PAGED_UNVERIFIED=1 becomes --unverified-jfa (nothing
-    else does), PAGED_CELLS --cells, FA3's full build --fa3-lib; the summary says which."""
+def test_the_gpu_check_stage_passes_the_cells_through(tmp_path):
+    """bench-paged, its helpers stubbed: PAGED_CELLS becomes --cells, FA3's full build --fa3-lib;
+    the old PAGED_UNVERIFIED is ignored (jfa's kernels always run)."""
     stubs = ("runtime_env() { JFA_LIBRARY=/c/lib/libjfa.so FA3_FULL_LIB=/p/fa3_full.so; }; "
              "left() { echo 400; }; gpu_name() { echo GPU; }; summary() { echo \"$*\"; }; "
              "timeout() { shift; echo \"$*\"; }; ")
-    for unverified, cells in ((None, None), ("1", "decode,B64,u4k"), ("0", None), ("yes", None)):
-        out = tmp_path / f"{unverified}-{cells}"
+    for old_switch, cells in ((None, None), ("1", "decode,B64,u4k")):
+        out = tmp_path / f"{old_switch}-{cells}"
         out.mkdir()
         code = (f"source <(sed -n '/^stage_bench_paged()/,/^}}/p' {SCRIPT}); {stubs}"
                 f"OUT={out}; stage_bench_paged")
         env = {k: v for k, v in os.environ.items() if k not in ("PAGED_UNVERIFIED", "PAGED_CELLS",
                                                                "BENCH_ROUNDS")}
-        env.update({k: v for k, v in (("PAGED_UNVERIFIED", unverified), ("PAGED_CELLS", cells))
+        env.update({k: v for k, v in (("PAGED_UNVERIFIED", old_switch), ("PAGED_CELLS", cells))
                     if v is not None})
         r = subprocess.run(["bash", "-c", code], capture_output=True, text=True, env=env)
         assert r.returncode == 0, r.stderr
@@ -704,16 +696,14 @@ def test_the_gpu_check_stage_passes_the_switch_and_the_cells_through(tmp_path):
         assert args[args.index("--name") + 1] == "paged"
         assert args[args.index("--rounds") + 1] == "2"
         assert args[args.index("--time-limit-s") + 1] == "370"
-        on = unverified == "1"
-        assert ("--unverified-jfa" in args) == on
+        assert not any("unverified" in a for a in args)
         assert (args[args.index("--cells") + 1] if "--cells" in args else None) == cells
-        assert r.stdout.strip() == (f"bench-paged GPU: unverified jfa {'on' if on else 'off'}, "
-                                    "rc 0 (paged.json, table in paged.log)")
+        assert r.stdout.strip() == "bench-paged GPU: rc 0 (paged.json, table in paged.log)"
     # The options the stage passes are the script's own.
     got = pp.parse_args(["--lib", "x.so", "--fa3-lib", "f.so", "--out", str(tmp_path), "--name",
-                         "paged", "--unverified-jfa", "--cells", "decode,B64,u4k", "--rounds",
-                         "2", "--time-limit-s", "370"])
-    assert got.unverified_jfa and len(got.cell_list) == 2 * 2 and got.time_limit_s == 370
+                         "paged", "--cells", "decode,B64,u4k", "--rounds", "2",
+                         "--time-limit-s", "370"])
+    assert len(got.cell_list) == 2 * 2 and got.time_limit_s == 370
 
 
 def test_the_gpu_check_stage_needs_the_carried_build(tmp_path):

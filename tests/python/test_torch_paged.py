@@ -3,7 +3,7 @@ KV cache with shuffled and shared pages and partial last pages gives what libjfa
 reference and an independent float64 torch computation give, and what jfa.jagged_attention gives
 on the same keys packed; the append writes the caches in place; bad arguments raise errors that
 say why; opcheck and torch.compile(fullgraph=True) on the CPU. The CUDA tests (Hopper) run the
-unverified paged kernels behind JFA_CUDA_UNVERIFIED_PAGED_KV=1 against the CPU backend."""
+CUDA paged kernels against the CPU backend."""
 
 import math
 
@@ -213,11 +213,12 @@ def test_a_block_table_of_no_columns(seed):
     assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
 
 
-def _append_case(seed, page_size, full, added, len_q, dtype=torch.float32):
+def _append_case(seed, page_size, full, added, len_q, dtype=torch.float32, **shape):
     """Caches whose sequences hold full[b] - added[b] rows, the added[b] new rows apart (the rows
-    they go to made stale first), and the caches as the append must leave them."""
+    they go to made stale first), and the caches as the append must leave them (on the host;
+    shape: _case's head counts and sizes)."""
     q, kc, vc, table, _, cu_q, k, v, cu_k = _case(seed, page_size, full, len_q, share=False,
-                                                  dtype=dtype)
+                                                  dtype=dtype, **shape)
     before = [n - a for n, a in zip(full, added)]
     cu_k_list = cu_k.tolist()
     k_new = torch.cat([k[cu_k_list[b] + before[b]:cu_k_list[b + 1]] for b in range(len(full))])
@@ -547,7 +548,7 @@ def test_compile_inductor_writes_the_caches_in_place(seed):
     assert torch.equal(out, jfa.jagged_attention(q * 2.0, k, v, cu_q, cu_k, causal=True))
 
 
-# ---- CUDA (Hopper): the unverified paged kernels against the CPU backend ----------------------
+# ---- CUDA (Hopper): the paged kernels against the CPU backend ---------------------------------
 
 def _decode_case(seed, dtype, batch=12, heads_q=32, heads_kv=8, d=128, page_size=16):
     used = [0, 1, 15, 16, 17, 31, 32, 33, 100, 257, 1000, 2048][:batch]
@@ -558,10 +559,9 @@ def _decode_case(seed, dtype, batch=12, heads_q=32, heads_kv=8, d=128, page_size
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("local", [False, True], ids=["plain", "window-softcap-sinks"])
-def test_cuda_decode_matches_the_cpu(seed, monkeypatch, dtype, local):
+def test_cuda_decode_matches_the_cpu(seed, dtype, local):
     """Decode (one token per sequence), head_dim 128, GQA 4:1, page size 16, shuffled and shared
-    pages: the CUDA kernels (JFA_CUDA_UNVERIFIED_PAGED_KV=1) give what the CPU backend gives."""
-    monkeypatch.setenv("JFA_CUDA_UNVERIFIED_PAGED_KV", "1")
+    pages: the CUDA kernels give what the CPU backend gives."""
     (q, kc, vc, table, seqused, cu_q, *_), longest = _decode_case(seed, dtype)
     sinks = torch.randn(32, generator=torch.Generator().manual_seed(seed)).cuda() if local else None
     extra = dict(window_size=(100, 0), softcap=20.0, sinks=sinks) if local else {}
@@ -580,10 +580,9 @@ def test_cuda_decode_matches_the_cpu(seed, monkeypatch, dtype, local):
 
 
 @needs_cuda
-def test_cuda_decode_is_graph_capturable(seed, monkeypatch):
+def test_cuda_decode_is_graph_capturable(seed):
     """No host synchronization: the call captures into a CUDA graph, and a replay after new cache
     lengths are written into the same seqused_k gives the new result."""
-    monkeypatch.setenv("JFA_CUDA_UNVERIFIED_PAGED_KV", "1")
     (q, kc, vc, table, seqused, cu_q, *_), longest = _decode_case(seed, torch.float16)
     graph, out = capture(lambda: jfa.paged_attention(q, kc, vc, table, seqused, cu_q,
                                                      max_seqlen_q=1, max_seqlen_k=longest,
@@ -614,11 +613,10 @@ def _paged_workspace_size(q, k_cache, batch, max_seqlen_q, max_seqlen_k):
 
 
 @needs_cuda
-def test_cuda_workspace_comes_from_torch_s_allocator(seed, monkeypatch):
+def test_cuda_workspace_comes_from_torch_s_allocator(seed):
     """Two long sequences split their keys over the SMs: the op asks libjfa for the workspace of
     the splits' partials (jfa_attention_paged_workspace_size) and takes it from torch's caching
     allocator, beside out, and the result is the CPU backend's."""
-    monkeypatch.setenv("JFA_CUDA_UNVERIFIED_PAGED_KV", "1")
     used = [5000, 300]
     q, kc, vc, table, seqused, cu_q, *_ = _case(seed, 16, used, [1, 1], heads_q=32, heads_kv=8,
                                                 d=128, dv=128, dtype=torch.float16, device="cuda")
@@ -627,8 +625,8 @@ def test_cuda_workspace_comes_from_torch_s_allocator(seed, monkeypatch):
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    out, _ = jfa.paged_attention(q, kc, vc, table, seqused, cu_q, max_seqlen_q=1,
-                                 max_seqlen_k=max(used), causal=True)
+    out = jfa.paged_attention(q, kc, vc, table, seqused, cu_q, max_seqlen_q=1,
+                              max_seqlen_k=max(used), causal=True)
     torch.cuda.synchronize()
     assert torch.cuda.max_memory_allocated() - before >= size + out.numel() * out.element_size()
     want = jfa.paged_attention(*(t.cpu() for t in (q, kc, vc, table, seqused, cu_q)), causal=True)
@@ -636,13 +634,50 @@ def test_cuda_workspace_comes_from_torch_s_allocator(seed, monkeypatch):
 
 
 @needs_cuda
-def test_cuda_without_the_switch_is_unsupported(seed, monkeypatch):
-    """Without JFA_CUDA_UNVERIFIED_PAGED_KV=1 the CUDA backend takes no paged cache: the library's
-    JfaUnsupportedError, its message unchanged."""
-    monkeypatch.delenv("JFA_CUDA_UNVERIFIED_PAGED_KV", raising=False)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_cuda_append_matches_the_cpu(seed, dtype):
+    """A decode and speculative step with the append on CUDA: the caches as the append must leave
+    them, bit for bit, and the output the CPU backend gives; again from a CUDA graph replay after
+    the caches were made stale, with the word of the checked mode 0."""
+    full, added, len_q = [3, 40, 17, 300, 2, 33], [1, 4, 0, 2, 2, 16], [1, 4, 1, 2, 2, 16]
+    (q, kc, vc, table, before, cu_q, k_new, v_new, cu_new, k, v, cu_k, want_k,
+     want_v) = _append_case(seed, 16, full, added, len_q, dtype=dtype, heads_q=8, heads_kv=2,
+                            d=128, dv=128)
+    want, want_lse = jfa.paged_attention(q, kc.clone(), vc.clone(), table, before, cu_q,
+                                         causal=True, return_lse=True, k_new=k_new, v_new=v_new,
+                                         cu_seqlens_new=cu_new)
+    stale_k, stale_v = kc.cuda(), vc.cuda()
+    dev = [t.cuda() for t in (q, kc, vc, table, before, cu_q, k_new, v_new, cu_new)]
+    word = torch.full((1,), -1, dtype=torch.int32, device="cuda")
+
+    def step():
+        return jfa.paged_attention(dev[0], dev[1], dev[2], dev[3], dev[4], dev[5], max_seqlen_q=16,
+                                   max_seqlen_k=max(full), causal=True, return_lse=True,
+                                   k_new=dev[6], v_new=dev[7], cu_seqlens_new=dev[8],
+                                   device_check=word)
+
+    out, lse = step()
+    torch.cuda.synchronize()
+    assert word.item() == 0, jfa.device_check_message(word.item())
+    assert torch.equal(dev[1].cpu(), want_k) and torch.equal(dev[2].cpu(), want_v)
+    torch.testing.assert_close(out.cpu().float(), want.float(), **TOL[dtype])
+    torch.testing.assert_close(lse.cpu(), want_lse, atol=1e-3, rtol=1e-3)
+    dev[1].copy_(stale_k)
+    dev[2].copy_(stale_v)
+    graph, (g_out, _) = capture(step)
+    dev[1].copy_(stale_k)
+    dev[2].copy_(stale_v)
+    word.fill_(-1)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert word.item() == 0, jfa.device_check_message(word.item())
+    assert torch.equal(dev[1].cpu(), want_k) and torch.equal(dev[2].cpu(), want_v)
+    torch.testing.assert_close(g_out.cpu().float(), want.float(), **TOL[dtype])
+
+
+@needs_cuda
+def test_cuda_refuses_a_table_elsewhere(seed):
+    """A block table on the host is the op's ValueError."""
     (q, kc, vc, table, seqused, cu_q, *_), _ = _decode_case(seed, torch.float16, batch=3)
-    with pytest.raises(jfa.JfaUnsupportedError,
-                       match="the CUDA backend does not take a paged KV cache yet"):
-        jfa.paged_attention(q, kc, vc, table, seqused, cu_q, max_seqlen_q=1)
     with pytest.raises(ValueError, match=r"block_table must be on the device of q \(cuda:0\)"):
         jfa.paged_attention(q, kc, vc, table.cpu(), seqused, cu_q, max_seqlen_q=1)

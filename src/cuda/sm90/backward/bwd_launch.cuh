@@ -128,7 +128,7 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b,
   }
   if (b.dsinks != nullptr) {  // p.sinks set too (validated); dsinks is 0 without query rows
     bwd_sink_gradient<<<static_cast<unsigned>(p.heads_q), kSinkThreads, 0, stream>>>(
-        p.lse, dpsum, lay.row_len, p.total_q, p.sinks, b.dsinks);
+        p.lse, dpsum, lay.row_len, p.total_q, p.sinks, b.dsinks, p.device_check);
     if (const jfa_status s = launch_error("sink gradient"); s != JFA_SUCCESS) return s;
   }
 
@@ -174,8 +174,10 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b,
 template <typename T, int kHeadDim, int kHeadDimV, int kRowsPerStep>
 jfa_status backward_shape(const jfa::detail::BackwardParams& b,
                           const jfa::cuda::DeviceFacts& device) {
-  // Windows, softcap and sinks: kernels of their own, so the plain ones carry none of it.
-  if (b.fwd.uses_local_attention())
+  // Windows and softcap: kernels of their own, so the plain ones carry none of it. Sinks alone
+  // take the plain kernels: the LSE holds the sink, so P = exp(S - LSE) has it already, and its
+  // gradient is a kernel of its own (bwd_sink_gradient).
+  if (b.fwd.uses_window_or_softcap())
     return run_backward<BwdConfig<T, kHeadDim, kHeadDimV, kRowsPerStep, true>>(b, device);
   return run_backward<BwdConfig<T, kHeadDim, kHeadDimV, kRowsPerStep>>(b, device);
 }

@@ -54,6 +54,11 @@ __device__ __forceinline__ void probabilities(Tile& sc, uint32_t lse2, float sca
                                               int32_t key0, int32_t q0, int32_t len_k,
                                               int32_t len_q, int32_t diag, bool causal,
                                               uint32_t key_ranges, const LocalScores& local = {}) {
+  // kWindow: the window's rule (common/visibility.hpp) as bounds of key - the query's diagonal,
+  // in int32 ((key - len_k) + (len_q - query) lies in (-len_k, len_q]); keys are >= 0 and those
+  // past len_k are checked apart.
+  const int32_t rel_lo = local.window.left < 0 ? INT32_MIN : -local.window.left;
+  const int32_t rel_hi = local.window.right < 0 ? INT32_MAX : local.window.right;
 #pragma unroll
   for (int j = 0; j < Tile::kBlocks; ++j) {
     const float2 l = tlx::ld_shared_f32x2(lse2 + 32 * j);
@@ -74,10 +79,8 @@ __device__ __forceinline__ void probabilities(Tile& sc, uint32_t lse2, float sca
         if constexpr (kMask == StepMask::kSequence) {
           if (key >= len_k || query >= len_q || (causal && key > query + diag)) p = 0.f;
         } else if constexpr (kMask == StepMask::kWindow) {
-          if (query >= len_q ||
-              key < jfa::detail::first_visible_key(local.window, query, len_q, len_k) ||
-              key >= jfa::detail::key_end(local.window, query, len_q, len_k))
-            p = 0.f;
+          const int32_t rel = (key - len_k) + (len_q - query);
+          if (query >= len_q || key >= len_k || rel < rel_lo || rel > rel_hi) p = 0.f;
         } else if constexpr (kMask == StepMask::kSharedTile) {
           const uint32_t range = c == 0 ? ranges.x : ranges.y;
           if (key < static_cast<int32_t>(range & 0xffffu) ||

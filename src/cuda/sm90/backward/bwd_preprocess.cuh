@@ -139,22 +139,35 @@ __global__ void __launch_bounds__(kPreprocessThreads)
   }
 }
 
-inline constexpr int kSinkThreads = 256;
+inline constexpr int kSinkThreads = 1024;
 
 // The sinks' gradient, one block per query head h: dsinks[h] = -sum over the head's rows t of
 // exp(sinks[h] - lse_t) (dO_t . O_t - dlse_t), the second factor being the preprocess's D row
 // (every row's, as with sinks no LSE is -inf; one that is not finite, from a sink that is not,
-// gives a non-finite sum). Summed in a fixed order: the same bits every run. (A template, as
-// every kernel defined in a header here: one definition in each instantiation's object.)
+// gives a non-finite sum, which the checked mode reports as it does the other gradients'). One
+// SM sums all of a head's rows: each thread keeps four sums over rows kThreads apart, so that four
+// pairs of loads are in flight at a time. Summed in a fixed order: the same bits every run. (A
+// template, as every kernel defined in a header here: one definition in each instantiation's
+// object.)
 template <int kThreads = kSinkThreads>
 __global__ void __launch_bounds__(kThreads)
     bwd_sink_gradient(const float* lse, const float* dpsum, int64_t row_len, int64_t total_q,
-                      const float* sinks, float* dsinks) {
+                      const float* sinks, float* dsinks, int32_t* device_check) {
+  constexpr int kSums = 4;
   const int64_t h = blockIdx.x;
   const float sink = __ldg(sinks + h);
-  float sum = 0.f;
-  for (int64_t t = threadIdx.x; t < total_q; t += kThreads)
-    sum += __expf(sink - __ldg(lse + h * total_q + t)) * __ldg(dpsum + h * row_len + t);
+  const float* head_lse = lse + h * total_q;
+  const float* head_d = dpsum + h * row_len;
+  float sums[kSums] = {};
+  int64_t t = threadIdx.x;
+  for (; t + (kSums - 1) * kThreads < total_q; t += kSums * kThreads)
+#pragma unroll
+    for (int i = 0; i < kSums; ++i)
+      sums[i] +=
+          __expf(sink - __ldg(head_lse + t + i * kThreads)) * __ldg(head_d + t + i * kThreads);
+  for (; t < total_q; t += kThreads)
+    sums[0] += __expf(sink - __ldg(head_lse + t)) * __ldg(head_d + t);
+  float sum = (sums[0] + sums[1]) + (sums[2] + sums[3]);
   __shared__ float part[kThreads / 32];
 #pragma unroll
   for (int m = 16; m > 0; m >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, m);
@@ -164,6 +177,8 @@ __global__ void __launch_bounds__(kThreads)
     float total = 0.f;
     for (int w = 0; w < kThreads / 32; ++w) total += part[w];
     dsinks[h] = -total;
+    if (device_check != nullptr && !isfinite(total))
+      atomicOr(device_check, JFA_CHECK_RESULT_NOT_FINITE);
   }
 }
 

@@ -28,8 +28,7 @@ namespace jfa::sm90 {
 template <typename Cfg, int kRole>
 using RoleGradient = tlx::AccumFragment<kRole == 0 ? Cfg::kDv : Cfg::kD>;
 
-// One step of role kRole up to its dQ MMA: leaves the gradient's MMA and dQ's in flight (in that
-// order); `op` (P^T or dS^T, the gradient MMA's A operand) must keep its registers until then.
+// One step of role kRole up to its dQ MMA: leaves dQ's MMA in flight (the gradient's is done).
 template <typename Cfg, int kRole>
 __device__ __forceinline__ void split_roles_step(
     typename Cfg::Shared& s, RoleGradient<Cfg, kRole>& grad, DqTile<Cfg>& dq,
@@ -79,6 +78,12 @@ __device__ __forceinline__ void split_roles_step(
     gemm_accumulate<Cfg>(grad, op, s.q[st.stage]);  // dK += dS^T Q
   }
   tlx::NamedBarrier::sync(Cfg::kDsBarrier0, 256);  // dS^T of the step in shared memory
+  // The gradient's MMA (issued before the barrier, so mostly done during its wait) is waited for
+  // before dQ's: its register operand and dQ's accumulator together do not fit beside the
+  // gradient, and ptxas would then serialize every MMA of the kernel.
+  tlx::wgmma_wait<0>();
+  tlx::fence_operand(grad.reg);
+  tlx::fence_operand(op.reg);
   gemm_dq<Cfg>(dq, s.ds[ds_buf], s.k, kRole);
 }
 

@@ -93,39 +93,45 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
         // under the P V MMA. Tiles are visited from the last key to the first, so the ones that
         // need the mask (past the end of the keys, across the diagonal) come first; the loop is
         // unrolled into a copy for them and a copy for the rest, which runs without the check.
-        // Under a window's left bound the last tiles visited (the first keys) may need it again:
-        // the local kernels check every tile.
+        // Under a window's left bound the last tiles visited (the first keys) need it again: the
+        // local kernels take the masked copy once more for that tail (the tiles every row of the
+        // item sees form one run, so there is one tail at most).
         int unmasked_from = first_it + 1;
+        while (unmasked_from < w.n_blocks &&
+               mask.needs_mask((w.n_blocks - 1 - unmasked_from) * kN, kN, w.seq.len_k))
+          ++unmasked_from;
+        int unmasked_end = w.n_blocks;
         if constexpr (Cfg::kLocal) {
-          unmasked_from = w.n_blocks;
-        } else {
-          while (unmasked_from < w.n_blocks &&
-                 mask.needs_mask((w.n_blocks - 1 - unmasked_from) * kN, kN, w.seq.len_k))
-            ++unmasked_from;
+          while (unmasked_end > unmasked_from &&
+                 mask.needs_mask((w.n_blocks - unmasked_end) * kN, kN, w.seq.len_k))
+            --unmasked_end;
         }
         int it = first_it + 1;
+        for (int masked_end = unmasked_from;; masked_end = w.n_blocks) {
 #pragma unroll
-        for (int may_mask = 1; may_mask >= 0; --may_mask) {
-          for (const int end = may_mask ? unmasked_from : w.n_blocks; it < end; ++it) {
-            ScoreTile<Cfg> s_tile;
-            s.k_full[ks.stage].wait(ks.phase);
-            begin_turn();
-            gemm_qk<Cfg>(s_tile, s.q[qs.stage], s.k[ks.stage], group);
-            cs.softmax.rescale_o(cs.o, alpha);
-            s.v_full[vs.stage].wait(vs.phase);
-            gemm_pv<Cfg>(cs.o, p, s.v[vs.stage]);
-            end_turn();
-            tlx::wgmma_wait<1>();
-            tlx::fence_operand(s_tile);
-            scores(s_tile, it, may_mask != 0);
-            // The softmax runs under P V.
-            tlx::wgmma_wait_after<0>(cs.softmax.row_sum[0] + cs.softmax.row_sum[1]);
-            tlx::fence_operand(cs.o);
-            tlx::fence_operand(p);
-            if (leader) s.v_empty[vs.stage].arrive();
-            vs.advance();
-            s_tile.to_a(p);
+          for (int may_mask = 1; may_mask >= 0; --may_mask) {
+            for (const int end = may_mask ? masked_end : unmasked_end; it < end; ++it) {
+              ScoreTile<Cfg> s_tile;
+              s.k_full[ks.stage].wait(ks.phase);
+              begin_turn();
+              gemm_qk<Cfg>(s_tile, s.q[qs.stage], s.k[ks.stage], group);
+              cs.softmax.rescale_o(cs.o, alpha);
+              s.v_full[vs.stage].wait(vs.phase);
+              gemm_pv<Cfg>(cs.o, p, s.v[vs.stage]);
+              end_turn();
+              tlx::wgmma_wait<1>();
+              tlx::fence_operand(s_tile);
+              scores(s_tile, it, may_mask != 0);
+              // The softmax runs under P V.
+              tlx::wgmma_wait_after<0>(cs.softmax.row_sum[0] + cs.softmax.row_sum[1]);
+              tlx::fence_operand(cs.o);
+              tlx::fence_operand(p);
+              if (leader) s.v_empty[vs.stage].arrive();
+              vs.advance();
+              s_tile.to_a(p);
+            }
           }
+          if (!Cfg::kLocal || it >= w.n_blocks) break;
         }
         // The last P V.
         cs.softmax.rescale_o(cs.o, alpha);

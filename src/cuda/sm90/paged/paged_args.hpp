@@ -20,6 +20,11 @@ struct PagedArgs {
   const int32_t* block_table;  // [batch, max_pages_per_seq]
   const int32_t* seqused_k;    // [batch]
   const int32_t* cu_q;         // [batch + 1]
+  // The append (nullable, all three): the new rows, packed by cu_new, written into the pages
+  // before the decode kernel runs (paged_append.cuh); the key counts include them.
+  const void* k_new;           // [total_new, heads_kv, head_dim]
+  const void* v_new;           // the same shape
+  const int32_t* cu_new;       // [batch + 1]
   const float* sinks;          // nullable, [heads_q]
   int32_t* device_check;       // nullable: the checked mode's word
   // The partial results of the splits (the workspace), with more than one split: per split and row
@@ -28,12 +33,13 @@ struct PagedArgs {
   float* part_o;    // [splits, total_q * heads_q, head_dim]
   float2* part_ml;  // [splits, total_q * heads_q]
   int64_t q_token_stride, q_head_stride, out_token_stride, out_head_stride;
-  int64_t batch, total_q, num_pages;
+  int64_t batch, total_q, num_pages, total_new;
   int32_t heads_q, heads_kv, group;
   int32_t page_size, max_pages_per_seq;
   int32_t page_shift;  // log2(page_size) when it is a power of two (shifts, not divisions), else -1
   int32_t max_q;       // the max_seqlen_q hint: rows of tokens past it are not computed
   int32_t max_k;       // the max_seqlen_k hint, 0 when not given (the checked mode reads it)
+  int32_t k_row_vecs, v_row_vecs;  // 16-byte vectors of a token's keys (values) over its heads
   int32_t row_blocks, splits;
   int32_t min_split_keys;
   jfa::detail::Window window;  // causal folded in

@@ -25,6 +25,7 @@
 #include "cuda/sm90/paged/paged_args.hpp"
 #include "cuda/sm90/paged/paged_combine.cuh"
 #include "cuda/sm90/paged/paged_config.hpp"
+#include "cuda/sm90/paged/paged_lengths.cuh"
 #include "cuda/sm90/paged/paged_vec.cuh"
 #include "cuda/sm90/shared/softmax.cuh"
 #include "jfa/jfa.h"
@@ -56,9 +57,7 @@ __device__ __forceinline__ bool paged_cta(const PagedArgs& a, PagedCta* w) {
   const int64_t q1 = min(max(static_cast<int64_t>(__ldg(a.cu_q + w->seq + 1)), q0), a.total_q);
   w->q_start = static_cast<int32_t>(q0);
   w->len_q = static_cast<int32_t>(q1 - q0);
-  const int64_t capacity = static_cast<int64_t>(a.max_pages_per_seq) * a.page_size;
-  const int32_t used = __ldg(a.seqused_k + w->seq);
-  w->len_k = static_cast<int32_t>(min(static_cast<int64_t>(max(used, 0)), capacity));
+  w->len_k = paged_len_k(a, w->seq);
   const int64_t rows_total = static_cast<int64_t>(min(w->len_q, a.max_q)) * a.group;
   const int64_t row0 = static_cast<int64_t>(row_block) * kRowsPerCta;
   if (row0 >= rows_total) return false;

@@ -1,6 +1,6 @@
 // The Hopper paged forward: what it takes (checked before anything is launched), the plan
-// (paged_plan.hpp), then the launches on the call's stream: the checked mode's kernels, the decode
-// kernel per (dtype, head_dim) and, with several splits, the combine.
+// (paged_plan.hpp), then the launches on the call's stream: the checked mode's kernels, the append,
+// the decode kernel per (dtype, head_dim) and, with several splits, the combine.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -17,6 +17,7 @@
 #include "cuda/sm90/host/launch_error.hpp"
 #include "cuda/sm90/host/shared_memory_opt_in.hpp"
 #include "cuda/sm90/host/support.hpp"
+#include "cuda/sm90/paged/paged_append.cuh"
 #include "cuda/sm90/paged/paged_args.hpp"
 #include "cuda/sm90/paged/paged_check.cuh"
 #include "cuda/sm90/paged/paged_combine.cuh"
@@ -102,6 +103,10 @@ jfa_status check_paged_supported(const Params& p, const jfa_paged_kv& kv,
   if (!aligned16(kv.k_cache) || !aligned16(kv.v_cache))
     return fail(JFA_ERROR_UNSUPPORTED,
                 "kv->k_cache and kv->v_cache must be 16-byte aligned for the CUDA paged forward");
+  if (kv.k_new != nullptr && (!aligned16(kv.k_new) || !aligned16(kv.v_new)))
+    return fail(JFA_ERROR_UNSUPPORTED,
+                "kv->k_new and kv->v_new must be 16-byte aligned for the CUDA paged forward's "
+                "append");
   // A sequence's rows (query heads of a KV head times tokens) are counted in int32.
   if (static_cast<int64_t>(p.group_size()) * p.max_seqlen_q > INT32_MAX)
     return fail(JFA_ERROR_UNSUPPORTED,
@@ -139,6 +144,13 @@ bool paged_kernels_take(const Params& p) {
   a.block_table = kv.block_table;
   a.seqused_k = kv.seqused_k;
   a.cu_q = p.cu_seqlens_q;
+  a.k_new = kv.k_new;
+  a.v_new = kv.v_new;
+  a.cu_new = kv.k_new != nullptr ? kv.cu_seqlens_new : nullptr;
+  a.total_new = kv.k_new != nullptr ? kv.total_new : 0;
+  // Whole 16-byte vectors: head_dim is 64, 128 or 256 of 2-byte elements.
+  a.k_row_vecs = static_cast<int32_t>(int64_t{p.heads_kv} * p.head_dim * 2 / 16);
+  a.v_row_vecs = static_cast<int32_t>(int64_t{p.heads_kv} * p.head_dim_v * 2 / 16);
   a.sinks = p.sinks;
   a.device_check = p.device_check;
   a.q_token_stride = p.q_layout.token_stride;
@@ -169,7 +181,8 @@ bool paged_kernels_take(const Params& p) {
   return a;
 }
 
-// The checked mode's kernels: the lengths (storing the word), then the table.
+// The checked mode's kernels: the lengths (storing the word), then the table and, with an append,
+// the pages that receive new rows.
 [[maybe_unused]] jfa_status launch_checks(const PagedArgs& a, const jfa::cuda::DeviceFacts& device,
                                           cudaStream_t stream) {
   if (a.device_check == nullptr) return JFA_SUCCESS;
@@ -182,7 +195,20 @@ bool paged_kernels_take(const Params& p) {
                         int64_t{4} * std::max(device.sm_count, 1));
   paged_check_table_kernel<<<static_cast<unsigned>(blocks), kPagedTableCheckThreads, 0, stream>>>(
       a);
-  return launch_error("paged block-table check");
+  if (const jfa_status s = launch_error("paged block-table check"); s != JFA_SUCCESS) return s;
+  if (a.cu_new == nullptr || a.batch < 2) return JFA_SUCCESS;
+  paged_check_append_pages_kernel<<<static_cast<unsigned>(blocks), kPagedTableCheckThreads, 0,
+                                    stream>>>(a);
+  return launch_error("paged append pages check");
+}
+
+// The append: the new rows into their pages, before the decode kernel reads them.
+[[maybe_unused]] jfa_status launch_append(const PagedArgs& a, const jfa::cuda::DeviceFacts& device,
+                                          cudaStream_t stream) {
+  if (a.cu_new == nullptr || a.total_new == 0 || a.batch == 0) return JFA_SUCCESS;
+  const int64_t blocks = std::min<int64_t>(a.total_new, int64_t{16} * std::max(device.sm_count, 1));
+  paged_append_kernel<<<static_cast<unsigned>(blocks), kPagedAppendThreads, 0, stream>>>(a);
+  return launch_error("paged append kernel");
 }
 
 template <typename T, int kD>
@@ -220,6 +246,7 @@ jfa_status run_paged(const Params& p, const jfa_paged_kv& kv,
     a.part_ml = reinterpret_cast<float2*>(workspace.base() + plan.workspace_ml_offset);
   }
   if (const jfa_status s = launch_checks(a, device, stream); s != JFA_SUCCESS) return s;
+  if (const jfa_status s = launch_append(a, device, stream); s != JFA_SUCCESS) return s;
   if (!compute) return JFA_SUCCESS;
   paged_decode_kernel<T, kD>
       <<<static_cast<unsigned>(plan.ctas), C::kThreads, C::kSmemBytes, stream>>>(a);
