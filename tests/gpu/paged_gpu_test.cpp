@@ -531,6 +531,79 @@ TEST(PagedGpu, SixteenTokensAndLargeGroups) {
   }
 }
 
+// The tensor-core decode kernel, launched only under JFA_CUDA_UNVERIFIED_PAGED_MMA=1 until it has
+// run on a GPU (head_dim 64 and 128; 256 stays on the CUDA-core kernel): page sizes (two not powers
+// of two), edge lengths, GQA 8:1, 8:2, 4:4 and 32:2 (rows over several row blocks and warps),
+// 1, 4 and 16 tokens, causal, the local kinds (windows, softcap, sinks), LSE on and off, one split
+// and many, the append.
+struct MmaSwitch {
+  MmaSwitch() { setenv("JFA_CUDA_UNVERIFIED_PAGED_MMA", "1", 1); }
+  ~MmaSwitch() { unsetenv("JFA_CUDA_UNVERIFIED_PAGED_MMA"); }
+};
+
+TEST(PagedGpu, TensorCoreKernelMatchesReference) {
+  MmaSwitch on;
+  constexpr Gqa kMmaGqas[] = {{8, 1}, {8, 2}, {4, 4}, {32, 2}};
+  int k = 0;
+  for (int32_t d : {64, 128}) {
+    for (int32_t page : {1, 16, 48, 256}) {
+      for (int32_t tokens : {1, 4, 16}) {
+        ++k;
+        if (quick_mode() && k % 4 != 0) continue;
+        PagedCase c;
+        c.head_dim = d;
+        c.page_size = page;
+        c.dtype = k % 2 ? DType::kBFloat16 : DType::kFloat16;
+        c.heads_q = kMmaGqas[k % 4].heads_q;
+        c.heads_kv = kMmaGqas[k % 4].heads_kv;
+        c.causal = k % 3 != 0;
+        c.hint_k = k % 5 != 1;
+        c.with_lse = k % 4 != 2;
+        const jfa::gpu_test::LocalKind& kind =
+            jfa::gpu_test::kLocalKinds[k % std::size(jfa::gpu_test::kLocalKinds)];
+        if (k % 2 == 0) {
+          c.window_left = kind.left;
+          c.window_right = kind.right;
+          c.causal = kind.causal;
+          c.softcap = kind.softcap;
+          c.sink_sd = kind.sink_sd;
+        }
+        c.seqused = edge_lengths(page);
+        if (k % 3 == 0) c.seqused.push_back(5000);
+        for (size_t b = 0; b < c.seqused.size(); ++b)
+          c.len_q.push_back(tokens == 1 ? 1
+                                        : static_cast<int32_t>((b * 7 + tokens) % (tokens + 1)));
+        c.max_q = tokens;
+        run_case(c);
+      }
+    }
+  }
+  // One sequence on one KV head: many splits and their combine.
+  for (int32_t d : {64, 128}) {
+    PagedCase c;
+    c.head_dim = d;
+    c.heads_q = 4;
+    c.heads_kv = 1;
+    c.seqused = {7000};
+    c.len_q = {2};
+    c.max_q = 2;
+    c.causal = true;
+    run_case(c);
+  }
+  // The append before it.
+  PagedCase c;
+  c.share_pages = false;
+  c.head_dim = 128;
+  c.heads_q = 16;
+  c.heads_kv = 2;
+  c.causal = true;
+  c.seqused = {0, 15, 16, 300};
+  c.len_new = {1, 1, 4, 16};
+  c.len_q = {1, 1, 4, 16};
+  c.max_q = 16;
+  run_case_with_append(c);
+}
+
 // Long caches on few CTAs (one sequence, one KV head): many splits and their combine, with and
 // without the max_seqlen_k hint and under a window that bounds them; a caller's workspace, too
 // small, of exactly jfa_attention_paged_workspace_size bytes or larger, gives the same bits as the

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "common/params.hpp"
@@ -23,6 +24,7 @@
 #include "cuda/sm90/paged/paged_combine.cuh"
 #include "cuda/sm90/paged/paged_config.hpp"
 #include "cuda/sm90/paged/paged_decode.cuh"
+#include "cuda/sm90/paged/paged_decode_mma.cuh"
 #include "cuda/sm90/paged/paged_plan.hpp"
 #include "cuda/sm90/paged/paged_sm90.hpp"
 
@@ -55,6 +57,14 @@ bool paged_head_dim(int d) {
 }
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+
+// The tensor-core decode kernel (paged_decode_mma.cuh, head_dim 64 and 128) has not run on a GPU
+// yet: only this switch, off by default and read per call, launches it instead of the CUDA-core
+// kernel (for its first device tests and benchmark; bench/NOTES.md).
+bool unverified_mma_decode() {
+  const char* on = std::getenv("JFA_CUDA_UNVERIFIED_PAGED_MMA");
+  return on != nullptr && on[0] == '1' && on[1] == '\0';
+}
 
 // What the kernels take, JFA_ERROR_UNSUPPORTED naming the rest; *facts is the current device's.
 jfa_status check_paged_supported(const Params& p, const jfa_paged_kv& kv,
@@ -226,11 +236,19 @@ jfa_status run_paged(const Params& p, const jfa_paged_kv& kv,
   // Everything that can reject the call comes before the first launch: a rejected call writes
   // nothing, the checked mode's word included.
   const bool compute = p.total_q > 0 && p.batch > 0;
+  // The tensor-core kernel up to head_dim 128 (at 256 its q and O fragments spill).
+  constexpr bool kMmaBuilt = kD <= 128;
+  const bool mma = kMmaBuilt && unverified_mma_decode();
   if (compute) {
-    if (const jfa_status s =
-            opt_in_shared_memory<paged_decode_kernel<T, kD>>(C::kSmemBytes, device.ordinal);
-        s != JFA_SUCCESS)
-      return s;
+    jfa_status s;
+    if constexpr (kMmaBuilt) {
+      static_assert(PagedMmaConfig<kD>::kSmemBytes == C::kSmemBytes, "one opt-in size");
+      s = mma ? opt_in_shared_memory<paged_decode_mma_kernel<T, kD>>(C::kSmemBytes, device.ordinal)
+              : opt_in_shared_memory<paged_decode_kernel<T, kD>>(C::kSmemBytes, device.ordinal);
+    } else {
+      s = opt_in_shared_memory<paged_decode_kernel<T, kD>>(C::kSmemBytes, device.ordinal);
+    }
+    if (s != JFA_SUCCESS) return s;
   }
   // The splits' partials: the caller's workspace (jfa_attention_paged_workspace_size, which plans
   // with at least this device's SMs) when it is large enough, else one allocated in stream order
@@ -248,8 +266,14 @@ jfa_status run_paged(const Params& p, const jfa_paged_kv& kv,
   if (const jfa_status s = launch_checks(a, device, stream); s != JFA_SUCCESS) return s;
   if (const jfa_status s = launch_append(a, device, stream); s != JFA_SUCCESS) return s;
   if (!compute) return JFA_SUCCESS;
-  paged_decode_kernel<T, kD>
-      <<<static_cast<unsigned>(plan.ctas), C::kThreads, C::kSmemBytes, stream>>>(a);
+  if constexpr (kMmaBuilt) {
+    if (mma)
+      paged_decode_mma_kernel<T, kD>
+          <<<static_cast<unsigned>(plan.ctas), C::kThreads, C::kSmemBytes, stream>>>(a);
+  }
+  if (!mma)
+    paged_decode_kernel<T, kD>
+        <<<static_cast<unsigned>(plan.ctas), C::kThreads, C::kSmemBytes, stream>>>(a);
   if (const jfa_status s = launch_error("paged decode kernel"); s != JFA_SUCCESS) return s;
   if (plan.splits == 1) return JFA_SUCCESS;
   constexpr int kRowsPerBlock = kPagedCombineThreads / 32;
