@@ -3,48 +3,66 @@
 on the GPU: one or four query tokens a sequence over a KV cache kept in shuffled pages.
 
 Cells: mode x batch x cache x GQA x head_dim x page size; --cells picks values of any axis (the
-others keep their defaults), --quick takes a small set. Modes: decode (1 query token a sequence)
-and spec4 (speculative decode: 4 tokens, the last 4 positions of their sequence, causal
-bottom-right); causal is set in both (a no-op at one token). Batches B1, B8, B64, B256. Caches
-(seqused_k, each sequence's keys): u512, u4k, u32k (every sequence 512, 4096, 32768 keys) and tail
-(heavy-tailed: lognormal, median 2048, sigma 1.25, rounded into [16, 32768], the same draws for a
-(--seed, batch) in every run). GQA 32:8 and 64:8 (query:KV heads), head_dim 128 and 64 (d128,
-d64), page size 16 (p16; p1, p64, p256 or any other by --cells). The pages a batch uses are one
-random permutation of the cache's pages, dealt out in order: every page serves one sequence once,
-neighbours in a sequence lie anywhere in the cache, and a last page's rows past the sequence's end
-hold random values like the rest (a kernel that reads them fails the check). Keys, values and
-queries ~ N(0, 1) from --seed; softmax scale 1/sqrt(head_dim). A cell whose cache is above
---max-cache-gib is skipped, saying so.
+others keep their defaults), --quick takes a small set. Modes: decode (1 query token a sequence) and
+spec4 (speculative decode: 4 tokens, the last 4 positions of their sequence, causal bottom-right);
+causal is set in both (a no-op at one token). By --cells only, append: the decode step with its
+append in the same call, 1 query token and 1 new key/value row a sequence, each sequence's cache
+holding its length - 1 rows before the call (the call's seqused_k; its pages have room for the
+last), so that the keys attended, the appended row included, are the decode cell's; the call writes
+the new rows into the pages, then attends over them (every timed call and graph replay re-writes the
+same rows with the same values: idempotent). Batches B1, B8, B64, B256. Caches (seqused_k, each
+sequence's keys): u512, u4k, u32k (every sequence 512, 4096, 32768 keys) and tail (heavy-tailed:
+lognormal, median 2048, sigma 1.25, rounded into [16, 32768], the same draws for a (--seed, batch)
+in every run). GQA 32:8 and 64:8 (query:KV heads), head_dim 128 and 64 (d128, d64), page size 16
+(p16; p1, p64, p256 or any other by --cells). The pages a batch uses are one random permutation of
+the cache's pages, dealt out in order: every page serves one sequence once, neighbours in a sequence
+lie anywhere in the cache, and a last page's rows past the sequence's end hold random values like
+the rest (a kernel that reads them fails the check). Keys, values and queries ~ N(0, 1) from --seed;
+softmax scale 1/sqrt(head_dim). A cell whose cache is above --max-cache-gib is skipped, saying so.
 
 Methods (--methods):
 - jfa: jfa_attention_forward_paged, its C entry through bench/libjfa.py (ctypes) on device
   buffers, max_seqlen_q and max_seqlen_k given, a kept workspace of the size libjfa asks for the
   call (jfa_attention_paged_workspace_size: its split plan's partials). Where libjfa does not
   take the call (no CUDA paged kernels for the device or the head size), jfa's cells say the
-  library's "unsupported" reason.
+  library's "unsupported" reason. append: jfa_paged_kv's k_new, v_new [B, heads_kv, D] packed by
+  cu_seqlens_new (0, 1, .., B), total_new = B, and seqused_k the rows before the call.
 - fa3: FlashAttention-3's paged forward: torch.ops.flash_attn_3.fwd of --fa3-lib (its full bf16
   build), q [B, tokens, H, D] with page_table, seqused_k, num_splits=0 (its own heuristic) and
   pack_gqa=True, the call built from the op's schema as bench/peers.py builds it; without
   --fa3-lib, FA3's own wrapper flash_attn_interface.flash_attn_with_kvcache where it imports.
+  append: the op's k_new and v_new as [B, 1, heads_kv, D] (the batch form, so no
+  cu_seqlens_k_new) and seqused_k the rows before the call, as flash_attn_with_kvcache(q, k_cache,
+  v_cache, k=, v=, cache_seqlens=) passes them (it appends at seqused_k and attends over seqused_k
+  + 1 keys); the wrapper gets k= and v=.
 - flashinfer: FlashInfer (flashinfer-python) where it imports, NHD pages (the cache's own layout):
   BatchDecodeWithPagedKVCacheWrapper for decode (tensor cores above 4 query heads a KV head, as
   vLLM chooses), BatchPrefillWithPagedKVCacheWrapper with causal=True for spec4; planned once per
-  cell, outside the timing. Where it does not import, its cells say why.
+  cell, outside the timing. Where it does not import, its cells say why. append: skipped, saying
+  why: its attention calls take no new rows (its append, flashinfer.page.append_paged_kv_cache,
+  is a kernel of its own), so it has no one-call step to compare.
 
 Checks, before anything is timed: every method's output against a float64 reference (the pages
 of each sampled sequence gathered in torch, softmax attention in float64: paged_reference) on up
 to 8 sequences (all of a small batch; else the longest, the shortest, the first, the last and
 evenly spaced ones): relative error ||out - ref|| / ||ref|| <= 1e-2 (peers_gpu's bf16
 TOLERANCE), the largest absolute error kept too, and every output finite, from outputs filled
-with NaN first. A method that fails is "wrong" and gets no time; one that is missing or fails
-says why, and the run goes on.
+with NaN first. append: the reference attends over each sequence's rows before the call (the
+call's seqused_k) gathered from its pages, then its k_new / v_new row (the cache with the rows
+appended); before each method's first call the cache rows the call appends are NaN (restored
+when the cell ends), so a method that attends without writing them, or writes them elsewhere,
+fails (a graph replay re-writes rows already there: its output is checked, not its writes). A
+method that fails is "wrong" and gets no time; one that is missing or fails says why, and the
+run goes on.
 
 Figures, on peers_gpu's side stream, as bench/call_overhead.py takes them: host_us (host time per
 call: --host-calls calls issued back to back behind a spin kernel, the median of --host-batches
 batches), eager_ms (CUDA events around one call, synchronized), graph_ms (replays of the call
 captured once in a CUDA graph, the replay's output checked too), medians of --runs. KV TB/s: KV
 bytes read / time, KV bytes = sum over sequences of seqused_k * heads_kv * (head_dim +
-head_dim_v) * 2, beside the device's copy rate, measured once per run (a 2 GiB device-to-device
+head_dim_v) * 2 (append: the keys attended, the call's seqused_k + 1 a sequence, plus the B
+rows written, each heads_kv * (head_dim + head_dim_v) * 2 bytes; reading k_new and v_new is not
+counted), beside the device's copy rate, measured once per run (a 2 GiB device-to-device
 torch copy: bytes read + written / time). jfa ÷ best peer: jfa's KV TB/s over the fastest
 peer's, eager and graph (> 1: jfa is faster). --rounds N measures every cell N times, the
 methods in alternating order (bench/rounds.py), and keeps each method's median round by
@@ -56,7 +74,8 @@ table last: a row per cell, each method's eager and graph ms, graph KV TB/s and 
 
 usage: python3 bench/paged_peers.py --lib build/gpu/src/libjfa.so
            --fa3-lib .peers/fa3_full_bf16.so [--quick]
-           [--cells decode,spec4,B8,B64,u4k,tail,32:8,d128,p16] [--methods jfa,fa3,flashinfer]
+           [--cells decode,spec4,append,B8,B64,u4k,tail,32:8,d128,p16]
+           [--methods jfa,fa3,flashinfer]
            [--rounds N] [--runs N] [--warmup N] [--host-calls N] [--max-cache-gib G]
            [--time-limit-s S] [--seed N] [--out bench/results] [--name NAME]
 """
@@ -84,13 +103,15 @@ from rounds import TIMED, measure_rounds  # noqa: E402
 # ---- cells --------------------------------------------------------------------------------------
 
 Cell = namedtuple("Cell", "mode batch cache heads heads_kv head_dim page_size")
-MODES = {"decode": 1, "spec4": 4}  # query tokens a sequence
+MODES = {"decode": 1, "spec4": 4, "append": 1}  # query tokens a sequence
+APPENDS = {"append": 1}  # new key/value rows a sequence the call appends (other modes: none)
+DEFAULT_MODES = ("decode", "spec4")  # append by --cells only
 BATCHES = (1, 8, 64, 256)
 CACHES = {"u512": 512, "u4k": 4096, "u32k": 32768, "tail": None}  # None: heavy-tailed lengths
 GQAS = ("32:8", "64:8")
 HEAD_DIMS = (128, 64)
 PAGE_SIZES = (16,)
-FULL = {"mode": list(MODES), "batch": list(BATCHES), "cache": list(CACHES),
+FULL = {"mode": list(DEFAULT_MODES), "batch": list(BATCHES), "cache": list(CACHES),
         "gqa": [tuple(int(n) for n in g.split(":")) for g in GQAS],
         "head_dim": list(HEAD_DIMS), "page_size": list(PAGE_SIZES)}
 QUICK = dict(FULL, batch=[8, 64], cache=["u4k", "tail"], gqa=[(32, 8)], head_dim=[128])
@@ -111,11 +132,17 @@ SHORT = {"jfa": "jfa", "fa3": "FA3", "flashinfer": "FlashInfer"}
 # FA3's paged call: peers' keywords (scale, mask), the split count and pack-GQA.
 FA3_PAGED_KEYWORDS = dict(co.FA3_KEYWORDS, num_splits=("num_splits",), pack_gqa=("pack_gqa",))
 FLASHINFER_WORKSPACE_BYTES = 256 << 20
+APPEND_COUNTING = ("append: the call writes each sequence's new row, then attends over its "
+                   "keys with it; KV bytes = (keys attended + rows written) * heads_kv * "
+                   "(head_dim + head_dim_v) * 2")
+FLASHINFER_NO_APPEND = ("FlashInfer's attention calls take no new rows (its append, "
+                        "flashinfer.page.append_paged_kv_cache, is a kernel of its own): no "
+                        "one-call decode step with the append to compare")
 
 
 def token_axis(token):
-    """(axis, value) of one --cells token: decode, spec4; B<n>; u512, u4k, u32k, tail; H:Hkv;
-    d<n>; p<n>. ValueError for anything else."""
+    """(axis, value) of one --cells token: decode, spec4, append; B<n>; u512, u4k, u32k, tail;
+    H:Hkv; d<n>; p<n>. ValueError for anything else."""
     t = token.strip()
     if t in MODES:
         return "mode", t
@@ -203,11 +230,18 @@ def block_table(lengths, page_size, seed=SEED):
     return table, num_pages
 
 
-def kv_bytes(lengths, heads_kv, head_dim, head_dim_v=None, element_bytes=ELEMENT_BYTES):
-    """Bytes of keys and values a call reads at least: sum of seqused_k * heads_kv * (head_dim +
-    head_dim_v) * element_bytes."""
-    return sum(int(n) for n in lengths) * heads_kv * (head_dim + (head_dim_v or head_dim)) * (
-        element_bytes)
+def kv_bytes(lengths, heads_kv, head_dim, head_dim_v=None, element_bytes=ELEMENT_BYTES,
+             written=0):
+    """Bytes of keys and values a call reads at least, and writes: (sum of the keys attended,
+    `lengths` (seqused_k, or with an append seqused_k + the new rows), + the rows `written` by
+    an append) * heads_kv * (head_dim + head_dim_v) * element_bytes."""
+    rows = sum(int(n) for n in lengths) + int(written)
+    return rows * heads_kv * (head_dim + (head_dim_v or head_dim)) * element_bytes
+
+
+def appended_rows(cell):
+    """Key/value rows a cell's call appends (and writes): APPENDS' rows a sequence x batch."""
+    return APPENDS.get(cell.mode, 0) * cell.batch
 
 
 def cache_bytes(lengths, page_size, heads_kv, head_dim, element_bytes=ELEMENT_BYTES):
@@ -271,15 +305,25 @@ def attention_f64(q, k, v, scale, causal=True):
     return out.permute(2, 0, 1, 3).reshape(T, H, Dv)
 
 
-def paged_reference(q, k_cache, v_cache, table, lengths, tokens, scale, causal, sample):
+def paged_reference(q, k_cache, v_cache, table, lengths, tokens, scale, causal, sample,
+                    k_new=None, v_new=None, cu_new=None):
     """{sequence: float64 [tokens, H, Dv]} of the sampled sequences: each one's pages gathered
     from the caches through its row of the block table, then attention_f64. q is packed
-    [batch * tokens, H, D], sequence i's rows at i * tokens."""
+    [batch * tokens, H, D], sequence i's rows at i * tokens. With an append (k_new, v_new
+    [total_new, Hkv, D], packed by cu_new, batch + 1 offsets): sequence i's keys are its
+    lengths[i] rows (seqused_k, before the call) from the pages, then its new rows
+    k_new[cu_new[i]:cu_new[i + 1]] (the cache as the call leaves it, whatever the pages hold at
+    those rows now)."""
     import torch
+    cu = None if k_new is None else [int(c) for c in cu_new]
+
+    def keys(cache, new, i):
+        rows = gather_pages(cache, table[i], lengths[i])
+        return rows if new is None else torch.cat([rows, new[cu[i]:cu[i + 1]].to(rows.dtype)])
+
     with torch.no_grad():
-        return {i: attention_f64(q[i * tokens:(i + 1) * tokens],
-                                 gather_pages(k_cache, table[i], lengths[i]),
-                                 gather_pages(v_cache, table[i], lengths[i]), scale, causal)
+        return {i: attention_f64(q[i * tokens:(i + 1) * tokens], keys(k_cache, k_new, i),
+                                 keys(v_cache, v_new, i), scale, causal)
                 for i in sample}
 
 
@@ -416,6 +460,8 @@ def format_table(records, copy=None, stopped=""):
     lines.append("n/a: unavailable.  err: failed.  wrong: failed the check, not timed.  skip: "
                  "left out (the reason below).  !: gpu_bound, the host may have waited for "
                  "the GPU.")
+    if any(r.get("mode") in APPENDS for r in records):
+        lines.append(APPEND_COUNTING)
     notes = note_lines(records)
     if notes:
         lines += ["notes:"] + notes[:40]
@@ -455,10 +501,11 @@ def parse_args(argv=None):
                          "flash_attn_interface.flash_attn_with_kvcache where it imports)")
     ap.add_argument("--cells", default=None,
                     help="comma-separated values of any axis, each replacing that axis's "
-                         "default: decode,spec4; B<batch>; u512,u4k,u32k,tail; <H>:<Hkv>; "
+                         "default: decode,spec4 (default both), append (the decode step with "
+                         "its append in the call); B<batch>; u512,u4k,u32k,tail; <H>:<Hkv>; "
                          "d<head_dim>; p<page size> (e.g. decode,B64,u4k,tail,p1,p16)")
     ap.add_argument("--quick", action="store_true",
-                    help="a small set (B8,B64 u4k,tail 32:8 d128 p16, both modes, unless "
+                    help="a small set (B8,B64 u4k,tail 32:8 d128 p16, decode and spec4, unless "
                          "--cells says otherwise), one round, fewer runs and calls")
     ap.add_argument("--methods", default=",".join(METHODS),
                     help=f"comma-separated of {','.join(METHODS)} (default all)")
@@ -548,7 +595,11 @@ class PagedCache:
 class DecodeInputs:
     """One cell's inputs over its cache: queries q [batch * tokens, heads, head_dim] ~ N(0, 1)
     packed by cu_q (int32), the scale, the mask, the sampled sequences and their float64
-    reference (reference(), computed once)."""
+    reference (reference(), computed once). An append cell (new_rows > 0 a sequence) has too:
+    the rows before the call, before (a list) and used_before (int32, the call's seqused_k: the
+    cache's lengths - new_rows), the new rows k_new and v_new [batch * new_rows, heads_kv,
+    head_dim] ~ N(0, 1) packed by cu_new (int32), and the cache's values at the rows they go to,
+    kept to put back (release())."""
 
     def __init__(self, cell, cache, seed=SEED):
         import torch
@@ -566,19 +617,82 @@ class DecodeInputs:
         self.causal = True
         self.sample = check_sample(cache.lengths, self.tokens)
         self._refs = None
+        self.new_rows = APPENDS.get(cell.mode, 0)
+        self.before = self.used_before = self.k_new = self.v_new = self.cu_new = None
+        self._slots = self._saved = None
+        if self.new_rows:
+            self._append_inputs(gen)
+
+    def _append_inputs(self, gen):
+        import torch
+        c, n = self.cache, self.new_rows
+        if min(c.lengths) < n:
+            raise ValueError(f"an append of {n} rows needs every cache length >= {n}")
+        self.before = [length - n for length in c.lengths]
+        self.used_before = torch.tensor(self.before, dtype=torch.int32, device=self.device)
+        shape = (self.batch * n, self.heads_kv, self.head_dim)
+        self.k_new = torch.randn(shape, generator=gen, dtype=c.k.dtype, device=self.device)
+        self.v_new = torch.randn(shape, generator=gen, dtype=c.v.dtype, device=self.device)
+        self.cu_new = torch.arange(0, self.batch * n + 1, n, dtype=torch.int32,
+                                   device=self.device)
+        self._slots = append_slots(c.table, self.before, n, c.page_size)
+        self._saved = (c.k[self._slots].clone(), c.v[self._slots].clone())
+
+    def poison_appended(self):
+        """NaN into the cache rows the call appends (a no-op without an append)."""
+        if self._slots is not None:
+            self.cache.k[self._slots] = float("nan")
+            self.cache.v[self._slots] = float("nan")
+
+    def restore_appended(self):
+        """The cache's own values back at the rows the call appends, as before the cell."""
+        if self._slots is not None:
+            self.cache.k[self._slots] = self._saved[0]
+            self.cache.v[self._slots] = self._saved[1]
 
     def reference(self):
         if self._refs is None:
             c = self.cache
-            self._refs = paged_reference(self.q, c.k, c.v, c.table, c.lengths, self.tokens,
-                                         self.scale, self.causal, self.sample)
+            if self.new_rows:
+                self._refs = paged_reference(self.q, c.k, c.v, c.table, self.before,
+                                             self.tokens, self.scale, self.causal, self.sample,
+                                             self.k_new, self.v_new, self.cu_new.tolist())
+            else:
+                self._refs = paged_reference(self.q, c.k, c.v, c.table, c.lengths, self.tokens,
+                                             self.scale, self.causal, self.sample)
         return self._refs
 
     def release(self):
+        """Frees the inputs; an append cell first puts the cache's values back at the rows it
+        appends, for the cells after it on the same cache."""
+        try:
+            self.restore_appended()
+        except Exception:  # a lost CUDA context: the run stops after this cell anyway
+            pass
         self.q = self.cu_q = self._refs = None
+        self.k_new = self.v_new = self.cu_new = self.used_before = None
+        self._slots = self._saved = None
+
+
+def append_slots(table, before, new_rows, page_size):
+    """(pages, rows) int64 index tensors on the table's device: the cache slots sequence b's
+    new rows go to, its rows before[b] .. before[b] + new_rows - 1 through its row of the block
+    table, sequence by sequence (the order of the packed new rows)."""
+    import torch
+    pos = [p for b in before for p in range(b, b + new_rows)]
+    seq = [i for i in range(len(before)) for _ in range(new_rows)]
+    pos_t = torch.tensor(pos, dtype=torch.int64, device=table.device)
+    seq_t = torch.tensor(seq, dtype=torch.int64, device=table.device)
+    pages = table[seq_t, pos_t // page_size].long()
+    return pages, pos_t % page_size
 
 
 # ---- methods ------------------------------------------------------------------------------------
+
+class Skipped(Exception):
+    """A method that does not take a cell's call (its message: why): the cell's record is
+    "skipped", not timed."""
+
 
 class Prepared:
     """run(): one timed call, returning a tuple whose first item is the output in the method's
@@ -602,6 +716,16 @@ def paged_kv(lib, cache):
     kv.block_table, kv.seqused_k = cache.table.data_ptr(), cache.used.data_ptr()
     kv.num_pages, kv.page_size = cache.num_pages, cache.page_size
     kv.max_pages_per_seq = cache.table.shape[1]
+    return kv
+
+
+def with_append(kv, x):
+    """kv with an append cell's append (a no-op for other cells): seqused_k the rows before the
+    call, k_new and v_new packed by cu_seqlens_new, total_new their rows."""
+    if x.new_rows:
+        kv.seqused_k = x.used_before.data_ptr()
+        kv.k_new, kv.v_new = x.k_new.data_ptr(), x.v_new.data_ptr()
+        kv.cu_seqlens_new, kv.total_new = x.cu_new.data_ptr(), x.k_new.shape[0]
     return kv
 
 
@@ -632,9 +756,9 @@ def jfa_failure(G, e):
 
 def jfa_prepare(G, ctx):
     """jfa's paged forward through its C entry (ctx["jfa_lib"]: a libjfa.Library): params as
-    for the packed forward without k, v and their offsets, the cache's jfa_paged_kv, out filled
-    with NaN, a kept workspace of the size libjfa asks (jfa_workspace_bytes); the CPU backend for
-    inputs on the CPU."""
+    for the packed forward without k, v and their offsets, the cache's jfa_paged_kv (an append
+    cell's append in it: with_append), out filled with NaN, a kept workspace of the size libjfa
+    asks (jfa_workspace_bytes); the CPU backend for inputs on the CPU."""
     def prepare(x):
         import torch
         lib = ctx.get("jfa_lib")
@@ -650,7 +774,7 @@ def jfa_prepare(G, ctx):
                        max_seqlen_k=max(x.cache.lengths), backend="cuda" if gpu else "cpu",
                        stream=torch.cuda.current_stream().cuda_stream if gpu else None)
         p.cu_seqlens_k, p.total_k = None, 0  # the keys come from the cache
-        kv = paged_kv(lib, x.cache)
+        kv = with_append(paged_kv(lib, x.cache), x)
         size = jfa_workspace_bytes(lib, p, kv)
         workspace = torch.empty(size, dtype=torch.uint8, device=x.device) if size else None
         p.workspace, p.workspace_bytes = (workspace.data_ptr(), size) if size else (None, 0)
@@ -660,8 +784,10 @@ def jfa_prepare(G, ctx):
             fwd()
             return (out,)
 
+        append = ", append (k_new, v_new, cu_seqlens_new)" if x.new_rows else ""
         return Prepared(run, provider=f"libjfa {lib.version()} ({os.path.basename(lib.path)}), "
-                                      f"jfa_attention_forward_paged, workspace {size} bytes",
+                                      f"jfa_attention_forward_paged{append}, workspace {size} "
+                                      "bytes",
                         explain=lambda e: jfa_failure(G, e), outputs=(out,),
                         keep=(workspace, fwd))
     return prepare
@@ -669,11 +795,19 @@ def jfa_prepare(G, ctx):
 
 def fa3_values(x):
     """FA3's paged forward arguments by name: q as [batch, tokens, H, D], the caches, seqused_k,
-    the block table, the scale, the mask, num_splits 0 (its heuristic) and pack-GQA on."""
+    the block table, the scale, the mask, num_splits 0 (its heuristic) and pack-GQA on. An
+    append cell's too: k_new and v_new as [batch, new rows, Hkv, D] (FA3's batch form, which
+    needs no cu_seqlens_k_new) and seqused_k the rows before the call (FA3 appends there and
+    attends over seqused_k + the new rows)."""
     c = x.cache
-    return {"q": x.q.view(x.batch, x.tokens, x.heads, x.head_dim), "k": c.k, "v": c.v,
-            "seqused_k": c.used, "page_table": c.table, "softmax_scale": x.scale,
-            "is_causal": x.causal, "num_splits": 0, "pack_gqa": True}
+    values = {"q": x.q.view(x.batch, x.tokens, x.heads, x.head_dim), "k": c.k, "v": c.v,
+              "seqused_k": c.used, "page_table": c.table, "softmax_scale": x.scale,
+              "is_causal": x.causal, "num_splits": 0, "pack_gqa": True}
+    if x.new_rows:
+        shape = (x.batch, x.new_rows, x.heads_kv, x.head_dim)
+        values.update(k_new=x.k_new.view(shape), v_new=x.v_new.view(shape),
+                      seqused_k=x.used_before)
+    return values
 
 
 def fa3_failure(G, e):
@@ -687,7 +821,7 @@ def fa3_failure(G, e):
 def fa3_prepare(G, ctx):
     """FlashAttention-3's paged forward: its op (ctx["fa3_op"], the call built from its schema,
     ctx["fa3_arguments"]), else its Python wrapper's flash_attn_with_kvcache
-    (ctx["fa3_interface"]), the same arguments."""
+    (ctx["fa3_interface"]), the same arguments (an append's new rows as its k= and v=)."""
     def prepare(x):
         op, values = ctx.get("fa3_op"), fa3_values(x)
         if op is not None:
@@ -702,19 +836,21 @@ def fa3_prepare(G, ctx):
             provider = ctx.get("fa3_provider") or "torch.ops.flash_attn_3.fwd"
         elif ctx.get("fa3_interface") is not None:
             fn = ctx["fa3_interface"].flash_attn_with_kvcache
+            new = {"k": values["k_new"], "v": values["v_new"]} if x.new_rows else {}
 
             def run():
                 return (fn(values["q"], values["k"], values["v"], cache_seqlens=values["seqused_k"],
                            page_table=values["page_table"], softmax_scale=x.scale,
-                           causal=x.causal, num_splits=0, pack_gqa=True),)
+                           causal=x.causal, num_splits=0, pack_gqa=True, **new),)
 
             provider = "flash_attn_interface.flash_attn_with_kvcache (FA3)"
         else:
             raise G.Unavailable(unavailable_reason(ctx, "fa3"))
         shape = (x.total_q, x.heads, x.head_dim)
+        append = ("k_new, v_new, " if op is not None else "k, v, ") if x.new_rows else ""
         return Prepared(run, packed=lambda out: out.reshape(shape),
                         explain=lambda e: fa3_failure(G, e),
-                        provider=provider + " (page_table, seqused_k, num_splits=0, "
+                        provider=provider + f" (page_table, seqused_k, {append}num_splits=0, "
                                             "pack_gqa=True)")
     return prepare
 
@@ -733,9 +869,12 @@ def load_flashinfer(G, ctx):
 def flashinfer_prepare(G, ctx):
     """FlashInfer's paged attention, planned once: the decode wrapper for one token (tensor
     cores above 4 query heads a KV head, as vLLM chooses), the prefill wrapper with the causal
-    mask for more; NHD pages, the cache's CSR form (PagedCache.flashinfer_layout)."""
+    mask for more; NHD pages, the cache's CSR form (PagedCache.flashinfer_layout). An append
+    cell is Skipped (FLASHINFER_NO_APPEND)."""
     def prepare(x):
         import torch
+        if x.new_rows:
+            raise Skipped(FLASHINFER_NO_APPEND)
         fi = ctx.get("flashinfer")
         if fi is None:
             raise G.Unavailable(unavailable_reason(ctx, "flashinfer"))
@@ -768,13 +907,17 @@ def flashinfer_prepare(G, ctx):
 # ---- one measurement ----------------------------------------------------------------------------
 
 def new_record(method, cell, lengths, tokens, sample, tolerance):
-    """A method's record of a cell before it is measured."""
+    """A method's record of a cell before it is measured. lengths: the keys each sequence
+    attends (an append cell's call has seqused_k one less: appended_rows, batch rows, are
+    written, and counted in kv_bytes)."""
     return {"method": method, "label": LABELS[method], "cell": cell_name(cell), "mode": cell.mode,
             "tokens": tokens, "batch": cell.batch, "cache": cell.cache, "heads": cell.heads,
             "heads_kv": cell.heads_kv, "head_dim": cell.head_dim, "head_dim_v": cell.head_dim,
             "page_size": cell.page_size, "dtype": DTYPE, "causal": True,
             "seqused_k_sum": sum(lengths), "seqused_k_max": max(lengths),
-            "kv_bytes": kv_bytes(lengths, cell.heads_kv, cell.head_dim),
+            "kv_bytes": kv_bytes(lengths, cell.heads_kv, cell.head_dim,
+                                 written=appended_rows(cell)),
+            "appended_rows": appended_rows(cell),
             "status": None, "reason": "", "provider": "", "rel_error": None,
             "max_abs_error": None, "tolerance": tolerance, "checked_sequences": len(sample),
             "host_us": None, "host_reason": "", "eager_ms": None, "graph_ms": None,
@@ -790,10 +933,12 @@ def synchronize(x):
 def poison(x, prep):
     """NaN into the buffers the call writes, and into a freed block of the output's size that
     the caching allocator likely hands to an output the call allocates, so rows a kernel never
-    writes fail the check."""
+    writes fail the check; for an append cell, into the cache rows the call appends too, so a
+    call that attends without writing them fails."""
     import torch
     for t in prep.outputs:
         t.fill_(float("nan"))
+    x.poison_appended()
     block = torch.full((x.total_q, x.heads, x.head_dim), float("nan"), dtype=x.q.dtype,
                        device=x.device)
     del block
@@ -806,6 +951,9 @@ def prepare_and_check(G, prepare, x, rec):
         prep = prepare(x)
     except G.Unavailable as e:
         rec.update(status="unavailable", reason=str(e))
+        return None
+    except Skipped as e:
+        rec.update(status="skipped", reason=str(e))
         return None
     except Exception as e:
         rec.update(status="error", reason="prepare: " + G.short(e))
@@ -1085,7 +1233,10 @@ def main(argv=None):
     doc = {"title": "jfa paged-KV decode against FlashAttention-3 and FlashInfer",
            "date": date, "environment": env, "settings": run_settings(args, G, max_cache),
            "copy": copy, "counting": "KV bytes = sum over sequences of seqused_k * heads_kv * "
-                                     "(head_dim + head_dim_v) * 2; KV TB/s = KV bytes / time",
+                                     "(head_dim + head_dim_v) * 2; KV TB/s = KV bytes / time"
+                                     + ("; " + APPEND_COUNTING
+                                        if any(m in APPENDS for m in args.axes["mode"])
+                                        else ""),
            "results": records, "summary": []}
 
     def report(r):

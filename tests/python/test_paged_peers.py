@@ -1,11 +1,13 @@
-"""bench/paged_peers.py without a GPU: the cells (the grid, --quick, --cells), the cache lengths,
-the shuffled block tables, the KV byte count, the checked sample, jfa's paged workspace as libjfa
-sizes it and the options; with torch on the CPU, the float64 paged reference against
-libjfa's own (jfa.paged_attention(..., reference=True)), jfa's method through its C entry on the
-CPU backend, the check catching outputs that ignore the table or leave rows unwritten, FA3's
-paged call built from its schema and FlashInfer's planned calls (fake ops), a cell's rounds and
-rates; the table and the progress lines on fake records; scripts/gpu-check.sh's bench-paged
-stage."""
+"""bench/paged_peers.py without a GPU: the cells (the grid, --quick, --cells, the append mode),
+the cache lengths, the shuffled block tables, the KV byte count (an append's written rows too),
+the checked sample, jfa's paged workspace as libjfa sizes it and the options; with torch on the
+CPU, the float64 paged reference against libjfa's own (jfa.paged_attention(..., reference=True)),
+with an append too, jfa's method through its C entry on the CPU backend (with the append: the
+rows written, the check failing calls that do not write them), the check catching outputs that
+ignore the table or leave rows unwritten, FA3's paged call built from its schema (with k_new and
+v_new for the append) and FlashInfer's planned calls (fake ops; the append skipped), a cell's
+rounds and rates; runs of whole cells; the table and the progress lines on fake records;
+scripts/gpu-check.sh's bench-paged stage."""
 
 import math
 import os
@@ -72,6 +74,23 @@ def test_quick_and_cells_narrow_each_axis():
         pp.parse_args(["--cells", "decode,B7x"])
 
 
+def test_append_is_a_mode_that_cells_pick_on_the_decode_cell_s_cache():
+    full = pp.cells_of(pp.parse_cells(None))
+    quick = pp.cells_of(pp.parse_cells(None, quick=True))
+    assert not any(c.mode == "append" for c in full + quick)  # by --cells only
+    assert pp.token_axis(" append ") == ("mode", "append") and pp.MODES["append"] == 1
+    axes = pp.parse_cells("decode,append,B8,u4k", quick=True)
+    assert axes["mode"] == ["decode", "append"] and axes["cache"] == ["u4k"]
+    cells = pp.cells_of(axes)
+    assert [pp.cell_name(c) for c in cells] == ["decode B8 u4k 32:8 d128 p16",
+                                               "append B8 u4k 32:8 d128 p16"]
+    assert pp.cache_key(cells[0]) == pp.cache_key(cells[1])  # one cache for both
+    assert [pp.appended_rows(c) for c in cells] == [0, 8]
+    assert len(pp.parse_args(["--cells", "append"]).cell_list) == 4 * 4 * 2 * 2
+    with pytest.raises(ValueError, match="modes decode, spec4, append"):
+        pp.token_axis("appends")
+
+
 def test_cache_lengths_are_uniform_or_a_reproducible_heavy_tail():
     assert pp.cache_lengths("u4k", 3) == [4096] * 3 and pp.cache_lengths("u32k", 1) == [32768]
     tail = pp.cache_lengths("tail", 256, seed=0)
@@ -108,6 +127,21 @@ def test_kv_bytes_count_what_a_call_reads_and_the_cache_what_it_holds():
     assert pp.kv_bytes([3, 5], 2, 64, element_bytes=4) == 8 * 2 * 128 * 4
     assert pp.cache_bytes([17, 16], 16, 8, 128) == 3 * 16 * 8 * 2 * 128 * 2  # whole pages
     assert pp.cache_bytes([17, 16], 1, 8, 128) == 33 * 8 * 2 * 128 * 2
+
+
+def test_an_append_s_kv_bytes_add_the_rows_it_writes_to_the_keys_it_attends():
+    # 4 sequences attending 100 keys each (99 in the cache before the call and the new one),
+    # 4 rows written; 8 KV heads of 128 + 128 columns of 2 bytes.
+    assert pp.kv_bytes([100] * 4, 8, 128, written=4) == (400 + 4) * 8 * 256 * 2
+    assert pp.kv_bytes([3, 5], 2, 192, 128, written=2) == 10 * 2 * 320 * 2
+    cell = pp.Cell("append", 4, "u512", 32, 8, 128, 16)
+    lengths = pp.cache_lengths(cell.cache, cell.batch)
+    rec = pp.new_record("jfa", cell, lengths, 1, [], 0.01)
+    decode = pp.new_record("jfa", cell._replace(mode="decode"), lengths, 1, [], 0.01)
+    assert (rec["appended_rows"], decode["appended_rows"]) == (4, 0)
+    assert decode["kv_bytes"] == 4 * 512 * 8 * 256 * 2
+    assert rec["kv_bytes"] == (4 * 512 + 4) * 8 * 256 * 2
+    assert rec["seqused_k_sum"] == decode["seqused_k_sum"] == 4 * 512  # the keys attended
 
 
 def test_the_checked_sample_takes_the_extremes_and_spreads_over_a_large_batch():
@@ -224,6 +258,50 @@ def test_the_float64_reference_matches_libjfa_s_paged_reference(rng, page_size, 
     assert torch.allclose(loose, got[len(lengths) - 1]) == (tokens == 1)
 
 
+@pytest.mark.parametrize("page_size", [1, 5, 16])
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_the_reference_with_an_append_attends_over_the_rows_appended(rng, page_size, tokens):
+    """libjfa's own reference with k_new (jfa.paged_attention(..., reference=True)) and the
+    pages gathered after the new rows are written into a copy of the cache give the same; a
+    reference that left the new rows out would not."""
+    torch = _torch()
+    import jfa
+    before = [0, 1, page_size - 1, page_size, 2 * page_size + 3, 40]
+    new = [1, 2, 1, 3, 1, 0]
+    lengths = [b + n for b, n in zip(before, new)]  # the pages hold the rows appended too
+    heads, heads_kv, d = 8, 2, 16
+    table, num_pages = pp.block_table(lengths, page_size, seed=int(rng.integers(1 << 30)))
+    k = rng.standard_normal((num_pages, page_size, heads_kv, d)).astype(np.float32)
+    v = rng.standard_normal((num_pages, page_size, heads_kv, d)).astype(np.float32)
+    q = rng.standard_normal((len(lengths) * tokens, heads, d)).astype(np.float32)
+    k_new = rng.standard_normal((sum(new), heads_kv, d)).astype(np.float32)
+    v_new = rng.standard_normal((sum(new), heads_kv, d)).astype(np.float32)
+    cu_new = [0] + list(np.cumsum(new))
+    cu_q = np.arange(0, q.shape[0] + 1, tokens, dtype=np.int32)
+    scale = float(np.float32(0.3))
+    want = jfa.paged_attention(q, k, v, table.numpy(), np.asarray(before, dtype=np.int32), cu_q,
+                               causal=True, softmax_scale=scale, reference=True, k_new=k_new,
+                               v_new=v_new, cu_seqlens_new=np.asarray(cu_new, dtype=np.int32))
+    t = torch.from_numpy
+    got = pp.paged_reference(t(q), t(k), t(v), table, before, tokens, scale, True,
+                             range(len(lengths)), t(k_new), t(v_new), cu_new)
+    written_k, written_v = k.copy(), v.copy()
+    for b, n in enumerate(new):
+        for j in range(n):
+            page, row = int(table[b, (before[b] + j) // page_size]), (before[b] + j) % page_size
+            written_k[page, row], written_v[page, row] = k_new[cu_new[b] + j], v_new[cu_new[b] + j]
+    after = pp.paged_reference(t(q), t(written_k), t(written_v), table, lengths, tokens, scale,
+                               True, range(len(lengths)))
+    stale = pp.paged_reference(t(q), t(k), t(v), table, lengths, tokens, scale, True,
+                               range(len(lengths)))
+    for i in range(len(lengths)):
+        assert got[i].dtype == torch.float64
+        np.testing.assert_allclose(got[i].numpy(), want[i * tokens:(i + 1) * tokens],
+                                   rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(got[i], after[i], rtol=1e-12, atol=1e-12)
+        assert torch.allclose(got[i], stale[i]) == (new[i] == 0)
+
+
 def cpu_inputs(lengths, mode="spec4", heads=8, heads_kv=2, d=64, page=16, seed=0):
     torch = _torch()
     cell = pp.Cell(mode, len(lengths), "tail", heads, heads_kv, d, page)
@@ -259,6 +337,78 @@ def test_jfa_runs_through_its_c_entry_and_passes_the_check_on_the_cpu():
     assert rec["kv_bytes"] == pp.kv_bytes(x.cache.lengths, 2, 64)
     with pytest.raises(G.Unavailable, match="not here"):
         pp.jfa_prepare(G, {"jfa_error": "not here"})(x)
+
+
+def test_an_append_cell_s_inputs_and_the_rows_it_appends():
+    torch = _torch()
+    x = cpu_inputs([3, 17, 40, 1, 100, 16], mode="append")
+    c = x.cache
+    assert (x.tokens, x.new_rows, x.total_q) == (1, 1, 6)
+    assert x.before == [n - 1 for n in c.lengths] == x.used_before.tolist()
+    assert str(x.used_before.dtype) == "torch.int32" and x.cu_new.tolist() == list(range(7))
+    assert tuple(x.k_new.shape) == tuple(x.v_new.shape) == (6, 2, 64)
+    assert x.k_new.dtype == c.k.dtype and not torch.equal(x.k_new, x.v_new)
+    # The slots are each sequence's last key (row length - 1) through its table row.
+    pages, rows = pp.append_slots(c.table, x.before, 1, c.page_size)
+    for b, n in enumerate(c.lengths):
+        assert torch.equal(c.k[pages[b], rows[b]], pp.gather_pages(c.k, c.table[b], n)[-1])
+    assert pp.append_slots(c.table, [0, 15], 2, 16)[1].tolist() == [0, 1, 15, 0]
+    assert pp.append_slots(c.table, [0, 15], 2, 16)[0].tolist()[2:] == c.table[1, :2].tolist()
+    original = (c.k.clone(), c.v.clone())
+    x.poison_appended()
+    assert int(c.k.isnan().any(-1).any(-1).sum()) == int(c.v.isnan().any(-1).any(-1).sum()) == 6
+    assert all(pp.gather_pages(c.k, c.table[b], n)[-1].isnan().all() and
+               not pp.gather_pages(c.k, c.table[b], n)[:-1].isnan().any()
+               for b, n in enumerate(c.lengths))
+    x.release()  # the cache's own values back for the cells after it
+    assert torch.equal(c.k, original[0]) and torch.equal(c.v, original[1])
+    with pytest.raises(ValueError, match="cache length >= 1"):
+        cpu_inputs([3, 0], mode="append")
+    plain = cpu_inputs([3, 17], mode="decode")
+    assert plain.new_rows == 0 and plain.k_new is None
+    plain.poison_appended()  # nothing to poison
+    assert not plain.cache.k.isnan().any()
+
+
+def test_jfa_appends_through_its_c_entry_and_the_check_needs_the_rows_written():
+    """jfa's append cell on the CPU backend: the call's jfa_paged_kv carries the append, the
+    new rows land in the pages, the output passes the check; calls that attend without writing
+    the rows, or leave the new row out, fail it."""
+    torch = _torch()
+    import jfa
+    import libjfa
+    import peers_gpu as G
+    x = cpu_inputs([3, 17, 40, 1, 100, 64, 16, 33, 5], mode="append")
+    c = x.cache
+    ctx = {"jfa_lib": libjfa.Library(jfa.library_path())}
+    rec = record_for(x)
+    prep = pp.prepare_and_check(G, pp.jfa_prepare(G, ctx), x, rec)
+    assert prep is not None and rec["status"] == "ok" and rec["rel_error"] < 1e-2, rec
+    assert "jfa_attention_forward_paged, append (k_new, v_new" in rec["provider"]
+    params, kv = prep.keep[1].keep
+    assert (params.max_seqlen_q, params.max_seqlen_k, params.total_q) == (1, 100, 9)
+    assert kv.seqused_k == x.used_before.data_ptr() != c.used.data_ptr()
+    assert (kv.k_new, kv.v_new) == (x.k_new.data_ptr(), x.v_new.data_ptr())
+    assert (kv.cu_seqlens_new, kv.total_new) == (x.cu_new.data_ptr(), 9)
+    assert rec["kv_bytes"] == pp.kv_bytes(c.lengths, 2, 64, written=9)
+    for b, n in enumerate(c.lengths):  # written where the reference reads them
+        assert torch.equal(pp.gather_pages(c.k, c.table[b], n)[-1], x.k_new[b])
+        assert torch.equal(pp.gather_pages(c.v, c.table[b], n)[-1], x.v_new[b])
+
+    def attends(lengths):  # a call that writes nothing, attending over `lengths` keys
+        def prepare(_):
+            return pp.Prepared(lambda: (torch.cat([
+                pp.attention_f64(x.q[b:b + 1], pp.gather_pages(c.k, c.table[b], n),
+                                 pp.gather_pages(c.v, c.table[b], n), x.scale)
+                for b, n in enumerate(lengths)]).to(x.q.dtype),))
+        return prepare
+
+    for lengths, reason in ((c.lengths, "non-finite"), (x.before, "relative error")):
+        rec = record_for(x)
+        assert pp.prepare_and_check(G, attends(lengths), x, rec) is None
+        assert rec["status"] == "wrong" and rec["reason"].startswith(reason), rec
+    x.release()
+    assert not c.k.isnan().any() and not c.v.isnan().any()
 
 
 def test_the_check_fails_outputs_that_ignore_the_table_or_leave_rows_unwritten():
@@ -392,6 +542,94 @@ def test_fa3_s_paged_call_is_built_from_its_schema_and_checked():
         pp.fa3_prepare(G, {})(x)
 
 
+def fa3_kvcache_append(torch, q4, k_cache, v_cache, k_new, v_new, used, table, scale, causal):
+    """What FA3's paged forward with k_new does: sequence b's new rows k_new[b] written at rows
+    used[b] .. of its pages, then attention over used[b] + the new rows' keys."""
+    page = k_cache.shape[1]
+    for b in range(q4.shape[0]):
+        for j in range(k_new.shape[1]):
+            pos = int(used[b]) + j
+            k_cache[table[b, pos // page], pos % page] = k_new[b, j]
+            v_cache[table[b, pos // page], pos % page] = v_new[b, j]
+    return paged_attention_of(torch, q4, k_cache, v_cache, used + k_new.shape[1], table, scale,
+                              causal)
+
+
+def test_fa3_s_append_call_passes_k_new_and_v_new_from_its_schema():
+    torch = _torch()
+    import call_overhead as co
+    import peers_gpu as G
+    x = cpu_inputs([40, 17, 64, 3, 90], mode="append", heads=8, heads_kv=2)
+    calls = []
+
+    def op(*args, **kwargs):
+        calls.append((args, kwargs))
+        q4, k, v, k_new, v_new = args[:5]
+        out = fa3_kvcache_append(torch, q4, k, v, k_new, v_new, args[11], args[14],
+                                 kwargs["softmax_scale"], kwargs["is_causal"])
+        return out, None, None, None
+
+    ctx = {"fa3_op": op, "fa3_arguments": fa3_fwd_schema(co), "fa3_provider": "fwd from x.so"}
+    rec = record_for(x, "fa3")
+    prep = pp.prepare_and_check(G, pp.fa3_prepare(G, ctx), x, rec)
+    assert prep is not None and rec["status"] == "ok", rec
+    assert "(page_table, seqused_k, k_new, v_new, num_splits=0" in rec["provider"]
+    args, kwargs = calls[0]
+    assert len(args) == 15 and tuple(args[0].shape) == (5, 1, 8, 64)
+    assert args[1] is x.cache.k and args[2] is x.cache.v
+    # k_new, v_new: the packed new rows seen as FA3's batch form [B, 1, Hkv, D].
+    assert tuple(args[3].shape) == tuple(args[4].shape) == (5, 1, 2, 64)
+    assert args[3].data_ptr() == x.k_new.data_ptr() and args[4].data_ptr() == x.v_new.data_ptr()
+    assert args[11] is x.used_before and args[14] is x.cache.table  # seqused_k: before the call
+    assert args[9] is None  # cu_seqlens_k_new: the batch form needs none
+    assert all(a is None for a in args[5:11] + args[12:14])
+    assert kwargs == {"softmax_scale": x.scale, "is_causal": True, "num_splits": 0,
+                      "pack_gqa": True}
+    for b, n in enumerate(x.cache.lengths):  # the rows went where the reference reads them
+        assert torch.equal(pp.gather_pages(x.cache.k, x.cache.table[b], n)[-1], x.k_new[b])
+
+    def ignores_the_append(*args, **kwargs):  # attends over seqused_k + 1 rows, writes nothing
+        return (paged_attention_of(torch, args[0], args[1], args[2], args[11] + 1, args[14],
+                                   kwargs["softmax_scale"], True), None, None, None)
+
+    rec = record_for(x, "fa3")
+    assert pp.prepare_and_check(G, pp.fa3_prepare(G, dict(ctx, fa3_op=ignores_the_append)), x,
+                                rec) is None
+    assert rec["status"] == "wrong" and rec["reason"] == "non-finite values in the output"
+    no_append = [a for a in fa3_fwd_schema(co) if a[0] not in ("k_new", "v_new")]
+    with pytest.raises(G.Unavailable, match="the schema has no k_new, v_new"):
+        pp.fa3_prepare(G, dict(ctx, fa3_arguments=no_append))(x)
+
+    seen = []
+
+    def with_kvcache(q, k_cache, v_cache, **kw):  # FA3's wrapper: k= and v= are the new rows
+        seen.append(kw)
+        return fa3_kvcache_append(torch, q, k_cache, v_cache, kw["k"], kw["v"],
+                                  kw["cache_seqlens"], kw["page_table"], kw["softmax_scale"],
+                                  kw["causal"])
+
+    wrapper = types.SimpleNamespace(flash_attn_with_kvcache=with_kvcache)
+    rec = record_for(x, "fa3")
+    assert pp.prepare_and_check(G, pp.fa3_prepare(G, {"fa3_interface": wrapper}), x, rec)
+    assert rec["status"] == "ok" and "seqused_k, k, v, num_splits" in rec["provider"]
+    assert seen[0]["cache_seqlens"] is x.used_before
+    assert seen[0]["k"].data_ptr() == x.k_new.data_ptr() and tuple(seen[0]["v"].shape)[1] == 1
+    decode = cpu_inputs([40, 17], mode="decode", heads=8, heads_kv=2)
+    assert pp.prepare_and_check(G, pp.fa3_prepare(G, {"fa3_interface": wrapper_plain(torch)}),
+                                decode, record_for(decode, "fa3"))
+    assert pp.fa3_values(decode)["seqused_k"] is decode.cache.used
+    assert "k_new" not in pp.fa3_values(decode)
+
+
+def wrapper_plain(torch):
+    """FA3's wrapper for a call without an append: k= and v= must not be passed."""
+    def with_kvcache(q, k_cache, v_cache, **kw):
+        assert "k" not in kw and "v" not in kw
+        return paged_attention_of(torch, q, k_cache, v_cache, kw["cache_seqlens"],
+                                  kw["page_table"], kw["softmax_scale"], kw["causal"])
+    return types.SimpleNamespace(flash_attn_with_kvcache=with_kvcache)
+
+
 def test_flashinfer_gets_the_same_pages_in_its_csr_form():
     torch = _torch()
     x = cpu_inputs([40, 17, 64, 3, 90, 16], page=16)
@@ -477,6 +715,22 @@ def test_flashinfer_decodes_and_verifies_spec_tokens_with_the_causal_prefill():
     with pytest.raises(G.Unavailable, match="import flashinfer: ModuleNotFoundError"):
         pp.flashinfer_prepare(G, {"flashinfer_error": "import flashinfer: ModuleNotFoundError: "
                                                       "No module named 'flashinfer'"})(x)
+
+
+def test_flashinfer_skips_the_append_saying_why():
+    torch = _torch()
+    import peers_gpu as G
+    fi = FakeFlashInfer(torch)
+    x = cpu_inputs([40, 17, 64], mode="append", heads=8, heads_kv=2)
+    for ctx in ({"flashinfer": fi, "flashinfer_version": "9.9"},
+                {"flashinfer_error": "import failed"}):
+        rec = record_for(x, "flashinfer")
+        assert pp.prepare_and_check(G, pp.flashinfer_prepare(G, ctx), x, rec) is None
+        assert rec["status"] == "skipped" and rec["reason"] == pp.FLASHINFER_NO_APPEND
+    assert fi.made == [] and "append_paged_kv_cache" in pp.FLASHINFER_NO_APPEND
+    decode = cpu_inputs([40, 17, 64], mode="decode", heads=8, heads_kv=2)
+    rec = record_for(decode, "flashinfer")
+    assert pp.prepare_and_check(G, pp.flashinfer_prepare(G, {"flashinfer": fi}), decode, rec)
 
 
 def test_loading_flashinfer_says_why_it_is_missing(monkeypatch):
@@ -572,7 +826,12 @@ def cpu_run(monkeypatch, argv, lost=""):
         return rec
 
     monkeypatch.setattr(pp, "measure_method", check_only)
-    rc = pp.main(argv)
+    import jfa
+    try:  # the library the other tests load (JFA_LIBRARY honoured), as --lib: a git worktree
+        lib = jfa.library_path()  # has no build/ of its own for the script's search
+    except Exception:
+        lib = None
+    rc = pp.main(argv + (["--lib", lib] if lib else []))
     out = Path(argv[argv.index("--out") + 1]) / "run.json"
     return rc, json.loads(out.read_text())
 
@@ -599,6 +858,38 @@ def test_a_run_on_the_cpu_writes_its_json_and_table(monkeypatch, tmp_path, capsy
     printed = capsys.readouterr().out
     assert doc["table"] in printed and "flashinfer: unavailable: import flashinfer" in printed
     assert "[spec4 B2 u512 16:4 d64 p16 r1] jfa" in printed
+
+
+def test_a_run_of_append_cells_on_the_cpu(monkeypatch, tmp_path, capsys):
+    """append after decode on one cache (and decode after append): jfa right on both, the
+    append's KV bytes with its written rows, FlashInfer skipped, the counting said."""
+    rc, doc = cpu_run(monkeypatch, ["--cells", "decode,append,B2,u512,16:4,d64",
+                                    "--warm-seconds", "0", "--out", str(tmp_path), "--name",
+                                    "run"])
+    assert rc == 0 and "stopped" not in doc
+    by = {(r["cell"], r["method"]): r for r in doc["results"]}
+    assert [r["cell"] for r in doc["results"][::3]] == ["decode B2 u512 16:4 d64 p16",
+                                                       "append B2 u512 16:4 d64 p16"]
+    jfa = by[("append B2 u512 16:4 d64 p16", "jfa")]
+    assert jfa["status"] == "ok" and "append" in jfa["provider"], jfa
+    assert jfa["kv_bytes"] == (2 * 512 + 2) * 4 * 128 * 2 and jfa["appended_rows"] == 2
+    assert jfa["graph_kv_tbps"] == jfa["kv_bytes"] / 0.25e-3 / 1e12
+    assert by[("decode B2 u512 16:4 d64 p16", "jfa")]["kv_bytes"] == 2 * 512 * 4 * 128 * 2
+    fi = by[("append B2 u512 16:4 d64 p16", "flashinfer")]
+    assert fi["status"] == "skipped" and fi["reason"] == pp.FLASHINFER_NO_APPEND
+    assert by[("decode B2 u512 16:4 d64 p16", "flashinfer")]["status"] == "unavailable"
+    assert doc["counting"].endswith("; " + pp.APPEND_COUNTING)
+    assert pp.APPEND_COUNTING in doc["table"].splitlines()
+    assert doc["settings"]["axes"]["mode"] == ["decode", "append"]
+    capsys.readouterr()
+    rc, doc = cpu_run(monkeypatch, ["--cells", "append,decode,B2,u512,16:4,d64",
+                                    "--warm-seconds", "0", "--out", str(tmp_path), "--name",
+                                    "run"])
+    assert [(r["cell"].split()[0], r["status"]) for r in doc["results"] if r["method"] == "jfa"
+            ] == [("append", "ok"), ("decode", "ok")]
+    rc, doc = cpu_run(monkeypatch, ["--cells", "decode,B2,u512,16:4,d64", "--warm-seconds", "0",
+                                    "--out", str(tmp_path), "--name", "run"])
+    assert "append" not in doc["counting"] and pp.APPEND_COUNTING not in doc["table"]
 
 
 def test_a_run_says_why_it_stopped(monkeypatch, tmp_path):
