@@ -28,7 +28,8 @@
 #   profile-local   Nsight Compute (--set full, clocks not locked) over one jfa and one
 #                   FlashAttention-3 call of one local-attention cell (bench/profile_local_pair.py,
 #                   PROFILE_ARGS its options, default the backward of W1, head_dim 128, window
-#                   4096): pair.ncu-rep, its details as text and its raw metrics as CSV. Not in all.
+#                   4096): pair.ncu-rep, its details as text, its raw metrics as CSV and its
+#                   SASS with each instruction's stall samples as CSV. Not in all.
 #   bench           bench-forward, then bench-backward.
 #   all             every stage above but build's gathering (builds in place when no CARRY_DIR
 #                   exists), for a machine without the per-command limit.
@@ -290,6 +291,9 @@ stage_profile_local() {
     ${PROFILE_ARGS:---pass backward --head-dim 128 --window 4096} >"$OUT/profile.log" 2>&1 || rc=1
   ncu --import "$OUT/pair.ncu-rep" --page details >"$OUT/pair.txt" 2>&1
   ncu --import "$OUT/pair.ncu-rep" --page raw --csv >"$OUT/pair-raw.csv" 2>&1
+  # Per SASS instruction: its stall samples, to say where the cycles go (the details page has only
+  # the kernel's totals).
+  ncu --import "$OUT/pair.ncu-rep" --page source --print-source sass --csv >"$OUT/pair-sass.csv" 2>&1
   summary profile-local "$(gpu_name): rc $rc ($(grep -c '^  [a-zA-Z_].*(' "$OUT/pair.txt") kernels in pair.txt)"
   return $rc
 }
