@@ -535,7 +535,7 @@ TEST(PagedGpu, SixteenTokensAndLargeGroups) {
 // run on a GPU (head_dim 64 and 128; 256 stays on the CUDA-core kernel): page sizes (two not powers
 // of two), edge lengths, GQA 8:1, 8:2, 4:4 and 32:2 (rows over several row blocks and warps),
 // 1, 4 and 16 tokens, causal, the local kinds (windows, softcap, sinks), LSE on and off, one split
-// and many, the append.
+// and many, the append, and chunked prefill (up to 256 query tokens a sequence).
 struct MmaSwitch {
   MmaSwitch() { setenv("JFA_CUDA_UNVERIFIED_PAGED_MMA", "1", 1); }
   ~MmaSwitch() { unsetenv("JFA_CUDA_UNVERIFIED_PAGED_MMA"); }
@@ -602,6 +602,24 @@ TEST(PagedGpu, TensorCoreKernelMatchesReference) {
   c.len_q = {1, 1, 4, 16};
   c.max_q = 16;
   run_case_with_append(c);
+  // Chunked prefill (more than 16 query tokens a sequence, which only the tensor-core kernel
+  // takes): each sequence's chunk appended, then attending over its cache and itself, causal;
+  // with a window, GQA 4:1 and 8:1, both head sizes, a chunk into an empty cache.
+  for (int32_t d : {64, 128}) {
+    PagedCase p;
+    p.share_pages = false;
+    p.head_dim = d;
+    p.heads_q = d == 64 ? 16 : 32;
+    p.heads_kv = d == 64 ? 2 : 8;
+    p.dtype = d == 64 ? DType::kFloat16 : DType::kBFloat16;
+    p.causal = true;
+    p.window_left = d == 64 ? 300 : -1;
+    p.seqused = {0, 1000, 4000, 37};
+    p.len_new = {64, 200, 256, 17};
+    p.len_q = p.len_new;
+    p.max_q = 256;
+    run_case_with_append(p);
+  }
 }
 
 // Long caches on few CTAs (one sequence, one KV head): many splits and their combine, with and

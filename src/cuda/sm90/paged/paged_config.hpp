@@ -38,6 +38,10 @@ struct PagedConfig {
 // Query tokens per sequence the kernel takes (decode and speculative decode); longer ones
 // (chunked prefill) are not served yet.
 inline constexpr int kPagedMaxQueryTokens = 16;
+// Query tokens per sequence the tensor-core kernel takes (paged_decode_mma.cuh: chunks of a
+// chunked prefill too, each CTA's rows over the keys they see), while it runs only under its
+// switch (paged_dispatch.cu).
+inline constexpr int kPagedMmaMaxQueryTokens = 4096;
 // The fewest keys a split takes (a multiple of every kChunkKeys): shorter sequences use fewer
 // splits than the launch has, and the others exit at once.
 inline constexpr int kPagedMinSplitKeys = 256;

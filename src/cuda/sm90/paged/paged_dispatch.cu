@@ -66,6 +66,13 @@ bool unverified_mma_decode() {
   return on != nullptr && on[0] == '1' && on[1] == '\0';
 }
 
+// Query tokens a sequence the launch takes at this head size: the tensor-core kernel's chunks of a
+// chunked prefill where it runs, else decode and speculative decode.
+int32_t max_query_tokens(int32_t head_dim) {
+  return head_dim <= 128 && unverified_mma_decode() ? kPagedMmaMaxQueryTokens
+                                                    : kPagedMaxQueryTokens;
+}
+
 // What the kernels take, JFA_ERROR_UNSUPPORTED naming the rest; *facts is the current device's.
 jfa_status check_paged_supported(const Params& p, const jfa_paged_kv& kv,
                                  const jfa::cuda::DeviceFacts** facts_out) {
@@ -98,7 +105,7 @@ jfa_status check_paged_supported(const Params& p, const jfa_paged_kv& kv,
                 "the CUDA paged forward needs max_seqlen_q (the longest query sequence, at most "
                 "%d) to plan its launch without reading cu_seqlens_q: set the hint",
                 kPagedMaxQueryTokens);
-  if (p.max_seqlen_q > kPagedMaxQueryTokens)
+  if (p.max_seqlen_q > max_query_tokens(p.head_dim))
     return fail(JFA_ERROR_UNSUPPORTED,
                 "max_seqlen_q %d: chunked prefill on CUDA: not yet (the CUDA paged forward takes "
                 "at most %d query tokens per sequence: decode and speculative decode)",
@@ -138,7 +145,7 @@ PagedShape paged_shape(const Params& p) {
 bool paged_kernels_take(const Params& p) {
   return (p.dtype == JFA_DTYPE_FLOAT16 || p.dtype == JFA_DTYPE_BFLOAT16) &&
          p.head_dim_v == p.head_dim && paged_rows_per_cta(p.head_dim) != 0 && p.max_seqlen_q >= 1 &&
-         p.max_seqlen_q <= kPagedMaxQueryTokens;
+         p.max_seqlen_q <= max_query_tokens(p.head_dim);
 }
 
 // The kernels' arguments. maybe_unused, as launch_checks: a build whose JFA_SM90_HEAD_DIMS holds

@@ -42,7 +42,7 @@ struct PagedShape {
   int64_t batch, total_q;
   int32_t heads_q, heads_kv;
   int32_t head_dim;     // one the kernels take (paged_rows_per_cta is not 0)
-  int32_t max_q;        // the max_seqlen_q hint, 1 .. kPagedMaxQueryTokens
+  int32_t max_q;        // the max_seqlen_q hint, 1 .. kPagedMmaMaxQueryTokens
   int32_t max_k;        // the max_seqlen_k hint, 0 when not given
   int32_t window_left;  // -1 unbounded
 };
