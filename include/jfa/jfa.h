@@ -335,6 +335,14 @@ JFA_API jfa_status jfa_attention_forward_paged(const jfa_attention_params* param
 JFA_API jfa_status jfa_attention_paged_workspace_size(const jfa_attention_params* params,
                                                       const jfa_paged_kv* kv, size_t* bytes);
 
+/* As jfa_workspace_prepare, for a call of jfa_attention_forward_paged with these params and kv:
+ * sets params->workspace and workspace_bytes to the workspace's memory, grown to
+ * jfa_attention_paged_workspace_size's answer on the current device (none for host-memory calls).
+ */
+JFA_API jfa_status jfa_workspace_prepare_paged(jfa_workspace* workspace,
+                                               jfa_attention_params* params,
+                                               const jfa_paged_kv* kv);
+
 /* The float64 reference over a paged cache (jfa_attention_reference's rows and outputs): host
  * memory only, whatever params->backend says, as jfa_attention_reference. */
 JFA_API jfa_status jfa_attention_reference_paged(const jfa_attention_params* params,

@@ -96,6 +96,11 @@ class Workspace {
     if (handle_ == nullptr) throw Error(Status::kInvalidArgument, "moved-from jfa::Workspace");
     check(jfa_workspace_prepare_backward(handle_, &p));
   }
+  // The same for a call over a paged KV cache (jfa_attention_forward_paged with kv).
+  void prepare(jfa_attention_params& p, const jfa_paged_kv& kv) {
+    if (handle_ == nullptr) throw Error(Status::kInvalidArgument, "moved-from jfa::Workspace");
+    check(jfa_workspace_prepare_paged(handle_, &p, &kv));
+  }
 
  private:
   jfa_workspace* handle_ = nullptr;
@@ -297,6 +302,128 @@ inline std::vector<double> attention_reference(
   const int64_t* tokens = q_tokens ? (q_tokens->empty() ? &kNoToken : q_tokens->data()) : nullptr;
   check(jfa_attention_reference(&p, tokens, n, out.data(), lse ? lse->data() : nullptr));
   return out;
+}
+
+// ---- A paged KV cache (serving; jfa_paged_kv in jfa.h) ----
+
+// The cache: k_cache [num_pages, page_size, heads_kv, head_dim] and v_cache [.., head_dim_v],
+// packed, in q's dtype; block_table [batch, max_pages_per_seq] (page indices) and seqused_k
+// [batch] (each sequence's keys before the call), all in the memory of q.
+struct PagedKvCache {
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  int64_t num_pages = 0;
+  int32_t page_size = 0;
+  int32_t heads_kv = 0;
+  int32_t head_dim = 0;
+  int32_t head_dim_v = 0;  // 0: head_dim
+  const int32_t* block_table = nullptr;
+  int32_t max_pages_per_seq = 0;
+  const int32_t* seqused_k = nullptr;
+};
+
+// An optional append: the step's new keys and values, packed by cu_seqlens_new (batch + 1
+// offsets, the last total_new), which the call writes into each sequence's pages after its
+// seqused_k rows before it attends over them all (a decode or prefill step in one call).
+struct PagedAppend {
+  const void* k_new = nullptr;  // [total_new, heads_kv, head_dim]
+  const void* v_new = nullptr;  // [total_new, heads_kv, head_dim_v]
+  const int32_t* cu_seqlens_new = nullptr;
+  int64_t total_new = 0;
+};
+
+inline jfa_paged_kv make_paged_kv(const PagedKvCache& cache, const PagedAppend& append = {}) {
+  jfa_paged_kv kv;
+  check(jfa_paged_kv_init(&kv));
+  kv.k_cache = cache.k_cache;
+  kv.v_cache = cache.v_cache;
+  kv.block_table = cache.block_table;
+  kv.seqused_k = cache.seqused_k;
+  kv.num_pages = cache.num_pages;
+  kv.page_size = cache.page_size;
+  kv.max_pages_per_seq = cache.max_pages_per_seq;
+  kv.k_new = append.k_new;
+  kv.v_new = append.v_new;
+  kv.cu_seqlens_new = append.cu_seqlens_new;
+  kv.total_new = append.total_new;
+  return kv;
+}
+
+// The params of a paged call: as make_params, with no packed keys (the cache holds them).
+inline jfa_attention_params make_paged_params(const JaggedTensor& q, const JaggedTensor& out,
+                                              const PagedKvCache& cache,
+                                              const int32_t* cu_seqlens_q, int64_t batch,
+                                              const AttentionOptions& options) {
+  JaggedTensor k;
+  k.dtype = q.dtype;
+  k.heads = cache.heads_kv;
+  k.head_dim = cache.head_dim;
+  JaggedTensor v = k;
+  v.head_dim = cache.head_dim_v == 0 ? cache.head_dim : cache.head_dim_v;
+  return make_params(q, k, v, out, cu_seqlens_q, nullptr, batch, options);
+}
+
+// Checks that q and out agree with the cache (the C layer checks everything else).
+inline void check_paged_views(const JaggedTensor& q, const JaggedTensor& out,
+                              const PagedKvCache& cache) {
+  const int32_t dv = cache.head_dim_v == 0 ? cache.head_dim : cache.head_dim_v;
+  if (out.dtype != q.dtype) throw Error(Status::kInvalidArgument, "q and out must share a dtype");
+  if (out.total != q.total || out.heads != q.heads)
+    throw Error(Status::kInvalidArgument, "out must have the shape of q ([total_q, heads_q, d])");
+  if (cache.head_dim != q.head_dim)
+    throw Error(Status::kInvalidArgument, "the cache's head_dim must be q's");
+  if (out.head_dim != dv)
+    throw Error(Status::kInvalidArgument, "out must have the cache's head_dim_v");
+}
+
+// out = attention of q over each sequence's keys in the cache (after the append, where one is
+// given); see jfa_attention_forward_paged.
+inline void paged_attention(const JaggedTensor& q, const JaggedTensor& out,
+                            const PagedKvCache& cache, const int32_t* cu_seqlens_q, int64_t batch,
+                            const AttentionOptions& options = {}, const PagedAppend& append = {}) {
+  check_paged_views(q, out, cache);
+  jfa_attention_params p = make_paged_params(q, out, cache, cu_seqlens_q, batch, options);
+  const jfa_paged_kv kv = make_paged_kv(cache, append);
+  if (options.workspace != nullptr) options.workspace->prepare(p, kv);
+  check(jfa_attention_forward_paged(&p, &kv));
+}
+
+// The bytes of workspace a paged call of these sizes and hints needs on the CUDA backend
+// (jfa_attention_paged_workspace_size: no buffer is read, q's and the cache's data may be null).
+inline std::size_t paged_workspace_size(const JaggedTensor& q, const PagedKvCache& cache,
+                                        int64_t batch, const AttentionOptions& options = {}) {
+  JaggedTensor out = q;
+  out.data = nullptr;
+  out.head_dim = cache.head_dim_v == 0 ? cache.head_dim : cache.head_dim_v;
+  const jfa_attention_params p = make_paged_params(q, out, cache, nullptr, batch, options);
+  const jfa_paged_kv kv = make_paged_kv(cache);
+  std::size_t bytes = 0;
+  check(jfa_attention_paged_workspace_size(&p, &kv, &bytes));
+  return bytes;
+}
+
+// The float64 reference of a paged call on host buffers (jfa_attention_reference_paged): rows as
+// attention_reference returns them; the append is read, not written.
+inline std::vector<double> paged_attention_reference(
+    const JaggedTensor& q, const PagedKvCache& cache, const int32_t* cu_seqlens_q, int64_t batch,
+    const AttentionOptions& options = {}, const PagedAppend& append = {},
+    std::optional<std::span<const int64_t>> q_tokens = {}, std::vector<double>* lse = nullptr) {
+  JaggedTensor out = q;
+  out.data = nullptr;
+  out.head_dim = cache.head_dim_v == 0 ? cache.head_dim : cache.head_dim_v;
+  out.token_stride = out.head_stride = 0;
+  check_paged_views(q, out, cache);
+  jfa_attention_params p = make_paged_params(q, out, cache, cu_seqlens_q, batch, options);
+  p.device_check = nullptr;  // the reference has no checked mode
+  const jfa_paged_kv kv = make_paged_kv(cache, append);
+  const int64_t n = q_tokens ? static_cast<int64_t>(q_tokens->size()) : q.total;
+  std::vector<double> result(static_cast<std::size_t>(n) * q.heads * out.head_dim);
+  if (lse) lse->assign(static_cast<std::size_t>(n) * q.heads, 0.0);
+  static const int64_t kNoToken = 0;  // a non-null list pointer for an empty selection
+  const int64_t* tokens = q_tokens ? (q_tokens->empty() ? &kNoToken : q_tokens->data()) : nullptr;
+  check(jfa_attention_reference_paged(&p, &kv, tokens, n, result.data(),
+                                      lse ? lse->data() : nullptr));
+  return result;
 }
 
 // The forward's FLOPs (jfa_attention_flops_v); head_dim_v 0 means head_dim.

@@ -115,6 +115,23 @@ jfa_status jfa_workspace_prepare(jfa_workspace* workspace, jfa_attention_params*
   });
 }
 
+jfa_status jfa_workspace_prepare_paged(jfa_workspace* workspace, jfa_attention_params* params,
+                                       const jfa_paged_kv* kv) {
+  return guarded([&] {
+    if (workspace == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "workspace must not be NULL");
+    if (params == nullptr) return fail(JFA_ERROR_INVALID_ARGUMENT, "params must not be NULL");
+    size_t needed = 0;  // also checks struct_size and kv
+    if (const jfa_status s = jfa_attention_paged_workspace_size(params, kv, &needed);
+        s != JFA_SUCCESS)
+      return s;
+    jfa_attention_params p;  // read in the current layout; workspace lies alike in every one
+    if (const jfa_status s = jfa::detail::read_params(params, &p); s != JFA_SUCCESS) return s;
+    const void* probe = p.q != nullptr ? p.q : kv->k_cache;
+    return point_at_workspace(workspace, needed, probe, p.backend, &params->workspace,
+                              &params->workspace_bytes);
+  });
+}
+
 jfa_status jfa_workspace_prepare_backward(jfa_workspace* workspace,
                                           jfa_attention_backward_params* params) {
   return guarded([&] {

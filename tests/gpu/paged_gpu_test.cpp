@@ -680,6 +680,24 @@ TEST(PagedGpu, SplitsOfLongCachesAndWorkspaces) {
           EXPECT_EQ(default_pool_peak(/*reset=*/false), 0u);
         }
       }
+      // A jfa_workspace prepared for the paged call: the same bits, nothing allocated in the call.
+      jfa_workspace* kept = nullptr;
+      ASSERT_EQ(jfa_workspace_create(&kept), JFA_SUCCESS);
+      Outputs prepared;
+      JFA_CUDA_OK(cudaDeviceSynchronize());
+      jfa_status prepare_status = JFA_SUCCESS;
+      ASSERT_EQ(dev.run(h, &prepared, nullptr,
+                        [&](jfa_attention_params& p) {
+                          const jfa_paged_kv kv = dev.kv(h);
+                          prepare_status = jfa_workspace_prepare_paged(kept, &p, &kv);
+                          (void)default_pool_peak(/*reset=*/true);
+                        }),
+                JFA_SUCCESS)
+          << jfa_last_error_message();
+      EXPECT_EQ(prepare_status, JFA_SUCCESS) << jfa_last_error_message();
+      EXPECT_EQ(default_pool_peak(/*reset=*/false), 0u);
+      EXPECT_TRUE(prepared.out == own.out) << "a prepared jfa_workspace changed the result";
+      EXPECT_EQ(jfa_workspace_destroy(kept), JFA_SUCCESS);
     }
   }
 }
