@@ -785,6 +785,43 @@ TEST(PagedGpu, GraphCaptureReplaysOnNewLengthsAndTable) {
   }
 }
 
+// The checked mode's word after one call on a spoiled copy of h's table, lengths and offsets
+// (cu_seqlens_q, and cu_seqlens_new where h appends) with params adjusted, checking that nothing
+// faulted or was written outside out; h's own are uploaded again after.
+struct CheckedCalls {
+  const PagedHost& h;
+  PagedDevice& d;
+  const DeviceBuffer& word;
+
+  void upload(const PagedHost& x) {
+    d.upload_table_and_lengths(x);
+    EXPECT_EQ(cudaMemcpy(d.cu_q.ptr, x.cu_q.data(), x.cu_q.size() * 4, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    if (!x.cu_new.empty()) {
+      EXPECT_EQ(
+          cudaMemcpy(d.cu_new.ptr, x.cu_new.data(), x.cu_new.size() * 4, cudaMemcpyHostToDevice),
+          cudaSuccess);
+    }
+  }
+
+  int32_t word_after(const std::function<void(PagedHost&)>& spoil,
+                     const std::function<void(jfa_attention_params&)>& adjust = {}) {
+    PagedHost bad = h;
+    spoil(bad);
+    upload(bad);
+    Outputs r;
+    const int32_t got = device_check_after(word, [&](int32_t*) {
+      EXPECT_EQ(d.run(h, &r, nullptr, adjust), JFA_SUCCESS) << jfa_last_error_message();
+    });
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    EXPECT_TRUE(all_bytes(r.out.data(), kGuardBytes, 0xFF) &&
+                all_bytes(r.out.data() + r.out.size() - kGuardBytes, kGuardBytes, 0xFF))
+        << "write outside out";
+    upload(h);
+    return got;
+  }
+};
+
 // The checked mode: block-table entries outside [0, num_pages) among the pages that hold keys,
 // lengths outside their range, cu_seqlens_q that break its rules, and a NaN in q each set their
 // bits (paged_sm90.hpp) without a fault or a write outside out and lse; a valid call stores 0 (the
@@ -804,58 +841,39 @@ TEST(PagedGpu, CheckedModeOnInvalidTablesAndLengths) {
   const DeviceBuffer word(4);
   d.device_check = word.as<int32_t>();
   const int32_t capacity = h.max_pages * c.page_size;
-  auto word_after = [&](const std::function<void(PagedHost&)>& spoil,
-                        const std::function<void(jfa_attention_params&)>& adjust = {}) {
-    PagedHost bad = h;
-    spoil(bad);
-    d.upload_table_and_lengths(bad);
-    EXPECT_EQ(cudaMemcpy(d.cu_q.ptr, bad.cu_q.data(), bad.cu_q.size() * 4, cudaMemcpyHostToDevice),
-              cudaSuccess);
-    Outputs r;
-    const int32_t got = device_check_after(word, [&](int32_t*) {
-      EXPECT_EQ(d.run(h, &r, nullptr, adjust), JFA_SUCCESS) << jfa_last_error_message();
-    });
-    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-    EXPECT_TRUE(all_bytes(r.out.data(), kGuardBytes, 0xFF) &&
-                all_bytes(r.out.data() + r.out.size() - kGuardBytes, kGuardBytes, 0xFF))
-        << "write outside out";
-    d.upload_table_and_lengths(h);
-    EXPECT_EQ(cudaMemcpy(d.cu_q.ptr, h.cu_q.data(), h.cu_q.size() * 4, cudaMemcpyHostToDevice),
-              cudaSuccess);
-    return got;
-  };
-  EXPECT_EQ(word_after([](PagedHost&) {}), 0);
+  CheckedCalls calls{h, d, word};
+  EXPECT_EQ(calls.word_after([](PagedHost&) {}), 0);
   for (int32_t entry : {-1, static_cast<int32_t>(h.num_pages), INT32_MAX, INT32_MIN}) {
     SCOPED_TRACE("block table entry " + std::to_string(entry));
-    const int32_t w = word_after([&](PagedHost& b) { b.table[2 * b.max_pages + 3] = entry; });
+    const int32_t w = calls.word_after([&](PagedHost& b) { b.table[2 * b.max_pages + 3] = entry; });
     EXPECT_EQ(w, JFA_OFFSETS_K_LAST_NOT_TOTAL) << jfa_device_check_message(w);
   }
-  const int32_t negative = word_after([](PagedHost& b) { b.seqused[1] = -3; });
+  const int32_t negative = calls.word_after([](PagedHost& b) { b.seqused[1] = -3; });
   EXPECT_EQ(negative, JFA_OFFSETS_K_DECREASING) << jfa_device_check_message(negative);
   for (int32_t used : {capacity + 1, INT32_MAX}) {
-    const int32_t w = word_after([&](PagedHost& b) { b.seqused[0] = used; });
+    const int32_t w = calls.word_after([&](PagedHost& b) { b.seqused[0] = used; });
     // Past the table: its garbage columns are then pages that hold keys, outside the cache.
     EXPECT_EQ(w & JFA_OFFSETS_K_ABOVE_MAX, JFA_OFFSETS_K_ABOVE_MAX) << jfa_device_check_message(w);
   }
   const int32_t above_hint =
-      word_after([](PagedHost&) {}, [](jfa_attention_params& p) { p.max_seqlen_k = 100; });
+      calls.word_after([](PagedHost&) {}, [](jfa_attention_params& p) { p.max_seqlen_k = 100; });
   EXPECT_EQ(above_hint, JFA_OFFSETS_K_ABOVE_MAX) << jfa_device_check_message(above_hint);
-  const int32_t decreasing = word_after([](PagedHost& b) { b.cu_q = {0, 3, 1, 4}; });
+  const int32_t decreasing = calls.word_after([](PagedHost& b) { b.cu_q = {0, 3, 1, 4}; });
   EXPECT_EQ(decreasing & JFA_OFFSETS_Q_DECREASING, JFA_OFFSETS_Q_DECREASING)
       << jfa_device_check_message(decreasing);
   // With invalid offsets, whether JFA_CHECK_RESULT_NOT_FINITE comes too is unspecified (jfa.h):
   // rows of tokens past max_seqlen_q are not computed.
-  const int32_t q_above = word_after([](PagedHost& b) { b.cu_q = {0, 3, 3, 4}; });
+  const int32_t q_above = calls.word_after([](PagedHost& b) { b.cu_q = {0, 3, 3, 4}; });
   EXPECT_EQ(q_above & ~JFA_CHECK_RESULT_NOT_FINITE, JFA_OFFSETS_Q_ABOVE_MAX)
       << jfa_device_check_message(q_above);
-  const int32_t first = word_after([](PagedHost& b) { b.cu_q = {1, 2, 3, 4}; });
+  const int32_t first = calls.word_after([](PagedHost& b) { b.cu_q = {1, 2, 3, 4}; });
   EXPECT_EQ(first & ~JFA_CHECK_RESULT_NOT_FINITE, JFA_OFFSETS_Q_FIRST_NOT_ZERO)
       << jfa_device_check_message(first);
   // A NaN in q: its rows' sums are NaN.
   HostBuffer nan_q = h.q;
   std::fill(nan_q.bytes.begin(), nan_q.bytes.begin() + 2 * c.head_dim, 0xFF);
   JFA_CUDA_OK(cudaMemcpy(d.q.ptr, nan_q.data(), nan_q.bytes.size(), cudaMemcpyHostToDevice));
-  const int32_t nan = word_after([](PagedHost&) {});
+  const int32_t nan = calls.word_after([](PagedHost&) {});
   EXPECT_EQ(nan, JFA_CHECK_RESULT_NOT_FINITE) << jfa_device_check_message(nan);
   JFA_CUDA_OK(cudaDeviceSynchronize());
 }
@@ -920,47 +938,26 @@ TEST(PagedGpu, CheckedModeOnInvalidAppends) {
   const DeviceBuffer word(4);
   d.device_check = word.as<int32_t>();
   const int32_t capacity = h.max_pages * c.page_size;
-  auto upload = [&](const PagedHost& x) {
-    d.upload_table_and_lengths(x);
-    EXPECT_EQ(
-        cudaMemcpy(d.cu_new.ptr, x.cu_new.data(), x.cu_new.size() * 4, cudaMemcpyHostToDevice),
-        cudaSuccess);
-  };
-  auto word_after = [&](const std::function<void(PagedHost&)>& spoil,
-                        const std::function<void(jfa_attention_params&)>& adjust = {}) {
-    PagedHost bad = h;
-    spoil(bad);
-    upload(bad);
-    Outputs r;
-    const int32_t got = device_check_after(word, [&](int32_t*) {
-      EXPECT_EQ(d.run(h, &r, nullptr, adjust), JFA_SUCCESS) << jfa_last_error_message();
-    });
-    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-    EXPECT_TRUE(all_bytes(r.out.data(), kGuardBytes, 0xFF) &&
-                all_bytes(r.out.data() + r.out.size() - kGuardBytes, kGuardBytes, 0xFF))
-        << "write outside out";
-    upload(h);
-    return got;
-  };
-  EXPECT_EQ(word_after([](PagedHost&) {}), 0);
-  const int32_t decreasing = word_after([](PagedHost& b) { b.cu_new = {0, 3, 1, 6}; });
+  CheckedCalls calls{h, d, word};
+  EXPECT_EQ(calls.word_after([](PagedHost&) {}), 0);
+  const int32_t decreasing = calls.word_after([](PagedHost& b) { b.cu_new = {0, 3, 1, 6}; });
   EXPECT_EQ(decreasing & JFA_PAGED_APPEND_INVALID, JFA_PAGED_APPEND_INVALID)
       << jfa_device_check_message(decreasing);
-  const int32_t first = word_after([](PagedHost& b) { b.cu_new = {1, 2, 4, 6}; });
+  const int32_t first = calls.word_after([](PagedHost& b) { b.cu_new = {1, 2, 4, 6}; });
   EXPECT_EQ(first & JFA_PAGED_APPEND_INVALID, JFA_PAGED_APPEND_INVALID)
       << jfa_device_check_message(first);
-  const int32_t last = word_after([](PagedHost& b) { b.cu_new = {0, 1, 4, 5}; });
+  const int32_t last = calls.word_after([](PagedHost& b) { b.cu_new = {0, 1, 4, 5}; });
   EXPECT_EQ(last & JFA_PAGED_APPEND_INVALID, JFA_PAGED_APPEND_INVALID)
       << jfa_device_check_message(last);
   // Sequence 1 appends at rows 17..19: its second page. Give it sequence 0's first page.
   const int32_t shared =
-      word_after([](PagedHost& b) { b.table[1 * b.max_pages + 1] = b.table[0]; });
+      calls.word_after([](PagedHost& b) { b.table[1 * b.max_pages + 1] = b.table[0]; });
   EXPECT_EQ(shared, JFA_PAGED_APPEND_INVALID) << jfa_device_check_message(shared);
-  const int32_t past_table = word_after([&](PagedHost& b) { b.seqused[2] = capacity - 1; });
+  const int32_t past_table = calls.word_after([&](PagedHost& b) { b.seqused[2] = capacity - 1; });
   EXPECT_EQ(past_table & JFA_OFFSETS_K_ABOVE_MAX, JFA_OFFSETS_K_ABOVE_MAX)
       << jfa_device_check_message(past_table);
   const int32_t above_hint =
-      word_after([](PagedHost&) {}, [](jfa_attention_params& p) { p.max_seqlen_k = 301; });
+      calls.word_after([](PagedHost&) {}, [](jfa_attention_params& p) { p.max_seqlen_k = 301; });
   EXPECT_EQ(above_hint, JFA_OFFSETS_K_ABOVE_MAX) << jfa_device_check_message(above_hint);
   JFA_CUDA_OK(cudaDeviceSynchronize());
 }

@@ -15,12 +15,12 @@
 #include <cstdint>
 
 #include "common/visibility.hpp"
-#include "cuda/sm90/paged/async_copy.cuh"
 #include "cuda/sm90/paged/mma_sync.cuh"
 #include "cuda/sm90/paged/paged_args.hpp"
 #include "cuda/sm90/paged/paged_combine.cuh"
 #include "cuda/sm90/paged/paged_config.hpp"
 #include "cuda/sm90/paged/paged_decode.cuh"
+#include "cuda/sm90/paged/paged_stream.cuh"
 #include "cuda/sm90/paged/paged_vec.cuh"
 #include "cuda/sm90/shared/softmax.cuh"
 #include "jfa/jfa.h"
@@ -136,37 +136,13 @@ __global__ void __launch_bounds__(PagedMmaConfig<kD>::kThreads)
   const int32_t* const table = a.block_table + w.seq * a.max_pages_per_seq;
   const int32_t n_chunks = (w.key_end - w.key_begin + C::kChunkKeys - 1) / C::kChunkKeys;
 
-  // Chunk c's keys and values into stage s, swizzled; keys past the split's end, and keys on a
-  // page outside the cache, as zeros.
+  // Chunk c's keys and values into stage s, swizzled.
   auto load_chunk = [&](int32_t c, int s) {
     T* const sk = stages + s * 2 * C::kStageElems;
-    T* const sv = sk + C::kStageElems;
-    const int32_t key0 = w.key_begin + c * C::kChunkKeys;
-#pragma unroll
-    for (int it = 0; it < C::kChunkKeys * C::kVecsPerKey / C::kThreads; ++it) {
-      const int v = static_cast<int>(threadIdx.x) + it * C::kThreads;
-      const int key = v / C::kVecsPerKey, col = v % C::kVecsPerKey;
-      const int32_t k = key0 + key;
-      int64_t elem = -1;
-      if (k < w.key_end) {
-        const int32_t column = a.page_shift >= 0 ? k >> a.page_shift : k / a.page_size;
-        const int32_t in_page = a.page_shift >= 0 ? k & (a.page_size - 1) : k % a.page_size;
-        const int32_t page = __ldg(table + column);
-        if (page >= 0 && page < a.num_pages)
-          elem =
-              ((static_cast<int64_t>(page) * a.page_size + in_page) * a.heads_kv + w.kv_head) * kD +
-              col * 8;
-      }
-      T* const dk = sk + swizzled<kD>(key, col);
-      T* const dv = sv + swizzled<kD>(key, col);
-      if (elem >= 0) {
-        cp_async_16(dk, k_cache + elem);
-        cp_async_16(dv, v_cache + elem);
-      } else {
-        *reinterpret_cast<uint4*>(dk) = make_uint4(0u, 0u, 0u, 0u);
-        *reinterpret_cast<uint4*>(dv) = make_uint4(0u, 0u, 0u, 0u);
-      }
-    }
+    paged_load_chunk<T, kD, C::kChunkKeys, C::kThreads>(
+        a, k_cache, v_cache, table, w.kv_head, w.key_begin + c * C::kChunkKeys, w.key_end, sk,
+        sk + C::kStageElems,
+        [](T* stage, int key, int col) { return stage + swizzled<kD>(key, col); });
   };
 
   // This key warp's sub-tiles of chunk c (in stage s): S = q K^T, mask, online softmax, O += P V.
@@ -246,22 +222,7 @@ __global__ void __launch_bounds__(PagedMmaConfig<kD>::kThreads)
     }
   };
 
-  // The CUDA-core kernel's pipeline: kStages - 1 chunks in flight ahead of the one computed.
-#pragma unroll
-  for (int c = 0; c < C::kStages - 1; ++c) {
-    if (c < n_chunks) load_chunk(c, c);
-    cp_async_commit();
-  }
-  for (int32_t c = 0; c < n_chunks; ++c) {
-    cp_async_wait<C::kStages - 2>();
-    __syncthreads();
-    const int32_t next = c + C::kStages - 1;
-    if (next < n_chunks) load_chunk(next, next % C::kStages);
-    cp_async_commit();
-    compute_chunk(c, c % C::kStages);
-  }
-  cp_async_wait<0>();
-  __syncthreads();
+  paged_pipeline<C::kStages>(n_chunks, load_chunk, compute_chunk);
 
   // Each row's sum over its 4 lanes (their maxima agree).
 #pragma unroll
