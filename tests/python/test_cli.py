@@ -153,3 +153,57 @@ def test_check_draws_windows_softcap_and_sinks_on_the_cpu():
         assert drawn and all(" ok " in line for line in drawn), (feature, r.stdout)
     # Some with the backward checked too (dsinks compared with the reference's).
     assert any(" sinks" in line and "bwd -" not in line for line in cases), r.stdout
+
+
+_PAGED_SHAPE = ["--lengths", "1,1,3,0,12", "--lengths-k", "70,17,9,5,40", "--heads", "4",
+                "--heads-kv", "2", "--head-dim", "32", "--causal", "--repeats", "1", "--warmup",
+                "0"]
+
+
+def test_paged_kv_cache_checks_and_reports_its_layout():
+    """--page-size runs the paged forward over a cache holding the batch's keys: checked against the
+    paged float64 reference, reported in the header, the table and the JSON, no padded run."""
+    r = _bench(*_PAGED_SHAPE, "--page-size", "16", "--check")
+    assert r.returncode == 0, r.stdout + r.stderr
+    # Pages: ceil(70/16) + ceil(17/16) + 1 + 1 + ceil(40/16) = 5 + 2 + 1 + 1 + 3.
+    assert "paged    KV cache of 12 pages x 16 rows" in r.stdout, r.stdout
+    assert "(block table 5 x 5)" in r.stdout, r.stdout
+    assert "padded   not run" in r.stdout and "speedup" not in r.stdout, r.stdout
+    assert any(line.split()[2:3] == ["paged"] for line in r.stdout.splitlines()
+               if line.startswith("jfa (cpu)")), r.stdout
+    assert "check: PASS" in r.stdout, r.stdout
+    lines = [json.loads(line) for line in
+             _bench(*_PAGED_SHAPE, "--page-size", "16", "--check", "--json").stdout.splitlines()]
+    assert len(lines) == 1, lines  # the padded baseline does not apply
+    line = lines[0]
+    assert (line["layout"], line["page_size"], line["num_pages"]) == ("paged", 16, 12), line
+    assert line["check_passed"] and line["check_rows"] > 0, line
+    assert (line["total_k"], line["max_seqlen_q"], line["max_seqlen_k"]) == (141, 12, 70)
+
+
+def test_packed_runs_are_unchanged_by_the_paged_option():
+    lines = [json.loads(line) for line in _bench(*_PAGED_SHAPE, "--json").stdout.splitlines()]
+    assert [line["layout"] for line in lines] == ["jagged", "padded"], lines
+    assert all("page_size" not in line and "num_pages" not in line for line in lines), lines
+
+
+@pytest.mark.parametrize("page_size", ["1", "7", "128"])
+@pytest.mark.parametrize("extra", [[], ["--window", "5,0", "--softcap", "3", "--sinks"]])
+def test_paged_output_equals_the_packed_output(page_size, extra):
+    """The CPU backend's output over the cache is the packed call's: on the same seed the two runs'
+    errors against the reference, on the same sampled rows, agree to every printed digit (float32,
+    where any difference of the outputs would show)."""
+    args = [*_PAGED_SHAPE, "--dtype", "fp32", "--seed", "7", "--check", "--json", *extra]
+    packed = json.loads(_bench(*args, "--no-padded").stdout.splitlines()[0])
+    paged = json.loads(_bench(*args, "--page-size", page_size).stdout.splitlines()[0])
+    assert packed["check_passed"] and paged["check_passed"], (packed, paged)
+    assert paged["check_rows"] == packed["check_rows"] > 0
+    assert paged["check_rel_error"] == packed["check_rel_error"], (packed, paged)
+    assert paged["check_rel_error"] < 1e-5
+    assert paged["useful_gflop"] == packed["useful_gflop"]
+
+
+def test_page_size_zero_is_a_usage_error():
+    r = _bench("--lengths", "4", "--page-size", "0")
+    assert r.returncode == 2 and "--page-size: 0 is outside [1, " in r.stderr, r.stderr
+    assert "problem" not in r.stdout  # rejected before the batch was built

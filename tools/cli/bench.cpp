@@ -8,6 +8,7 @@
 #include "cli/commands.hpp"
 #include "cli/compare.hpp"
 #include "cli/format.hpp"
+#include "cli/paged.hpp"
 #include "cli/runner.hpp"
 #include "cli/workloads.hpp"
 #include "common/jagged_batch.hpp"
@@ -25,6 +26,7 @@ struct BenchOptions {
   int heads_kv = 0;  // 0: same as heads
   int head_dim = 128;
   int head_dim_v = 0;  // 0: same as head_dim
+  int page_size = 0;   // 0: packed keys and values, else rows of a page of a paged cache
   int progress_s = 5;
   DType dtype = DType::kFloat16;
   bool causal = false;
@@ -41,6 +43,9 @@ struct BenchOptions {
 };
 
 constexpr int32_t kMaxLength = INT32_MAX;
+constexpr int kMaxPageSize = 1 << 20;
+// The block table's permutation is drawn from the data seed plus this (the sinks take plus one).
+constexpr uint64_t kPageSeedOffset = 2;
 
 // The lengths to run, from exactly one of --workload, --lengths and --dist.
 Workload resolve_workload(const ArgParser& parser, const BenchOptions& o) {
@@ -82,7 +87,7 @@ Workload resolve_workload(const ArgParser& parser, const BenchOptions& o) {
 }
 
 void print_json(const Workload& w, const tools::JaggedBatch& batch, const BenchOptions& o,
-                const Runner& runner, const Comparison& c) {
+                const Runner& runner, const Comparison& c, const PagedCache* cache) {
   std::vector<const Measurement*> measured = {&c.jagged};
   if (c.padded) measured.push_back(&*c.padded);
   for (const Measurement* m : measured) {
@@ -90,8 +95,10 @@ void print_json(const Workload& w, const tools::JaggedBatch& batch, const BenchO
     line.add("method", "jfa")
         .add("backend", runner.backend_name())
         .add("device", runner.device())
-        .add("layout", m->layout)
-        .add("workload", w.name)
+        .add("layout", m->layout);
+    if (cache != nullptr)
+      line.add("page_size", int64_t{cache->page_size}).add("num_pages", cache->num_pages);
+    line.add("workload", w.name)
         .add("dtype", tools::dtype_name(batch.dtype))
         .add("causal", o.causal)
         .add("window_left", int64_t{batch.window_left})
@@ -152,8 +159,9 @@ int bench_main(std::span<const std::string> args) {
   BenchOptions o;
   ArgParser parser("jfa bench",
                    "Times jagged attention on a batch, and the same batch padded to its longest "
-                   "sequence, on one\nbackend. Give the lengths with --workload, --lengths or "
-                   "--dist. Useful TFLOP/s count the real\ntokens only.");
+                   "sequence, on one\nbackend; with --page-size, over a paged KV cache instead "
+                   "(no padded run). Give the lengths with\n--workload, --lengths or --dist. "
+                   "Useful TFLOP/s count the real tokens only.");
   parser.add_option("--workload", "W1|W2|W3|W4", "a benchmark workload (list below)",
                     [&o](std::string_view v) {
                       o.preset = preset_workload(v);
@@ -182,6 +190,10 @@ int bench_main(std::span<const std::string> args) {
                  JFA_MAX_HEAD_DIM);
   parser.add_int("--head-dim-v", "D", "head dimension of v and the output (default: --head-dim)",
                  &o.head_dim_v, 1, JFA_MAX_HEAD_DIM);
+  parser.add_int("--page-size", "P",
+                 "keys and values in a paged KV cache of P rows a page, each sequence's pages in a "
+                 "random order, run by the paged forward (no padded baseline; default: packed)",
+                 &o.page_size, 1, kMaxPageSize);
   parser.add_dtype("element type (default fp16; fp32 on the CPU only)", &o.dtype);
   parser.add_flag("--causal", "causal mask (bottom-right aligned when q/k lengths differ)",
                   &o.causal);
@@ -199,10 +211,10 @@ int bench_main(std::span<const std::string> args) {
                  1000000);
   parser.add_int("--warmup", "N", "untimed runs first (default 3 on a GPU, 1 on the CPU)",
                  &o.warmup, 0, 1000000);
-  parser.add_flag("--no-padded", "skip the padded baseline", &o.no_padded);
+  parser.add_flag("--no-padded", "skip the padded baseline (implied by --page-size)", &o.no_padded);
   parser.add_flag("--check",
-                  "check the jagged output against the float64 reference on sampled "
-                  "query tokens (exit 1 on failure)",
+                  "check the jagged output against the float64 reference (the paged one with "
+                  "--page-size) on sampled query tokens (exit 1 on failure)",
                   &o.check);
   parser.add_flag("--print-lengths",
                   "print the query lengths (comma-separated) and exit, so other tools can run the "
@@ -215,7 +227,10 @@ int bench_main(std::span<const std::string> args) {
                  "default under --json: none)",
                  &o.progress_s, 0, 86400);
   parser.set_epilog("workloads:\n" + preset_help() +
-                    "\nexample: jfa bench --workload W2 --heads 2 --repeats 5\n");
+                    "\nexamples: jfa bench --workload W2 --heads 2 --repeats 5\n"
+                    "          jfa bench --lengths 1,1,1,1 --lengths-k 4096,4096,300,17 "
+                    "--page-size 16 --heads 32\n"
+                    "            --heads-kv 8 --causal   (decode steps over a paged KV cache)\n");
   if (!parser.parse(args)) return 0;
 
   if (o.heads_kv == 0) o.heads_kv = o.heads;
@@ -251,11 +266,14 @@ int bench_main(std::span<const std::string> args) {
   batch.window_right = o.window.second;
   batch.softcap = static_cast<float>(o.softcap);
   if (o.sinks) tools::draw_sinks(batch, w.data_seed + 1);
+  std::optional<PagedCache> cache;
+  if (o.page_size > 0) cache = make_paged_cache(batch, o.page_size, w.data_seed + kPageSeedOffset);
   CompareOptions options;
   options.config.causal = o.causal;
+  options.config.paged = cache ? &*cache : nullptr;
   options.warmup = o.warmup;
   options.repeats = o.repeats;
-  options.padded = !o.no_padded;
+  options.padded = !o.no_padded && !cache;
   options.check = o.check;
   options.check_tokens_per_sequence = 8;
   options.progress_interval_s = parser.given("--progress") ? o.progress_s : (o.json ? 0 : 5);
@@ -277,7 +295,14 @@ int bench_main(std::span<const std::string> args) {
     std::printf("backend  %s: %s; median of %s after %s\n", runner->backend_name(),
                 runner->device().c_str(), count_of(o.repeats, "run").c_str(),
                 count_of(o.warmup, "warm-up run").c_str());
-    if (!o.no_padded) {
+    if (cache) {
+      std::printf(
+          "paged    KV cache of %s pages x %d rows, each sequence's pages in a random order "
+          "(block table %lld x %d)\n",
+          with_commas(cache->num_pages).c_str(), cache->page_size,
+          static_cast<long long>(batch.batch()), cache->max_pages_per_seq);
+      std::printf("padded   not run: the padded baseline does not apply to a paged cache\n");
+    } else if (!o.no_padded) {
       std::printf(
           "padded   every sequence padded with zeros to the longest; padded keys are not "
           "masked (timed, not checked)\n");
@@ -288,7 +313,7 @@ int bench_main(std::span<const std::string> args) {
   const Comparison c = compare(*runner, batch, options);
 
   if (o.json) {
-    print_json(w, batch, o, *runner, c);
+    print_json(w, batch, o, *runner, c, cache ? &*cache : nullptr);
   } else {
     std::printf("work     %.4g useful GFLOP per forward\n", c.jagged.useful_flops * 1e-9);
     print_table(*runner, c);

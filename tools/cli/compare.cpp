@@ -19,21 +19,24 @@ Comparison compare(Runner& runner, const tools::JaggedBatch& batch, const Compar
     runner.download(&out, nullptr);
     result.check = check_against_reference(
         batch, options.config.causal, out, nullptr,
-        sample_tokens(batch, options.check_tokens_per_sequence, options.check_seed));
+        sample_tokens(batch, options.check_tokens_per_sequence, options.check_seed),
+        options.config.paged);
   }
   // Without query tokens a call does no work: its time would be the call's overhead alone, and a
   // ratio of two such times says nothing of the layouts.
   const bool work = batch.total_q() > 0;
-  result.jagged.layout = "jagged";
+  const bool paged = options.config.paged != nullptr;
+  result.jagged.layout = paged ? "paged" : "jagged";
   if (work) {
-    progress.phase("jagged layout", options.warmup + options.repeats);
+    progress.phase(paged ? "paged layout" : "jagged layout", options.warmup + options.repeats);
     result.jagged.timing = runner.time(options.warmup, options.repeats, progress);
   }
   result.jagged.useful_flops = flops;
   result.jagged.tokens_q = batch.total_q();
   result.jagged.tokens_k = batch.total_k();
 
-  if (options.padded) {
+  // Padding a paged cache would compare nothing a server does: no baseline for paged runs.
+  if (options.padded && !paged) {
     const tools::JaggedBatch padded = make_padded(batch);
     runner.upload(padded, options.config);
     Measurement m;

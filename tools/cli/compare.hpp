@@ -14,7 +14,7 @@
 namespace jfa::cli {
 
 struct Measurement {
-  std::string layout;  // "jagged" or "padded"
+  std::string layout;  // "jagged", "paged" (keys and values in a paged cache) or "padded"
   Timing timing;
   double useful_flops = 0;  // of the real (jagged) offsets: padding earns nothing
   int64_t tokens_q = 0;     // query tokens the run processed, padding included
@@ -28,7 +28,7 @@ struct CompareOptions {
   RunConfig config;
   int warmup = 1;
   int repeats = 10;
-  bool padded = true;                 // also time the padded baseline
+  bool padded = true;                 // also time the padded baseline (never for a paged run)
   bool check = false;                 // check the jagged output against the reference
   int check_tokens_per_sequence = 8;  // sampled query tokens per sequence (all heads)
   uint64_t check_seed = 0x5A3B1E;
@@ -36,7 +36,7 @@ struct CompareOptions {
 };
 
 struct Comparison {
-  Measurement jagged;
+  Measurement jagged;                 // the batch as given: packed, or over config.paged's cache
   std::optional<Measurement> padded;  // untimed (no samples) when jagged is
   std::optional<CheckReport> check;
 

@@ -66,6 +66,7 @@ class CpuRunner final : public Runner {
   }
 
   void backward(const tools::HostBuffer& dout, Gradients* grads) override {
+    if (call_.paged) throw Error(Status::kUnsupported, "the backward takes no paged KV cache");
     *grads = poisoned_gradients(call_);
     auto like = [](JaggedTensor view, const tools::HostBuffer& data) {
       view.data = const_cast<void*>(data.data());

@@ -115,25 +115,50 @@ class DeviceRunner final : public Runner {
     release();  // first, so two large problems never sit on the GPU together
     call_ = make_host_call(batch, config, Backend::kCuda);
     q_ = DeviceBuffer::copy_of(batch.q.data(), batch.q.bytes.size());
-    k_ = DeviceBuffer::copy_of(batch.k.data(), batch.k.bytes.size());
-    v_ = DeviceBuffer::copy_of(batch.v.data(), batch.v.bytes.size());
     cu_q_ = DeviceBuffer::copy_of(batch.cu_q.data(), batch.cu_q.size() * sizeof(int32_t));
-    cu_k_ = DeviceBuffer::copy_of(batch.cu_k.data(), batch.cu_k.size() * sizeof(int32_t));
+    if (config.paged == nullptr) {
+      k_ = DeviceBuffer::copy_of(batch.k.data(), batch.k.bytes.size());
+      v_ = DeviceBuffer::copy_of(batch.v.data(), batch.v.bytes.size());
+      cu_k_ = DeviceBuffer::copy_of(batch.cu_k.data(), batch.cu_k.size() * sizeof(int32_t));
+    } else {
+      // The cache and its tables in device memory: k_ and v_ hold the pages.
+      const PagedCache& cache = *config.paged;
+      k_ = DeviceBuffer::copy_of(cache.k.data(), cache.k.bytes.size());
+      v_ = DeviceBuffer::copy_of(cache.v.data(), cache.v.bytes.size());
+      block_table_ = DeviceBuffer::copy_of(cache.block_table.data(),
+                                           cache.block_table.size() * sizeof(int32_t));
+      seqused_k_ =
+          DeviceBuffer::copy_of(cache.seqused_k.data(), cache.seqused_k.size() * sizeof(int32_t));
+    }
     sinks_ = DeviceBuffer::copy_of(batch.sinks.data(), batch.sinks.size() * sizeof(float));
     out_ = DeviceBuffer(static_cast<size_t>(batch.total_q()) * batch.heads_q * batch.value_dim() *
                         dtype_size(batch.dtype));
     lse_ = DeviceBuffer(
         config.with_lse ? static_cast<size_t>(batch.total_q()) * batch.heads_q * sizeof(float) : 0);
     call_.q.data = q_.get();
-    call_.k.data = k_.get();
-    call_.v.data = v_.get();
     call_.out.data = out_.get();
     call_.cu_seqlens_q = static_cast<const int32_t*>(cu_q_.get());
-    call_.cu_seqlens_k = static_cast<const int32_t*>(cu_k_.get());
     call_.options.lse = static_cast<float*>(lse_.get());
     call_.options.sinks = static_cast<const float*>(sinks_.get());  // null without sinks
     call_.options.stream = stream_;
-    call_.options.workspace = &workspace_;
+    if (!call_.paged) {
+      call_.k.data = k_.get();
+      call_.v.data = v_.get();
+      call_.cu_seqlens_k = static_cast<const int32_t*>(cu_k_.get());
+      call_.options.workspace = &workspace_;
+    } else {
+      call_.paged->k_cache = k_.get();
+      call_.paged->v_cache = v_.get();
+      call_.paged->block_table = static_cast<const int32_t*>(block_table_.get());
+      call_.paged->seqused_k = static_cast<const int32_t*>(seqused_k_.get());
+      // Allocated here, so that the timed calls allocate nothing.
+      const jfa_attention_params params = call_.paged_params();
+      size_t bytes = 0;
+      check(jfa_attention_paged_workspace_size(&params, &*call_.paged, &bytes));
+      paged_workspace_ = DeviceBuffer(bytes);
+      call_.paged_workspace = paged_workspace_.get();
+      call_.paged_workspace_bytes = paged_workspace_.bytes();
+    }
     with_lse_ = config.with_lse;
     out_dtype_ = batch.dtype;
   }
@@ -190,6 +215,7 @@ class DeviceRunner final : public Runner {
   }
 
   void backward(const tools::HostBuffer& dout, Gradients* grads) override {
+    if (call_.paged) throw Error(Status::kUnsupported, "the backward takes no paged KV cache");
     *grads = poisoned_gradients(call_);
     const DeviceBuffer d_dout = DeviceBuffer::copy_of(dout.data(), dout.bytes.size());
     DeviceBuffer dq = DeviceBuffer::copy_of(grads->dq.data(), grads->dq.bytes.size());
@@ -212,7 +238,8 @@ class DeviceRunner final : public Runner {
   }
 
   void release() override {
-    for (DeviceBuffer* b : {&q_, &k_, &v_, &out_, &lse_, &cu_q_, &cu_k_, &sinks_})
+    for (DeviceBuffer* b : {&q_, &k_, &v_, &out_, &lse_, &cu_q_, &cu_k_, &sinks_, &block_table_,
+                            &seqused_k_, &paged_workspace_})
       *b = DeviceBuffer();
     call_ = AttentionCall();
   }
@@ -224,6 +251,8 @@ class DeviceRunner final : public Runner {
   AttentionCall call_;
   jfa::Workspace workspace_;  // kept across calls: a timed call allocates nothing
   DeviceBuffer q_, k_, v_, out_, lse_, cu_q_, cu_k_, sinks_;
+  // A paged run's tables and scratch (k_ and v_ then hold the caches).
+  DeviceBuffer block_table_, seqused_k_, paged_workspace_;
   bool with_lse_ = false;
   DType out_dtype_ = DType::kFloat16;
 };

@@ -35,7 +35,49 @@ AttentionCall make_host_call(const tools::JaggedBatch& batch, const RunConfig& c
   call.options.softcap = batch.softcap;
   // Host memory: what the CPU backend reads; the device runner points it at a device copy.
   call.options.sinks = batch.sinks.empty() ? nullptr : batch.sinks.data();
+  if (config.paged != nullptr) {
+    call.paged = config.paged->view();
+    // The cache holds the keys: the packed fields stay unset, as the paged call requires.
+    call.k.data = call.v.data = nullptr;
+    call.k.total = call.v.total = 0;
+    call.cu_seqlens_k = nullptr;
+  }
   return call;
+}
+
+void AttentionCall::operator()() const {
+  if (!paged) {
+    attention(q, k, v, out, cu_seqlens_q, cu_seqlens_k, batch, options);
+    return;
+  }
+  const jfa_attention_params params = paged_params();
+  check(jfa_attention_forward_paged(&params, &*paged));
+}
+
+jfa_attention_params AttentionCall::paged_params() const {
+  jfa_attention_params params =
+      make_params(q, k, v, out, cu_seqlens_q, cu_seqlens_k, batch, options);
+  params.workspace = paged_workspace;
+  params.workspace_bytes = paged_workspace_bytes;
+  return params;
+}
+
+std::vector<double> reference_of(const AttentionCall& call, std::span<const int64_t> tokens,
+                                 std::vector<double>* lse) {
+  if (!call.paged) {
+    return attention_reference(call.q, call.k, call.v, call.cu_seqlens_q, call.cu_seqlens_k,
+                               call.batch, call.options, tokens, lse);
+  }
+  jfa_attention_params params = call.paged_params();
+  params.device_check = nullptr;  // the reference has no checked mode
+  const auto n = static_cast<int64_t>(tokens.size());
+  std::vector<double> out(static_cast<size_t>(n) * call.q.heads * call.v.head_dim);
+  if (lse != nullptr) lse->assign(static_cast<size_t>(n) * call.q.heads, 0.0);
+  static const int64_t kNoToken = 0;  // a non-null list pointer for an empty selection
+  check(jfa_attention_reference_paged(&params, &*call.paged,
+                                      tokens.empty() ? &kNoToken : tokens.data(), n, out.data(),
+                                      lse != nullptr ? lse->data() : nullptr));
+  return out;
 }
 
 Gradients poisoned_gradients(const AttentionCall& call) {

@@ -4,10 +4,13 @@
 #pragma once
 
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "cli/args.hpp"
+#include "cli/paged.hpp"
 #include "cli/progress.hpp"
 #include "cli/timing.hpp"
 #include "common/jagged_batch.hpp"
@@ -18,6 +21,9 @@ namespace jfa::cli {
 struct RunConfig {
   bool causal = false;
   bool with_lse = false;  // also produce the float32 log-sum-exp [heads_q, total_q]
+  // Not null: the keys and values come from this cache (holding the batch's), and the call is the
+  // paged forward. The runner may keep pointers into it, as into the batch.
+  const PagedCache* paged = nullptr;
 };
 
 // One call of the library on buffers that live wherever the runner keeps them.
@@ -27,8 +33,16 @@ struct AttentionCall {
   const int32_t* cu_seqlens_k = nullptr;
   int64_t batch = 0;
   AttentionOptions options;
+  // Set: a call of jfa_attention_forward_paged over this cache. k and v then give only the heads
+  // and columns (no data, no tokens), cu_seqlens_k is null and options.workspace unused.
+  std::optional<jfa_paged_kv> paged;
+  // The paged call's device scratch (jfa_attention_paged_workspace_size bytes), or null.
+  void* paged_workspace = nullptr;
+  size_t paged_workspace_bytes = 0;
 
-  void operator()() const { attention(q, k, v, out, cu_seqlens_q, cu_seqlens_k, batch, options); }
+  void operator()() const;
+  // The C ABI's params of the paged call: no packed keys, as it requires.
+  jfa_attention_params paged_params() const;
 };
 
 // Gradients with respect to q, k, v and the sinks (empty without them), in host memory.
@@ -37,9 +51,15 @@ struct Gradients {
   std::vector<float> dsinks;
 };
 
-// The call for `batch` on its host buffers (out left null), with the max-length hints set.
+// The call for `batch` on its host buffers (out left null), with the max-length hints set; over
+// config.paged's host buffers where it is set.
 AttentionCall make_host_call(const tools::JaggedBatch& batch, const RunConfig& config,
                              Backend backend);
+
+// The float64 reference of a call on host buffers (packed or paged): rows of `tokens`,
+// [tokens, heads_q, head_dim_v]; lse (when not null) gets [heads_q, tokens].
+std::vector<double> reference_of(const AttentionCall& call, std::span<const int64_t> tokens,
+                                 std::vector<double>* lse);
 
 // Host gradient buffers shaped for `call`'s q, k, v (and sinks), poisoned with NaN.
 Gradients poisoned_gradients(const AttentionCall& call);

@@ -40,20 +40,19 @@ std::vector<int64_t> sample_tokens(const tools::JaggedBatch& batch, int per_sequ
 
 CheckReport check_against_reference(const tools::JaggedBatch& batch, bool causal,
                                     const tools::HostBuffer& out, const std::vector<float>* lse,
-                                    const std::vector<int64_t>& tokens) {
+                                    const std::vector<int64_t>& tokens, const PagedCache* paged) {
   CheckReport report;
   report.rows = static_cast<int64_t>(tokens.size());
   report.tolerance = tools::tolerance(batch.dtype);
   for (int64_t i = 0, n = out.count(); i < n; ++i)
     if (!std::isfinite(tools::element_as_double(out, i))) ++report.non_finite;
 
-  const AttentionCall call = make_host_call(batch, {.causal = causal}, Backend::kCpu);
+  const AttentionCall call =
+      make_host_call(batch, {.causal = causal, .paged = paged}, Backend::kCpu);
   std::vector<double> ref_lse;
   const std::vector<double> ref =
       tokens.empty() ? std::vector<double>()
-                     : attention_reference(call.q, call.k, call.v, call.cu_seqlens_q,
-                                           call.cu_seqlens_k, call.batch, call.options, tokens,
-                                           lse != nullptr ? &ref_lse : nullptr);
+                     : reference_of(call, tokens, lse != nullptr ? &ref_lse : nullptr);
   const int64_t row_elems = static_cast<int64_t>(batch.heads_q) * batch.value_dim();
   report.rel_error = tokens.empty() ? 0.0 : tools::relative_error(out, ref, tokens, row_elems);
 

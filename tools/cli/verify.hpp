@@ -33,10 +33,12 @@ std::vector<int64_t> sample_tokens(const tools::JaggedBatch& batch, int per_sequ
                                    uint64_t seed);
 
 // Compares `out` (and `lse` when not null: [heads_q, total_q]) with the float64 reference on the
-// rows of `tokens`, and scans the whole output for non-finite values.
+// rows of `tokens`, and scans the whole output for non-finite values. With `paged`, the reference
+// is the paged call's over that cache (host memory).
 CheckReport check_against_reference(const tools::JaggedBatch& batch, bool causal,
                                     const tools::HostBuffer& out, const std::vector<float>* lse,
-                                    const std::vector<int64_t>& tokens);
+                                    const std::vector<int64_t>& tokens,
+                                    const PagedCache* paged = nullptr);
 
 struct BackwardReport {
   double dq_error = 0, dk_error = 0, dv_error = 0;  // relative errors (+inf for a NaN)
