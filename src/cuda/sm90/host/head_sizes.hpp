@@ -1,9 +1,11 @@
-// The head sizes the Hopper kernels serve, per pass: (head_dim, value head size) pairs, each with
-// its tile shapes in fwd_dispatch.cu / bwd_dispatch.cu and its instantiations in the table of
-// src/CMakeLists.txt. A build may leave some out (JFA_SM90_HEAD_DIMS); they are then reported as
-// not built.
+// The head sizes the Hopper kernels serve, per pass: the (head_dim, value head size) pairs of the
+// rows of their table (cuda/sm90/shapes.def, whose rows are also the instantiations that
+// src/CMakeLists.txt generates and the tile shapes the dispatch picks from). A build may leave
+// some out (JFA_SM90_HEAD_DIMS); they are then reported as not built.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdio>
 #include <string>
 
@@ -16,10 +18,50 @@ struct HeadSize {
   int v;   // columns of v and out
 };
 
-inline constexpr HeadSize kForwardHeadSizes[] = {{32, 32},   {64, 64},   {96, 96},  {128, 128},
-                                                 {192, 192}, {192, 128}, {256, 256}};
-inline constexpr HeadSize kBackwardHeadSizes[] = {{32, 32},   {64, 64},   {96, 96},  {128, 128},
-                                                  {192, 192}, {192, 128}, {256, 256}};
+// The (head_dim, value head size) of each row of the table, per pass, in the table's order.
+inline constexpr HeadSize kForwardRows[] = {
+#define JFA_SM90_FORWARD(d, dv, groups, keys) {d, dv},
+#define JFA_SM90_BACKWARD(d, dv, rows)
+#include "cuda/sm90/shapes.def"
+#undef JFA_SM90_FORWARD
+#undef JFA_SM90_BACKWARD
+};
+inline constexpr HeadSize kBackwardRows[] = {
+#define JFA_SM90_FORWARD(d, dv, groups, keys)
+#define JFA_SM90_BACKWARD(d, dv, rows) {d, dv},
+#include "cuda/sm90/shapes.def"
+#undef JFA_SM90_FORWARD
+#undef JFA_SM90_BACKWARD
+};
+
+// The rows' pairs, each once, in the order of their first row.
+template <std::size_t N>
+constexpr std::size_t distinct_head_sizes(const HeadSize (&rows)[N]) {
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < N; ++i) {
+    bool seen = false;
+    for (std::size_t j = 0; j < i; ++j) seen |= rows[j].qk == rows[i].qk && rows[j].v == rows[i].v;
+    n += seen ? 0 : 1;
+  }
+  return n;
+}
+template <std::size_t M, std::size_t N>
+constexpr std::array<HeadSize, M> head_sizes_of(const HeadSize (&rows)[N]) {
+  std::array<HeadSize, M> sizes{};
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < N; ++i) {
+    bool seen = false;
+    for (std::size_t j = 0; j < n; ++j)
+      seen |= sizes[j].qk == rows[i].qk && sizes[j].v == rows[i].v;
+    if (!seen) sizes[n++] = rows[i];
+  }
+  return sizes;
+}
+
+inline constexpr auto kForwardHeadSizes =
+    head_sizes_of<distinct_head_sizes(kForwardRows)>(kForwardRows);
+inline constexpr auto kBackwardHeadSizes =
+    head_sizes_of<distinct_head_sizes(kBackwardRows)>(kBackwardRows);
 
 constexpr bool head_dim_built(int d) {
   switch (d) {
