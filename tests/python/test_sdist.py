@@ -38,7 +38,8 @@ def test_sdist_holds_the_cmake_project(tmp_path):
     for needed in ["CMakeLists.txt", "src/CMakeLists.txt", "include/jfa/jfa.h", "include/jfa/jfa.hpp",
                    "src/api/validate.cpp", "src/cuda/sm90/forward/fwd_kernel.cuh",
                    "src/cuda/tlx/wgmma_ops.inc", "src/torch/registration.cpp",
-                   "src/torch/CMakeLists.txt", "python/jfa/__init__.py", "setup.py"]:
+                   "src/torch/CMakeLists.txt", "python/jfa/__init__.py", "setup.py",
+                   "cmake/Sm90Shapes.cmake", "src/cuda/sm90/shapes.def"]:
         assert needed in names, f"{needed} missing from the source distribution"
     # Every source file the library's CMake build names travels too, and the templates it
     # generates sources from (configure_file inputs); generated names (${...}) are not sources.
