@@ -17,13 +17,31 @@ prints the FLOP and byte floors of every workload as a markdown table.
 """
 import argparse
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
 
 HEADS = 16
+SHAPES_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "src", "cuda",
+                           "sm90", "shapes.def")
+
+
+def cuda_head_dims(path=SHAPES_FILE):
+    """The head sizes with equal q.k and v sizes that both passes of the CUDA kernels serve, from
+    the rows of their one table (src/cuda/sm90/shapes.def), in the order of their first row."""
+    rows = {"FORWARD": [], "BACKWARD": []}
+    with open(path) as f:
+        for line in f:
+            m = re.match(r"JFA_SM90_(FORWARD|BACKWARD)\((\d+), (\d+)[,)]", line)
+            if m:
+                rows[m.group(1)].append((int(m.group(2)), int(m.group(3))))
+    both = [d for d, dv in rows["FORWARD"] if d == dv and (d, dv) in rows["BACKWARD"]]
+    return tuple(dict.fromkeys(both))
+
+
 # The head sizes of the CUDA kernels with equal q.k and v sizes, forward and backward.
-CUDA_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+CUDA_HEAD_DIMS = cuda_head_dims()
 DTYPES = ("fp16", "bf16")
 ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 

@@ -41,3 +41,19 @@ def test_benchmark_workload_names_per_head_size():
     names = {spec.id for spec in workloads.SPECS}
     for name in out.replace(",", " ").split():
         assert name in names, name
+
+
+def test_benchmarks_take_their_head_sizes_from_the_table(tmp_path):
+    """bench/workloads.py's CUDA head sizes are the rows of src/cuda/sm90/shapes.def served by both
+    passes with equal q.k and v sizes, in the table's order; a size only the forward has, or one
+    with a narrower v, is not among them."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import workloads
+    assert workloads.CUDA_HEAD_DIMS == workloads.cuda_head_dims()
+    table = tmp_path / "shapes.def"
+    table.write_text("// a comment: JFA_SM90_FORWARD(1, 1, 2, 128)\n"
+                     "JFA_SM90_FORWARD(64, 64, 2, 128)\nJFA_SM90_FORWARD(48, 48, 2, 128)\n"
+                     "JFA_SM90_FORWARD(192, 128, 2, 64)\nJFA_SM90_FORWARD(32, 32, 3, 128)\n"
+                     "JFA_SM90_BACKWARD(32, 32, 64)\nJFA_SM90_BACKWARD(64, 64, 64)\n"
+                     "JFA_SM90_BACKWARD(192, 128, 64)\nJFA_SM90_FORWARD(64, 64, 3, 128)\n")
+    assert workloads.cuda_head_dims(str(table)) == (64, 32)
