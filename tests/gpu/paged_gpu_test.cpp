@@ -532,7 +532,7 @@ TEST(PagedGpu, SixteenTokensAndLargeGroups) {
 }
 
 // The tensor-core decode kernel, launched only under JFA_CUDA_UNVERIFIED_PAGED_MMA=1 until it has
-// run on a GPU (head_dim 64 and 128; 256 stays on the CUDA-core kernel): page sizes (two not powers
+// run on a GPU (head_dim 64, 128, and 256 with q in shared memory): page sizes (two not powers
 // of two), edge lengths, GQA 8:1, 8:2, 4:4 and 32:2 (rows over several row blocks and warps),
 // 1, 4 and 16 tokens, causal, the local kinds (windows, softcap, sinks), LSE on and off, one split
 // and many, the append, and chunked prefill (up to 256 query tokens a sequence).
@@ -545,7 +545,7 @@ TEST(PagedGpu, TensorCoreKernelMatchesReference) {
   MmaSwitch on;
   constexpr Gqa kMmaGqas[] = {{8, 1}, {8, 2}, {4, 4}, {32, 2}};
   int k = 0;
-  for (int32_t d : {64, 128}) {
+  for (int32_t d : {64, 128, 256}) {
     for (int32_t page : {1, 16, 48, 256}) {
       for (int32_t tokens : {1, 4, 16}) {
         ++k;
@@ -579,7 +579,7 @@ TEST(PagedGpu, TensorCoreKernelMatchesReference) {
     }
   }
   // One sequence on one KV head: many splits and their combine.
-  for (int32_t d : {64, 128}) {
+  for (int32_t d : {64, 128, 256}) {
     PagedCase c;
     c.head_dim = d;
     c.heads_q = 4;

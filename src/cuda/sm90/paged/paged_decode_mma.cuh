@@ -38,7 +38,12 @@ struct PagedMmaConfig {
   static constexpr int kChunkKeys = Base::kChunkKeys;
   static constexpr int kStages = Base::kStages;
   static constexpr int kStageElems = Base::kStageElems;
-  static constexpr int kSmemBytes = Base::kSmemBytes;
+  // Past 128, q's fragments and O's would not fit the registers together: q waits in shared
+  // memory after the stages (16 rows of each row warp, swizzled as the stages) and each step
+  // loads its A fragment with ldmatrix.
+  static constexpr bool kQShared = kD > 128;
+  static constexpr int kQBytes = kQShared ? kRowsPerCta * kD * 2 : 0;
+  static constexpr int kSmemBytes = Base::kSmemBytes + kQBytes;
   static constexpr int kVecsPerKey = kD / 8;
   static constexpr int kSubKeys = 16;
   static constexpr int kSubTiles = kChunkKeys / kSubKeys;
@@ -48,7 +53,7 @@ struct PagedMmaConfig {
   static constexpr int kMergeOBytes = kWarps * 16 * kD * 4;
   static constexpr int kMergeBytes = kMergeOBytes + kWarps * 16 * 8;
   static_assert(kRowsPerCta % 16 == 0 && kRowsPerCta / 16 <= kWarps, "16 rows a warp");
-  static_assert(kMergeBytes <= kSmemBytes, "the merge reuses the stages");
+  static_assert(kMergeBytes <= Base::kSmemBytes, "the merge reuses the stages");
   static_assert(kVecsPerKey >= 8, "the swizzle XORs 3 bits of a key's vector index");
   static_assert(kChunkKeys * kVecsPerKey % kThreads == 0, "a chunk's vectors split evenly");
 };
@@ -110,18 +115,40 @@ __global__ void __launch_bounds__(PagedMmaConfig<kD>::kThreads)
   all_hi = __reduce_min_sync(0xffffffffu, all_hi);
 
   // q as A fragments: register j of step kk holds row g + 8 (j & 1), columns kk 16 + 8 (j >> 1)
-  // + 2t and + 1; zeros for padding rows.
-  uint32_t qf[C::kKSteps][4];
+  // + 2t and + 1; zeros for padding rows. With kQShared, the warp's 16 rows go to shared memory
+  // instead (written by the row warp's first warp, visible after the pipeline's first barrier).
+  constexpr int kQRegSteps = C::kQShared ? 1 : C::kKSteps;
+  uint32_t qf[kQRegSteps][4];
+  T* const q_shared = reinterpret_cast<T*>(smem + C::Base::kSmemBytes) + wr * 16 * kD;
+  if constexpr (C::kQShared) {
+    if (z == 0) {
+      for (int v = lane; v < 16 * C::kVecsPerKey; v += 32) {
+        const int rr = v / C::kVecsPerKey, col = v % C::kVecsPerKey;
+        const int32_t r = wr * 16 + rr;
+        uint4 x = make_uint4(0u, 0u, 0u, 0u);
+        if (r < w.rows) {
+          const int32_t row = w.row0 + r;
+          const int64_t tok = static_cast<int64_t>(w.q_start) + row / a.group;
+          const int32_t hd = w.kv_head * a.group + row % a.group;
+          x = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(a.q) +
+                                                   tok * a.q_token_stride + hd * a.q_head_stride +
+                                                   col * 8));
+        }
+        *reinterpret_cast<uint4*>(q_shared + swizzled<kD>(rr, col)) = x;
+      }
+    }
+  } else {
 #pragma unroll
-  for (int kk = 0; kk < C::kKSteps; ++kk) {
+    for (int kk = 0; kk < C::kKSteps; ++kk) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int h = j & 1;
-      const int col = kk * 16 + (j >> 1) * 8 + 2 * t;
-      qf[kk][j] = valid[h] ? __ldg(reinterpret_cast<const uint32_t*>(
-                                 static_cast<const T*>(a.q) + token[h] * a.q_token_stride +
-                                 head[h] * a.q_head_stride + col))
-                           : 0u;
+      for (int j = 0; j < 4; ++j) {
+        const int h = j & 1;
+        const int col = kk * 16 + (j >> 1) * 8 + 2 * t;
+        qf[kk][j] = valid[h] ? __ldg(reinterpret_cast<const uint32_t*>(
+                                   static_cast<const T*>(a.q) + token[h] * a.q_token_stride +
+                                   head[h] * a.q_head_stride + col))
+                             : 0u;
+      }
     }
   }
 
@@ -159,12 +186,21 @@ __global__ void __launch_bounds__(PagedMmaConfig<kD>::kThreads)
       // matrix i / 8: keys (i / 16) 8 + i % 8, vector 2 kk + (i / 8) % 2.
       float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
       const int k_row = st * C::kSubKeys + (lane >> 4) * 8 + (lane & 7);
+      // With kQShared, lane i addresses row ((i / 8) % 2) 8 + i % 8 of q, vector 2 kk + i / 16.
+      const int q_row = ((lane >> 3) & 1) * 8 + (lane & 7);
 #pragma unroll
       for (int kk = 0; kk < C::kKSteps; ++kk) {
         uint32_t b[4];
         ldmatrix_x4(b, sk + swizzled<kD>(k_row, kk * 2 + ((lane >> 3) & 1)));
-        mma_m16n8k16<T>(sc[0], qf[kk], b[0], b[1]);
-        mma_m16n8k16<T>(sc[1], qf[kk], b[2], b[3]);
+        if constexpr (C::kQShared) {
+          uint32_t qa[4];
+          ldmatrix_x4(qa, q_shared + swizzled<kD>(q_row, kk * 2 + (lane >> 4)));
+          mma_m16n8k16<T>(sc[0], qa, b[0], b[1]);
+          mma_m16n8k16<T>(sc[1], qa, b[2], b[3]);
+        } else {
+          mma_m16n8k16<T>(sc[0], qf[kk], b[0], b[1]);
+          mma_m16n8k16<T>(sc[1], qf[kk], b[2], b[3]);
+        }
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {

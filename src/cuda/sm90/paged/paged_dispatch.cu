@@ -58,19 +58,18 @@ bool paged_head_dim(int d) {
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
-// The tensor-core decode kernel (paged_decode_mma.cuh, head_dim 64 and 128) has not run on a GPU
-// yet: only this switch, off by default and read per call, launches it instead of the CUDA-core
-// kernel (for its first device tests and benchmark; bench/NOTES.md).
+// The tensor-core decode kernel (paged_decode_mma.cuh) has not run on a GPU yet: only this switch,
+// off by default and read per call, launches it instead of the CUDA-core kernel (for its first
+// device tests and benchmark; bench/NOTES.md).
 bool unverified_mma_decode() {
   const char* on = std::getenv("JFA_CUDA_UNVERIFIED_PAGED_MMA");
   return on != nullptr && on[0] == '1' && on[1] == '\0';
 }
 
-// Query tokens a sequence the launch takes at this head size: the tensor-core kernel's chunks of a
-// chunked prefill where it runs, else decode and speculative decode.
-int32_t max_query_tokens(int32_t head_dim) {
-  return head_dim <= 128 && unverified_mma_decode() ? kPagedMmaMaxQueryTokens
-                                                    : kPagedMaxQueryTokens;
+// Query tokens a sequence the launch takes: the tensor-core kernel's chunks of a chunked prefill
+// where it runs, else decode and speculative decode.
+int32_t max_query_tokens() {
+  return unverified_mma_decode() ? kPagedMmaMaxQueryTokens : kPagedMaxQueryTokens;
 }
 
 // What the kernels take, JFA_ERROR_UNSUPPORTED naming the rest; *facts is the current device's.
@@ -105,7 +104,7 @@ jfa_status check_paged_supported(const Params& p, const jfa_paged_kv& kv,
                 "the CUDA paged forward needs max_seqlen_q (the longest query sequence, at most "
                 "%d) to plan its launch without reading cu_seqlens_q: set the hint",
                 kPagedMaxQueryTokens);
-  if (p.max_seqlen_q > max_query_tokens(p.head_dim))
+  if (p.max_seqlen_q > max_query_tokens())
     return fail(JFA_ERROR_UNSUPPORTED,
                 "max_seqlen_q %d: chunked prefill on CUDA: not yet (the CUDA paged forward takes "
                 "at most %d query tokens per sequence: decode and speculative decode)",
@@ -145,7 +144,7 @@ PagedShape paged_shape(const Params& p) {
 bool paged_kernels_take(const Params& p) {
   return (p.dtype == JFA_DTYPE_FLOAT16 || p.dtype == JFA_DTYPE_BFLOAT16) &&
          p.head_dim_v == p.head_dim && paged_rows_per_cta(p.head_dim) != 0 && p.max_seqlen_q >= 1 &&
-         p.max_seqlen_q <= max_query_tokens(p.head_dim);
+         p.max_seqlen_q <= max_query_tokens();
 }
 
 // The kernels' arguments. maybe_unused, as launch_checks: a build whose JFA_SM90_HEAD_DIMS holds
@@ -243,18 +242,12 @@ jfa_status run_paged(const Params& p, const jfa_paged_kv& kv,
   // Everything that can reject the call comes before the first launch: a rejected call writes
   // nothing, the checked mode's word included.
   const bool compute = p.total_q > 0 && p.batch > 0;
-  // The tensor-core kernel up to head_dim 128 (at 256 its q and O fragments spill).
-  constexpr bool kMmaBuilt = kD <= 128;
-  const bool mma = kMmaBuilt && unverified_mma_decode();
+  using Mma = PagedMmaConfig<kD>;
+  const bool mma = unverified_mma_decode();
   if (compute) {
-    jfa_status s;
-    if constexpr (kMmaBuilt) {
-      static_assert(PagedMmaConfig<kD>::kSmemBytes == C::kSmemBytes, "one opt-in size");
-      s = mma ? opt_in_shared_memory<paged_decode_mma_kernel<T, kD>>(C::kSmemBytes, device.ordinal)
-              : opt_in_shared_memory<paged_decode_kernel<T, kD>>(C::kSmemBytes, device.ordinal);
-    } else {
-      s = opt_in_shared_memory<paged_decode_kernel<T, kD>>(C::kSmemBytes, device.ordinal);
-    }
+    const jfa_status s =
+        mma ? opt_in_shared_memory<paged_decode_mma_kernel<T, kD>>(Mma::kSmemBytes, device.ordinal)
+            : opt_in_shared_memory<paged_decode_kernel<T, kD>>(C::kSmemBytes, device.ordinal);
     if (s != JFA_SUCCESS) return s;
   }
   // The splits' partials: the caller's workspace (jfa_attention_paged_workspace_size, which plans
@@ -273,12 +266,10 @@ jfa_status run_paged(const Params& p, const jfa_paged_kv& kv,
   if (const jfa_status s = launch_checks(a, device, stream); s != JFA_SUCCESS) return s;
   if (const jfa_status s = launch_append(a, device, stream); s != JFA_SUCCESS) return s;
   if (!compute) return JFA_SUCCESS;
-  if constexpr (kMmaBuilt) {
-    if (mma)
-      paged_decode_mma_kernel<T, kD>
-          <<<static_cast<unsigned>(plan.ctas), C::kThreads, C::kSmemBytes, stream>>>(a);
-  }
-  if (!mma)
+  if (mma)
+    paged_decode_mma_kernel<T, kD>
+        <<<static_cast<unsigned>(plan.ctas), Mma::kThreads, Mma::kSmemBytes, stream>>>(a);
+  else
     paged_decode_kernel<T, kD>
         <<<static_cast<unsigned>(plan.ctas), C::kThreads, C::kSmemBytes, stream>>>(a);
   if (const jfa_status s = launch_error("paged decode kernel"); s != JFA_SUCCESS) return s;
