@@ -7,6 +7,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "jfa/jfa.h"
@@ -282,6 +283,27 @@ inline ReferenceGradients attention_backward_reference(
   return g;
 }
 
+// The rows a reference call computes: those of q_tokens (every token of out_view when nullopt),
+// the list pointer its C entry takes (not null for an empty selection, which computes nothing),
+// out [n, heads_q, d_v] to fill, and lse (when given) sized [heads_q, n].
+struct ReferenceRows {
+  int64_t n;
+  const int64_t* tokens;
+  std::vector<double> out;
+};
+
+inline ReferenceRows reference_rows(const JaggedTensor& out_view,
+                                    std::optional<std::span<const int64_t>> q_tokens,
+                                    std::vector<double>* lse) {
+  static const int64_t kNoToken = 0;
+  ReferenceRows rows;
+  rows.n = q_tokens ? static_cast<int64_t>(q_tokens->size()) : out_view.total;
+  rows.tokens = q_tokens ? (q_tokens->empty() ? &kNoToken : q_tokens->data()) : nullptr;
+  rows.out.resize(static_cast<std::size_t>(rows.n) * out_view.heads * out_view.head_dim);
+  if (lse) lse->assign(static_cast<std::size_t>(rows.n) * out_view.heads, 0.0);
+  return rows;
+}
+
 // The float64 reference over host memory: rows of the given query tokens (every token when
 // q_tokens is nullopt; an empty list computes nothing). Returns out [n, heads_q, d_v]; fills lse
 // [heads_q, n] when given.
@@ -295,13 +317,10 @@ inline std::vector<double> attention_reference(
   jfa_attention_params p =
       make_params(q, k, v, out_view, cu_seqlens_q, cu_seqlens_k, batch, options);
   p.device_check = nullptr;  // the reference has no checked mode
-  const int64_t n = q_tokens ? static_cast<int64_t>(q_tokens->size()) : q.total;
-  std::vector<double> out(static_cast<std::size_t>(n) * q.heads * v.head_dim);
-  if (lse) lse->assign(static_cast<std::size_t>(n) * q.heads, 0.0);
-  static const int64_t kNoToken = 0;  // a non-null list pointer for an empty selection
-  const int64_t* tokens = q_tokens ? (q_tokens->empty() ? &kNoToken : q_tokens->data()) : nullptr;
-  check(jfa_attention_reference(&p, tokens, n, out.data(), lse ? lse->data() : nullptr));
-  return out;
+  ReferenceRows rows = reference_rows(out_view, q_tokens, lse);
+  check(jfa_attention_reference(&p, rows.tokens, rows.n, rows.out.data(),
+                                lse ? lse->data() : nullptr));
+  return std::move(rows.out);
 }
 
 // ---- A paged KV cache (serving; jfa_paged_kv in jfa.h) ----
@@ -349,31 +368,20 @@ inline jfa_paged_kv make_paged_kv(const PagedKvCache& cache, const PagedAppend& 
   return kv;
 }
 
-// The params of a paged call: as make_params, with no packed keys (the cache holds them).
-inline jfa_attention_params make_paged_params(const JaggedTensor& q, const JaggedTensor& out,
-                                              const PagedKvCache& cache,
-                                              const int32_t* cu_seqlens_q, int64_t batch,
-                                              const AttentionOptions& options) {
-  JaggedTensor k;
-  k.dtype = q.dtype;
-  k.heads = cache.heads_kv;
-  k.head_dim = cache.head_dim;
-  JaggedTensor v = k;
-  v.head_dim = cache.head_dim_v == 0 ? cache.head_dim : cache.head_dim_v;
-  return make_params(q, k, v, out, cu_seqlens_q, nullptr, batch, options);
-}
+// The cache's keys and values as views without data: the shapes make_params and check_views read
+// (heads_kv, head_dim, head_dim_v, q's dtype; no packed tokens).
+struct PagedViews {
+  JaggedTensor k, v;
+};
 
-// Checks that q and out agree with the cache (the C layer checks everything else).
-inline void check_paged_views(const JaggedTensor& q, const JaggedTensor& out,
-                              const PagedKvCache& cache) {
-  const int32_t dv = cache.head_dim_v == 0 ? cache.head_dim : cache.head_dim_v;
-  if (out.dtype != q.dtype) throw Error(Status::kInvalidArgument, "q and out must share a dtype");
-  if (out.total != q.total || out.heads != q.heads)
-    throw Error(Status::kInvalidArgument, "out must have the shape of q ([total_q, heads_q, d])");
-  if (cache.head_dim != q.head_dim)
-    throw Error(Status::kInvalidArgument, "the cache's head_dim must be q's");
-  if (out.head_dim != dv)
-    throw Error(Status::kInvalidArgument, "out must have the cache's head_dim_v");
+inline PagedViews paged_views(const PagedKvCache& cache, DType dtype) {
+  PagedViews views;
+  views.k.dtype = dtype;
+  views.k.heads = cache.heads_kv;
+  views.k.head_dim = cache.head_dim;
+  views.v = views.k;
+  views.v.head_dim = cache.head_dim_v == 0 ? cache.head_dim : cache.head_dim_v;
+  return views;
 }
 
 // out = attention of q over each sequence's keys in the cache (after the append, where one is
@@ -381,8 +389,10 @@ inline void check_paged_views(const JaggedTensor& q, const JaggedTensor& out,
 inline void paged_attention(const JaggedTensor& q, const JaggedTensor& out,
                             const PagedKvCache& cache, const int32_t* cu_seqlens_q, int64_t batch,
                             const AttentionOptions& options = {}, const PagedAppend& append = {}) {
-  check_paged_views(q, out, cache);
-  jfa_attention_params p = make_paged_params(q, out, cache, cu_seqlens_q, batch, options);
+  const PagedViews kv_views = paged_views(cache, q.dtype);
+  check_views(q, kv_views.k, kv_views.v, out);
+  jfa_attention_params p =
+      make_params(q, kv_views.k, kv_views.v, out, cu_seqlens_q, nullptr, batch, options);
   const jfa_paged_kv kv = make_paged_kv(cache, append);
   if (options.workspace != nullptr) options.workspace->prepare(p, kv);
   check(jfa_attention_forward_paged(&p, &kv));
@@ -392,10 +402,9 @@ inline void paged_attention(const JaggedTensor& q, const JaggedTensor& out,
 // (jfa_attention_paged_workspace_size: no buffer is read, q's and the cache's data may be null).
 inline std::size_t paged_workspace_size(const JaggedTensor& q, const PagedKvCache& cache,
                                         int64_t batch, const AttentionOptions& options = {}) {
-  JaggedTensor out = q;
-  out.data = nullptr;
-  out.head_dim = cache.head_dim_v == 0 ? cache.head_dim : cache.head_dim_v;
-  const jfa_attention_params p = make_paged_params(q, out, cache, nullptr, batch, options);
+  const PagedViews kv_views = paged_views(cache, q.dtype);
+  const jfa_attention_params p = make_params(q, kv_views.k, kv_views.v, output_shape(q, kv_views.v),
+                                             nullptr, nullptr, batch, options);
   const jfa_paged_kv kv = make_paged_kv(cache);
   std::size_t bytes = 0;
   check(jfa_attention_paged_workspace_size(&p, &kv, &bytes));
@@ -408,22 +417,17 @@ inline std::vector<double> paged_attention_reference(
     const JaggedTensor& q, const PagedKvCache& cache, const int32_t* cu_seqlens_q, int64_t batch,
     const AttentionOptions& options = {}, const PagedAppend& append = {},
     std::optional<std::span<const int64_t>> q_tokens = {}, std::vector<double>* lse = nullptr) {
-  JaggedTensor out = q;
-  out.data = nullptr;
-  out.head_dim = cache.head_dim_v == 0 ? cache.head_dim : cache.head_dim_v;
-  out.token_stride = out.head_stride = 0;
-  check_paged_views(q, out, cache);
-  jfa_attention_params p = make_paged_params(q, out, cache, cu_seqlens_q, batch, options);
+  const PagedViews kv_views = paged_views(cache, q.dtype);
+  const JaggedTensor out_view = output_shape(q, kv_views.v);
+  check_views(q, kv_views.k, kv_views.v, out_view);
+  jfa_attention_params p =
+      make_params(q, kv_views.k, kv_views.v, out_view, cu_seqlens_q, nullptr, batch, options);
   p.device_check = nullptr;  // the reference has no checked mode
   const jfa_paged_kv kv = make_paged_kv(cache, append);
-  const int64_t n = q_tokens ? static_cast<int64_t>(q_tokens->size()) : q.total;
-  std::vector<double> result(static_cast<std::size_t>(n) * q.heads * out.head_dim);
-  if (lse) lse->assign(static_cast<std::size_t>(n) * q.heads, 0.0);
-  static const int64_t kNoToken = 0;  // a non-null list pointer for an empty selection
-  const int64_t* tokens = q_tokens ? (q_tokens->empty() ? &kNoToken : q_tokens->data()) : nullptr;
-  check(jfa_attention_reference_paged(&p, &kv, tokens, n, result.data(),
+  ReferenceRows rows = reference_rows(out_view, q_tokens, lse);
+  check(jfa_attention_reference_paged(&p, &kv, rows.tokens, rows.n, rows.out.data(),
                                       lse ? lse->data() : nullptr));
-  return result;
+  return std::move(rows.out);
 }
 
 // The forward's FLOPs (jfa_attention_flops_v); head_dim_v 0 means head_dim.

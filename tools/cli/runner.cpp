@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <limits>
+#include <utility>
 
 namespace jfa::cli {
 namespace {
@@ -70,14 +71,10 @@ std::vector<double> reference_of(const AttentionCall& call, std::span<const int6
   }
   jfa_attention_params params = call.paged_params();
   params.device_check = nullptr;  // the reference has no checked mode
-  const auto n = static_cast<int64_t>(tokens.size());
-  std::vector<double> out(static_cast<size_t>(n) * call.q.heads * call.v.head_dim);
-  if (lse != nullptr) lse->assign(static_cast<size_t>(n) * call.q.heads, 0.0);
-  static const int64_t kNoToken = 0;  // a non-null list pointer for an empty selection
-  check(jfa_attention_reference_paged(&params, &*call.paged,
-                                      tokens.empty() ? &kNoToken : tokens.data(), n, out.data(),
+  ReferenceRows rows = reference_rows(output_shape(call.q, call.v), tokens, lse);
+  check(jfa_attention_reference_paged(&params, &*call.paged, rows.tokens, rows.n, rows.out.data(),
                                       lse != nullptr ? lse->data() : nullptr));
-  return out;
+  return std::move(rows.out);
 }
 
 Gradients poisoned_gradients(const AttentionCall& call) {

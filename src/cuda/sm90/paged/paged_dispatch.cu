@@ -99,16 +99,17 @@ jfa_status check_paged_supported(const Params& p, const jfa_paged_kv& kv,
                 static_cast<double>(p.softmax_scale));
   // The launch is planned from the hint alone: cu_seqlens_q is device memory, and reading it
   // would block the host and break graph capture.
+  const int32_t most_tokens = max_query_tokens();
   if (p.max_seqlen_q == 0)
     return fail(JFA_ERROR_UNSUPPORTED,
                 "the CUDA paged forward needs max_seqlen_q (the longest query sequence, at most "
                 "%d) to plan its launch without reading cu_seqlens_q: set the hint",
-                kPagedMaxQueryTokens);
-  if (p.max_seqlen_q > max_query_tokens())
+                most_tokens);
+  if (p.max_seqlen_q > most_tokens)
     return fail(JFA_ERROR_UNSUPPORTED,
                 "max_seqlen_q %d: chunked prefill on CUDA: not yet (the CUDA paged forward takes "
                 "at most %d query tokens per sequence: decode and speculative decode)",
-                p.max_seqlen_q, kPagedMaxQueryTokens);
+                p.max_seqlen_q, most_tokens);
   if (p.total_q > p.batch * p.max_seqlen_q)
     return fail(JFA_ERROR_INVALID_ARGUMENT,
                 "max_seqlen_q=%d is smaller than the longest q sequence: total_q %lld is more than "
