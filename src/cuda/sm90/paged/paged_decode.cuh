@@ -21,11 +21,11 @@
 #include <cstdint>
 
 #include "common/visibility.hpp"
-#include "cuda/sm90/paged/async_copy.cuh"
 #include "cuda/sm90/paged/paged_args.hpp"
 #include "cuda/sm90/paged/paged_combine.cuh"
 #include "cuda/sm90/paged/paged_config.hpp"
 #include "cuda/sm90/paged/paged_lengths.cuh"
+#include "cuda/sm90/paged/paged_stream.cuh"
 #include "cuda/sm90/paged/paged_vec.cuh"
 #include "cuda/sm90/shared/softmax.cuh"
 #include "jfa/jfa.h"
@@ -148,37 +148,12 @@ __global__ void __launch_bounds__(PagedConfig<kD>::kThreads)
   const int32_t* const table = a.block_table + w.seq * a.max_pages_per_seq;
   const int32_t n_chunks = (w.key_end - w.key_begin + C::kChunkKeys - 1) / C::kChunkKeys;
 
-  // Chunk c's keys and values into stage s, each 16-byte vector from the page of its key; keys
-  // past the split's end, and keys on a page outside the cache, as zeros.
+  // Chunk c's keys and values into stage s, each key's vectors in order.
   auto load_chunk = [&](int32_t c, int s) {
     T* const sk = stages + s * 2 * C::kStageElems;
-    T* const sv = sk + C::kStageElems;
-    const int32_t key0 = w.key_begin + c * C::kChunkKeys;
-#pragma unroll
-    for (int it = 0; it < C::kChunkKeys * C::kVecsPerKey / C::kThreads; ++it) {
-      const int v = static_cast<int>(threadIdx.x) + it * C::kThreads;
-      const int key = v / C::kVecsPerKey, col = v % C::kVecsPerKey;
-      const int32_t t = key0 + key;
-      int64_t elem = -1;
-      if (t < w.key_end) {
-        const int32_t column = a.page_shift >= 0 ? t >> a.page_shift : t / a.page_size;
-        const int32_t in_page = a.page_shift >= 0 ? t & (a.page_size - 1) : t % a.page_size;
-        const int32_t page = __ldg(table + column);
-        if (page >= 0 && page < a.num_pages)
-          elem =
-              ((static_cast<int64_t>(page) * a.page_size + in_page) * a.heads_kv + w.kv_head) * kD +
-              col * 8;
-      }
-      T* const dk = sk + key * kD + col * 8;
-      T* const dv = sv + key * kD + col * 8;
-      if (elem >= 0) {
-        cp_async_16(dk, k_cache + elem);
-        cp_async_16(dv, v_cache + elem);
-      } else {
-        *reinterpret_cast<uint4*>(dk) = make_uint4(0u, 0u, 0u, 0u);
-        *reinterpret_cast<uint4*>(dv) = make_uint4(0u, 0u, 0u, 0u);
-      }
-    }
+    paged_load_chunk<T, kD, C::kChunkKeys, C::kThreads>(
+        a, k_cache, v_cache, table, w.kv_head, w.key_begin + c * C::kChunkKeys, w.key_end, sk,
+        sk + C::kStageElems, [](T* stage, int key, int col) { return stage + key * kD + col * 8; });
   };
 
   // This key team's sub-tiles of chunk c (in stage s): scores, mask, online softmax, P V.
@@ -262,25 +237,7 @@ __global__ void __launch_bounds__(PagedConfig<kD>::kThreads)
     }
   };
 
-  // The pipeline: kStages - 1 chunks in flight ahead of the one computed. The __syncthreads at the
-  // top of an iteration makes chunk c visible to all and frees the stage of chunk c - 1, which
-  // chunk c + kStages - 1 then takes. A group is committed every iteration, empty or not, so that
-  // the wait counts the same.
-#pragma unroll
-  for (int c = 0; c < C::kStages - 1; ++c) {
-    if (c < n_chunks) load_chunk(c, c);
-    cp_async_commit();
-  }
-  for (int32_t c = 0; c < n_chunks; ++c) {
-    cp_async_wait<C::kStages - 2>();
-    __syncthreads();
-    const int32_t next = c + C::kStages - 1;
-    if (next < n_chunks) load_chunk(next, next % C::kStages);
-    cp_async_commit();
-    compute_chunk(c, c % C::kStages);
-  }
-  cp_async_wait<0>();
-  __syncthreads();
+  paged_pipeline<C::kStages>(n_chunks, load_chunk, compute_chunk);
 
   // The key teams' states of each row merged into the team with z == 0, through the stages.
   if (key_teams > 1) {
