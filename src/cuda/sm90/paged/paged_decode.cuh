@@ -77,6 +77,40 @@ __device__ __forceinline__ bool paged_cta(const PagedArgs& a, PagedCta* w) {
   return true;
 }
 
+// Row r of a CTA (in its block of rows): its query head, its token and the keys of the split it
+// sees, [lo, hi) (empty where it sees none).
+struct PagedRow {
+  int32_t head, lo, hi;
+  int64_t token;
+};
+
+__device__ __forceinline__ PagedRow paged_row(const PagedArgs& a, const PagedCta& w, int32_t r) {
+  const int32_t row = w.row0 + r;
+  const int32_t i = row / a.group;
+  PagedRow x;
+  x.head = w.kv_head * a.group + row % a.group;
+  x.token = static_cast<int64_t>(w.q_start) + i;
+  x.lo = max(static_cast<int32_t>(jfa::detail::first_visible_key(a.window, i, w.len_q, w.len_k)),
+             w.key_begin);
+  x.hi = min(static_cast<int32_t>(jfa::detail::key_end(a.window, i, w.len_q, w.len_k)), w.key_end);
+  return x;
+}
+
+// The bounds of a group of rows' keys: the sub-tiles before any_lo or from any_hi on hold no key
+// any row sees, those in [all_lo, all_hi) only keys every row sees.
+struct PagedBounds {
+  int32_t any_lo = INT32_MAX, any_hi = INT32_MIN, all_lo = INT32_MIN, all_hi = INT32_MAX;
+
+  __device__ __forceinline__ void add(int32_t lo, int32_t hi) {
+    if (lo < hi) {
+      any_lo = min(any_lo, lo);
+      any_hi = max(any_hi, hi);
+    }
+    all_lo = max(all_lo, lo);
+    all_hi = min(all_hi, hi);
+  }
+};
+
 template <typename T, int kD>
 __global__ void __launch_bounds__(PagedConfig<kD>::kThreads)
     paged_decode_kernel(const PagedArgs a) {
@@ -104,7 +138,7 @@ __global__ void __launch_bounds__(PagedConfig<kD>::kThreads)
   int32_t lo[kRows], hi[kRows], head[kRows];
   int64_t token[kRows];
   int team_rows = 0;
-  int32_t any_lo = INT32_MAX, any_hi = INT32_MIN, all_lo = INT32_MIN, all_hi = INT32_MAX;
+  PagedBounds bounds;
 #pragma unroll
   for (int j = 0; j < kRows; ++j) {
     const int32_t r = tr + row_teams * j;
@@ -114,20 +148,12 @@ __global__ void __launch_bounds__(PagedConfig<kD>::kThreads)
     for (int e = 0; e < 8; ++e) q[j][e] = 0.f;
     if (r >= w.rows) continue;
     team_rows = j + 1;
-    const int32_t row = w.row0 + r;
-    const int32_t i = row / a.group;
-    head[j] = w.kv_head * a.group + row % a.group;
-    token[j] = static_cast<int64_t>(w.q_start) + i;
-    lo[j] = max(static_cast<int32_t>(jfa::detail::first_visible_key(a.window, i, w.len_q, w.len_k)),
-                w.key_begin);
-    hi[j] =
-        min(static_cast<int32_t>(jfa::detail::key_end(a.window, i, w.len_q, w.len_k)), w.key_end);
-    if (lo[j] < hi[j]) {
-      any_lo = min(any_lo, lo[j]);
-      any_hi = max(any_hi, hi[j]);
-    }
-    all_lo = max(all_lo, lo[j]);
-    all_hi = min(all_hi, hi[j]);
+    const PagedRow x = paged_row(a, w, r);
+    head[j] = x.head;
+    token[j] = x.token;
+    lo[j] = x.lo;
+    hi[j] = x.hi;
+    bounds.add(x.lo, x.hi);
     const T* src = static_cast<const T*>(a.q) + token[j] * a.q_token_stride +
                    head[j] * a.q_head_stride + lane * 8;
     unpack8<T>(__ldg(reinterpret_cast<const uint4*>(src)), q[j]);
@@ -163,9 +189,9 @@ __global__ void __launch_bounds__(PagedConfig<kD>::kThreads)
     const int32_t key0 = w.key_begin + c * C::kChunkKeys;
     for (int st = z; st < C::kSubTiles; st += key_teams) {
       const int32_t k0 = key0 + st * C::kSubKeys;
-      if (k0 >= any_hi) break;  // no row of the team sees a key from here on
-      if (k0 + C::kSubKeys <= any_lo) continue;
-      const bool unmasked = k0 >= all_lo && k0 + C::kSubKeys <= all_hi;
+      if (k0 >= bounds.any_hi) break;  // no row of the team sees a key from here on
+      if (k0 + C::kSubKeys <= bounds.any_lo) continue;
+      const bool unmasked = k0 >= bounds.all_lo && k0 + C::kSubKeys <= bounds.all_hi;
       float p[kRows][C::kSubKeys];
 #pragma unroll
       for (int n = 0; n < C::kSubKeys; ++n) {

@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(PagedMmaConfig<kD>::kThreads)
   int32_t lo[2], hi[2], head[2];
   int64_t token[2];
   bool valid[2];
-  int32_t any_lo = INT32_MAX, any_hi = INT32_MIN, all_lo = INT32_MIN, all_hi = INT32_MAX;
+  PagedBounds bounds;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int32_t r = wr * 16 + g + 8 * h;
@@ -94,25 +94,17 @@ __global__ void __launch_bounds__(PagedMmaConfig<kD>::kThreads)
     lo[h] = hi[h] = head[h] = 0;
     token[h] = 0;
     if (!valid[h]) continue;
-    const int32_t row = w.row0 + r;
-    const int32_t i = row / a.group;
-    head[h] = w.kv_head * a.group + row % a.group;
-    token[h] = static_cast<int64_t>(w.q_start) + i;
-    lo[h] = max(static_cast<int32_t>(jfa::detail::first_visible_key(a.window, i, w.len_q, w.len_k)),
-                w.key_begin);
-    hi[h] =
-        min(static_cast<int32_t>(jfa::detail::key_end(a.window, i, w.len_q, w.len_k)), w.key_end);
-    if (lo[h] < hi[h]) {
-      any_lo = min(any_lo, lo[h]);
-      any_hi = max(any_hi, hi[h]);
-    }
-    all_lo = max(all_lo, lo[h]);
-    all_hi = min(all_hi, hi[h]);
+    const PagedRow x = paged_row(a, w, r);
+    head[h] = x.head;
+    token[h] = x.token;
+    lo[h] = x.lo;
+    hi[h] = x.hi;
+    bounds.add(x.lo, x.hi);
   }
-  any_lo = __reduce_min_sync(0xffffffffu, any_lo);
-  any_hi = __reduce_max_sync(0xffffffffu, any_hi);
-  all_lo = __reduce_max_sync(0xffffffffu, all_lo);
-  all_hi = __reduce_min_sync(0xffffffffu, all_hi);
+  const int32_t any_lo = __reduce_min_sync(0xffffffffu, bounds.any_lo);
+  const int32_t any_hi = __reduce_max_sync(0xffffffffu, bounds.any_hi);
+  const int32_t all_lo = __reduce_max_sync(0xffffffffu, bounds.all_lo);
+  const int32_t all_hi = __reduce_min_sync(0xffffffffu, bounds.all_hi);
 
   // q as A fragments: register j of step kk holds row g + 8 (j & 1), columns kk 16 + 8 (j >> 1)
   // + 2t and + 1; zeros for padding rows. With kQShared, the warp's 16 rows go to shared memory
