@@ -264,14 +264,14 @@ JFA_API jfa_status jfa_attention_reference(const jfa_attention_params* params,
  * order). Queries stay packed by cu_seqlens_q, and every rule of jfa_attention_params holds with
  * len_k = seqused_k[b]: the causal mask and windows aligned bottom-right, GQA, softcap, sinks, the
  * LSE. The CPU backend (host memory) takes every such call. The CUDA backend (the cache in device
- * memory, or backend=cuda; Hopper) takes decode and speculative decode: at most 16 query tokens a
- * sequence, max_seqlen_q given (the launch is planned from the hints: nothing is read on the host,
- * so the call can be captured in a CUDA graph), float16 and bfloat16, head_dim 64, 128 or 256 with
- * head_dim_v equal, softmax_scale > 0, caches 16-byte aligned, q and out as its packed forward
- * takes them, with the append (k_new, v_new 16-byte aligned; max_seqlen_k, where given, counts
- * the appended rows); JFA_ERROR_UNSUPPORTED names the rest, chunked prefill (more query tokens)
- * among them. It reads the block table, seqused_k and cu_seqlens_new on the device only, so their
- * errors are not a status there but the checked mode's (device_check) bits: the append's rules
+ * memory, or backend=cuda; Hopper) takes decode, speculative decode and chunked prefill: at most
+ * 4096 query tokens a sequence, max_seqlen_q given (the launch is planned from the hints: nothing
+ * is read on the host, so the call can be captured in a CUDA graph), float16 and bfloat16, head_dim
+ * 64, 128 or 256 with head_dim_v equal, softmax_scale > 0, caches 16-byte aligned, q and out as its
+ * packed forward takes them, with the append (k_new, v_new 16-byte aligned; max_seqlen_k, where
+ * given, counts the appended rows); JFA_ERROR_UNSUPPORTED names the rest (longer chunks among
+ * them). It reads the block table, seqused_k and cu_seqlens_new on the device only, so their errors
+ * are not a status there but the checked mode's (device_check) bits: the append's rules
  * (cu_seqlens_new's, and a page receiving new rows that holds another sequence's keys)
  * JFA_PAGED_APPEND_INVALID; the cache's, until jfa.h has bits of their own, the closest k bits:
  * JFA_OFFSETS_K_DECREASING for a negative seqused_k, JFA_OFFSETS_K_ABOVE_MAX for a sequence's keys

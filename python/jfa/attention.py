@@ -156,10 +156,10 @@ def paged_attention(q, k_cache, v_cache, block_table, seqused_k, cu_seqlens_q, *
 
     With torch tensors the call is ``torch.ops.jfa.paged_attention``, whose schema marks k_cache
     and v_cache written; ``torch.compile(fullgraph=True)`` keeps it in the graph. On CUDA tensors
-    (Hopper) the paged kernels take decode and speculative decode: at most 16 query tokens a
-    sequence, max_seqlen_q given, float16/bfloat16, head_dim 64, 128 or 256 (the same for v);
-    with the append; the rest, chunked prefill among them, raises jfa.JfaUnsupportedError (the
-    CPU backend takes every call). On CUDA an invalid block table entry, cache length or append
+    (Hopper) the paged kernels take decode, speculative decode and chunked prefill: at most 4096
+    query tokens a sequence, max_seqlen_q given, float16/bfloat16, head_dim 64, 128 or 256 (the
+    same for v); with the append; the rest raises jfa.JfaUnsupportedError (the CPU backend takes
+    every call). On CUDA an invalid block table entry, cache length or append
     offset is not an error but a bit of ``device_check`` (the results unspecified).
 
     Returns ``out`` ``[total_q, heads_q, head_dim_v]`` of q's dtype (float64 with ``reference``),

@@ -493,14 +493,22 @@ jfa::sm90::PagedShape shape_of(const jfa_attention_params& p) {
 // Partials of `rows` (token, head, split) rows: fp32 O and a (max, sum) pair each.
 size_t partials(size_t rows, size_t head_dim) { return rows * head_dim * 4 + rows * 8; }
 
-// The plan by hand, on 132 SMs (264 CTAs wanted): the splits fill the SMs up to the cap of one per
-// 256 keys (16 without a hint), then the partials of total_q * heads_q rows per split.
+// The plan by hand, on 132 SMs (264 CTA slots): the splits (up to one per 256 keys, 16 without a
+// hint) with the least waves times (keys a CTA + 64), then the partials of total_q * heads_q rows
+// per split. The size query answers the most a plan on up to 132 SMs needs.
 TEST(PagedWorkspace, ThePlanByHand) {
   using jfa::sm90::paged_workspace_bytes;
-  // B1 decode 32:8 d128 (32 rows a CTA): 1 row block, 8 CTAs -> 33 splits, capped at 4096 / 256.
+  const auto splits = [](const jfa_attention_params& p) {
+    return jfa::sm90::plan_paged(shape_of(p), 132).splits;
+  };
+  // B1 decode 32:8 d128 (32 rows a CTA): 1 row block, 8 CTAs: one wave of 16 splits, the cap of
+  // 4096 / 256, on any number of SMs.
+  EXPECT_EQ(splits(shape_params(1, 1, 32, 8, 128, 4096)), 16);
   EXPECT_EQ(paged_workspace_bytes(shape_of(shape_params(1, 1, 32, 8, 128, 4096))),
             partials(32 * 16, 128));
-  // spec4 64:8 d64 (64 rows a CTA): 32 rows a KV head, 1 row block, 33 splits under the cap 64.
+  // spec4 64:8 d64 (64 rows a CTA): 32 rows a KV head, 1 row block, 8 CTAs: 33 splits fill the
+  // slots once (under the cap 64).
+  EXPECT_EQ(splits(shape_params(1, 4, 64, 8, 64, 32768)), 33);
   EXPECT_EQ(paged_workspace_bytes(shape_of(shape_params(1, 4, 64, 8, 64, 32768))),
             partials(4 * 64 * 33, 64));
   EXPECT_EQ(paged_workspace_bytes(shape_of(shape_params(1, 1, 32, 8, 128, 300))),
@@ -510,12 +518,18 @@ TEST(PagedWorkspace, ThePlanByHand) {
   // A left window of 600 bounds a row's keys to 601 (3 splits), whatever the hint says.
   EXPECT_EQ(paged_workspace_bytes(shape_of(shape_params(1, 1, 32, 8, 128, 0, 600))),
             partials(32 * 3, 128));
-  EXPECT_EQ(paged_workspace_bytes(shape_of(shape_params(64, 1, 32, 8, 128, 32768))), 0u);  // 512
-  // d256 (16 rows a CTA): 4 x 4 rows, 1 row block, 64 CTAs at B8: 5 splits.
-  EXPECT_EQ(paged_workspace_bytes(shape_of(shape_params(8, 4, 32, 8, 256, 4096))),
-            partials(8 * 4 * 32 * 5, 256));
-  // The launch's bytes on any device are at most the query's (the splits grow with the SMs, which
-  // the plan counts up to kPagedPlanMaxSms), and the same on a device with the most.
+  // B8 32:8 d128: 64 CTAs a split: 4 splits take one wave of 8 K keys; 5 would take two of 6.6 K.
+  EXPECT_EQ(splits(shape_params(8, 1, 32, 8, 128, 32768)), 4);
+  // B64: 512 CTAs, two waves of 32 K keys with one split on 132 SMs; on 125 (250 slots) one split
+  // takes three waves, 16 splits 33 waves of 2 K keys (69.7 K against 98.5 K): the query's answer.
+  EXPECT_EQ(splits(shape_params(64, 1, 32, 8, 128, 32768)), 1);
+  EXPECT_EQ(jfa::sm90::plan_paged(shape_of(shape_params(64, 1, 32, 8, 128, 32768)), 125).splits,
+            16);
+  EXPECT_EQ(paged_workspace_bytes(shape_of(shape_params(64, 1, 32, 8, 128, 32768))),
+            partials(64 * 32 * 16, 128));
+  // d256 (16 rows a CTA): 4 x 4 rows, 1 row block, 64 CTAs at B8: 4 splits, one wave.
+  EXPECT_EQ(splits(shape_params(8, 4, 32, 8, 256, 4096)), 4);
+  // The launch's bytes on any device are at most the query's, and one device's reach it.
   std::mt19937_64 rng(jfa::testing::logged_seed());
   const int32_t dims[] = {64, 128, 256};
   for (int round = 0; round < 2000; ++round) {
@@ -527,14 +541,14 @@ TEST(PagedWorkspace, ThePlanByHand) {
                      rng() % 4 == 0 ? static_cast<int32_t>(rng() % 5000) : -1);
     const jfa::sm90::PagedShape s = shape_of(p);
     const size_t most = paged_workspace_bytes(s);
-    for (int sms : {1, 2, 16, 78, 114, 132, 133, 1000}) {
+    size_t reached = 0;
+    for (int sms = 1; sms <= 140; ++sms) {
       const jfa::sm90::PagedPlan plan = jfa::sm90::plan_paged(s, sms);
       EXPECT_LE(plan.workspace_bytes, most) << "round " << round << " sms " << sms;
-      if (sms >= jfa::sm90::kPagedPlanMaxSms) {
-        EXPECT_EQ(plan.workspace_bytes, most);
-      }
+      reached = std::max(reached, plan.workspace_bytes);
       EXPECT_EQ(plan.workspace_bytes == 0, plan.splits == 1 || p.total_q == 0);
     }
+    EXPECT_EQ(reached, most) << "round " << round;
   }
 }
 
@@ -572,13 +586,13 @@ TEST(PagedWorkspace, QueryAnswersThePlan) {
   }
   EXPECT_EQ(query(shapes[0], kv) > 0, cuda);
   // Calls the CUDA paged kernels reject before they allocate: float32, head sizes they lack or
-  // that differ, no max_seqlen_q hint or one above 16 query tokens.
+  // that differ, no max_seqlen_q hint or one above 4096 query tokens.
   const std::function<void(jfa_attention_params&)> rejected[] = {
       [](jfa_attention_params& p) { p.dtype = JFA_DTYPE_FLOAT32; },
       [](jfa_attention_params& p) { p.head_dim = 96; },
       [](jfa_attention_params& p) { p.head_dim_v = 64; },
       [](jfa_attention_params& p) { p.max_seqlen_q = 0; },
-      [](jfa_attention_params& p) { p.max_seqlen_q = p.total_q = 17; }};
+      [](jfa_attention_params& p) { p.max_seqlen_q = p.total_q = 4097; }};
   for (const auto& change : rejected) {
     jfa_attention_params p = shapes[0];
     change(p);

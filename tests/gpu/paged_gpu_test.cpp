@@ -3,13 +3,13 @@
 // (jfa_attention_reference_paged): random block tables (shuffled pages, pages shared between
 // sequences, partial last pages, garbage past the used pages), page sizes 1, 16, 64, 256 (and 48,
 // 3), cache lengths 0, 1, page multiples +- 1 and long ones, GQA 8:1, 4:1 and 1:1, head_dim 64,
-// 128, 256, fp16 and bf16, 1, 4 and 16 query tokens per sequence with and without the causal mask,
-// windows, softcap, sinks, LSE on and off, one split and several (with and without the max_seqlen_k
-// hint; a caller's workspace of jfa_attention_paged_workspace_size bytes, another size or none),
-// outputs poisoned and guarded; graph capture replayed on new lengths and a new table; the checked
-// mode on invalid tables and lengths (no fault, its bits set); the calls the kernels do not take;
-// the append (new rows written into their pages, every other byte of the caches kept) and its
-// checked mode.
+// 128, 256, fp16 and bf16, 1, 4, 16 and up to 256 query tokens per sequence (chunked prefill) with
+// and without the causal mask, windows, softcap, sinks, LSE on and off, one split and several (with
+// and without the max_seqlen_k hint; a caller's workspace of jfa_attention_paged_workspace_size
+// bytes, another size or none), outputs poisoned and guarded; graph capture replayed on new lengths
+// and a new table; the checked mode on invalid tables and lengths (no fault, its bits set); the
+// calls the kernels do not take; the append (new rows written into their pages, every other byte of
+// the caches kept) and its checked mode.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -495,7 +495,7 @@ TEST(PagedGpu, WindowSoftcapSinksAndLse) {
   }
 }
 
-// 16 query tokens (the most the kernels take) with groups of 8 and 16 query heads: the rows of a
+// 16 query tokens (speculative decode) with groups of 8 and 16 query heads: the rows of a
 // (sequence, KV head) span several CTAs; with a window and without.
 TEST(PagedGpu, SixteenTokensAndLargeGroups) {
   int k = 0;
@@ -519,55 +519,51 @@ TEST(PagedGpu, SixteenTokensAndLargeGroups) {
   }
 }
 
-// The tensor-core decode kernel, launched only under JFA_CUDA_UNVERIFIED_PAGED_MMA=1 until it has
-// run on a GPU (head_dim 64, 128, and 256 with q in shared memory): page sizes (two not powers
-// of two), edge lengths, GQA 8:1, 8:2, 4:4 and 32:2 (rows over several row blocks and warps),
-// 1, 4 and 16 tokens, causal, the local kinds (windows, softcap, sinks), LSE on and off, one split
-// and many, the append, and chunked prefill (up to 256 query tokens a sequence).
-struct MmaSwitch {
-  MmaSwitch() { setenv("JFA_CUDA_UNVERIFIED_PAGED_MMA", "1", 1); }
-  ~MmaSwitch() { unsetenv("JFA_CUDA_UNVERIFIED_PAGED_MMA"); }
-};
+// The decode kernel at one head size (64, 128, and 256 with q in shared memory), over page sizes
+// (two not powers of two), edge lengths, GQA 8:1, 8:2, 4:4 and 32:2 (rows over several row blocks
+// and warps), 1, 4 and 16 tokens, causal, the local kinds (windows, softcap, sinks), LSE on and
+// off, one split and many, the append, and chunked prefill (up to 256 query tokens a sequence).
+// One test per head size, so that the sanitizers can run them side by side.
+class PagedGpuHeadDim : public ::testing::TestWithParam<int32_t> {};
 
-TEST(PagedGpu, TensorCoreKernelMatchesReference) {
-  MmaSwitch on;
-  constexpr Gqa kMmaGqas[] = {{8, 1}, {8, 2}, {4, 4}, {32, 2}};
-  int k = 0;
-  for (int32_t d : {64, 128, 256}) {
-    for (int32_t page : {1, 16, 48, 256}) {
-      for (int32_t tokens : {1, 4, 16}) {
-        ++k;
-        if (quick_mode() && k % 4 != 0) continue;
-        PagedCase c;
-        c.head_dim = d;
-        c.page_size = page;
-        c.dtype = k % 2 ? DType::kBFloat16 : DType::kFloat16;
-        c.heads_q = kMmaGqas[k % 4].heads_q;
-        c.heads_kv = kMmaGqas[k % 4].heads_kv;
-        c.causal = k % 3 != 0;
-        c.hint_k = k % 5 != 1;
-        c.with_lse = k % 4 != 2;
-        const jfa::gpu_test::LocalKind& kind =
-            jfa::gpu_test::kLocalKinds[k % std::size(jfa::gpu_test::kLocalKinds)];
-        if (k % 2 == 0) {
-          c.window_left = kind.left;
-          c.window_right = kind.right;
-          c.causal = kind.causal;
-          c.softcap = kind.softcap;
-          c.sink_sd = kind.sink_sd;
-        }
-        c.seqused = edge_lengths(page);
-        if (k % 3 == 0) c.seqused.push_back(5000);
-        for (size_t b = 0; b < c.seqused.size(); ++b)
-          c.len_q.push_back(tokens == 1 ? 1
-                                        : static_cast<int32_t>((b * 7 + tokens) % (tokens + 1)));
-        c.max_q = tokens;
-        run_case(c);
+TEST_P(PagedGpuHeadDim, KernelMatchesReference) {
+  const int32_t d = GetParam();
+  constexpr Gqa kGqas[] = {{8, 1}, {8, 2}, {4, 4}, {32, 2}};
+  // The case counter starts where the earlier head sizes' 12 cases end, so that each size meets
+  // other combinations.
+  int k = d == 64 ? 0 : d == 128 ? 12 : 24;
+  for (int32_t page : {1, 16, 48, 256}) {
+    for (int32_t tokens : {1, 4, 16}) {
+      ++k;
+      if (quick_mode() && k % 4 != 0) continue;
+      PagedCase c;
+      c.head_dim = d;
+      c.page_size = page;
+      c.dtype = k % 2 ? DType::kBFloat16 : DType::kFloat16;
+      c.heads_q = kGqas[k % 4].heads_q;
+      c.heads_kv = kGqas[k % 4].heads_kv;
+      c.causal = k % 3 != 0;
+      c.hint_k = k % 5 != 1;
+      c.with_lse = k % 4 != 2;
+      const jfa::gpu_test::LocalKind& kind =
+          jfa::gpu_test::kLocalKinds[k % std::size(jfa::gpu_test::kLocalKinds)];
+      if (k % 2 == 0) {
+        c.window_left = kind.left;
+        c.window_right = kind.right;
+        c.causal = kind.causal;
+        c.softcap = kind.softcap;
+        c.sink_sd = kind.sink_sd;
       }
+      c.seqused = edge_lengths(page);
+      if (k % 3 == 0) c.seqused.push_back(5000);
+      for (size_t b = 0; b < c.seqused.size(); ++b)
+        c.len_q.push_back(tokens == 1 ? 1 : static_cast<int32_t>((b * 7 + tokens) % (tokens + 1)));
+      c.max_q = tokens;
+      run_case(c);
     }
   }
   // One sequence on one KV head: many splits and their combine.
-  for (int32_t d : {64, 128, 256}) {
+  {
     PagedCase c;
     c.head_dim = d;
     c.heads_q = 4;
@@ -579,38 +575,42 @@ TEST(PagedGpu, TensorCoreKernelMatchesReference) {
     run_case(c);
   }
   // The append before it.
-  PagedCase c;
-  c.share_pages = false;
-  c.head_dim = 128;
-  c.heads_q = 16;
-  c.heads_kv = 2;
-  c.causal = true;
-  c.seqused = {0, 15, 16, 300};
-  c.len_new = {1, 1, 4, 16};
-  c.len_q = {1, 1, 4, 16};
-  c.max_q = 16;
-  run_case(c);
-  // Chunked prefill (more than 16 query tokens a sequence, which only the tensor-core kernel
-  // takes): each sequence's chunk appended, then attending over its cache and itself, causal;
-  // with a window, GQA 4:1 and 8:1, both head sizes (one in quick mode: the sanitizers), a chunk
-  // into an empty cache.
-  for (int32_t d : {64, 128}) {
-    if (quick_mode() && d == 64) continue;
-    PagedCase p;
-    p.share_pages = false;
-    p.head_dim = d;
-    p.heads_q = d == 64 ? 16 : 32;
-    p.heads_kv = d == 64 ? 2 : 8;
-    p.dtype = d == 64 ? DType::kFloat16 : DType::kBFloat16;
-    p.causal = true;
-    p.window_left = d == 64 ? 300 : -1;
-    p.seqused = {0, 1000, 4000, 37};
-    p.len_new = {64, 200, 256, 17};
-    p.len_q = p.len_new;
-    p.max_q = 256;
-    run_case(p);
+  if (d == 128) {
+    PagedCase c;
+    c.share_pages = false;
+    c.head_dim = 128;
+    c.heads_q = 16;
+    c.heads_kv = 2;
+    c.causal = true;
+    c.seqused = {0, 15, 16, 300};
+    c.len_new = {1, 1, 4, 16};
+    c.len_q = {1, 1, 4, 16};
+    c.max_q = 16;
+    run_case(c);
   }
+  // Chunked prefill: each sequence's chunk appended, then attending over its cache and itself,
+  // causal; with a window at 64, GQA 4:1, 8:1 and 8:2, a chunk into an empty cache (at 128 alone in
+  // quick mode: the sanitizers).
+  if (quick_mode() && d != 128) return;
+  PagedCase p;
+  p.share_pages = false;
+  p.head_dim = d;
+  p.heads_q = d == 64 ? 16 : d == 128 ? 32 : 16;
+  p.heads_kv = d == 64 ? 2 : d == 128 ? 8 : 2;
+  p.dtype = d == 128 ? DType::kBFloat16 : DType::kFloat16;
+  p.causal = true;
+  p.window_left = d == 64 ? 300 : -1;
+  p.seqused = {0, 1000, 4000, 37};
+  p.len_new = {64, 200, 256, 17};
+  p.len_q = p.len_new;
+  p.max_q = 256;
+  run_case(p);
 }
+
+INSTANTIATE_TEST_SUITE_P(PagedGpu, PagedGpuHeadDim, ::testing::Values(64, 128, 256),
+                         [](const ::testing::TestParamInfo<int32_t>& info) {
+                           return "d" + std::to_string(info.param);
+                         });
 
 // Long caches on few CTAs (one sequence, one KV head): many splits and their combine, with and
 // without the max_seqlen_k hint and under a window that bounds them; a caller's workspace, too
@@ -981,8 +981,8 @@ TEST(PagedGpu, RejectsWhatTheKernelsDoNotTake) {
        }},
       {"needs max_seqlen_q", JFA_ERROR_UNSUPPORTED,
        [](jfa_attention_params& p, jfa_paged_kv&) { p.max_seqlen_q = 0; }},
-      {"chunked prefill on CUDA: not yet", JFA_ERROR_UNSUPPORTED,
-       [](jfa_attention_params& p, jfa_paged_kv&) { p.max_seqlen_q = 17; }},
+      {"takes at most 4096 query tokens per sequence", JFA_ERROR_UNSUPPORTED,
+       [](jfa_attention_params& p, jfa_paged_kv&) { p.max_seqlen_q = 4097; }},
       {"head_dim 96", JFA_ERROR_UNSUPPORTED,
        [&](jfa_attention_params& p, jfa_paged_kv& kv) {
          p.head_dim = 96;

@@ -1,4 +1,4 @@
-// Warp-level tensor-core steps of the paged decode on tensor cores (paged_decode_mma.cuh):
+// Warp-level tensor-core steps of the paged decode kernel (paged_decode.cuh):
 // ldmatrix from shared memory and mma.sync m16n8k16 with float32 accumulators (sm_80 and later).
 // The fragments follow the PTX ISA's layouts: with g = lane / 4 and t = lane % 4, an A fragment
 // (16 x 16) holds rows g and g + 8, columns 2t, 2t + 1 and those + 8; a B fragment (16 x 8) rows

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "common/params.hpp"
@@ -24,7 +23,6 @@
 #include "cuda/sm90/paged/paged_combine.cuh"
 #include "cuda/sm90/paged/paged_config.hpp"
 #include "cuda/sm90/paged/paged_decode.cuh"
-#include "cuda/sm90/paged/paged_decode_mma.cuh"
 #include "cuda/sm90/paged/paged_plan.hpp"
 #include "cuda/sm90/paged/paged_sm90.hpp"
 
@@ -58,20 +56,6 @@ bool paged_head_dim(int d) {
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
-// The tensor-core decode kernel (paged_decode_mma.cuh) has not run on a GPU yet: only this switch,
-// off by default and read per call, launches it instead of the CUDA-core kernel (for its first
-// device tests and benchmark; bench/NOTES.md).
-bool unverified_mma_decode() {
-  const char* on = std::getenv("JFA_CUDA_UNVERIFIED_PAGED_MMA");
-  return on != nullptr && on[0] == '1' && on[1] == '\0';
-}
-
-// Query tokens a sequence the launch takes: the tensor-core kernel's chunks of a chunked prefill
-// where it runs, else decode and speculative decode.
-int32_t max_query_tokens() {
-  return unverified_mma_decode() ? kPagedMmaMaxQueryTokens : kPagedMaxQueryTokens;
-}
-
 // What the kernels take, JFA_ERROR_UNSUPPORTED naming the rest; *facts is the current device's.
 jfa_status check_paged_supported(const Params& p, const jfa_paged_kv& kv,
                                  const jfa::cuda::DeviceFacts** facts_out) {
@@ -99,7 +83,7 @@ jfa_status check_paged_supported(const Params& p, const jfa_paged_kv& kv,
                 static_cast<double>(p.softmax_scale));
   // The launch is planned from the hint alone: cu_seqlens_q is device memory, and reading it
   // would block the host and break graph capture.
-  const int32_t most_tokens = max_query_tokens();
+  constexpr int32_t most_tokens = kPagedMaxQueryTokens;
   if (p.max_seqlen_q == 0)
     return fail(JFA_ERROR_UNSUPPORTED,
                 "the CUDA paged forward needs max_seqlen_q (the longest query sequence, at most "
@@ -107,8 +91,8 @@ jfa_status check_paged_supported(const Params& p, const jfa_paged_kv& kv,
                 most_tokens);
   if (p.max_seqlen_q > most_tokens)
     return fail(JFA_ERROR_UNSUPPORTED,
-                "max_seqlen_q %d: chunked prefill on CUDA: not yet (the CUDA paged forward takes "
-                "at most %d query tokens per sequence: decode and speculative decode)",
+                "max_seqlen_q %d: the CUDA paged forward takes at most %d query tokens per "
+                "sequence (split a longer chunked prefill into chunks of at most that many)",
                 p.max_seqlen_q, most_tokens);
   if (p.total_q > p.batch * p.max_seqlen_q)
     return fail(JFA_ERROR_INVALID_ARGUMENT,
@@ -145,7 +129,7 @@ PagedShape paged_shape(const Params& p) {
 bool paged_kernels_take(const Params& p) {
   return (p.dtype == JFA_DTYPE_FLOAT16 || p.dtype == JFA_DTYPE_BFLOAT16) &&
          p.head_dim_v == p.head_dim && paged_rows_per_cta(p.head_dim) != 0 && p.max_seqlen_q >= 1 &&
-         p.max_seqlen_q <= max_query_tokens();
+         p.max_seqlen_q <= kPagedMaxQueryTokens;
 }
 
 // The kernels' arguments. maybe_unused, as launch_checks: a build whose JFA_SM90_HEAD_DIMS holds
@@ -243,13 +227,11 @@ jfa_status run_paged(const Params& p, const jfa_paged_kv& kv,
   // Everything that can reject the call comes before the first launch: a rejected call writes
   // nothing, the checked mode's word included.
   const bool compute = p.total_q > 0 && p.batch > 0;
-  using Mma = PagedMmaConfig<kD>;
-  const bool mma = unverified_mma_decode();
   if (compute) {
-    const jfa_status s =
-        mma ? opt_in_shared_memory<paged_decode_mma_kernel<T, kD>>(Mma::kSmemBytes, device.ordinal)
-            : opt_in_shared_memory<paged_decode_kernel<T, kD>>(C::kSmemBytes, device.ordinal);
-    if (s != JFA_SUCCESS) return s;
+    if (const jfa_status s =
+            opt_in_shared_memory<paged_decode_kernel<T, kD>>(C::kSmemBytes, device.ordinal);
+        s != JFA_SUCCESS)
+      return s;
   }
   // The splits' partials: the caller's workspace (jfa_attention_paged_workspace_size, which plans
   // with at least this device's SMs) when it is large enough, else one allocated in stream order
@@ -267,12 +249,8 @@ jfa_status run_paged(const Params& p, const jfa_paged_kv& kv,
   if (const jfa_status s = launch_checks(a, device, stream); s != JFA_SUCCESS) return s;
   if (const jfa_status s = launch_append(a, device, stream); s != JFA_SUCCESS) return s;
   if (!compute) return JFA_SUCCESS;
-  if (mma)
-    paged_decode_mma_kernel<T, kD>
-        <<<static_cast<unsigned>(plan.ctas), Mma::kThreads, Mma::kSmemBytes, stream>>>(a);
-  else
-    paged_decode_kernel<T, kD>
-        <<<static_cast<unsigned>(plan.ctas), C::kThreads, C::kSmemBytes, stream>>>(a);
+  paged_decode_kernel<T, kD>
+      <<<static_cast<unsigned>(plan.ctas), C::kThreads, C::kSmemBytes, stream>>>(a);
   if (const jfa_status s = launch_error("paged decode kernel"); s != JFA_SUCCESS) return s;
   if (plan.splits == 1) return JFA_SUCCESS;
   constexpr int kRowsPerBlock = kPagedCombineThreads / 32;

@@ -42,7 +42,7 @@ struct PagedShape {
   int64_t batch, total_q;
   int32_t heads_q, heads_kv;
   int32_t head_dim;     // one the kernels take (paged_rows_per_cta is not 0)
-  int32_t max_q;        // the max_seqlen_q hint, 1 .. kPagedMmaMaxQueryTokens
+  int32_t max_q;        // the max_seqlen_q hint, 1 .. kPagedMaxQueryTokens
   int32_t max_k;        // the max_seqlen_k hint, 0 when not given
   int32_t window_left;  // -1 unbounded
 };
@@ -54,6 +54,26 @@ struct PagedPlan {
   size_t workspace_bytes;      // the splits' partials; 0 with one split
   size_t workspace_ml_offset;  // where the (max, sum) pairs start in it
 };
+
+// The splits of a launch of `base` CTAs a split, each sequence's `keys` keys cut in up to `cap`
+// splits. Two CTAs fit an SM (96 KB of shared memory each); a split's CTAs take about the same time
+// where the lengths are alike, so the launch takes its waves times a CTA's keys plus a fixed cost
+// (the pipeline's first loads, the partials' writes): the splits with the least of that, the fewest
+// of equal cost. A split that leaves a wave nearly empty costs a whole wave (5 splits of 64 CTAs on
+// 264 slots take two waves of 6.6 K keys, where 4 take one of 8.2 K).
+inline int32_t paged_splits(int64_t base, int64_t keys, int64_t cap, int sm_count) {
+  if (base == 0) return 1;
+  constexpr int64_t kFixedKeys = 64;  // a CTA's fixed cost, in keys streamed
+  const int64_t slots = 2 * static_cast<int64_t>(std::clamp(sm_count, 1, kPagedPlanMaxSms));
+  int64_t best = 1, best_cost = INT64_MAX;
+  for (int64_t s = 1; s <= cap; ++s) {
+    const int64_t waves = (base * s + slots - 1) / slots;
+    const int64_t per = std::max((keys + s - 1) / s, int64_t{kPagedMinSplitKeys});
+    const int64_t cost = waves * (per + kFixedKeys);
+    if (cost < best_cost) best = s, best_cost = cost;
+  }
+  return static_cast<int32_t>(best);
+}
 
 // The plan on a device of sm_count SMs (counted up to kPagedPlanMaxSms).
 inline PagedPlan plan_paged(const PagedShape& s, int sm_count) {
@@ -73,10 +93,8 @@ inline PagedPlan plan_paged(const PagedShape& s, int sm_count) {
       keys < 0 ? kPagedNoHintSplits
                : std::clamp<int64_t>((keys + kPagedMinSplitKeys - 1) / kPagedMinSplitKeys, 1,
                                      kPagedMaxSplits);
-  // Two CTAs fit an SM (96 KB of shared memory each): split until the launch fills them once.
-  const int64_t target = 2 * static_cast<int64_t>(std::clamp(sm_count, 1, kPagedPlanMaxSms));
-  const int64_t want = base >= target || base == 0 ? 1 : (target + base - 1) / base;
-  plan.splits = static_cast<int32_t>(std::clamp<int64_t>(want, 1, cap));
+  plan.splits =
+      paged_splits(base, keys < 0 ? kPagedNoHintSplits * kPagedMinSplitKeys : keys, cap, sm_count);
   plan.ctas = base * plan.splits;
   if (plan.splits > 1) {
     const size_t rows = static_cast<size_t>(s.total_q) * static_cast<size_t>(s.heads_q) *
@@ -87,10 +105,13 @@ inline PagedPlan plan_paged(const PagedShape& s, int sm_count) {
   return plan;
 }
 
-// The workspace a call of this shape needs on any device the kernels serve: its plan with the most
-// SMs (what a launch on a device with fewer needs is at most this).
+// The workspace a call of this shape needs on any device the kernels serve: the most that its plan
+// on any number of SMs up to kPagedPlanMaxSms asks (the splits need not grow with them).
 inline size_t paged_workspace_bytes(const PagedShape& s) {
-  return plan_paged(s, kPagedPlanMaxSms).workspace_bytes;
+  size_t most = 0;
+  for (int sms = 1; sms <= kPagedPlanMaxSms; ++sms)
+    most = std::max(most, plan_paged(s, sms).workspace_bytes);
+  return most;
 }
 
 }  // namespace jfa::sm90

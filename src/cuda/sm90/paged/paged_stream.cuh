@@ -1,4 +1,4 @@
-// How the paged decode kernels (paged_decode.cuh, paged_decode_mma.cuh) stream a split's keys and
+// How the paged decode kernel (paged_decode.cuh) streams a split's keys and
 // values through shared memory: a chunk at a time, each 16-byte vector fetched by cp.async from the
 // page of its key through the block table, kStages deep.
 #pragma once
