@@ -138,7 +138,7 @@ enum class DqSplit {
 
 // kRowsPerStep: query rows per step. At head_dim 32 and 64 a step of one q tile leaves the MMAs
 // small against the step's fixed costs (barriers, the dQ hand-off), so a step takes two unless the
-// sequences are at most one q tile long on average (bwd_dispatch.cu). At 96 and 128 a step of two
+// sequences are at most one q tile long on average (bwd_choices.hpp). At 96 and 128 a step of two
 // would need more registers than a consumer has (dK, dV, S^T and dP^T of 128 rows).
 //
 // Up to head_dim 128 each group takes 64 of the item's 128 keys and holds their dK and dV. From
@@ -149,9 +149,7 @@ enum class DqSplit {
 //
 // kLocalAttention: the kernels of calls with a window other than the causal mask, softcap or sinks
 // (BwdLocalArgs); the other calls' kernels hold none of their code.
-template <typename T, int kHeadDim, int kHeadDimV = kHeadDim,
-          int kRowsPerStep = kHeadDim <= 64 ? 2 * kBwdTileRows : kBwdTileRows,
-          bool kLocalAttention = false>
+template <typename T, int kHeadDim, int kHeadDimV, int kRowsPerStep, bool kLocalAttention = false>
 struct BwdConfig {
   static_assert(((kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128) &&
                  kHeadDimV == kHeadDim) ||
