@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """jfa's paged-KV forward against FlashAttention-3 and FlashInfer on serving's decode steps, bf16,
-on the GPU: one or four query tokens a sequence over a KV cache kept in shuffled pages.
+on the GPU: one or four query tokens a sequence (by --cells, chunks of 256: chunked prefill) over a
+KV cache kept in shuffled pages.
 
 Cells: mode x batch x cache x GQA x head_dim x page size; --cells picks values of any axis (the
 others keep their defaults), --quick takes a small set. Modes: decode (1 query token a sequence) and
@@ -10,15 +11,23 @@ append in the same call, 1 query token and 1 new key/value row a sequence, each 
 holding its length - 1 rows before the call (the call's seqused_k; its pages have room for the
 last), so that the keys attended, the appended row included, are the decode cell's; the call writes
 the new rows into the pages, then attends over them (every timed call and graph replay re-writes the
-same rows with the same values: idempotent). Batches B1, B8, B64, B256. Caches (seqused_k, each
-sequence's keys): u512, u4k, u32k (every sequence 512, 4096, 32768 keys) and tail (heavy-tailed:
-lognormal, median 2048, sigma 1.25, rounded into [16, 32768], the same draws for a (--seed, batch)
-in every run). GQA 32:8 and 64:8 (query:KV heads), head_dim 128 and 64 (d128, d64), page size 16
+same rows with the same values: idempotent). By --cells only, chunk256: a chunk of chunked
+prefill, 256 query tokens a sequence, the last 256 positions of their sequence (causal
+bottom-right, as spec4's 4). Batches B1, B8, B64, B256. Caches (seqused_k, each sequence's
+keys): u512, u4k, u32k (every sequence 512, 4096, 32768 keys), tail (heavy-tailed: lognormal,
+median 2048, sigma 1.25, rounded into [16, 32768], the same draws for a (--seed, batch) in every
+run) and, by --cells only, u8k (every sequence 8192 keys, where chunked prefill is usually
+measured). GQA 32:8 and 64:8 (query:KV heads), head_dim 128 and 64 (d128, d64), page size 16
 (p16; p1, p64, p256 or any other by --cells). The pages a batch uses are one random permutation of
 the cache's pages, dealt out in order: every page serves one sequence once, neighbours in a sequence
 lie anywhere in the cache, and a last page's rows past the sequence's end hold random values like
 the rest (a kernel that reads them fails the check). Keys, values and queries ~ N(0, 1) from --seed;
 softmax scale 1/sqrt(head_dim). A cell whose cache is above --max-cache-gib is skipped, saying so.
+A cell where a sequence has fewer keys than its query tokens (chunk256 on the tail cache, whose
+lengths go down to 16: all but its smallest batches) is skipped for every method, the reason
+naming the shortest: a chunk's keys include the chunk itself, so no prefill step has fewer; the
+rows that would see no key time an edge case rather than the attention, and clipping the chunk
+would give the methods ragged queries of their own choosing.
 
 Methods (--methods):
 - jfa: jfa_attention_forward_paged, its C entry through bench/libjfa.py (ctypes) on device
@@ -37,10 +46,11 @@ Methods (--methods):
   + 1 keys); the wrapper gets k= and v=.
 - flashinfer: FlashInfer (flashinfer-python) where it imports, NHD pages (the cache's own layout):
   BatchDecodeWithPagedKVCacheWrapper for decode (tensor cores above 4 query heads a KV head, as
-  vLLM chooses), BatchPrefillWithPagedKVCacheWrapper with causal=True for spec4; planned once per
-  cell, outside the timing. Where it does not import, its cells say why. append: skipped, saying
-  why: its attention calls take no new rows (its append, flashinfer.page.append_paged_kv_cache,
-  is a kernel of its own), so it has no one-call step to compare.
+  vLLM chooses), BatchPrefillWithPagedKVCacheWrapper with causal=True for spec4 and chunk256;
+  planned once per cell, outside the timing. Where it does not import, its cells say why.
+  append: skipped, saying why: its attention calls take no new rows (its append,
+  flashinfer.page.append_paged_kv_cache, is a kernel of its own), so it has no one-call step to
+  compare.
 
 Checks, before anything is timed: every method's output against a float64 reference (the pages
 of each sampled sequence gathered in torch, softmax attention in float64: paged_reference) on up
@@ -63,18 +73,24 @@ bytes read / time, KV bytes = sum over sequences of seqused_k * heads_kv * (head
 head_dim_v) * 2 (append: the keys attended, the call's seqused_k + 1 a sequence, plus the B
 rows written, each heads_kv * (head_dim + head_dim_v) * 2 bytes; reading k_new and v_new is not
 counted), beside the device's copy rate, measured once per run (a 2 GiB device-to-device
-torch copy: bytes read + written / time). jfa ÷ best peer: jfa's KV TB/s over the fastest
-peer's, eager and graph (> 1: jfa is faster). --rounds N measures every cell N times, the
-methods in alternating order (bench/rounds.py), and keeps each method's median round by
-eager_ms (every round's figures in its record's "rounds").
+torch copy: bytes read + written / time). TFLOP/s: useful FLOPs / time, useful FLOPs = 4 *
+heads_q * head_dim * the (query, key) pairs the causal mask lets through (two GEMMs; head_dim_v =
+head_dim), a sequence of t query tokens and n keys, query row i seeing keys [0, n - t + i] within
+[0, n), seeing min(t, n) * (n - min(t, n)) + min(t, n) * (min(t, n) + 1) / 2 pairs. jfa ÷ best
+peer: jfa's KV TB/s over the fastest peer's, eager and graph (> 1: jfa is faster; every method of
+a cell has the same bytes and FLOPs, so it is the ratio of speeds, TFLOP/s cells too). --rounds N
+measures every cell N times, the methods in alternating order (bench/rounds.py), and keeps each
+method's median round by eager_ms (every round's figures in its record's "rounds").
 
 Writes <out>/<YYYY-MM-DD>-<gpu>-paged.json (--name: another stem) after every cache and prints a
-table last: a row per cell, each method's eager and graph ms, graph KV TB/s and host µs, and jfa
-÷ best peer. --time-limit-s S: no cell starts after S seconds; the JSON and the table say so.
+table last: a row per cell, each method's eager and graph ms, graph KV TB/s (graph TFLOP/s
+instead for a cell of more than 4 query tokens a sequence, compute-bound: chunk256) and host µs,
+and jfa ÷ best peer. --time-limit-s S: no cell starts after S seconds; the JSON and the table say
+so.
 
 usage: python3 bench/paged_peers.py --lib build/gpu/src/libjfa.so
            --fa3-lib .peers/fa3_full_bf16.so [--quick]
-           [--cells decode,spec4,append,B8,B64,u4k,tail,32:8,d128,p16]
+           [--cells decode,spec4,append,chunk256,B8,B64,u4k,u8k,tail,32:8,d128,p16]
            [--methods jfa,fa3,flashinfer]
            [--rounds N] [--runs N] [--warmup N] [--host-calls N] [--max-cache-gib G]
            [--time-limit-s S] [--seed N] [--out bench/results] [--name NAME]
@@ -103,15 +119,19 @@ from rounds import TIMED, measure_rounds  # noqa: E402
 # ---- cells --------------------------------------------------------------------------------------
 
 Cell = namedtuple("Cell", "mode batch cache heads heads_kv head_dim page_size")
-MODES = {"decode": 1, "spec4": 4, "append": 1}  # query tokens a sequence
+MODES = {"decode": 1, "spec4": 4, "append": 1, "chunk256": 256}  # query tokens a sequence
 APPENDS = {"append": 1}  # new key/value rows a sequence the call appends (other modes: none)
-DEFAULT_MODES = ("decode", "spec4")  # append by --cells only
+DEFAULT_MODES = ("decode", "spec4")  # append and chunk256 by --cells only
 BATCHES = (1, 8, 64, 256)
-CACHES = {"u512": 512, "u4k": 4096, "u32k": 32768, "tail": None}  # None: heavy-tailed lengths
+CACHES = {"u512": 512, "u4k": 4096, "u8k": 8192, "u32k": 32768,
+          "tail": None}  # None: heavy-tailed lengths
+DEFAULT_CACHES = ("u512", "u4k", "u32k", "tail")  # u8k, for chunked prefill, by --cells only
+# Above this many query tokens a sequence a cell is compute-bound: the table shows its TFLOP/s.
+FLOP_TOKENS = 4
 GQAS = ("32:8", "64:8")
 HEAD_DIMS = (128, 64)
 PAGE_SIZES = (16,)
-FULL = {"mode": list(DEFAULT_MODES), "batch": list(BATCHES), "cache": list(CACHES),
+FULL = {"mode": list(DEFAULT_MODES), "batch": list(BATCHES), "cache": list(DEFAULT_CACHES),
         "gqa": [tuple(int(n) for n in g.split(":")) for g in GQAS],
         "head_dim": list(HEAD_DIMS), "page_size": list(PAGE_SIZES)}
 QUICK = dict(FULL, batch=[8, 64], cache=["u4k", "tail"], gqa=[(32, 8)], head_dim=[128])
@@ -138,11 +158,14 @@ APPEND_COUNTING = ("append: the call writes each sequence's new row, then attend
 FLASHINFER_NO_APPEND = ("FlashInfer's attention calls take no new rows (its append, "
                         "flashinfer.page.append_paged_kv_cache, is a kernel of its own): no "
                         "one-call decode step with the append to compare")
+FLOP_COUNTING = ("useful FLOPs = 4 * heads_q * head_dim * visible (query, key) pairs, a sequence "
+                 "of t query tokens and n keys seeing (causal bottom-right) min(t, n) * (n - "
+                 "min(t, n)) + min(t, n) * (min(t, n) + 1) / 2; TFLOP/s = useful FLOPs / time")
 
 
 def token_axis(token):
-    """(axis, value) of one --cells token: decode, spec4, append; B<n>; u512, u4k, u32k, tail;
-    H:Hkv; d<n>; p<n>. ValueError for anything else."""
+    """(axis, value) of one --cells token: decode, spec4, append, chunk256; B<n>; u512, u4k,
+    u8k, u32k, tail; H:Hkv; d<n>; p<n>. ValueError for anything else."""
     t = token.strip()
     if t in MODES:
         return "mode", t
@@ -242,6 +265,37 @@ def kv_bytes(lengths, heads_kv, head_dim, head_dim_v=None, element_bytes=ELEMENT
 def appended_rows(cell):
     """Key/value rows a cell's call appends (and writes): APPENDS' rows a sequence x batch."""
     return APPENDS.get(cell.mode, 0) * cell.batch
+
+
+def visible_pairs(tokens, keys):
+    """(query, key) pairs the causal mask lets through for one sequence of `tokens` query tokens
+    and `keys` keys, aligned bottom-right (query row i sees keys [0, keys - tokens + i] within
+    [0, keys)): the last min(tokens, keys) rows see keys - min + 1 .. keys keys, the rows before
+    them none."""
+    m = min(int(tokens), int(keys))
+    return m * (int(keys) - m) + m * (m + 1) // 2
+
+
+def useful_flops(lengths, tokens, heads, head_dim, head_dim_v=None):
+    """FLOPs of the attention a call does at least: two GEMMs over the visible pairs (QK^T, 2 *
+    head_dim a pair; PV, 2 * head_dim_v), every query head, summed over the sequences' `lengths`
+    (the keys each attends); the masked pairs, the softmax and the append are not counted."""
+    pairs = sum(visible_pairs(tokens, n) for n in lengths)
+    return 2 * heads * (head_dim + (head_dim_v or head_dim)) * pairs
+
+
+def short_cache_reason(cell, lengths):
+    """Why a cell is left out where a sequence has fewer keys than the cell's query tokens
+    (chunk256 on the tail cache): a prefill chunk's keys include the chunk, so no step has fewer,
+    and the methods would differ on rows that see no key rather than on speed. "" where every
+    sequence has enough."""
+    tokens, shortest = MODES[cell.mode], min(lengths)
+    if shortest >= tokens:
+        return ""
+    short = sum(1 for n in lengths if n < tokens)
+    return (f"{cell.mode}: {tokens} query tokens a sequence need as many keys; {short} of "
+            f"{len(lengths)} sequences of the {cell.cache} cache have fewer (the shortest "
+            f"{shortest})")
 
 
 def cache_bytes(lengths, page_size, heads_kv, head_dim, element_bytes=ELEMENT_BYTES):
@@ -351,14 +405,22 @@ def check_output(out, refs, tokens, tolerance):
 # ---- report (no torch needed) -------------------------------------------------------------------
 
 def add_rates(rec, copy_tbps=None):
-    """KV TB/s of the record's eager and graph times (None where not timed) and their share of
-    the device's copy rate."""
+    """KV TB/s of the record's eager and graph times (None where not timed), their share of
+    the device's copy rate, and TFLOP/s of its useful FLOPs (useful_gflop)."""
+    gflop = rec.get("useful_gflop")
     for mode in peers.MODES:
         t = rec.get(f"{mode}_ms") if rec.get("status") in TIMED else None
         rate = rec["kv_bytes"] / (t * 1e-3) / 1e12 if t else None
         rec[f"{mode}_kv_tbps"] = rate
         rec[f"{mode}_of_copy"] = rate / copy_tbps if rate and copy_tbps else None
+        rec[f"{mode}_tflops"] = gflop * 1e9 / (t * 1e-3) / 1e12 if t and gflop else None
     return rec
+
+
+def shows_flops(rec):
+    """Whether the table shows a record's TFLOP/s instead of its KV TB/s: above FLOP_TOKENS
+    query tokens a sequence (compute-bound)."""
+    return (rec.get("tokens") or 1) > FLOP_TOKENS
 
 
 def _rate(rec, mode):
@@ -397,17 +459,19 @@ def summarize(records):
 
 
 def _cells(rec):
-    """A method's eager ms, graph ms, graph KV TB/s and host µs cells."""
+    """A method's eager ms, graph ms, graph KV TB/s (graph TFLOP/s where shows_flops) and host
+    µs cells."""
     if rec is None:
         return ["-"] * 4
     if rec.get("status") not in TIMED:
         return [peers.CELL.get(rec.get("status"), rec.get("status") or "-")] * 4
-    eager, graph, rate, host = (rec.get(k) for k in ("eager_ms", "graph_ms", "graph_kv_tbps",
-                                                     "host_us"))
+    flops = shows_flops(rec)
+    eager, graph, rate, host = (rec.get(k) for k in ("eager_ms", "graph_ms", "graph_tflops"
+                                                     if flops else "graph_kv_tbps", "host_us"))
     return ["-" if eager is None else co.fmt_ms(eager),
             "no graph" if graph is None and rec.get("graph_reason") else
             "-" if graph is None else co.fmt_ms(graph),
-            "-" if rate is None else f"{rate:.2f}",
+            "-" if rate is None else f"{rate:.1f}" if flops else f"{rate:.2f}",
             "-" if host is None else co.fmt_us(host) + ("!" if rec.get("host_gpu_bound") else "")]
 
 
@@ -433,14 +497,18 @@ def note_lines(records):
 
 def format_table(records, copy=None, stopped=""):
     """The run's table: a title with the copy rate, a row per cell with each method's eager ms,
-    graph ms, graph KV TB/s and host µs, jfa ÷ best peer (eager, graph) and that peer; then the
-    reasons behind the cells that are not numbers, and `stopped`."""
+    graph ms, graph KV TB/s (graph TFLOP/s for a cell of more than FLOP_TOKENS query tokens a
+    sequence, the title says so) and host µs, jfa ÷ best peer (eager, graph) and that peer; then
+    the reasons behind the cells that are not numbers, and `stopped`."""
     if not records:
         return "\n".join(["no results"] + ([stopped] if stopped else []))
     methods = table_methods(records)
     rate = copy.get("copy_tbps") if copy else None
     lines = [f"paged decode, {DTYPE}: medians; TB/s = KV bytes read / graph time"
              + (f" (the device copies {rate:.2f} TB/s, read + written)" if rate else "")
+             + (f"; cells of more than {FLOP_TOKENS} query tokens a sequence: TFLOP/s = useful "
+                "FLOPs / graph time in the TB/s column" if any(shows_flops(r) for r in records)
+                else "")
              + "; host µs per call back to back; ÷ = jfa's KV TB/s over the best peer's"]
     width = 30
     head = f"{'':<{width}}" + "".join(f"{'':4}{SHORT[m]:<32}" for m in methods)
@@ -462,6 +530,8 @@ def format_table(records, copy=None, stopped=""):
                  "the GPU.")
     if any(r.get("mode") in APPENDS for r in records):
         lines.append(APPEND_COUNTING)
+    if any(shows_flops(r) for r in records):
+        lines.append(FLOP_COUNTING)
     notes = note_lines(records)
     if notes:
         lines += ["notes:"] + notes[:40]
@@ -471,15 +541,16 @@ def format_table(records, copy=None, stopped=""):
 
 
 def progress_line(rec, tag=""):
-    """One line per measurement: status, host, eager and graph times with the graph's KV TB/s,
-    the error, and why where something is missing."""
+    """One line per measurement: status, host, eager and graph times with their KV TB/s (and
+    TFLOP/s where the table shows them), the error, and why where something is missing."""
     text = f"[{rec['cell']}{tag}] {rec['method']:<10} {rec['status']:<11}"
     if rec.get("host_us") is not None:
         text += f" host {rec['host_us']:.1f} µs"
     for mode in peers.MODES:
-        t, rate = rec.get(f"{mode}_ms"), rec.get(f"{mode}_kv_tbps")
+        t, rate, tflops = (rec.get(f"{mode}_{k}") for k in ("ms", "kv_tbps", "tflops"))
         if t is not None:
-            text += f" {mode} {t:.4f} ms" + (f" ({rate:.2f} TB/s)" if rate else "")
+            flops = f", {tflops:.1f} TFLOP/s" if tflops and shows_flops(rec) else ""
+            text += f" {mode} {t:.4f} ms" + (f" ({rate:.2f} TB/s{flops})" if rate else "")
     if rec.get("rel_error") is not None:
         text += f" err {rec['rel_error']:.1e}"
     why = "; ".join(x for x in (rec.get("reason"), rec.get("graph_reason"),
@@ -502,8 +573,10 @@ def parse_args(argv=None):
     ap.add_argument("--cells", default=None,
                     help="comma-separated values of any axis, each replacing that axis's "
                          "default: decode,spec4 (default both), append (the decode step with "
-                         "its append in the call); B<batch>; u512,u4k,u32k,tail; <H>:<Hkv>; "
-                         "d<head_dim>; p<page size> (e.g. decode,B64,u4k,tail,p1,p16)")
+                         "its append in the call), chunk256 (a chunked prefill's 256 tokens a "
+                         "sequence); B<batch>; u512,u4k,u32k,tail (default all), u8k; "
+                         "<H>:<Hkv>; d<head_dim>; p<page size> (e.g. decode,B64,u4k,tail,p1,p16 "
+                         "or chunk256,B8,u4k,u8k)")
     ap.add_argument("--quick", action="store_true",
                     help="a small set (B8,B64 u4k,tail 32:8 d128 p16, decode and spec4, unless "
                          "--cells says otherwise), one round, fewer runs and calls")
@@ -910,6 +983,7 @@ def new_record(method, cell, lengths, tokens, sample, tolerance):
     """A method's record of a cell before it is measured. lengths: the keys each sequence
     attends (an append cell's call has seqused_k one less: appended_rows, batch rows, are
     written, and counted in kv_bytes)."""
+    flops = useful_flops(lengths, tokens, cell.heads, cell.head_dim)
     return {"method": method, "label": LABELS[method], "cell": cell_name(cell), "mode": cell.mode,
             "tokens": tokens, "batch": cell.batch, "cache": cell.cache, "heads": cell.heads,
             "heads_kv": cell.heads_kv, "head_dim": cell.head_dim, "head_dim_v": cell.head_dim,
@@ -917,7 +991,7 @@ def new_record(method, cell, lengths, tokens, sample, tolerance):
             "seqused_k_sum": sum(lengths), "seqused_k_max": max(lengths),
             "kv_bytes": kv_bytes(lengths, cell.heads_kv, cell.head_dim,
                                  written=appended_rows(cell)),
-            "appended_rows": appended_rows(cell),
+            "appended_rows": appended_rows(cell), "useful_gflop": flops / 1e9,
             "status": None, "reason": "", "provider": "", "rel_error": None,
             "max_abs_error": None, "tolerance": tolerance, "checked_sequences": len(sample),
             "host_us": None, "host_reason": "", "eager_ms": None, "graph_ms": None,
@@ -1090,7 +1164,8 @@ def copy_rate(torch, nbytes=COPY_BYTES, runs=20):
 
 
 def skipped_records(cell, lengths, methods, why):
-    """The records of a cell left out (its cache too large), one per method."""
+    """The records of a cell left out (its cache too large, or too short for its query tokens),
+    one per method."""
     return [dict(new_record(m, cell, lengths, MODES[cell.mode], [], None), status="skipped",
                  reason=why) for m in methods]
 
@@ -1161,7 +1236,8 @@ def measure_cache_group(G, args, impls, cells, copy, max_cache, stop, report):
     """(records, cells not started) of the cells that share one cache (cache_key), the cache
     built once for them and freed after: no cell starts once stop.why() says so, and a lost CUDA
     context stops the run; a cell above max_cache is skipped; one whose inputs or reference fail
-    gets an error record per method."""
+    gets an error record per method, and one with a sequence shorter than its query tokens
+    (short_cache_reason) a skipped record."""
     import torch
     records, late, cache = [], [], None
     for cell in cells:
@@ -1169,6 +1245,10 @@ def measure_cache_group(G, args, impls, cells, copy, max_cache, stop, report):
             late.append(cell_name(cell))
             continue
         lengths = cache_lengths(cell.cache, cell.batch, args.seed)
+        short = short_cache_reason(cell, lengths)
+        if short:
+            records.extend(skipped_records(cell, lengths, args.method_names, short))
+            continue
         size = cache_bytes(lengths, cell.page_size, cell.heads_kv, cell.head_dim)
         if size > max_cache:
             why = (f"the cache ({size / 2**30:.1f} GiB) is above {max_cache / 2**30:.1f} GiB "
@@ -1233,8 +1313,8 @@ def main(argv=None):
     doc = {"title": "jfa paged-KV decode against FlashAttention-3 and FlashInfer",
            "date": date, "environment": env, "settings": run_settings(args, G, max_cache),
            "copy": copy, "counting": "KV bytes = sum over sequences of seqused_k * heads_kv * "
-                                     "(head_dim + head_dim_v) * 2; KV TB/s = KV bytes / time"
-                                     + ("; " + APPEND_COUNTING
+                                     "(head_dim + head_dim_v) * 2; KV TB/s = KV bytes / time; "
+                                     + FLOP_COUNTING + ("; " + APPEND_COUNTING
                                         if any(m in APPENDS for m in args.axes["mode"])
                                         else ""),
            "results": records, "summary": []}

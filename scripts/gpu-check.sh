@@ -24,7 +24,8 @@
 #                   first), both: the two.
 #   bench-paged     jfa's CUDA paged-KV decode forward against FlashAttention-3 and FlashInfer,
 #                   bf16, outputs checked against float64 first (bench/paged_peers.py); PAGED_CELLS
-#                   its --cells. Not in all.
+#                   its --cells (default decode and spec4; append, chunked prefill's chunk256 and
+#                   the u8k cache by name, e.g. chunk256,u4k,u8k). Not in all.
 #   profile-local   Nsight Compute (--set full, clocks not locked) over one jfa and one
 #                   FlashAttention-3 call of one local-attention cell (bench/profile_local_pair.py,
 #                   PROFILE_ARGS its options, default the backward of W1, head_dim 128, window

@@ -5,9 +5,11 @@ CPU, the float64 paged reference against libjfa's own (jfa.paged_attention(..., 
 with an append too, jfa's method through its C entry on the CPU backend (with the append: the
 rows written, the check failing calls that do not write them), the check catching outputs that
 ignore the table or leave rows unwritten, FA3's paged call built from its schema (with k_new and
-v_new for the append) and FlashInfer's planned calls (fake ops; the append skipped), a cell's
-rounds and rates; runs of whole cells; the table and the progress lines on fake records;
-scripts/gpu-check.sh's bench-paged stage."""
+v_new for the append) and FlashInfer's planned calls (fake ops; the append skipped), a chunk of
+256 tokens through every method, a cell's rounds and rates; the visible pairs of the causal mask
+and the useful FLOPs, a cell whose sequences are shorter than its query tokens skipped; runs of
+whole cells (decode, spec4, append, chunk256); the table and the progress lines on fake records
+(TFLOP/s for chunk cells); scripts/gpu-check.sh's bench-paged stage."""
 
 import math
 import os
@@ -61,13 +63,14 @@ def test_quick_and_cells_narrow_each_axis():
     assert len(quick) == 8 and {c.cache for c in quick} == {"u4k", "tail"}
     axes = pp.parse_cells("spec4, B1,p1,p64,p1")
     assert axes["mode"] == ["spec4"] and axes["batch"] == [1] and axes["page_size"] == [1, 64]
-    assert axes["cache"] == list(pp.CACHES) and len(pp.cells_of(axes)) == 1 * 1 * 4 * 2 * 2 * 2
+    assert axes["cache"] == list(pp.DEFAULT_CACHES)
+    assert len(pp.cells_of(axes)) == 1 * 1 * 4 * 2 * 2 * 2
     axes = pp.parse_cells("16:4,64:8,d256,tail", quick=True)
     assert axes["gqa"] == [(16, 4), (64, 8)] and axes["head_dim"] == [256]
     assert axes["batch"] == [8, 64] and axes["cache"] == ["tail"]
     # KV heads order the cells (a cache per KV head count), then query heads.
     assert [(c.heads, c.heads_kv) for c in pp.cells_of(axes)][:4] == [(16, 4)] * 2 + [(64, 8)] * 2
-    for bad in ("u8k", "B0", "3:2", "d", "x", "p-1", "0:0"):
+    for bad in ("u8", "B0", "3:2", "d", "x", "p-1", "0:0"):
         with pytest.raises(ValueError, match="unknown cell value"):
             pp.parse_cells(bad)
     with pytest.raises(SystemExit):
@@ -89,6 +92,23 @@ def test_append_is_a_mode_that_cells_pick_on_the_decode_cell_s_cache():
     assert len(pp.parse_args(["--cells", "append"]).cell_list) == 4 * 4 * 2 * 2
     with pytest.raises(ValueError, match="modes decode, spec4, append"):
         pp.token_axis("appends")
+
+
+def test_chunk256_and_u8k_are_picked_by_cells_only():
+    full = pp.cells_of(pp.parse_cells(None))
+    quick = pp.cells_of(pp.parse_cells(None, quick=True))
+    assert not any(c.mode == "chunk256" or c.cache == "u8k" for c in full + quick)
+    assert pp.token_axis("chunk256") == ("mode", "chunk256") and pp.MODES["chunk256"] == 256
+    assert pp.token_axis(" u8k") == ("cache", "u8k") and pp.cache_lengths("u8k", 3) == [8192] * 3
+    assert "chunk256" not in pp.APPENDS
+    cells = pp.cells_of(pp.parse_cells("chunk256,B8,u4k,u8k", quick=True))
+    assert [pp.cell_name(c) for c in cells] == ["chunk256 B8 u4k 32:8 d128 p16",
+                                               "chunk256 B8 u8k 32:8 d128 p16"]
+    assert pp.appended_rows(cells[0]) == 0
+    assert len(pp.parse_args(["--cells", "chunk256"]).cell_list) == 4 * 4 * 2 * 2
+    assert len(pp.parse_args(["--cells", "u8k"]).cell_list) == 2 * 4 * 2 * 2
+    with pytest.raises(ValueError, match="modes decode, spec4, append, chunk256; .*u8k"):
+        pp.token_axis("chunk")
 
 
 def test_cache_lengths_are_uniform_or_a_reproducible_heavy_tail():
@@ -142,6 +162,54 @@ def test_an_append_s_kv_bytes_add_the_rows_it_writes_to_the_keys_it_attends():
     assert decode["kv_bytes"] == 4 * 512 * 8 * 256 * 2
     assert rec["kv_bytes"] == (4 * 512 + 4) * 8 * 256 * 2
     assert rec["seqused_k_sum"] == decode["seqused_k_sum"] == 4 * 512  # the keys attended
+
+
+def test_visible_pairs_count_what_the_bottom_right_causal_mask_lets_through():
+    # t=3, n=5: rows see keys [0, 2], [0, 3], [0, 4]; t=4, n=2: rows see none, none, [0], [0, 1].
+    assert pp.visible_pairs(3, 5) == 3 + 4 + 5 == 12
+    assert pp.visible_pairs(4, 2) == 0 + 0 + 1 + 2 == 3
+    assert pp.visible_pairs(4, 4) == 1 + 2 + 3 + 4 and pp.visible_pairs(1, 7) == 7
+    assert pp.visible_pairs(256, 512) == 256 * 256 + 256 * 257 // 2
+    assert pp.visible_pairs(3, 0) == pp.visible_pairs(0, 5) == 0
+    for t in range(0, 9):  # against the mask row by row: row i sees keys j <= i + n - t
+        for n in range(0, 9):
+            assert pp.visible_pairs(t, n) == sum(1 for i in range(t) for j in range(n)
+                                                 if j <= i + n - t), (t, n)
+
+
+def test_useful_flops_are_two_gemms_over_the_visible_pairs():
+    assert pp.useful_flops([5], 3, 8, 64) == 4 * 8 * 64 * 12
+    assert pp.useful_flops([5, 2], 4, 8, 64) == 4 * 8 * 64 * ((2 + 3 + 4 + 5) + (1 + 2))
+    assert pp.useful_flops([5], 3, 8, 192, 128) == 2 * 8 * (192 + 128) * 12
+    chunk = pp.Cell("chunk256", 2, "u8k", 32, 8, 128, 16)
+    lengths = pp.cache_lengths(chunk.cache, chunk.batch)
+    rec = pp.new_record("jfa", chunk, lengths, 256, [], 0.01)
+    pairs = 256 * (8192 - 256) + 256 * 257 // 2
+    assert rec["useful_gflop"] == 2 * 4 * 32 * 128 * pairs / 1e9
+    assert rec["kv_bytes"] == 2 * 8192 * 8 * 256 * 2  # the keys read, as decode's
+    decode = pp.new_record("jfa", chunk._replace(mode="decode"), lengths, 1, [], 0.01)
+    assert decode["useful_gflop"] == 2 * 4 * 32 * 128 * 8192 / 1e9
+    append = pp.new_record("jfa", chunk._replace(mode="append"), lengths, 1, [], 0.01)
+    assert append["useful_gflop"] == decode["useful_gflop"]  # the keys attended, the new one in
+    timed = pp.add_rates(dict(rec, status="ok", eager_ms=2.0, graph_ms=1.0))
+    assert timed["graph_tflops"] == rec["useful_gflop"] * 1e9 / 1e-3 / 1e12
+    assert timed["eager_tflops"] == timed["graph_tflops"] / 2
+    assert timed["graph_kv_tbps"] == rec["kv_bytes"] / 1e-3 / 1e12
+    untimed = pp.add_rates(dict(rec, status="wrong", eager_ms=2.0, graph_ms=None))
+    assert untimed["eager_tflops"] is None and untimed["graph_tflops"] is None
+
+
+def test_a_cell_shorter_than_its_query_tokens_is_skipped_naming_the_shortest():
+    chunk = pp.Cell("chunk256", 3, "tail", 32, 8, 128, 16)
+    assert pp.short_cache_reason(chunk, [256, 300, 8192]) == ""  # the chunk fits every sequence
+    why = pp.short_cache_reason(chunk, [300, 255, 16])
+    assert why == ("chunk256: 256 query tokens a sequence need as many keys; 2 of 3 sequences of "
+                   "the tail cache have fewer (the shortest 16)")
+    tail = pp.cache_lengths("tail", 256)
+    assert min(tail) < 256 and pp.short_cache_reason(chunk._replace(batch=256), tail)
+    for mode in ("decode", "spec4", "append"):  # the tail's shortest, 16, serves them all
+        assert pp.short_cache_reason(chunk._replace(mode=mode), [pp.TAIL_MIN] * 3) == ""
+    assert pp.short_cache_reason(chunk._replace(cache="u512"), pp.cache_lengths("u512", 3)) == ""
 
 
 def test_the_checked_sample_takes_the_extremes_and_spreads_over_a_large_batch():
@@ -733,6 +801,48 @@ def test_flashinfer_skips_the_append_saying_why():
     assert pp.prepare_and_check(G, pp.flashinfer_prepare(G, {"flashinfer": fi}), decode, rec)
 
 
+def test_every_method_takes_a_chunk_of_256_tokens_on_the_cpu():
+    """chunk256 over sequences of 256 keys and more: jfa through its C entry on the CPU
+    backend, FA3's op (q as [B, 256, H, D]) and FlashInfer's causal prefill (fake ops) pass the
+    check against the float64 reference; a method that drops the causal mask fails it."""
+    torch = _torch()
+    import call_overhead as co
+    import jfa
+    import libjfa
+    import peers_gpu as G
+    x = cpu_inputs([256, 300, 513], mode="chunk256", heads=8, heads_kv=2)
+    assert (x.tokens, x.total_q, x.new_rows, x.cu_q.tolist()) == (256, 768, 0, [0, 256, 512, 768])
+    rec = record_for(x)
+    prep = pp.prepare_and_check(G, pp.jfa_prepare(G, {"jfa_lib": libjfa.Library(
+        jfa.library_path())}), x, rec)
+    assert prep is not None and rec["status"] == "ok" and rec["rel_error"] < 1e-2, rec
+    params, _ = prep.keep[1].keep
+    assert (params.max_seqlen_q, params.max_seqlen_k, params.causal) == (256, 513, 1)
+    assert rec["useful_gflop"] == pp.useful_flops([256, 300, 513], 256, 8, 64) / 1e9
+
+    def op(*args, **kwargs):
+        assert tuple(args[0].shape) == (3, 256, 8, 64) and kwargs["is_causal"] is True
+        return (paged_attention_of(torch, args[0], args[1], args[2], args[11], args[14],
+                                   kwargs["softmax_scale"], kwargs["is_causal"]),)
+
+    ctx = {"fa3_op": op, "fa3_arguments": fa3_fwd_schema(co)}
+    rec = record_for(x, "fa3")
+    assert pp.prepare_and_check(G, pp.fa3_prepare(G, ctx), x, rec) and rec["status"] == "ok", rec
+    fi = FakeFlashInfer(torch)
+    rec = record_for(x, "flashinfer")
+    assert pp.prepare_and_check(G, pp.flashinfer_prepare(G, {"flashinfer": fi}), x, rec), rec
+    assert "BatchPrefillWithPagedKVCacheWrapper, causal" in rec["provider"]
+    assert fi.made[1][2]["causal"] is True and fi.made[1][1][0] is x.cu_q
+
+    def unmasked(*args, **kwargs):
+        return (paged_attention_of(torch, args[0], args[1], args[2], args[11], args[14],
+                                   kwargs["softmax_scale"], False),)
+
+    rec = record_for(x, "fa3")
+    assert pp.prepare_and_check(G, pp.fa3_prepare(G, dict(ctx, fa3_op=unmasked)), x, rec) is None
+    assert rec["status"] == "wrong" and rec["reason"].startswith("relative error"), rec
+
+
 def test_loading_flashinfer_says_why_it_is_missing(monkeypatch):
     _torch()
     import peers_gpu as G
@@ -892,6 +1002,43 @@ def test_a_run_of_append_cells_on_the_cpu(monkeypatch, tmp_path, capsys):
     assert "append" not in doc["counting"] and pp.APPEND_COUNTING not in doc["table"]
 
 
+def test_a_run_of_chunk_cells_on_the_cpu(monkeypatch, tmp_path, capsys):
+    """chunk256 beside decode: jfa right on a chunk over u512, its useful FLOPs and TFLOP/s in
+    the record and the table; on the tail cache (seed 2, B3: a sequence of 182 keys) the chunk
+    cell is skipped for every method, naming the shortest, while decode runs there."""
+    rc, doc = cpu_run(monkeypatch, ["--cells", "decode,chunk256,B3,u512,tail,16:4,d64",
+                                    "--seed", "2", "--warm-seconds", "0", "--out", str(tmp_path),
+                                    "--name", "run"])
+    assert rc == 0 and "stopped" not in doc
+    assert [r["cell"] for r in doc["results"][::3]] == [
+        "decode B3 u512 16:4 d64 p16", "chunk256 B3 u512 16:4 d64 p16",
+        "decode B3 tail 16:4 d64 p16", "chunk256 B3 tail 16:4 d64 p16"]
+    by = {(r["cell"], r["method"]): r for r in doc["results"]}
+    jfa = by[("chunk256 B3 u512 16:4 d64 p16", "jfa")]
+    assert jfa["status"] == "ok" and jfa["tokens"] == 256, jfa
+    pairs = 256 * 256 + 256 * 257 // 2
+    assert jfa["useful_gflop"] == 3 * 4 * 16 * 64 * pairs / 1e9
+    assert jfa["graph_tflops"] == jfa["useful_gflop"] * 1e9 / 0.25e-3 / 1e12
+    assert jfa["kv_bytes"] == 3 * 512 * 4 * 128 * 2
+    decode = by[("decode B3 u512 16:4 d64 p16", "jfa")]
+    assert decode["useful_gflop"] == 3 * 4 * 16 * 64 * 512 / 1e9
+    tail = pp.cache_lengths("tail", 3, seed=2)
+    assert min(tail) == 182
+    for m in pp.METHODS:
+        rec = by[("chunk256 B3 tail 16:4 d64 p16", m)]
+        assert rec["status"] == "skipped" and rec["reason"].endswith("(the shortest 182)"), rec
+    assert by[("decode B3 tail 16:4 d64 p16", "jfa")]["status"] == "ok"
+    assert pp.FLOP_COUNTING in doc["counting"]
+    lines = doc["table"].splitlines()
+    assert "TFLOP/s = useful FLOPs / graph time in the TB/s column" in lines[0]
+    assert pp.FLOP_COUNTING in lines
+    row = next(line for line in lines if line.startswith("chunk256 B3 u512"))
+    assert row.split()[6:9] == ["0.5000", "0.2500", f"{jfa['graph_tflops']:.1f}"]
+    row = next(line for line in lines if line.startswith("decode B3 u512"))
+    assert row.split()[8] == f"{decode['graph_kv_tbps']:.2f}"
+    assert "TFLOP/s" in capsys.readouterr().out
+
+
 def test_a_run_says_why_it_stopped(monkeypatch, tmp_path):
     rc, doc = cpu_run(monkeypatch, ["--cells", "decode,B2,u512,16:4,d64", "--time-limit-s", "0",
                                     "--warm-seconds", "0", "--out", str(tmp_path), "--name",
@@ -954,10 +1101,34 @@ def test_the_table_shows_each_method_and_jfa_over_the_best_peer():
     assert any("FA3 [no graph]" in line and "capture failed" in line for line in lines)
     assert lines[-1] == "stopped: --time-limit-s 60 reached"
     assert pp.format_table([], None, "stopped") == "no results\nstopped"
+    assert "TFLOP/s" not in table  # no cell of more than 4 query tokens
     line = pp.progress_line(records[0], " r1")
     assert line.startswith("[decode B64 u4k 32:8 d128 p16 r1] jfa") and "host 12.3 µs" in line
     assert f"graph 0.1000 ms ({rate} TB/s)" in line
     assert "relative error 0.3" in pp.progress_line(records[-1])
+
+
+def test_a_chunk_cell_s_row_shows_tflops_and_jfa_over_the_best_peer_stays_a_speed_ratio():
+    c = pp.Cell("chunk256", 8, "u8k", 32, 8, 128, 16)
+    gflop = pp.useful_flops(pp.cache_lengths(c.cache, c.batch), 256, 32, 128) / 1e9
+    records = [fake_record(m, c, eager=e, graph=g, host=20.0, tokens=256, useful_gflop=gflop)
+               for m, e, g in (("jfa", 2.0, 1.5), ("fa3", 1.0, 1.0), ("flashinfer", 1.2, 1.2))]
+    s = pp.cell_summary(records)
+    # The same bytes and FLOPs for every method: the TB/s ratio is the TFLOP/s ratio, 1 / time.
+    assert s["best_peer_graph"] == "fa3" and s["jfa_over_best_graph"] == pytest.approx(1 / 1.5)
+    assert s["jfa_over_best_graph"] == pytest.approx(records[0]["graph_tflops"]
+                                                     / records[1]["graph_tflops"])
+    table = pp.format_table(records, {"copy_tbps": 3.0})
+    lines = table.splitlines()
+    assert ("cells of more than 4 query tokens a sequence: TFLOP/s = useful FLOPs / graph time "
+            "in the TB/s column") in lines[0]
+    row = next(line for line in lines if line.startswith(pp.cell_name(c)))
+    assert row.split()[6:10] == ["2.0000", "1.5000", f"{gflop / 1.5:.1f}", "20.0"]
+    assert row.split()[-3:] == ["0.50", "0.67", "FA3"]
+    assert pp.FLOP_COUNTING in lines
+    line = pp.progress_line(records[0])
+    rates = f"({records[0]['graph_kv_tbps']:.2f} TB/s, {gflop / 1.5:.1f} TFLOP/s)"
+    assert f"graph 1.5000 ms {rates}" in line
 
 
 # ---- scripts/gpu-check.sh -----------------------------------------------------------------------
