@@ -53,7 +53,8 @@
 #        the GPU tests, default all), SANITIZER_FILTER (sanitize: a gtest filter instead of the
 #        reduced case set), SUITE_PYTEST (suite: the pytest paths and options instead
 #        of tests/python and the ctypes list), SUITE_PYTEST_NATIVE (suite: those of the native
-#        ops' run alone), SUITE_SHARDS (default 3), SANITIZER_SHARDS (default 2),
+#        ops' run alone), SUITE_SHARDS (default 3), SANITIZER_SHARDS (default 4: racecheck of the
+#        paged tests needs them to end within a stage),
 #        STAGE_SECONDS (the time a stage plans for, default 450), HEAD_DIMS (benchmarks: default
 #        "64 96 128 192 192/128 256 32"), BENCH_ROUNDS (default 2), BENCH_DTYPES (default
 #        fp16,bf16), BENCH_WORKLOADS (default "W1 W2 W3 W4")
@@ -182,7 +183,7 @@ SANITIZER_FILTER=${SANITIZER_FILTER:-$DEFAULT_SANITIZER_FILTER}
 stage_sanitize() {
   runtime_env || { summary sanitize "FAILED (nothing carried)"; return 1; }
   command -v compute-sanitizer >/dev/null || { summary sanitize "FAILED (no compute-sanitizer)"; return 1; }
-  local shards=${SANITIZER_SHARDS:-2} budget tool i pids=() words=() rc=0
+  local shards=${SANITIZER_SHARDS:-4} budget tool i pids=() words=() rc=0
   budget=$(left)
   for tool in memcheck racecheck; do
     for ((i = 0; i < shards; i++)); do
