@@ -63,35 +63,16 @@ inline constexpr auto kForwardHeadSizes =
 inline constexpr auto kBackwardHeadSizes =
     head_sizes_of<distinct_head_sizes(kBackwardRows)>(kBackwardRows);
 
+// The head_dims this build has kernels for (JFA_SM90_HEAD_DIMS): src/CMakeLists.txt passes them as
+// JFA_SM90_BUILT_HEAD_DIM_BITS, bit d / 8 for head_dim d (a list would not survive nvcc's -D,
+// which splits at commas); none where it passes nothing (code outside the library).
+#ifndef JFA_SM90_BUILT_HEAD_DIM_BITS
+#define JFA_SM90_BUILT_HEAD_DIM_BITS 0
+#endif
+
 constexpr bool head_dim_built(int d) {
-  switch (d) {
-#ifdef JFA_SM90_BUILT_D32
-    case 32:
-      return true;
-#endif
-#ifdef JFA_SM90_BUILT_D64
-    case 64:
-      return true;
-#endif
-#ifdef JFA_SM90_BUILT_D96
-    case 96:
-      return true;
-#endif
-#ifdef JFA_SM90_BUILT_D128
-    case 128:
-      return true;
-#endif
-#ifdef JFA_SM90_BUILT_D192
-    case 192:
-      return true;
-#endif
-#ifdef JFA_SM90_BUILT_D256
-    case 256:
-      return true;
-#endif
-    default:
-      return false;
-  }
+  return d > 0 && d % 8 == 0 && d / 8 < 64 &&
+         ((static_cast<unsigned long long>(JFA_SM90_BUILT_HEAD_DIM_BITS) >> (d / 8)) & 1u) != 0;
 }
 
 template <typename F>

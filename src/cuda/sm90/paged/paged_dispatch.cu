@@ -269,6 +269,17 @@ jfa_status run_paged_dtype(const Params& p, const jfa_paged_kv& kv,
                                       : run_paged<__nv_bfloat16, kD>(p, kv, device);
 }
 
+// The kernels of head_dim kD where this build has that head_dim (check_paged_supported lets no
+// other through); nothing of them is compiled where it does not.
+template <int kD>
+jfa_status paged_forward_at(const Params& p, const jfa_paged_kv& kv,
+                            const jfa::cuda::DeviceFacts& device) {
+  if constexpr (head_dim_built(kD))
+    return run_paged_dtype<kD>(p, kv, device);
+  else
+    return fail(JFA_ERROR_INTERNAL, "no paged kernel for head_dim %d in this build", kD);
+}
+
 }  // namespace
 
 jfa_status paged_forward_workspace_bytes(const Params& p, size_t* bytes) {
@@ -289,17 +300,16 @@ jfa_status paged_forward_workspace_bytes(const Params& p, size_t* bytes) {
 jfa_status paged_forward(const Params& p, const jfa_paged_kv& kv) {
   const jfa::cuda::DeviceFacts* facts = nullptr;
   if (const jfa_status s = check_paged_supported(p, kv, &facts); s != JFA_SUCCESS) return s;
-#ifdef JFA_SM90_BUILT_D64
-  if (p.head_dim == 64) return run_paged_dtype<64>(p, kv, *facts);
-#endif
-#ifdef JFA_SM90_BUILT_D128
-  if (p.head_dim == 128) return run_paged_dtype<128>(p, kv, *facts);
-#endif
-#ifdef JFA_SM90_BUILT_D256
-  if (p.head_dim == 256) return run_paged_dtype<256>(p, kv, *facts);
-#endif
-  (void)kv;
-  return fail(JFA_ERROR_INTERNAL, "no paged kernel for head_dim %d", p.head_dim);
+  switch (p.head_dim) {
+    case 64:
+      return paged_forward_at<64>(p, kv, *facts);
+    case 128:
+      return paged_forward_at<128>(p, kv, *facts);
+    case 256:
+      return paged_forward_at<256>(p, kv, *facts);
+    default:
+      return fail(JFA_ERROR_INTERNAL, "no paged kernel for head_dim %d", p.head_dim);
+  }
 }
 
 }  // namespace jfa::sm90
