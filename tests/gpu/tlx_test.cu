@@ -1,6 +1,7 @@
 // Unit tests of the tile layer (jfa::tlx) on the GPU: TMA round trip with out-of-bounds fill and
 // clipped stores, wgmma SS/RS against a host reference for the kernel's tile shapes, mbarrier
-// phases over many iterations, named barriers and setmaxnreg roles.
+// phases over many iterations, TMA rings, named barriers and setmaxnreg
+// roles.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -20,6 +21,7 @@
 #include "cuda/tlx/named_barrier.hpp"
 #include "cuda/tlx/smem_tile.hpp"
 #include "cuda/tlx/tma.hpp"
+#include "cuda/tlx/tma_ring.hpp"
 #include "cuda/tlx/warpgroup.hpp"
 #include "cuda/tlx/wgmma.hpp"
 #include "gpu_test_util.hpp"
@@ -107,7 +109,9 @@ __global__ void tma_roundtrip_kernel(const __grid_constant__ CUtensorMap in_map,
   }
 }
 
-float matrix_value(int r, int c) { return static_cast<float>(((r * 37 + c * 11) % 512) - 256); }
+__host__ __device__ float matrix_value(int r, int c) {
+  return static_cast<float>(((r * 37 + c * 11) % 512) - 256);
+}
 
 template <int kCols>
 bool make_2d_map(void* base, int rows, CUtensorMap* map, std::string* err) {
@@ -428,6 +432,118 @@ TEST(TlxMBarrier, PhaseFlipsOverManyIterations) {
   EXPECT_EQ(h_errors, 0);
   const long long n = static_cast<long long>(iters) * 32;
   EXPECT_EQ(h_sum, n * (n - 1) / 2);
+}
+
+// ------------------------------------------------------------------------------------------------
+// TmaRing: one thread loads 64-row blocks of the matrix through two 2-stage rings, A (a TmaRing)
+// and B (a TmaRingRef over barriers of its own arrays), B one load behind A as the forward's V is
+// behind K, every third B handed over with nothing loaded; two consumer warps check a column of
+// each tile and release it (one arrival per warp), over enough rounds that every phase flips.
+
+constexpr int kRingCols = 64;
+constexpr int kRingStages = 2;
+using RingTile = TmaShared<kRingCols>::Tile;
+
+struct RingShared {
+  RingTile tiles[2][kRingStages];
+  tlx::TmaRing<kRingStages> a;
+  tlx::MBarrier b_full[kRingStages], b_empty[kRingStages];
+};
+
+__host__ __device__ int ring_first_row(int tile, int i) {
+  return i * (tile ? 13 : 7) % (kRows - 64);
+}
+__host__ __device__ bool ring_nothing_loaded(int tile, int i) { return tile == 1 && i % 3 == 2; }
+
+__global__ void tma_ring_kernel(const __grid_constant__ CUtensorMap map, int iters, int* errors) {
+  extern __shared__ unsigned char raw[];
+  auto& s =
+      *reinterpret_cast<RingShared*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023});
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  tlx::TmaRingRef<kRingStages> b{{s.b_full, s.b_empty}};
+  if (threadIdx.x == 0) {
+    s.a.init(2);
+    b.init(2);
+    tlx::fence_barrier_init();
+  }
+  __syncthreads();
+  tlx::PipelineState<kRingStages> pos[2];
+  if (warp == 0) {
+    if (lane != 0) return;
+    auto load = [&](int t, int i) {
+      tlx::PipelineState<kRingStages>& st = pos[t];
+      if (t == 0) {
+        s.a.acquire(st);
+        tlx::MBarrier* full = s.a.commit(st, RingTile::kBytes);
+        for (int bx = 0; bx < RingTile::kBoxes; ++bx)
+          tlx::tma_load_2d(&map, full, s.tiles[0][st.stage].box(bx), bx * RingTile::kBoxCols,
+                           ring_first_row(0, i));
+      } else {
+        b.acquire(st);
+        if (ring_nothing_loaded(1, i)) {
+          b.commit_empty(st);
+        } else {
+          tlx::MBarrier* full = b.commit(st, RingTile::kBytes);
+          for (int bx = 0; bx < RingTile::kBoxes; ++bx)
+            tlx::tma_load_2d(&map, full, s.tiles[1][st.stage].box(bx), bx * RingTile::kBoxCols,
+                             ring_first_row(1, i));
+        }
+      }
+      st.advance();
+    };
+    load(0, 0);
+    for (int i = 1; i < iters; ++i) {
+      load(0, i);
+      load(1, i - 1);
+    }
+    load(1, iters - 1);
+    return;
+  }
+  int bad = 0;
+  const int r = (warp - 1) * 32 + lane;
+  for (int i = 0; i < iters; ++i) {
+    for (int t = 0; t < 2; ++t) {
+      if (t == 0)
+        s.a.wait(pos[0]);
+      else
+        b.wait(pos[1]);
+      if (!ring_nothing_loaded(t, i)) {
+        const int c = (i * 5 + lane) % kRingCols;
+        bad += __half2float(s.tiles[t][pos[t].stage].at(r, c)) !=
+               matrix_value(ring_first_row(t, i) + r, c);
+      }
+      __syncwarp();
+      if (tlx::lane_is_leader()) {
+        if (t == 0)
+          s.a.release(pos[0]);
+        else
+          b.release(pos[1]);
+      }
+      pos[t].advance();
+    }
+  }
+  atomicAdd(errors, bad);
+}
+
+TEST(TlxTmaRing, TwoRingsOverManyRounds) {
+  std::vector<uint16_t> host(kRows * kRingCols);
+  for (int r = 0; r < kRows; ++r)
+    for (int c = 0; c < kRingCols; ++c) host[r * kRingCols + c] = to_bits(matrix_value(r, c), true);
+  DeviceBuffer in(host.size() * 2), errors(sizeof(int));
+  JFA_CUDA_OK(cudaMemcpy(in.ptr, host.data(), in.bytes, cudaMemcpyHostToDevice));
+  JFA_CUDA_OK(cudaMemset(errors.ptr, 0, errors.bytes));
+  CUtensorMap map;
+  std::string err;
+  ASSERT_TRUE(make_2d_map<kRingCols>(in.ptr, kRows, &map, &err)) << err;
+  const int smem = sizeof(RingShared) + 1024;
+  JFA_CUDA_OK(
+      cudaFuncSetAttribute(tma_ring_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  tma_ring_kernel<<<1, 96, smem>>>(map, 1001, errors.as<int>());
+  JFA_CUDA_OK(cudaGetLastError());
+  JFA_CUDA_OK(cudaDeviceSynchronize());
+  int h_errors = -1;
+  JFA_CUDA_OK(cudaMemcpy(&h_errors, errors.ptr, sizeof h_errors, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(h_errors, 0);
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@
 #include "cuda/sm90/shared/item_ring.cuh"
 #include "cuda/tlx/mbarrier.hpp"
 #include "cuda/tlx/smem_tile.hpp"
+#include "cuda/tlx/tma_ring.hpp"
 
 namespace jfa::sm90 {
 
@@ -31,30 +32,25 @@ struct DqDestination {
   int32_t first;
 };
 
-// The barriers and hand-over slots of both backward layouts: the Q/dO ring (full, empty), the
-// item's K and V (kv_full, kv_empty), each group's staged dQ part and where it goes (dq_full,
-// dq_empty, dq_dest; the writer's side in bwd_dq_writer.cuh) and the item ring.
+// The barriers and hand-over slots of both backward layouts: the ring of a step's Q, dO, LSE and D
+// (q_ring), the item's K and V (kv_ring, one stage), each group's staged dQ part and where it goes
+// (dq_full, dq_empty, dq_dest; the writer's side in bwd_dq_writer.cuh) and the item ring.
 template <int kStages>
 struct BwdSync {
   DqDestination dq_dest[2];
   tlx::MBarrier dq_full[2], dq_empty[2];
-  tlx::MBarrier kv_full, kv_empty;
-  tlx::MBarrier full[kStages], empty[kStages];
+  tlx::TmaRing<1> kv_ring;
+  tlx::TmaRing<kStages> q_ring;
   ItemRing<BwdItem> items;
 
   __device__ __forceinline__ void init(uint32_t consumer_warps, uint32_t dq_writer_threads) {
-    kv_full.init(1);
-    kv_empty.init(consumer_warps);
+    kv_ring.init(consumer_warps);
 #pragma unroll
     for (int g = 0; g < 2; ++g) {
       dq_full[g].init(consumer_warps / 2 * 32);  // a count per consumer thread
       dq_empty[g].init(dq_writer_threads);       // a count per writer thread
     }
-#pragma unroll
-    for (int i = 0; i < kStages; ++i) {
-      full[i].init(1);
-      empty[i].init(consumer_warps);
-    }
+    q_ring.init(consumer_warps);
     items.init(consumer_warps * 32);
   }
 

@@ -68,10 +68,10 @@ __device__ __forceinline__ void bwd_consumer(typename Cfg::Shared& s, const CUte
       shared_tile_key_ranges<Cfg>(tlx::smem_addr(&s.key_rows[group]), Cfg::kKeyRowsBarrier0 + group,
                                   a, w);
     if (w.q_tiles() > 0) {
-      s.sync.kv_full.wait(kv_phase);
+      s.sync.kv_ring.wait(kv_phase);
       kv_phase ^= 1u;
       walk_item<Cfg>(s, dk, dv, a, w, group, st, ds_buf, dq_phase);
-      if (tlx::lane_is_leader()) s.sync.kv_empty.arrive();
+      if (tlx::lane_is_leader()) s.sync.kv_ring.release();
     }
     const int32_t key0 = w.n_block * Cfg::kBlockN + group * 64;
     store_key_rows<Cfg>(dv, 1.f, s.key_rows[group], tm_dv, a, w, group, key0);

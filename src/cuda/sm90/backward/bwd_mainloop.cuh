@@ -24,7 +24,7 @@ template <typename Cfg>
 __device__ __forceinline__ void issue_scores(typename Cfg::Shared& s, ScoreTile<Cfg>& sc,
                                              const tlx::PipelineState<Cfg::kStages>& st,
                                              int group) {
-  s.sync.full[st.stage].wait(st.phase);
+  s.sync.q_ring.wait(st);
   gemm_keys_by_rows<Cfg>(sc, s.k, s.q[st.stage], group * 64);
 }
 
@@ -303,7 +303,7 @@ __device__ __forceinline__ void end_step(typename Cfg::Shared& s, const BwdArgs&
                                          const BwdItem& w, tlx::PipelineState<Cfg::kStages>& st,
                                          int& ds_buf, StepCursor<Cfg::kLocal>& at) {
   __syncwarp();
-  if (tlx::lane_is_leader()) s.sync.empty[st.stage].arrive();
+  if (tlx::lane_is_leader()) s.sync.q_ring.release(st);
   st.advance();
   ds_buf ^= 1;
   if (++at.i_head == w.q_tiles()) {

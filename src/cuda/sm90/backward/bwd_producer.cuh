@@ -27,34 +27,32 @@ __device__ __forceinline__ void bwd_producer(typename Cfg::Shared& s, const CUte
     if constexpr (Cfg::kSplitRoles) {
       // The consumers stage dK and dV in the K and V tiles, so they own the tiles for every item:
       // an item without steps gets them with nothing loaded.
-      s.sync.kv_empty.wait_suspended(kv_phase ^ 1u);
+      s.sync.kv_ring.acquire(kv_phase);
       kv_phase ^= 1u;
       if (w.q_tiles() <= 0) {
-        s.sync.kv_full.arrive();
+        s.sync.kv_ring.commit_empty();
         continue;
       }
     } else {
       if (w.q_tiles() <= 0) continue;
-      s.sync.kv_empty.wait_suspended(kv_phase ^ 1u);
+      s.sync.kv_ring.acquire(kv_phase);
       kv_phase ^= 1u;
     }
-    s.sync.kv_full.arrive_expect_tx(Cfg::KTile::kBytes + Cfg::VTile::kBytes);
+    tlx::MBarrier* kv_full = s.sync.kv_ring.commit(Cfg::KTile::kBytes + Cfg::VTile::kBytes);
     const int32_t key_row = w.seq.k_start + w.n_block * Cfg::kBlockN;
 #pragma unroll
     for (int bx = 0; bx < Cfg::KTile::kBoxes; ++bx)
-      tlx::tma_load_3d(tm_k, &s.sync.kv_full, s.k.box(bx), bx * Cfg::KTile::kBoxCols, w.kv_head,
-                       key_row);
+      tlx::tma_load_3d(tm_k, kv_full, s.k.box(bx), bx * Cfg::KTile::kBoxCols, w.kv_head, key_row);
 #pragma unroll
     for (int bx = 0; bx < Cfg::VTile::kBoxes; ++bx)
-      tlx::tma_load_3d(tm_v, &s.sync.kv_full, s.v.box(bx), bx * Cfg::VTile::kBoxCols, w.kv_head,
-                       key_row);
+      tlx::tma_load_3d(tm_v, kv_full, s.v.box(bx), bx * Cfg::VTile::kBoxCols, w.kv_head, key_row);
     for (int32_t g = 0; g < a.group; ++g) {
       const int32_t head = w.kv_head * a.group + g;
       for (int32_t i = 0; i < w.q_tiles(); ++i) {
         const int32_t m = walk_q_tile<Cfg::kLocal>(a, w, i);
-        s.sync.empty[st.stage].wait_suspended(st.phase ^ 1u);
-        tlx::MBarrier* full = &s.sync.full[st.stage];
-        full->arrive_expect_tx(Cfg::QTile::kBytes + Cfg::DoTile::kBytes + 2 * kRowBytes);
+        s.sync.q_ring.acquire(st);
+        tlx::MBarrier* full =
+            s.sync.q_ring.commit(st, Cfg::QTile::kBytes + Cfg::DoTile::kBytes + 2 * kRowBytes);
         const int32_t q_row = w.seq.q_start + m * Cfg::kBlockM;
 #pragma unroll
         for (int bx = 0; bx < Cfg::QTile::kBoxes; ++bx)

@@ -40,7 +40,7 @@ __device__ __forceinline__ void split_roles_step(
   // The thread's first column of the step's LSE and D rows; column block j is 8 j further.
   const int32_t first = row_terms_at(w.seq.q_start + q0, a.heads_q).first + Tile::col(0, 0);
   const uint32_t thread = threadIdx.x % 128;
-  s.sync.full[st.stage].wait(st.phase);
+  s.sync.q_ring.wait(st);
   Tile sc;
   if constexpr (kRole == 0) {
     gemm_keys_by_rows<Cfg>(sc, s.k, s.q[st.stage], 0);
@@ -140,7 +140,7 @@ __device__ __forceinline__ void bwd_consumer_split_roles(typename Cfg::Shared& s
     grad.fill(0.f);
     if (w.n_seqs > 1 && w.q_tiles() > 0) split_roles_key_ranges<Cfg, kRole>(s, a, w);
     // The K and V tiles are this item's (loaded, or with no steps only free to stage in).
-    s.sync.kv_full.wait(kv_phase);
+    s.sync.kv_ring.wait(kv_phase);
     kv_phase ^= 1u;
     if (w.q_tiles() > 0) walk_item_split_roles<Cfg, kRole>(s, grad, a, w, st, ds_buf, dq_phase);
     // Both groups are done with K and V: dV goes out from V's tile, dK from K's.
@@ -153,7 +153,7 @@ __device__ __forceinline__ void bwd_consumer_split_roles(typename Cfg::Shared& s
     // The store has read the tile before the next item's K and V may arrive there.
     if (threadIdx.x % 128 == 0) tlx::tma_store_wait_read<0>();
     tlx::NamedBarrier::sync(Cfg::kKeyRowsBarrier0 + kRole, 128);
-    if (tlx::lane_is_leader()) s.sync.kv_empty.arrive();
+    if (tlx::lane_is_leader()) s.sync.kv_ring.release();
   }
   if (threadIdx.x % 128 == 0) tlx::tma_store_wait<0>();  // dK and dV written before the CTA ends
   s.sync.stop_dq_writer(kRole, dq_phase);

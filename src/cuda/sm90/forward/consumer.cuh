@@ -98,19 +98,21 @@ __device__ __forceinline__ void for_each_item(ConsumerState<Cfg>& cs, typename C
     if (!w.active) continue;
     typename Cfg::Mask mask;
     if (!start_item<Cfg>(cs, s, tm_o, a, w, group, mask)) continue;
-    s.q_full[qs.stage].wait(qs.phase);
+    s.q_ring.wait(qs);
     body(static_cast<const WorkItem&>(w), static_cast<const typename Cfg::Mask&>(mask));
   }
 }
 
-// K tile `it` of the item (at ring position `k_stage`) goes back to the producer, and with the
-// item's last K tile its Q tile (at `q_stage`); one arrival per warp.
+// K tile `it` of the item (at ring position `ks`) goes back to the producer, and with the item's
+// last K tile its Q tile (at `qs`); one arrival per warp.
 template <typename Cfg>
-__device__ __forceinline__ void release_k_tile(typename Cfg::Shared& s, int k_stage, int q_stage,
-                                               int it, int n_blocks) {
+__device__ __forceinline__ void release_k_tile(typename Cfg::Shared& s,
+                                               const tlx::PipelineState<Cfg::kStages>& ks,
+                                               const tlx::PipelineState<Cfg::kQStages>& qs, int it,
+                                               int n_blocks) {
   if (!tlx::lane_is_leader()) return;
-  s.k_empty[k_stage].arrive();
-  if (it == n_blocks - 1) s.q_empty[q_stage].arrive();
+  s.k_ring().release(ks);
+  if (it == n_blocks - 1) s.q_ring.release(qs);
 }
 
 // O += P V on the V tile at ring position `st` once it has arrived, waited for; then the tile goes
@@ -119,12 +121,12 @@ template <typename Cfg>
 __device__ __forceinline__ void pv_and_release(typename Cfg::Shared& s, ConsumerState<Cfg>& cs,
                                                const ProbTile<Cfg>& p,
                                                tlx::PipelineState<Cfg::kStages>& st) {
-  s.v_full[st.stage].wait(st.phase);
+  s.v_ring().wait(st);
   tlx::fence_operand(cs.o);
   gemm_pv<Cfg>(cs.o, p, s.v[st.stage]);
   tlx::wgmma_wait<0>();
   tlx::fence_operand(cs.o);
-  if (tlx::lane_is_leader()) s.v_empty[st.stage].arrive();
+  if (tlx::lane_is_leader()) s.v_ring().release(st);
   st.advance();
 }
 

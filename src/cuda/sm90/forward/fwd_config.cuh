@@ -13,6 +13,7 @@
 #include "cuda/sm90/shared/item_ring.cuh"
 #include "cuda/tlx/mbarrier.hpp"
 #include "cuda/tlx/smem_tile.hpp"
+#include "cuda/tlx/tma_ring.hpp"
 
 namespace jfa::sm90 {
 
@@ -33,9 +34,14 @@ struct FwdShared {
   VTile v[kStages];
   OTile o[kGroups];
   // The small members last, so that no 1024-byte-aligned tile follows them.
-  tlx::MBarrier q_full[kQStages], q_empty[kQStages];
+  tlx::TmaRing<kQStages> q_ring;
   ItemRing<WorkItem> items;  // decoded by the producer, read by the consumers
+  // K's and V's barriers lie by kind, full ones then empty ones (TmaRings of their own would move
+  // them, and with them the kernels' machine code); k_ring() and v_ring() walk them as rings.
   tlx::MBarrier k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages];
+
+  __device__ __forceinline__ tlx::TmaRingRef<kStages> k_ring() { return {{k_full, k_empty}}; }
+  __device__ __forceinline__ tlx::TmaRingRef<kStages> v_ring() { return {{v_full, v_empty}}; }
 };
 
 // kGroups consumer warp groups of 64 rows each, K tiles of kKeys keys (choices.hpp says which

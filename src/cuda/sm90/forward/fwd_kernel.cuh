@@ -37,14 +37,10 @@ namespace jfa::sm90 {
 
 template <typename Cfg>
 __device__ __forceinline__ void init_barriers(typename Cfg::Shared& s) {
-#pragma unroll
-  for (int i = 0; i < Cfg::kQStages; ++i) {
-    s.q_full[i].init(1);
-    s.q_empty[i].init(Cfg::kConsumerWarps);
-  }
+  s.q_ring.init(Cfg::kConsumerWarps);
   s.items.init(Cfg::kConsumerWarps * 32);
 #pragma unroll
-  for (int i = 0; i < Cfg::kStages; ++i) {
+  for (int i = 0; i < Cfg::kStages; ++i) {  // in the order they lie
     s.k_full[i].init(1);
     s.v_full[i].init(1);
     s.k_empty[i].init(Cfg::kConsumerWarps);

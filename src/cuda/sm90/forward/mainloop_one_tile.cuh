@@ -23,11 +23,11 @@ __device__ __forceinline__ void consumer_loop_one_tile(typename Cfg::Shared& s,
         for (int it = 0; it < w.n_blocks; ++it) {
           const int32_t key0 = (w.n_blocks - 1 - it) * kN;
           ScoreTile<Cfg> s_tile;
-          s.k_full[st.stage].wait(st.phase);
+          s.k_ring().wait(st);
           gemm_qk<Cfg>(s_tile, s.q[qs.stage], s.k[st.stage], group);
           tlx::wgmma_wait<0>();
           tlx::fence_operand(s_tile);
-          release_k_tile<Cfg>(s, st.stage, qs.stage, it, w.n_blocks);
+          release_k_tile<Cfg>(s, st, qs, it, w.n_blocks);
           float alpha[2];
           if constexpr (Cfg::kLocal)
             local_tile_scores<Cfg>(s_tile, cs, static_cast<const FwdLocalArgs&>(a), mask, key0,

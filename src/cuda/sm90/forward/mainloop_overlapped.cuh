@@ -44,13 +44,13 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
         int first_it = 0;
         while (Cfg::kSkipUnseenKTiles && first_it < w.n_blocks &&
                (w.n_blocks - 1 - first_it) * kN >= mask.key_end) {
-          s.k_full[ks.stage].wait(ks.phase);
+          s.k_ring().wait(ks);
           begin_turn();
           end_turn();
-          release_k_tile<Cfg>(s, ks.stage, qs.stage, first_it, w.n_blocks);
+          release_k_tile<Cfg>(s, ks, qs, first_it, w.n_blocks);
           ks.advance();
-          s.v_full[vs.stage].wait(vs.phase);
-          if (leader) s.v_empty[vs.stage].arrive();
+          s.v_ring().wait(vs);
+          if (leader) s.v_ring().release(vs);
           vs.advance();
           ++first_it;
         }
@@ -66,7 +66,7 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
         float alpha[2];
         // may_mask: false where no tile of the range needs the mask (no check either).
         auto scores = [&](ScoreTile<Cfg>& s_tile, int it, bool may_mask) {
-          release_k_tile<Cfg>(s, ks.stage, qs.stage, it, w.n_blocks);
+          release_k_tile<Cfg>(s, ks, qs, it, w.n_blocks);
           ks.advance();
           const int32_t key0 = (w.n_blocks - 1 - it) * kN;
           if constexpr (Cfg::kLocal)
@@ -80,7 +80,7 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
         // First tile this group sees (the diagonal or last one): S only.
         {
           ScoreTile<Cfg> s_tile;
-          s.k_full[ks.stage].wait(ks.phase);
+          s.k_ring().wait(ks);
           begin_turn();
           gemm_qk<Cfg>(s_tile, s.q[qs.stage], s.k[ks.stage], group);
           end_turn();
@@ -112,11 +112,11 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
           for (int may_mask = 1; may_mask >= 0; --may_mask) {
             for (const int end = may_mask ? masked_end : unmasked_end; it < end; ++it) {
               ScoreTile<Cfg> s_tile;
-              s.k_full[ks.stage].wait(ks.phase);
+              s.k_ring().wait(ks);
               begin_turn();
               gemm_qk<Cfg>(s_tile, s.q[qs.stage], s.k[ks.stage], group);
               cs.softmax.rescale_o(cs.o, alpha);
-              s.v_full[vs.stage].wait(vs.phase);
+              s.v_ring().wait(vs);
               gemm_pv<Cfg>(cs.o, p, s.v[vs.stage]);
               end_turn();
               tlx::wgmma_wait<1>();
@@ -126,7 +126,7 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
               tlx::wgmma_wait_after<0>(cs.softmax.row_sum[0] + cs.softmax.row_sum[1]);
               tlx::fence_operand(cs.o);
               tlx::fence_operand(p);
-              if (leader) s.v_empty[vs.stage].arrive();
+              if (leader) s.v_ring().release(vs);
               vs.advance();
               s_tile.to_a(p);
             }

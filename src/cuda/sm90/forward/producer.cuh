@@ -23,36 +23,35 @@ __device__ __forceinline__ void producer_loop(typename Cfg::Shared& s, const CUt
   using Ring = tlx::PipelineState<Cfg::kStages>;
   Ring ks, vs;
   tlx::PipelineState<Cfg::kQStages> qs;
-  auto load_kv = [&](const CUtensorMap* map, tlx::MBarrier* full, tlx::MBarrier* empty, auto* tiles,
+  auto load_kv = [&](const CUtensorMap* map, tlx::TmaRingRef<Cfg::kStages> ring, auto* tiles,
                      Ring& st, const WorkItem& w, int32_t kv_head, int it) {
     using Tile = std::remove_pointer_t<decltype(tiles)>;
     const int32_t row = w.seq.k_start + (w.n_blocks - 1 - it) * Cfg::kBlockN;
-    empty[st.stage].wait_suspended(st.phase ^ 1u);
-    full[st.stage].arrive_expect_tx(Tile::kBytes);
+    ring.acquire(st);
+    tlx::MBarrier* full = ring.commit(st, Tile::kBytes);
 #pragma unroll
     for (int bx = 0; bx < Tile::kBoxes; ++bx)
-      tlx::tma_load_3d(map, &full[st.stage], tiles[st.stage].box(bx), bx * Tile::kBoxCols, kv_head,
-                       row);
+      tlx::tma_load_3d(map, full, tiles[st.stage].box(bx), bx * Tile::kBoxCols, kv_head, row);
     st.advance();
   };
   auto load_k = [&](const WorkItem& w, int32_t kv_head, int it) {
-    load_kv(tm_k, s.k_full, s.k_empty, s.k, ks, w, kv_head, it);
+    load_kv(tm_k, s.k_ring(), s.k, ks, w, kv_head, it);
   };
   auto load_v = [&](const WorkItem& w, int32_t kv_head, int it) {
-    load_kv(tm_v, s.v_full, s.v_empty, s.v, vs, w, kv_head, it);
+    load_kv(tm_v, s.v_ring(), s.v, vs, w, kv_head, it);
   };
   ItemScheduler<Cfg, true> items;
   WorkItem w;
   while (items.next(s, a, n_items, w)) {
     if (!w.active || w.n_blocks == 0) continue;
     const int32_t kv_head = w.head / a.group;
-    s.q_empty[qs.stage].wait_suspended(qs.phase ^ 1u);
-    s.q_full[qs.stage].arrive_expect_tx(Cfg::QTile::kBytes);
+    s.q_ring.acquire(qs);
+    tlx::MBarrier* q_full = s.q_ring.commit(qs, Cfg::QTile::kBytes);
     const int32_t q_row = w.seq.q_start + w.m_block * Cfg::kBlockM;
 #pragma unroll
     for (int bx = 0; bx < Cfg::QTile::kBoxes; ++bx)
-      tlx::tma_load_3d(tm_q, &s.q_full[qs.stage], s.q[qs.stage].box(bx), bx * Cfg::QTile::kBoxCols,
-                       w.head, q_row);
+      tlx::tma_load_3d(tm_q, q_full, s.q[qs.stage].box(bx), bx * Cfg::QTile::kBoxCols, w.head,
+                       q_row);
     load_k(w, kv_head, 0);
     for (int it = 1; it < w.n_blocks; ++it) {
       load_k(w, kv_head, it);
