@@ -14,8 +14,9 @@ struct PagedConfig {
   static_assert(kD == 64 || kD == 128 || kD == 256, "the paged kernels take head_dim 64, 128, 256");
   static constexpr int kThreads = 128;
   static constexpr int kWarps = kThreads / 32;
-  // 64 rows at 64, 32 at 128, 16 at 256: O's C fragments of a warp's 16 rows fill about as many
-  // registers at every size.
+  // 64 rows at 64, 32 at 128, 16 at 256 (one to four row warps), as measured; a warp's registers
+  // do not depend on it (16 rows a warp at every size), but at 256 q's shared copy (kQBytes)
+  // grows with it, and more than 32 rows would leave one CTA an SM.
   static constexpr int kRowsPerCta = 8192 / 2 / kD;
   static constexpr int kChunkKeys = 8192 / kD;
   static constexpr int kStages = 3;
