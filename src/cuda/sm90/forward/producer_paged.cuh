@@ -76,7 +76,7 @@ __device__ __forceinline__ void producer_loop_paged(typename Cfg::Shared& s,
   const int t = static_cast<int>(threadIdx.x);
   using Ring = tlx::PipelineState<Cfg::kStages>;
   Ring ks, vs;
-  tlx::PipelineState<Cfg::kQStages> qs;
+  tlx::PipelineState<Cfg::kQStages> qs;  // thread 0's
   auto load = [&](auto ring, auto* tiles, Ring& st, const void* cache, int32_t head_dim,
                   const WorkItem& w, int32_t kv_head, int it) {
     // Key offsets inside the sequence: a paged item is one sequence (no shared tiles), its keys
@@ -106,8 +106,8 @@ __device__ __forceinline__ void producer_loop_paged(typename Cfg::Shared& s,
       for (int bx = 0; bx < Cfg::QTile::kBoxes; ++bx)
         tlx::tma_load_3d(tm_q, q_full, s.q[qs.stage].box(bx), bx * Cfg::QTile::kBoxCols, w.head,
                          q_row);
+      qs.advance();  // thread 0's alone: the others load no Q
     }
-    qs.advance();
     load(s.k_ring(), s.k, ks, a.k_cache, Cfg::kD, w, kv_head, 0);
     for (int it = 1; it < w.n_blocks; ++it) {
       load(s.k_ring(), s.k, ks, a.k_cache, Cfg::kD, w, kv_head, it);
