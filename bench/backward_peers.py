@@ -12,6 +12,8 @@ The methods:
 - jfa: torch.ops.jfa.jagged_attention_bwd after torch.ops.jfa.jagged_attention_fwd with
   return_lse=True; with --deterministic also jfa_det, the same with deterministic=True (two runs
   must give identical gradients as well).
+- jfa_autograd (by --methods only): jfa as users call it, jfa.jagged_attention differentiated by
+  torch.autograd.grad; beside jfa, what the autograd path adds to the two ops.
 - fa3: torch.ops.flash_attn_3.bwd after torch.ops.flash_attn_3.fwd, varlen, when FA3's op library
   is loaded (--fa3-lib or $FA3_LIB; else an installed flash_attn_interface, if any). Both calls are
   built from the ops' schemas, which differ between FA3 versions.
@@ -88,13 +90,16 @@ import workloads as W  # noqa: E402
 from peers import parse_list, write_json  # noqa: E402
 from workloads import mask_name  # noqa: E402
 
-METHOD_ORDER = ["jfa", "jfa_det", "fa3", "fa4", "fa2_varlen", "flex", "cudnn_padded"]
-LABELS = {"jfa": "jfa", "jfa_det": "jfa deterministic", "fa3": "FA3 varlen",
+METHOD_ORDER = ["jfa", "jfa_det", "jfa_autograd", "fa3", "fa4", "fa2_varlen", "flex",
+                "cudnn_padded"]
+LABELS = {"jfa": "jfa", "jfa_det": "jfa deterministic", "jfa_autograd": "jfa through autograd",
+          "fa3": "FA3 varlen",
           "fa4": "FA4 varlen (Hopper)",
           "fa2_varlen": "varlen FA2 (aten)", "flex": "FlexAttention",
           "cudnn_padded": "padded cuDNN"}
 PADDED = ("cudnn_padded",)        # computes on [B, H, Lmax, D] padded inputs
-AUTOGRAD = ("fa4", "flex", "cudnn_padded")  # differentiated by torch autograd
+AUTOGRAD = ("jfa_autograd", "fa4", "flex", "cudnn_padded")  # differentiated by torch autograd
+OPT_IN = ("jfa_det", "jfa_autograd")  # by --methods (jfa_det also by --deterministic) only
 BASELINE = "fa2_varlen"
 TIMED = rounds.TIMED
 CELL = {"wrong": "wrong", "unavailable": "n/a", "error": "err", "skipped": "skip"}
@@ -391,6 +396,7 @@ def format_tables(records, workload_order=None):
 
 
 README_LABELS = {"jfa": "jfa", "jfa_det": "jfa, `deterministic=True`",
+                 "jfa_autograd": "jfa through `torch.autograd.grad`",
                  "fa3": "FlashAttention-3 (varlen)",
                  "fa4": "FlashAttention-4, Hopper kernels (varlen)",
                  "fa2_varlen": "varlen FA2 (aten)",
@@ -476,7 +482,7 @@ def parse_args(argv=None):
                          f"(default {W.HEADS})")
     ap.add_argument("--methods", default=None,
                     help=f"comma-separated subset of {','.join(METHOD_ORDER)} (default: all but "
-                         "jfa_det)")
+                         f"{' and '.join(OPT_IN)})")
     ap.add_argument("--pass", dest="pass_option", default="backward", choices=list(PASS_CHOICES),
                     help="what is timed: the backward alone, a whole training step of attention "
                          "(forward saving what the backward needs + backward), or both "
@@ -521,7 +527,7 @@ def parse_args(argv=None):
                                                      else DEFAULT_WORKLOADS))
     args.dtype_names = parse_list(args.dtypes, list(W.DTYPES), "dtype")
     methods = (parse_list(args.methods, METHOD_ORDER, "method") if args.methods
-               else [m for m in METHOD_ORDER if m != "jfa_det"])
+               else [m for m in METHOD_ORDER if m not in OPT_IN])
     if args.deterministic and "jfa_det" not in methods:
         methods.insert(methods.index("jfa") + 1 if "jfa" in methods else 0, "jfa_det")
     args.method_names = methods
@@ -765,6 +771,22 @@ def prepare_jfa_det(G, ctx, bc, causal, step=False):
     return prepare_jfa(G, ctx, bc, causal, step, deterministic=True)
 
 
+def prepare_jfa_autograd(G, ctx, bc, causal, step=False):
+    jfa = ctx.get("jfa")
+    if jfa is None:
+        raise G.Unavailable(ctx.get("jfa_error") or "jfa is not loaded")
+    c = bc.case
+
+    def attend(q, k, v):
+        return jfa.jagged_attention(q, k, v, c.cu_q, c.cu_k, c.max_q, c.max_k, causal=bool(causal),
+                                    softmax_scale=c.scale)
+
+    return _autograd_peer(
+        step, attend, (c.q, c.k, c.v), bc.dout, lambda grads: tuple(grads),
+        provider=f"jfa.jagged_attention, autograd (torch ops: {ctx.get('jfa_ops_kind')}, "
+                 f"libjfa {ctx.get('jfa_version')})")
+
+
 def prepare_fa2(G, ctx, bc, causal, step=False):
     fwd_op, bwd_op = ctx.get("fa2_fwd"), ctx.get("fa2_bwd")
     if fwd_op is None or bwd_op is None:
@@ -987,7 +1009,8 @@ def prepare_cudnn_padded(G, ctx, bc, causal, step=False):
                                 + (f" ({why[:400]})" if why else "")) from None
 
 
-PREPARE = {"jfa": prepare_jfa, "jfa_det": prepare_jfa_det, "fa3": prepare_fa3,
+PREPARE = {"jfa": prepare_jfa, "jfa_det": prepare_jfa_det, "jfa_autograd": prepare_jfa_autograd,
+           "fa3": prepare_fa3,
            "fa4": prepare_fa4, "fa2_varlen": prepare_fa2, "flex": prepare_flex,
            "cudnn_padded": prepare_cudnn_padded}
 

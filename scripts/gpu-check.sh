@@ -57,7 +57,9 @@
 #        paged tests needs them to end within a stage),
 #        STAGE_SECONDS (the time a stage plans for, default 450), HEAD_DIMS (benchmarks: default
 #        "64 96 128 192 192/128 256 32"), BENCH_ROUNDS (default 2), BENCH_DTYPES (default
-#        fp16,bf16), BENCH_WORKLOADS (default "W1 W2 W3 W4")
+#        fp16,bf16), BENCH_WORKLOADS (default "W1 W2 W3 W4"), JFA_METHODS (bench-backward: jfa's
+#        methods beside the peers, default jfa; e.g. jfa,jfa_autograd), BACKWARD_PASS
+#        (bench-backward: bench/backward_peers.py's --pass, default backward)
 set -u -o pipefail
 STAGE=${1:?usage: scripts/gpu-check.sh build|suite|sanitize|bench-forward|bench-backward|bench-local|bench-paged|profile-local|bench|all OUTDIR}
 OUT=${2:?usage: scripts/gpu-check.sh STAGE OUTDIR}
@@ -251,7 +253,8 @@ stage_bench_backward() {
     [ "$share" -lt 20 ] && break
     timeout "$share" python3 bench/backward_peers.py --lib "$JFA_LIBRARY" --cli "$CARRY/bin/jfa" \
       --fa3-lib "$FA3_LIB" --head-dim "$d" --workloads "$(workloads_at 128)" \
-      --dtypes "${BENCH_DTYPES:-fp16,bf16}" --methods "$(bench_peers_for "$d" jfa)" \
+      --dtypes "${BENCH_DTYPES:-fp16,bf16}" --methods "$(bench_peers_for "$d" "${JFA_METHODS:-jfa}")" \
+      --pass "${BACKWARD_PASS:-backward}" \
       --rounds "${BENCH_ROUNDS:-2}" --quick --json "$OUT/backward-d$d.json" \
       >"$OUT/backward-d$d.log" 2>&1 || rc=1
     done_dims+=("$d")

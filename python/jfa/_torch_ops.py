@@ -94,28 +94,56 @@ def _setup_context(ctx, inputs, output):
     (q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, return_lse, deterministic, device_check,
      window_left, window_right, softcap, sinks) = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, sinks)
-    ctx.args = (max_q, max_k, causal, scale)
-    ctx.local = (window_left, window_right, softcap)
+    _save_for_backward(ctx, (q, k, v, out, lse, cu_q, cu_k, sinks), (max_q, max_k, causal, scale),
+                       (window_left, window_right, softcap), deterministic, device_check)
     ctx.return_lse = return_lse
+
+
+def _save_for_backward(ctx, tensors, args, local, deterministic, device_check):
+    """What the backward op needs of a forward call, on its autograd node."""
+    ctx.save_for_backward(*tensors)
+    ctx.args = args
+    ctx.local = local
     ctx.deterministic = deterministic
     # Kept as an attribute, not saved: a saved tensor that a later call writes (the same word for
     # every layer of a model) would fail autograd's version check.
     ctx.device_check = device_check
+    # An output the loss does not use (most often the LSE) gets None, not a tensor of zeros that
+    # would be allocated, filled and read by the backward.
+    ctx.set_materialize_grads(False)
+
+
+def _call_backward(ctx, grad_out, grad_lse):
+    """dq, dk, dv, dsinks of the forward call saved on ctx (_save_for_backward).
+
+    Without create_graph (grad mode off, not tracing) the op is called below the autograd and
+    ADInplaceOrView layers, whose Python kernels would only pass the call on; the word's version
+    is then bumped here. With create_graph the call goes through them, so that the gradients
+    carry the formula that stops a double backward with a clear error."""
+    q, k, v, out, lse, cu_q, cu_k, sinks = ctx.saved_tensors
+    if grad_out is None:  # only the LSE is used
+        grad_out = torch.zeros_like(out)
+    args = (grad_out.contiguous(), q, k, v, out, lse, cu_q, cu_k, *ctx.args,
+            None if grad_lse is None else grad_lse.contiguous(), ctx.deterministic,
+            ctx.device_check, *ctx.local, sinks)
+    if _grad_enabled() or _is_compiling():
+        return _BWD(*args)
+    try:
+        with _below_inplace_or_view():
+            grads = _BWD(*args)
+    except RuntimeError as e:  # what the skipped ADInplaceOrView kernel does
+        _raise_translated(e)
+    if ctx.device_check is not None:
+        _bump_version(ctx.device_check)
+    return grads
 
 
 def _backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse, cu_q, cu_k, sinks = ctx.saved_tensors
     if not ctx.return_lse:
         raise RuntimeError(NEEDS_LSE_MESSAGE)
-    if grad_out is None:  # only the LSE is used
-        grad_out = torch.zeros_like(out)
-    dq, dk, dv, dsinks = torch.ops.jfa.jagged_attention_bwd(
-        grad_out.contiguous(), q, k, v, out, lse, cu_q, cu_k, *ctx.args,
-        None if grad_lse is None else grad_lse.contiguous(), ctx.deterministic, ctx.device_check,
-        *ctx.local, sinks)
+    dq, dk, dv, dsinks = _call_backward(ctx, grad_out, grad_lse)
     # One gradient per argument of the schema: q, k, v, ..., sinks (the 16th).
-    return (dq, dk, dv) + (None,) * 12 + (None if sinks is None else dsinks,)
+    return (dq, dk, dv) + (None,) * 12 + (None if ctx.saved_tensors[7] is None else dsinks,)
 
 
 def _raise_translated(error: RuntimeError):
@@ -210,6 +238,7 @@ _register_autograd("paged_attention", _paged_backward, lambda ctx, inputs, outpu
                    _paged_written)
 
 _FWD = torch.ops.jfa.jagged_attention_fwd.default
+_BWD = torch.ops.jfa.jagged_attention_bwd.default
 _PAGED = torch.ops.jfa.paged_attention.default
 _below_inplace_or_view = torch._C._AutoDispatchBelowADInplaceOrView
 _bump_version = torch.autograd.graph.increment_version
@@ -269,11 +298,13 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c
         check_inputs(q, k, v, cu_q, cu_k)
         check_sinks(sinks, q.shape[1], q.device)
     try:
-        if _is_compiling() or (_grad_enabled() and (
-                q.requires_grad or k.requires_grad or v.requires_grad
-                or (sinks is not None and sinks.requires_grad))):
-            # The backward needs the LSE.
+        if _is_compiling():
+            # Traced through the op's registered formula. The backward needs the LSE.
             out, lse = _FWD(*args, True, deterministic, device_check, *local)
+        elif _needs_grad(q, k, v, sinks):
+            result = _JaggedAttention.apply(q, k, v, sinks, args, local[:3], return_lse,
+                                            deterministic, device_check)
+            return result if return_lse else result[0]
         else:
             with _below_inplace_or_view():
                 out, lse = _FWD(*args, return_lse, False, device_check, *local)
@@ -286,6 +317,34 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c
 
 def _needs_grad(*tensors) -> bool:
     return _grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+class _JaggedAttention(torch.autograd.Function):
+    """attention() with a gradient, outside torch.compile: one autograd node whose forward and
+    backward call the ops below the autograd and ADInplaceOrView layers. Through the op's
+    registered formula the same step passes each op through those layers' Python kernels on top
+    (about 0.1 ms of host time a step, measured on the CPU), which the GPU waits for on small
+    batches. The gradients are the same: the same ops with the same arguments."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, args, local, return_lse, deterministic, device_check):
+        try:
+            with _below_inplace_or_view():
+                out, lse = _FWD(*args, True, deterministic, device_check, *local, sinks)
+        except RuntimeError as e:
+            _raise_translated(e)
+        if device_check is not None:
+            _bump_version(device_check)  # what the skipped ADInplaceOrView kernel does
+        _save_for_backward(ctx, (q, k, v, out, lse) + args[3:5] + (sinks,), args[5:], local,
+                           deterministic, device_check)
+        if not return_lse:
+            ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        dq, dk, dv, dsinks = _call_backward(ctx, grad_out, grad_lse)
+        return dq, dk, dv, (None if ctx.saved_tensors[7] is None else dsinks), *(None,) * 5
 
 
 def paged_attention(q, k_cache, v_cache, block_table, seqused_k, cu_seqlens_q, max_seqlen_q,

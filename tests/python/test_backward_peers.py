@@ -105,6 +105,7 @@ def test_options_defaults_quick_and_refusals(monkeypatch):
         "fa2_varlen", "jfa", "jfa_det"]
     assert bp.parse_args(["--methods", "cudnn_padded,flex"]).method_names == [
         "cudnn_padded", "flex"]
+    assert bp.parse_args(["--methods", "jfa,jfa_autograd"]).method_names == ["jfa", "jfa_autograd"]
     assert bp.parse_args(["--pass", "step"]).passes == ("step",)
     assert bp.parse_args(["--pass", "both"]).passes == ("backward", "step")
     assert bp.parse_args(["--pass", "backward"]).passes == ("backward",)
@@ -195,9 +196,10 @@ def test_padded_peers_skip_causal_cells_whose_q_and_k_lengths_differ():
     assert why == bp.peers.padded_skip_reason(True, True)  # the forward benchmark's rule
     assert bp.skip_reason("cudnn_padded", cross=True, causal=False) == ""
     assert bp.skip_reason("cudnn_padded", cross=False, causal=True) == ""
-    for method in ("jfa", "jfa_det", "fa3", "fa4", "fa2_varlen", "flex"):
+    for method in ("jfa", "jfa_det", "jfa_autograd", "fa3", "fa4", "fa2_varlen", "flex"):
         assert bp.skip_reason(method, cross=True, causal=True) == ""
-    assert bp.PADDED == ("cudnn_padded",) and set(bp.AUTOGRAD) == {"fa4", "flex", "cudnn_padded"}
+    assert bp.PADDED == ("cudnn_padded",)
+    assert set(bp.AUTOGRAD) == {"jfa_autograd", "fa4", "flex", "cudnn_padded"}
 
 
 def test_padded_peers_are_checked_where_they_compute_the_same_attention():

@@ -469,6 +469,95 @@ def test_cpu_double_backward_is_a_clear_error(seed):
         grad_q.sum().backward()
 
 
+def _ops_of_a_step(q, k, v, cu, **kw):
+    """The names of the dispatcher ops (aten::*, jfa::*) that one forward of jfa.jagged_attention
+    and its backward through torch.autograd.grad record in the profiler, leaving out those that a
+    jfa op runs inside itself (the ctypes op allocates its outputs with aten::empty)."""
+    from torch.profiler import ProfilerActivity, profile
+    grad_out = torch.randn(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype, device=q.device)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out = jfa.jagged_attention(q, k, v, cu, **kw)
+        torch.autograd.grad(out, (q, k, v), grad_out)
+
+    def inside_a_jfa_op(e):
+        while e.cpu_parent is not None:
+            e = e.cpu_parent
+            if e.name.startswith("jfa::"):
+                return True
+        return False
+
+    return [e.name for e in prof.events() if "::" in e.name and not e.name.startswith("autograd::")
+            and not inside_a_jfa_op(e)]
+
+
+@pytest.mark.parametrize("kw", [dict(causal=True), dict(window_size=(3, 0), softcap=5.0)],
+                         ids=["causal", "local"])
+def test_cpu_autograd_step_calls_the_two_ops_and_nothing_else(seed, kw):
+    """Through autograd a step runs the forward op and the backward op once each: no zeros for the
+    LSE's unused gradient, no copies, nothing between autograd and the kernels."""
+    q, k, v, cu, _ = _inputs(seed, [5, 0, 9], None, 2, 1, 16, torch.float32, "cpu")
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    ops = _ops_of_a_step(q, k, v, cu, **kw)
+    assert sorted(ops) == ["jfa::jagged_attention_bwd", "jfa::jagged_attention_fwd"], ops
+
+
+def test_cpu_unused_output_gradients_are_not_materialized(seed):
+    """Only the output used by the loss brings a gradient: the LSE alone, the output alone, both;
+    through jfa.jagged_attention and the op called directly, whose formulas agree."""
+    q, k, v, cu, _ = _inputs(seed, [4, 7], None, 2, 2, 8, torch.float32, "cpu")
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    fns = {"jfa": lambda *t: jfa.jagged_attention(*t, cu, causal=True, return_lse=True),
+           "op": lambda *t: torch.ops.jfa.jagged_attention_fwd(*t, cu, cu, 0, 0, True, None, True)}
+    grads = {}
+    for name, fn in fns.items():
+        for use in ("out", "lse", "both"):
+            out, lse = fn(*leaves)
+            loss = {"out": out.square().sum(), "lse": lse.sum(),
+                    "both": out.square().sum() + lse.sum()}[use]
+            grads[name, use] = torch.autograd.grad(loss, leaves)
+    for use in ("out", "lse", "both"):
+        for a, b in zip(grads["jfa", use], grads["op", use]):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for a, b, c in zip(grads["jfa", "out"], grads["jfa", "lse"], grads["jfa", "both"]):
+        torch.testing.assert_close(a + b, c, rtol=1e-5, atol=1e-6)
+        assert a.abs().max() > 0
+    dq, dk, dv = grads["jfa", "lse"]  # the LSE depends on q and k, not on v
+    assert dq.abs().max() > 0 and dk.abs().max() > 0 and not dv.any()
+
+
+@needs_cuda
+def test_cuda_autograd_step_launches_the_ops_kernels_and_nothing_else(seed):
+    """Through autograd a step launches the same kernels as the two ops called directly (the
+    profiler's kernel lists), and nothing else."""
+    from torch.profiler import ProfilerActivity, profile
+    q, k, v, cu, _ = _inputs(seed, [300, 17, 1000], None, 4, 2, 128, torch.bfloat16, "cuda")
+    grad_out = torch.randn_like(q)
+
+    def kernels(step):
+        step()  # warm: workspace, lazy module loads
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step()
+            torch.cuda.synchronize()
+        return sorted(e.name for e in prof.events() if e.device_type.name == "CUDA")
+
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+
+    def through_autograd():
+        torch.autograd.grad(jfa.jagged_attention(*leaves, cu, causal=True), leaves, grad_out)
+
+    def ops_directly():
+        out, lse = torch.ops.jfa.jagged_attention_fwd(q, k, v, cu, cu, 1000, 1000, True, None,
+                                                      True)
+        torch.ops.jfa.jagged_attention_bwd(grad_out, q, k, v, out, lse, cu, cu, 1000, 1000, True,
+                                           None, None, False)
+
+    direct = kernels(ops_directly)
+    assert direct, "the profiler recorded no kernel"
+    assert kernels(through_autograd) == direct
+
+
 def test_cpu_backward_needs_the_forward_lse(seed):
     q, k, v, cu, _ = _inputs(seed, [3, 2], None, 1, 1, 8, torch.float32, "cpu")
     v.requires_grad_(True)
