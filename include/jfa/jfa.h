@@ -414,9 +414,9 @@ JFA_API jfa_status jfa_attention_backward_params_init_sized(jfa_attention_backwa
 JFA_API jfa_status jfa_attention_backward(const jfa_attention_backward_params* params);
 
 /* The bytes of forward.workspace that the CUDA backward needs for these sizes (reads total_q,
- * total_k, batch, heads_q and head_dim only; 0 in a library built without CUDA). With
- * forward.workspace NULL the call allocates and frees one in stream order. It holds the float32
- * dq accumulator, so it grows with total_q * heads_q * head_dim. */
+ * total_k, batch, heads_q, heads_kv, head_dim, head_dim_v and deterministic only; 0 in a library
+ * built without CUDA). With forward.workspace NULL the call allocates and frees one in stream
+ * order. It holds the float32 dq accumulator, so it grows with total_q * heads_q * head_dim. */
 JFA_API jfa_status
 jfa_attention_backward_workspace_size(const jfa_attention_backward_params* params, size_t* bytes);
 

@@ -74,12 +74,13 @@ jfa_status jfa_attention_backward_workspace_size(const jfa_attention_backward_pa
     // call itself validates them fully.
     constexpr int64_t kMaxTokens = int64_t{1} << 40;
     if (f.total_k < 0 || f.total_k > kMaxTokens || f.heads_q <= 0 || f.heads_q > 65536 ||
-        f.head_dim <= 0 || f.head_dim > 1024)
+        f.head_dim <= 0 || f.head_dim > 1024 || f.head_dim_v < 0 || f.head_dim_v > 1024)
       return fail(JFA_ERROR_INVALID_ARGUMENT,
-                  "total_k (%lld), heads_q (%d) or head_dim (%d) is out of range",
-                  static_cast<long long>(f.total_k), f.heads_q, f.head_dim);
-    *bytes =
-        jfa::cuda::backward_workspace_bytes(f.total_q, f.total_k, f.batch, f.heads_q, f.head_dim);
+                  "total_k (%lld), heads_q (%d), head_dim (%d) or head_dim_v (%d) is out of range",
+                  static_cast<long long>(f.total_k), f.heads_q, f.head_dim, f.head_dim_v);
+    *bytes = jfa::cuda::backward_workspace_bytes(jfa::detail::BackwardSizes{
+        f.total_q, f.total_k, f.batch, f.heads_q, f.heads_kv, f.head_dim,
+        f.head_dim_v == 0 ? f.head_dim : f.head_dim_v, current.deterministic != 0});
 #else
     *bytes = 0;  // the CPU backward needs none
 #endif

@@ -69,4 +69,13 @@ struct BackwardParams {
   float* dsinks;  // nullable, [heads_q]; only with fwd.sinks
 };
 
+// What the backward's workspace size query reads of a call (jfa_attention_backward_workspace_size):
+// sizes only, not yet validated; heads_kv 0 (or not a divisor of heads_q) where the caller left it
+// out, which sizes the workspace for a call without head splits.
+struct BackwardSizes {
+  int64_t total_q, total_k, batch;
+  int32_t heads_q, heads_kv, head_dim, head_dim_v;
+  bool deterministic;
+};
+
 }  // namespace jfa::detail

@@ -84,11 +84,9 @@ size_t forward_workspace_bytes(int64_t total_q, int64_t batch) {
   return bytes;
 }
 
-size_t backward_workspace_bytes(int64_t total_q, int64_t total_k, int64_t batch, int32_t heads_q,
-                                int32_t head_dim) {
+size_t backward_workspace_bytes(const jfa::detail::BackwardSizes& sizes) {
   size_t bytes = 0;
-  for (const GpuBackend& b : kBackends)
-    bytes = std::max(bytes, b.backward_workspace_bytes(total_q, total_k, batch, heads_q, head_dim));
+  for (const GpuBackend& b : kBackends) bytes = std::max(bytes, b.backward_workspace_bytes(sizes));
   return bytes;
 }
 

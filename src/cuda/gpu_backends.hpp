@@ -22,8 +22,7 @@ struct GpuBackend {
   jfa_status (*backward)(const jfa::detail::BackwardParams& b);
   // The caller's workspace a call with these shapes needs.
   size_t (*forward_workspace_bytes)(int64_t total_q, int64_t batch);
-  size_t (*backward_workspace_bytes)(int64_t total_q, int64_t total_k, int64_t batch,
-                                     int32_t heads_q, int32_t head_dim);
+  size_t (*backward_workspace_bytes)(const jfa::detail::BackwardSizes& sizes);
   // The forward over a paged KV cache (p without packed keys; kv's fields validated), or NULL
   // where the architecture has no paged kernels.
   jfa_status (*paged_forward)(const jfa::detail::Params& p, const jfa_paged_kv& kv);
@@ -45,8 +44,7 @@ bool gpu_backend_available();
 // The workspace sizes a call needs on whichever device it runs: the largest over the backends
 // (the size queries name no device).
 size_t forward_workspace_bytes(int64_t total_q, int64_t batch);
-size_t backward_workspace_bytes(int64_t total_q, int64_t total_k, int64_t batch, int32_t heads_q,
-                                int32_t head_dim);
+size_t backward_workspace_bytes(const jfa::detail::BackwardSizes& sizes);
 jfa_status paged_workspace_bytes(const jfa::detail::Params& p, size_t* bytes);
 
 }  // namespace jfa::cuda

@@ -1,13 +1,14 @@
 // The CUDA backward's workspace layout (host arithmetic only): the per-row arrays hold a row per
 // query token, the deterministic semaphores number every q tile of every sequence without overlap
 // and without leaving their array, also for offsets the kernels clamp from invalid input, and the
-// regions of the workspace do not overlap.
+// regions of the workspace do not overlap; and the head splits' rule and accumulators.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <random>
 #include <vector>
 
+#include "cuda/sm90/backward/bwd_head_splits.hpp"
 #include "cuda/sm90/backward/bwd_workspace.hpp"
 #include "test_seed.hpp"
 
@@ -132,6 +133,51 @@ TEST(BackwardWorkspace, DqAccumulatorLayoutIsAPermutation) {
           }
       for (int n : seen) EXPECT_EQ(n, 1);
     }
+}
+
+// Head splits: none in deterministic mode, without grouped heads, or where the items fill the SMs;
+// else the least divisor of the group that brings the items to one per SM, or the whole group.
+TEST(BackwardWorkspace, HeadSplitsRule) {
+  using jfa::sm90::head_splits_for;
+  // 2048 keys in 128-key tiles on 2 kv heads: 32 items.
+  EXPECT_EQ(head_splits_for(2048, 2, 4, false, 128, 132), 4);  // 128 < 132: the whole group
+  EXPECT_EQ(head_splits_for(2048, 2, 8, false, 128, 132), 8);  // 32 x 4 = 128 < 132
+  EXPECT_EQ(head_splits_for(2048, 2, 8, false, 128, 128), 4);  // 32 x 4 = 128 SMs
+  EXPECT_EQ(head_splits_for(2048, 2, 6, false, 128, 64), 2);
+  EXPECT_EQ(head_splits_for(2048, 2, 6, false, 128, 65), 3);
+  EXPECT_EQ(head_splits_for(2048, 2, 8, true, 128, 132), 1) << "deterministic";
+  EXPECT_EQ(head_splits_for(2048, 8, 1, false, 128, 132), 1) << "no grouped heads";
+  EXPECT_EQ(head_splits_for(132 * 128, 1, 8, false, 128, 132), 1) << "the items fill the SMs";
+  EXPECT_EQ(head_splits_for(131 * 128, 1, 8, false, 128, 132), 2);
+  EXPECT_EQ(head_splits_for(2048, 2, 8, false, 64, 132), 4) << "64-key tiles: twice the items";
+  EXPECT_EQ(head_splits_for(0, 2, 8, false, 128, 132), 1) << "no keys";
+  EXPECT_EQ(head_splits_for(1, 1, 7, false, 128, 132), 7) << "a prime group: whole or nothing";
+  for (int32_t group : {2, 3, 4, 6, 8, 16})
+    for (int64_t keys : {1, 100, 1000, 5000, 20000})
+      for (bool det : {false, true}) {
+        const int32_t s = head_splits_for(keys, 2, group, det, 128, 132);
+        EXPECT_EQ(group % s, 0) << "a divisor of the group";
+        // The size query's bound (128-key tiles, the most SMs) covers every call that splits.
+        if (head_splits_for(keys, 2, group, det, 64, 132) > 1)
+          EXPECT_GT(head_splits_for(keys, 2, group, det, 128, jfa::sm90::kHeadSplitsMaxSms), 1);
+      }
+}
+
+// The accumulators of dK and dV follow the dQ accumulator, 256-byte aligned; without head splits
+// the workspace is what it was.
+TEST(BackwardWorkspace, HeadSplitAccumulators) {
+  using jfa::sm90::head_split_accumulator_floats;
+  EXPECT_EQ(head_split_accumulator_floats(1, 1000, 2, 128, 128), 0);
+  EXPECT_EQ(head_split_accumulator_floats(4, 1000, 2, 192, 128), 1000 * 2 * (192 + 128));
+  const BwdWorkspaceLayout plain = backward_workspace_layout(777, 1000, 3, 8, 128);
+  const int64_t floats = head_split_accumulator_floats(4, 1000, 2, 128, 128);
+  const BwdWorkspaceLayout split = backward_workspace_layout(777, 1000, 3, 8, 128, floats);
+  EXPECT_EQ(plain.key_grads_bytes, 0u);
+  EXPECT_EQ(split.dq_acc, plain.dq_acc);
+  EXPECT_GE(split.key_grads_acc, plain.bytes);
+  EXPECT_EQ(split.key_grads_acc % 256, 0u);
+  EXPECT_EQ(split.key_grads_bytes, sizeof(float) * static_cast<size_t>(floats));
+  EXPECT_EQ(split.bytes, split.key_grads_acc + split.key_grads_bytes);
 }
 
 }  // namespace

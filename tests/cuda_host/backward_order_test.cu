@@ -1,14 +1,15 @@
 // The order of the Hopper backward's work, run as host code on the item decode the kernel uses
 // (decode_bwd_item, walk_q_tile, dq_add_rank, dq_add_of_step): every K tile of every kv head is one
-// item; each item walks the steps that hold any query row seeing its keys, once each; every K tile
-// that a q tile's rows see adds to that q tile's dQ, and no other; and in deterministic mode the
-// adds to a q tile have ranks 0 .. n - 1 in the order the items are claimed, so that each add waits
-// only for items claimed before it (which keeps the persistent grid from waiting on an item no CTA
-// holds). Both step shapes (one q tile per step, and two, where a group's q tile may lie past the
-// sequence's end or before the rows that see the item's keys), both masks, cross lengths, GQA; and
-// a tile shared by short sequences: one item per kv head walking all its rows, each row's dQ added
-// once and unranked. The local-attention kernels' decode (kLocal: sliding windows, either side or
-// both, with and without the causal mask) is held to the same properties under the window's rule.
+// item (with head splits, one per slice of the kv head's query heads); each item walks the steps
+// that hold any query row seeing its keys, once each; every K tile that a q tile's rows see adds to
+// that q tile's dQ, and no other; and in deterministic mode the adds to a q tile have ranks 0 .. n
+// - 1 in the order the items are claimed, so that each add waits only for items claimed before it
+// (which keeps the persistent grid from waiting on an item no CTA holds). Both step shapes (one q
+// tile per step, and two, where a group's q tile may lie past the sequence's end or before the rows
+// that see the item's keys), both masks, cross lengths, GQA; and a tile shared by short sequences:
+// one item per kv head walking all its rows, each row's dQ added once and unranked. The
+// local-attention kernels' decode (kLocal: sliding windows, either side or both, with and without
+// the causal mask) is held to the same properties under the window's rule.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -34,6 +35,7 @@ using jfa::sm90::kBwdTileRows;
 struct Case {
   std::vector<int32_t> lq, lk;
   int32_t heads_kv = 1, group = 1;
+  int32_t splits = 1;  // head splits: items per (K tile, kv head), a divisor of the group
   bool causal = false, deterministic = true;
   jfa::detail::Window window;  // the local kernels' (causal folded in as right = 0)
 };
@@ -58,7 +60,7 @@ bool sees(const Case& c, int32_t len_q, int32_t len_k, int32_t t, int32_t n) {
   return !c.causal || int64_t{n} * kBwdBlockN <= last_row + (len_k - len_q);
 }
 
-template <int kBlockM, bool kLocal = false>
+template <int kBlockM, bool kLocal = false, bool kHeadSplits = false>
 void check_order(const Case& c) {
   constexpr bool kRows = kBlockM == 2 * kBwdTileRows;  // a group per q tile of the step
   const int32_t batch = static_cast<int32_t>(c.lq.size());
@@ -85,30 +87,39 @@ void check_order(const Case& c) {
   a.heads_kv = c.heads_kv;
   a.group = c.group;
   a.heads_q = c.heads_kv * c.group;
+  a.head_splits = c.splits;
+  a.item_heads = c.group / c.splits;
   a.causal = !kLocal && c.causal ? 1 : 0;
   a.deterministic = c.deterministic ? 1 : 0;
   local.window = c.window;
 
-  std::set<std::tuple<int32_t, int32_t, int32_t>> items;                   // (b, kv head, K tile)
+  std::set<std::tuple<int32_t, int32_t, int32_t>> items;  // (b, first query head, K tile)
   std::map<std::tuple<int32_t, int32_t, int32_t>, std::vector<Add>> adds;  // (b, head, q tile)
-  const int64_t n_items = static_cast<int64_t>(work.size()) * c.heads_kv;
+  ASSERT_TRUE(kHeadSplits || c.splits == 1) << "the plain kernels' decode takes no splits";
+  const int64_t n_items = static_cast<int64_t>(work.size()) * c.heads_kv * c.splits;
   for (int64_t item = 0; item < n_items; ++item) {
-    const BwdItem w = jfa::sm90::decode_bwd_item<kBlockM, kBwdBlockN, kLocal>(a, item);
-    const int32_t b = work[item / c.heads_kv].seq;
+    const BwdItem w = jfa::sm90::decode_bwd_item<kBlockM, kBwdBlockN, kLocal, kHeadSplits>(a, item);
+    const int32_t b = work[item / (c.heads_kv * c.splits)].seq;
+    const int32_t head0 = jfa::sm90::item_first_q_head<kHeadSplits>(a, w);
+    const int32_t heads = jfa::sm90::item_heads<kHeadSplits>(a);
     ASSERT_TRUE(w.valid);
-    ASSERT_TRUE(items.insert({b, w.kv_head, w.n_block}).second)
-        << "item " << item << " repeats sequence " << b << " kv head " << w.kv_head << " K tile "
+    ASSERT_EQ(heads, c.group / c.splits);
+    ASSERT_EQ(head0 % heads, 0) << "an item's heads are one slice of a group";
+    ASSERT_EQ(jfa::sm90::item_kv_head<kHeadSplits>(a, w), head0 / c.group)
+        << "the slice's query heads share the kv head";
+    ASSERT_TRUE(items.insert({b, head0, w.n_block}).second)
+        << "item " << item << " repeats sequence " << b << " heads from " << head0 << " K tile "
         << w.n_block;
     ASSERT_EQ(w.seq.len_q, c.lq[b]);
     ASSERT_EQ(w.seq.len_k, c.lk[b]);
-    // The walk: each step of [m_first, m_end) once, for each query head of the group.
+    // The walk: each step of [m_first, m_end) once, for each query head of the item.
     std::vector<int32_t> steps;
     for (int32_t i = 0; i < w.q_tiles(); ++i)
       steps.push_back(jfa::sm90::walk_q_tile<kLocal>(a, w, i));
     std::vector<int32_t> sorted = steps;
     std::sort(sorted.begin(), sorted.end());
     for (int32_t i = 0; i < w.q_tiles(); ++i) ASSERT_EQ(sorted[i], w.m_first + i);
-    for (int32_t g = 0; g < c.group; ++g)
+    for (int32_t g = 0; g < heads; ++g)
       for (int32_t m : steps)
         for (int32_t part = 0; part < (kRows ? 2 : 1); ++part) {
           const jfa::sm90::DqAdd add =
@@ -124,15 +135,15 @@ void check_order(const Case& c) {
                     kRows && !item_seen
                         ? 0
                         : std::max(0, std::min(kBwdTileRows, w.seq.len_q - q_tile * kBwdTileRows)));
-          if (rows > 0)
-            adds[{b, w.kv_head * c.group + g, q_tile}].push_back(Add{rank, item, w.n_block});
+          if (rows > 0) adds[{b, head0 + g, q_tile}].push_back(Add{rank, item, w.n_block});
         }
   }
-  // Every K tile of every sequence and kv head is an item.
+  // Every K tile of every sequence and slice of every kv head's query heads is an item.
   for (int32_t b = 0; b < batch; ++b)
-    for (int32_t h = 0; h < c.heads_kv; ++h)
+    for (int32_t h = 0; h < c.heads_kv * c.group; h += a.item_heads)
       for (int32_t n = 0; n * kBwdBlockN < c.lk[b]; ++n)
-        ASSERT_TRUE(items.count({b, h, n})) << "sequence " << b << " K tile " << n << " missing";
+        ASSERT_TRUE(items.count({b, h, n}))
+            << "sequence " << b << " heads from " << h << " K tile " << n << " missing";
   for (int32_t b = 0; b < batch; ++b)
     for (int32_t h = 0; h < c.heads_kv * c.group; ++h)
       for (int32_t t = 0; t * kBwdTileRows < c.lq[b]; ++t) {
@@ -158,6 +169,14 @@ void check_order(const Case& c) {
       }
 }
 
+// The plain decode where the case has no head splits (and the head-split kernels' decode of one
+// slice a kv head, which must agree), else the head-split kernels'.
+template <int kBlockM>
+void check_order_of_kernels(const Case& c) {
+  if (c.splits == 1) ASSERT_NO_FATAL_FAILURE((check_order<kBlockM, false, false>(c)));
+  ASSERT_NO_FATAL_FAILURE((check_order<kBlockM, false, true>(c)));
+}
+
 int32_t draw_length(std::mt19937_64& rng) {
   static const int32_t kEdges[] = {0, 1, 2, 63, 64, 65, 127, 128, 129, 191, 192, 255, 256, 257};
   if (rng() % 2) return kEdges[rng() % (sizeof(kEdges) / sizeof(kEdges[0]))];
@@ -172,16 +191,22 @@ Case draw_case(std::mt19937_64& rng) {
     c.lk.push_back(rng() % 3 == 0 ? draw_length(rng) : c.lq.back());
   }
   c.heads_kv = 1 + static_cast<int32_t>(rng() % 2);
-  c.group = 1 + static_cast<int32_t>(rng() % 2);
+  static const int32_t kGroups[] = {1, 2, 4, 6};
+  c.group = kGroups[rng() % 4];
+  do {  // a divisor of the group
+    c.splits = 1 + static_cast<int32_t>(rng() % c.group);
+  } while (c.group % c.splits != 0);
   c.causal = rng() % 2;
   c.deterministic = rng() % 4 != 0;
   return c;
 }
 
 // A window of either side or both, edge sizes (0, 1, a tile and around it) and longer ones, with
-// the causal mask (right 0) or not; sometimes no window at all (sinks or softcap alone).
+// the causal mask (right 0) or not; sometimes no window at all (sinks or softcap alone). No head
+// splits: the local kernels take none.
 Case draw_local_case(std::mt19937_64& rng) {
   Case c = draw_case(rng);
+  c.splits = 1;
   static const int32_t kSides[] = {-1, 0, 1, 63, 64, 65, 127, 128, 129, 300};
   auto side = [&] { return kSides[rng() % (sizeof(kSides) / sizeof(kSides[0]))]; };
   c.window = jfa::detail::resolve_window(c.causal, side(), side());
@@ -201,13 +226,14 @@ TEST(BackwardOrder, LocalAttention) {
 
 TEST(BackwardOrder, OneTileSteps) {
   std::mt19937_64 rng(jfa::testing::logged_seed());
-  for (int i = 0; i < 400; ++i) ASSERT_NO_FATAL_FAILURE(check_order<kBwdTileRows>(draw_case(rng)));
+  for (int i = 0; i < 400; ++i)
+    ASSERT_NO_FATAL_FAILURE(check_order_of_kernels<kBwdTileRows>(draw_case(rng)));
 }
 
 TEST(BackwardOrder, TwoTileSteps) {
   std::mt19937_64 rng(jfa::testing::logged_seed());
   for (int i = 0; i < 400; ++i)
-    ASSERT_NO_FATAL_FAILURE(check_order<2 * kBwdTileRows>(draw_case(rng)));
+    ASSERT_NO_FATAL_FAILURE(check_order_of_kernels<2 * kBwdTileRows>(draw_case(rng)));
 }
 
 // Queries longer than the keys under the causal mask: a two-tile step's first q tile can lie
@@ -250,6 +276,8 @@ void check_shared_tile(bool causal, bool deterministic) {
     a.heads_kv = 2;
     a.group = 1;
     a.heads_q = 2;
+    a.head_splits = 1;
+    a.item_heads = 1;
     a.causal = causal ? 1 : 0;
     a.deterministic = deterministic ? 1 : 0;
     for (int64_t item = 0; item < a.heads_kv; ++item) {

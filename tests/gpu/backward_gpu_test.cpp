@@ -2,8 +2,9 @@
 // (jfa_attention_backward_reference) on host copies of the same inputs: q, k, v, dout (and dlse)
 // random normal with fresh seeds, out and lse from the CUDA forward, the gradients poisoned,
 // guarded and checked in full. Edge and cross lengths, empty sequences, both dtypes and head dims,
-// causal, GQA/MQA, the LSE's gradient, strided gradient layouts, determinism, the caller's
-// workspace, graph capture with new lengths, and the combinations that are not built.
+// causal, GQA/MQA, head splits (under their switch), the LSE's gradient, strided gradient
+// layouts, determinism, the caller's workspace, graph capture with new lengths, and the
+// combinations that are not built.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -32,6 +33,7 @@ using jfa::gpu_test::default_pool_peak;
 using jfa::gpu_test::DeviceBuffer;
 using jfa::gpu_test::fresh_seed;
 using jfa::gpu_test::quick_mode;
+using jfa::gpu_test::ScopedEnv;
 using jfa::tools::HostBuffer;
 using jfa::tools::JaggedBatch;
 
@@ -619,6 +621,57 @@ TEST(BackwardGpu, GqaAndMqa) {
     }
 }
 
+// ---- Head splits (unverified: JFA_CUDA_UNVERIFIED_BWD_HEAD_SPLITS) -----------------------------
+
+constexpr const char* kHeadSplitsSwitch = "JFA_CUDA_UNVERIFIED_BWD_HEAD_SPLITS";
+
+size_t backward_workspace_bytes(const jfa_attention_backward_params& p) {
+  size_t bytes = 0;
+  EXPECT_EQ(jfa_attention_backward_workspace_size(&p, &bytes), JFA_SUCCESS)
+      << jfa_last_error_message();
+  return bytes;
+}
+
+// Grouped heads in batches whose (K tile, kv head) items cannot fill the GPU: under the switch each
+// item is a slice of its group's query heads, and the slices' dK and dV meet in float32
+// accumulators. GQA 8:2 and 16:2 and MQA 8:1 at every head size, both dtypes and masks, cross
+// lengths, empty and one-token sequences, shared tiles, dlse, strided gradients: the workspace
+// asked for grows by the accumulators (the call splits), and the gradients match the reference.
+TEST(BackwardGpu, HeadSplitsMatchReference) {
+  const ScopedEnv on(kHeadSplitsSwitch, "1");
+  std::mt19937_64 rng(fresh_seed("head-split lengths"));
+  constexpr std::pair<int32_t, int32_t> kGroups[] = {{8, 2}, {16, 2}, {8, 1}};
+  int k = 0;
+  for_each_combination({1, 6, 11, 16, 21, 27}, [&](DType dtype, int d, bool causal, int dv) {
+    ++k;
+    Case c;
+    c.lq = {300, 0, 513, 1, 77, 700};
+    c.lk = c.lq;
+    if (k % 3 == 0) std::reverse(c.lk.begin(), c.lk.end());  // cross lengths
+    if (k % 4 == 1)  // runs of short sequences: shared tiles
+      for (int32_t len : random_lengths(rng, 40, 0, 30)) {
+        c.lq.push_back(len);
+        c.lk.push_back(len);
+      }
+    c.heads_q = kGroups[k % 3].first;
+    c.heads_kv = kGroups[k % 3].second;
+    c.head_dim = d;
+    c.head_dim_v = dv;
+    c.dtype = dtype;
+    c.causal = causal;
+    c.with_dlse = k % 5 == 0;
+    c.strided = k % 4 == 2;
+    SCOPED_TRACE(describe(c));
+    BackwardRunner runner(c, fresh_seed(describe(c).c_str()));
+    Gradients g;
+    ASSERT_NO_FATAL_FAILURE(run_and_check(runner, &g));
+    const size_t split = backward_workspace_bytes(runner.params());
+    const ScopedEnv off(kHeadSplitsSwitch, "0");
+    EXPECT_GT(split, backward_workspace_bytes(runner.params()))
+        << "no head splits: the case does not test them";
+  });
+}
+
 // Thousands of sequences of 1 to 16 tokens: many sequences per tile, at every head size (each
 // with one mask and one dtype, both masks and dtypes over the sizes).
 TEST(BackwardGpu, ManyTinySequences) {
@@ -898,6 +951,35 @@ TEST(BackwardGpuApi, CallerWorkspaceGivesTheSameGradients) {
   const Gradients given = runner.download_gradients();
   EXPECT_TRUE(own.dq == given.dq && own.dk == given.dk && own.dv == given.dv)
       << "the caller's workspace changed the gradients";
+}
+
+// A caller's workspace sized without the switch (no accumulators) runs the same call unsplit, with
+// the same gradients as the library's own workspace, and allocates nothing; one sized with it
+// runs split and allocates nothing either.
+TEST(BackwardGpuApi, HeadSplitsWithTheCallersWorkspace) {
+  Case c = workspace_case();
+  c.heads_q = 8;
+  c.deterministic = false;
+  BackwardRunner runner(c, fresh_seed("head-split workspace"));
+  ASSERT_NO_FATAL_FAILURE(runner.upload_and_forward());
+  jfa_attention_backward_params p = runner.params();
+  const size_t unsplit = backward_workspace_bytes(p);
+  const ScopedEnv on(kHeadSplitsSwitch, "1");
+  const size_t split = backward_workspace_bytes(p);
+  ASSERT_GT(split, unsplit);
+  for (size_t bytes : {unsplit, split}) {
+    SCOPED_TRACE(bytes == split ? "sized for head splits" : "sized without them");
+    DeviceBuffer workspace(bytes);
+    JFA_CUDA_OK(cudaMemset(workspace.ptr, 0xA5, bytes));  // stale contents must not matter
+    p.forward.workspace = workspace.ptr;
+    p.forward.workspace_bytes = bytes;
+    runner.poison_gradients();
+    ASSERT_EQ(default_pool_peak(/*reset=*/true), 0u);
+    ASSERT_EQ(jfa_attention_backward(&p), JFA_SUCCESS) << jfa_last_error_message();
+    JFA_CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(default_pool_peak(/*reset=*/false), 0u) << "a call with a workspace allocated";
+    runner.check(runner.download_gradients());
+  }
 }
 
 // A stale workspace (every byte 0x7F: 3.4e38 as a float32 of the dQ accumulator) must not reach

@@ -1,4 +1,4 @@
-// Helpers shared by the GPU tests: CUDA checks, seeds, device buffers.
+// Helpers shared by the GPU tests: CUDA checks, seeds, device buffers, switches.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -101,5 +101,27 @@ inline size_t default_pool_peak(bool reset) {
   cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &value);
   return static_cast<size_t>(value);
 }
+
+// Sets an environment variable for a scope (the library reads its switches per call).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      setenv(name_, old_.c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
 
 }  // namespace jfa::gpu_test

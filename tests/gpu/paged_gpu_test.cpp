@@ -36,6 +36,7 @@ using jfa::gpu_test::device_check_after;
 using jfa::gpu_test::DeviceBuffer;
 using jfa::gpu_test::fresh_seed;
 using jfa::gpu_test::quick_mode;
+using jfa::gpu_test::ScopedEnv;
 using jfa::tools::HostBuffer;
 
 namespace {
@@ -635,28 +636,6 @@ INSTANTIATE_TEST_SUITE_P(PagedGpu, PagedGpuHeadDim, ::testing::Values(64, 128, 2
                          [](const ::testing::TestParamInfo<int32_t>& info) {
                            return "d" + std::to_string(info.param);
                          });
-
-// Sets an environment variable for a scope (the library reads its switches per call).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_)
-      setenv(name_, old_.c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
 
 // Chunked prefill on the packed forward's tiles (JFA_CUDA_UNVERIFIED_PAGED_PREFILL, for calls whose
 // max_seqlen_q is at least 64): chunks of 0 to 300 tokens (decode steps among them) over caches at

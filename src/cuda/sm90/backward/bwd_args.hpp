@@ -27,6 +27,14 @@ struct BwdArgs : Problem {
   void* dq;
   int64_t dq_token_stride;
   int64_t dq_head_stride;
+  // The head-split kernels' (bwd_head_splits.hpp, BwdConfig::kHeadSplits): items per (K tile, kv
+  // head), query heads per item (group / head_splits), and the float32 accumulators that dK
+  // (unscaled) and dV are added into ([total_k, heads_kv, head_dim or head_dim_v]); the other
+  // kernels read none of them.
+  int32_t head_splits;
+  int32_t item_heads;
+  float* dk_acc;
+  float* dv_acc;
 };
 
 // What the local-attention backward reads besides (BwdConfig's kLocal): the window, for the

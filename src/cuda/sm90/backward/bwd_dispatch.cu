@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "common/status.hpp"
+#include "cuda/sm90/backward/bwd_head_splits.hpp"
 #include "cuda/sm90/backward/bwd_sm90.hpp"
 #include "cuda/sm90/backward/bwd_workspace.hpp"
 #include "cuda/sm90/host/head_sizes.hpp"
@@ -14,9 +15,17 @@
 
 namespace jfa::sm90 {
 
-size_t backward_workspace_bytes(int64_t total_q, int64_t total_k, int64_t batch, int32_t heads_q,
-                                int32_t head_dim) {
-  return backward_workspace_layout(total_q, total_k, batch, heads_q, head_dim).bytes;
+size_t backward_workspace_bytes(const jfa::detail::BackwardSizes& z) {
+  // The K tiles of 128 keys (the fewest items) on the most SMs: a superset of the calls that split.
+  const bool known_group = z.heads_kv > 0 && z.heads_q % z.heads_kv == 0;
+  const int32_t splits = known_group && head_splits_switch_on()
+                             ? head_splits_for(z.total_k, z.heads_kv, z.heads_q / z.heads_kv,
+                                               z.deterministic, kBwdBlockN, kHeadSplitsMaxSms)
+                             : 1;
+  return backward_workspace_layout(
+             z.total_q, z.total_k, z.batch, z.heads_q, z.head_dim,
+             head_split_accumulator_floats(splits, z.total_k, z.heads_kv, z.head_dim, z.head_dim_v))
+      .bytes;
 }
 
 jfa_status backward(const jfa::detail::BackwardParams& b) {

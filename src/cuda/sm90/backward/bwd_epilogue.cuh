@@ -1,5 +1,6 @@
 // The end of a backward item for a consumer group: dK and dV staged and stored through the ragged
-// maps; and the shared tiles' key ranges, kept in the same staging tile during the walk.
+// maps, or added into float32 accumulators where the call splits items by query heads; and the
+// shared tiles' key ranges, kept in the same staging tile during the walk.
 #pragma once
 
 #include <cuda.h>
@@ -14,18 +15,45 @@
 
 namespace jfa::sm90 {
 
+// Head splits (bwd_head_splits.hpp): the group's rows of dK (unscaled) or dV from key0 added into
+// the float32 accumulator `sum` ([total_k, heads_kv, kCols]) with one 8-byte atomic per pair of
+// columns, the rows past the sequence's keys left out. The other slices of the item's query heads
+// add to the same rows; the conversion after the kernel writes them out (bwd_key_grads.cuh).
+template <int kCols>
+__device__ __forceinline__ void add_key_rows(const tlx::AccumFragment<kCols>& acc, float* sum,
+                                             const BwdArgs& a, const BwdItem& w, int32_t key0) {
+  using Frag = tlx::AccumFragment<kCols>;
+  const int32_t kv_head = item_kv_head<true>(a, w);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int32_t key = key0 + Frag::row(h);
+    if (key >= w.seq.len_k) continue;
+    float* row = sum + ((static_cast<int64_t>(w.seq.k_start) + key) * a.heads_kv + kv_head) * kCols;
+#pragma unroll
+    for (int j = 0; j < Frag::kBlocks; ++j)
+      atomicAdd(reinterpret_cast<float2*>(row + Frag::col(j, 0)),
+                make_float2(acc.at(j, h, 0), acc.at(j, h, 1)));
+  }
+}
+
 // dK (times `scale`) or dV rows of the group's 64 keys from key0 (in the item's sequence), staged
-// in `tile` and stored through the ragged map `tm` (ragged_rows_store.cuh). dK's staging waits
-// until dV's store has read the tile: 16 KB at head_dim 128, in place of the 64 scattered 4-byte
-// global stores per thread and gradient that it replaces.
+// in `tile` and stored through the ragged map `tm` (ragged_rows_store.cuh); with head splits
+// (Cfg::kHeadSplits) added into `sum`, the gradient's accumulator, instead (add_key_rows). dK's
+// staging waits until dV's store has read the tile: 16 KB at head_dim 128, in place of the 64
+// scattered 4-byte global stores per thread and gradient that it replaces.
 template <typename Cfg, int kCols, typename Tile>
 __device__ __forceinline__ void store_key_rows(const tlx::AccumFragment<kCols>& acc, float scale,
-                                               Tile& tile, const CUtensorMap* tm, const BwdArgs& a,
-                                               const BwdItem& w, int group, int32_t key0) {
+                                               Tile& tile, const CUtensorMap* tm, float* sum,
+                                               const BwdArgs& a, const BwdItem& w, int group,
+                                               int32_t key0) {
   using T = typename Cfg::Element;
   using Frag = tlx::AccumFragment<kCols>;
   static_assert(Tile::cols == kCols && Tile::rows >= 64, "the tile holds the group's rows");
   if (key0 < 0 || key0 >= w.seq.len_k) return;  // warp-group uniform: no key of the group
+  if constexpr (Cfg::kHeadSplits) {
+    add_key_rows(acc, sum, a, w, key0);
+    return;
+  }
   const RaggedRowsStore out{Cfg::kKeyRowsBarrier0 + group, threadIdx.x % 128 == 0};
   const uint32_t tile_addr = tlx::smem_addr(&tile);
   out.acquire();

@@ -5,7 +5,9 @@
 // head_dim 96 and 128, 128 at 32 and 64) of each query head of its group that see any of its
 // keys; dK and dV accumulate in registers over the whole walk, so they need no atomics and are
 // summed over the group's query heads in a fixed order; at the item's end they go out by TMA
-// stores (store_key_rows).
+// stores (store_key_rows). Where (K tile, kv head) items are too few to fill the GPU, a call may
+// split each into slices of the group's query heads (bwd_head_splits.hpp), whose dK and dV meet
+// in float32 accumulators instead.
 //
 // Roles (128 threads per warp group, one CTA per SM):
 //   warp group 0   producer: one thread loads K and V per item and, per step, Q and dO with their
@@ -74,8 +76,8 @@ __device__ __forceinline__ void bwd_consumer(typename Cfg::Shared& s, const CUte
       if (tlx::lane_is_leader()) s.sync.kv_ring.release();
     }
     const int32_t key0 = w.n_block * Cfg::kBlockN + group * 64;
-    store_key_rows<Cfg>(dv, 1.f, s.key_rows[group], tm_dv, a, w, group, key0);
-    store_key_rows<Cfg>(dk, a.softmax_scale, s.key_rows[group], tm_dk, a, w, group, key0);
+    store_key_rows<Cfg>(dv, 1.f, s.key_rows[group], tm_dv, a.dv_acc, a, w, group, key0);
+    store_key_rows<Cfg>(dk, a.softmax_scale, s.key_rows[group], tm_dk, a.dk_acc, a, w, group, key0);
   }
   if (threadIdx.x % 128 == 0) tlx::tma_store_wait<0>();  // dK and dV written before the CTA ends
   s.sync.stop_dq_writer(group, dq_phase);
@@ -97,8 +99,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     tlx::tma_prefetch_descriptors(&tm_q, &tm_k, &tm_v, &tm_do, &tm_rows, &tm_dk, &tm_dv);
   }
   __syncthreads();
-  const int64_t n_items =
-      static_cast<int64_t>(min(*args.work_count, args.work_capacity)) * args.heads_kv;
+  const int64_t n_items = static_cast<int64_t>(min(*args.work_count, args.work_capacity)) *
+                          args.heads_kv * (Cfg::kHeadSplits ? args.head_splits : 1);
   if (group == 0) {
     tlx::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
     if (threadIdx.x == 0)

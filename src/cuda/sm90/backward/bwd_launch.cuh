@@ -1,7 +1,7 @@
 // Host side of one sm90 backward configuration: tensor maps, then in stream order the clearing of
 // the semaphores and the stored rows' bits, the work-list kernel, the preprocess (which clears the
 // dQ accumulator's other rows), the persistent backward kernel (which writes the stored rows of dq
-// itself) and the conversion of the other rows of dQ.
+// itself) and the conversion of the other rows of dQ (and, with head splits, of dK and dV).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -14,7 +14,9 @@
 #include "common/params.hpp"
 #include "common/status.hpp"
 #include "cuda/common/device_facts.hpp"
+#include "cuda/sm90/backward/bwd_head_splits.hpp"
 #include "cuda/sm90/backward/bwd_kernel.cuh"
+#include "cuda/sm90/backward/bwd_key_grads.cuh"
 #include "cuda/sm90/backward/bwd_preprocess.cuh"
 #include "cuda/sm90/backward/bwd_sm90.hpp"
 #include "cuda/sm90/host/call_workspace.hpp"
@@ -25,9 +27,31 @@
 
 namespace jfa::sm90 {
 
+// The backward's workspace for the call with `splits` head splits (1: none).
+inline BwdWorkspaceLayout call_workspace_layout(const jfa::detail::Params& p, int32_t splits) {
+  return backward_workspace_layout(
+      p.total_q, p.total_k, p.batch, p.heads_q, p.head_dim,
+      head_split_accumulator_floats(splits, p.total_k, p.heads_kv, p.head_dim, p.head_dim_v));
+}
+
+// Head splits for a call whose plain kernels take K tiles of `block_n` keys (bwd_head_splits.hpp):
+// none unless switched on, nor where the caller's workspace was sized without the accumulators.
+inline int32_t call_head_splits(const jfa::detail::BackwardParams& b, int block_n,
+                                const jfa::cuda::DeviceFacts& device) {
+  const jfa::detail::Params& p = b.fwd;
+  if (!head_splits_switch_on()) return 1;
+  const int32_t splits = head_splits_for(p.total_k, p.heads_kv, p.group_size(), b.deterministic,
+                                         block_n, std::min(device.sm_count, kHeadSplitsMaxSms));
+  if (splits > 1 && p.workspace != nullptr &&
+      p.workspace_bytes < call_workspace_layout(p, splits).bytes)
+    return 1;
+  return splits;
+}
+
+// One backward call on Cfg's kernels; `splits` > 1 with the head-split kernels only.
 template <typename Cfg>
-jfa_status run_backward(const jfa::detail::BackwardParams& b,
-                        const jfa::cuda::DeviceFacts& device) {
+jfa_status run_backward(const jfa::detail::BackwardParams& b, const jfa::cuda::DeviceFacts& device,
+                        int32_t splits = 1) {
   using jfa::detail::fail;
   using T = typename Cfg::Element;
   const jfa::detail::Params& p = b.fwd;
@@ -43,10 +67,9 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b,
     }
     return check_offsets_alone(p, stream);
   }
-  const BwdWorkspaceLayout lay =
-      backward_workspace_layout(p.total_q, p.total_k, p.batch, p.heads_q, Cfg::kD);
+  const BwdWorkspaceLayout lay = call_workspace_layout(p, Cfg::kHeadSplits ? splits : 1);
   if (lay.row_len + kBwdBlockN > INT32_MAX || p.total_k + kBwdBlockN > INT32_MAX ||
-      lay.list_capacity * p.heads_kv > (int64_t{1} << 40))
+      lay.list_capacity * p.heads_kv * splits > (int64_t{1} << 40))
     return fail(JFA_ERROR_UNSUPPORTED,
                 "%lld query and %lld key tokens in %lld sequences: too many for the CUDA backward",
                 static_cast<long long>(p.total_q), static_cast<long long>(p.total_k),
@@ -68,11 +91,16 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b,
   auto* dq_acc = reinterpret_cast<float*>(base + lay.dq_acc);
 
   cudaError_t e = cudaMemsetAsync(base + lay.sems, 0, lay.zeroed_bytes(), stream);
+  if (e == cudaSuccess && lay.key_grads_bytes > 0)
+    e = cudaMemsetAsync(base + lay.key_grads_acc, 0, lay.key_grads_bytes, stream);
   if (e != cudaSuccess) {
     cudaGetLastError();
     return fail(JFA_ERROR_CUDA, "clearing the semaphores and stored-row bits failed: %s",
                 cudaGetErrorString(e));
   }
+  float* dk_acc =
+      lay.key_grads_bytes > 0 ? reinterpret_cast<float*>(base + lay.key_grads_acc) : nullptr;
+  float* dv_acc = dk_acc != nullptr ? dk_acc + p.total_k * p.heads_kv * Cfg::kD : nullptr;
   CUtensorMap tm_q, tm_k, tm_v, tm_do, tm_rows, tm_dk, tm_dv;
   const int64_t key_ragged_rows = p.total_k + 1;  // <= INT32_MAX - 64 by the check above
   if (p.total_k > 0) {
@@ -147,16 +175,32 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b,
     a.dq = b.dq;
     a.dq_token_stride = b.dq_layout.token_stride;
     a.dq_head_stride = b.dq_layout.head_stride;
+    a.head_splits = splits;
+    a.item_heads = p.group_size() / splits;
+    a.dk_acc = dk_acc;
+    a.dv_acc = dv_acc;
     typename Cfg::Args args{};
     if constexpr (Cfg::kLocal)
       args = local_args(a, p);
     else
       args = a;
-    const int64_t max_items = lay.list_capacity * p.heads_kv;
+    const int64_t max_items = lay.list_capacity * p.heads_kv * splits;
     const int grid = static_cast<int>(std::min<int64_t>(device.sm_count, max_items));
     bwd_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, tm_do,
                                                                       tm_rows, tm_dk, tm_dv, args);
     if (const jfa_status s = launch_error("backward kernel"); s != JFA_SUCCESS) return s;
+    if (dk_acc != nullptr) {
+      constexpr int kTokensPerBlock = kConvertThreads / 32;
+      const auto blocks = static_cast<unsigned>(std::min<int64_t>(
+          (p.total_k + kTokensPerBlock - 1) / kTokensPerBlock, int64_t{device.sm_count} * 16));
+      bwd_convert_key_grads<T, Cfg::kD><<<blocks, kConvertThreads, 0, stream>>>(
+          dk_acc, static_cast<T*>(b.dk), b.dk_layout.token_stride, b.dk_layout.head_stride,
+          p.total_k, p.heads_kv, p.softmax_scale, p.device_check);
+      bwd_convert_key_grads<T, Cfg::kDv><<<blocks, kConvertThreads, 0, stream>>>(
+          dv_acc, static_cast<T*>(b.dv), b.dv_layout.token_stride, b.dv_layout.head_stride,
+          p.total_k, p.heads_kv, 1.f, p.device_check);
+      if (const jfa_status s = launch_error("dK and dV conversion"); s != JFA_SUCCESS) return s;
+    }
   }
 
   if (p.total_q > 0) {
@@ -179,7 +223,11 @@ jfa_status backward_shape(const jfa::detail::BackwardParams& b,
   // gradient is a kernel of its own (bwd_sink_gradient).
   if (b.fwd.uses_window_or_softcap())
     return run_backward<BwdConfig<T, kHeadDim, kHeadDimV, kRowsPerStep, true>>(b, device);
-  return run_backward<BwdConfig<T, kHeadDim, kHeadDimV, kRowsPerStep>>(b, device);
+  using Plain = BwdConfig<T, kHeadDim, kHeadDimV, kRowsPerStep>;
+  if (const int32_t splits = call_head_splits(b, Plain::kBlockN, device); splits > 1)
+    return run_backward<BwdConfig<T, kHeadDim, kHeadDimV, kRowsPerStep, false, true>>(b, device,
+                                                                                      splits);
+  return run_backward<Plain>(b, device);
 }
 
 }  // namespace jfa::sm90

@@ -284,13 +284,14 @@ __device__ __forceinline__ void step_gradients(typename Cfg::Shared& s, ScoreTil
   gemm_accumulate<Cfg>(dk, ops.ds, s.q[st.stage]);
 }
 
-// Where an item's walk stands: the step's query head and q tile (walk_q_tile's order).
+// Where an item's walk stands: the step's query head and q tile (walk_q_tile's order), from the
+// item's first query head `head0`.
 template <bool kLocal>
 struct StepCursor {
   int32_t head, i_head, m;
 
-  __device__ __forceinline__ StepCursor(const BwdArgs& a, const BwdItem& w)
-      : head(w.kv_head * a.group), i_head(0), m(walk_q_tile<kLocal>(a, w, 0)) {}
+  __device__ __forceinline__ StepCursor(const BwdArgs& a, const BwdItem& w, int32_t head0)
+      : head(head0), i_head(0), m(walk_q_tile<kLocal>(a, w, 0)) {}
 };
 
 // A step's end in either consumer layout: its Q/dO stage has been read (the MMAs waited for, LSE
@@ -313,7 +314,7 @@ __device__ __forceinline__ void end_step(typename Cfg::Shared& s, const BwdArgs&
   at.m = walk_q_tile<Cfg::kLocal>(a, w, at.i_head);
 }
 
-// Walks an item's steps (the q tiles of each query head of its group, in walk_q_tile's order) for
+// Walks an item's steps (the q tiles of each of its query heads, in walk_q_tile's order) for
 // one consumer group; each step's dQ goes to the dQ writer. No MMA is in flight across the loop's
 // back edge: an accumulator carried in flight from one iteration to the next makes the compiler
 // serialize every MMA of the kernel.
@@ -323,8 +324,8 @@ __device__ __forceinline__ void walk_item(typename Cfg::Shared& s, tlx::AccumFra
                                           const BwdItem& w, int group,
                                           tlx::PipelineState<Cfg::kStages>& st, int& ds_buf,
                                           uint32_t& dq_phase) {
-  const int32_t steps = a.group * w.q_tiles();
-  StepCursor<Cfg::kLocal> at(a, w);
+  const int32_t steps = item_heads<Cfg::kHeadSplits>(a) * w.q_tiles();
+  StepCursor<Cfg::kLocal> at(a, w, item_first_q_head<Cfg::kHeadSplits>(a, w));
   for (int32_t i = 0; i < steps; ++i) {
     ScoreTile<Cfg> sc, dp;
     DqTile<Cfg> dq;

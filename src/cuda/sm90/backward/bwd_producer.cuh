@@ -40,14 +40,15 @@ __device__ __forceinline__ void bwd_producer(typename Cfg::Shared& s, const CUte
     }
     tlx::MBarrier* kv_full = s.sync.kv_ring.commit(Cfg::KTile::kBytes + Cfg::VTile::kBytes);
     const int32_t key_row = w.seq.k_start + w.n_block * Cfg::kBlockN;
+    const int32_t kv_head = item_kv_head<Cfg::kHeadSplits>(a, w);
 #pragma unroll
     for (int bx = 0; bx < Cfg::KTile::kBoxes; ++bx)
-      tlx::tma_load_3d(tm_k, kv_full, s.k.box(bx), bx * Cfg::KTile::kBoxCols, w.kv_head, key_row);
+      tlx::tma_load_3d(tm_k, kv_full, s.k.box(bx), bx * Cfg::KTile::kBoxCols, kv_head, key_row);
 #pragma unroll
     for (int bx = 0; bx < Cfg::VTile::kBoxes; ++bx)
-      tlx::tma_load_3d(tm_v, kv_full, s.v.box(bx), bx * Cfg::VTile::kBoxCols, w.kv_head, key_row);
-    for (int32_t g = 0; g < a.group; ++g) {
-      const int32_t head = w.kv_head * a.group + g;
+      tlx::tma_load_3d(tm_v, kv_full, s.v.box(bx), bx * Cfg::VTile::kBoxCols, kv_head, key_row);
+    for (int32_t g = 0; g < item_heads<Cfg::kHeadSplits>(a); ++g) {
+      const int32_t head = item_first_q_head<Cfg::kHeadSplits>(a, w) + g;
       for (int32_t i = 0; i < w.q_tiles(); ++i) {
         const int32_t m = walk_q_tile<Cfg::kLocal>(a, w, i);
         s.sync.q_ring.acquire(st);

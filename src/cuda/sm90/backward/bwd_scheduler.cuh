@@ -18,8 +18,10 @@ struct BwdItemScheduler {
                                        BwdItem& w) {
     if constexpr (kProducer) {
       const int64_t claimed = static_cast<int64_t>(atomicAdd(a.next_item, 1ull));
-      w = claimed < n_items ? decode_bwd_item<Cfg::kBlockM, Cfg::kBlockN, Cfg::kLocal>(a, claimed)
-                            : BwdItem{};
+      w = claimed < n_items
+              ? decode_bwd_item<Cfg::kBlockM, Cfg::kBlockN, Cfg::kLocal, Cfg::kHeadSplits>(a,
+                                                                                           claimed)
+              : BwdItem{};
       s.sync.items.put(slot, w);
     } else {
       w = s.sync.items.take(slot);

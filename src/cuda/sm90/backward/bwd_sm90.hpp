@@ -13,9 +13,9 @@ namespace jfa::sm90 {
 // failure.
 jfa_status backward(const jfa::detail::BackwardParams& b);
 
-// Device workspace bytes of a backward call (any dtype and head size).
-size_t backward_workspace_bytes(int64_t total_q, int64_t total_k, int64_t batch, int32_t heads_q,
-                                int32_t head_dim);
+// Device workspace bytes of a backward call (any dtype and head size; the accumulators of head
+// splits where a call of these sizes on any GPU may take them).
+size_t backward_workspace_bytes(const jfa::detail::BackwardSizes& sizes);
 
 // One per (dtype, head_dim, value head size, query rows per step) instantiation, generated from
 // the table of src/CMakeLists.txt.

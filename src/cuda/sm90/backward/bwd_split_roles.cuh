@@ -87,7 +87,7 @@ __device__ __forceinline__ void split_roles_step(
   gemm_dq<Cfg>(dq, s.ds[ds_buf], s.k, kRole);
 }
 
-// Walks an item's steps (walk_q_tile's order, each query head of the group) for role kRole; each
+// Walks an item's steps (walk_q_tile's order, each of the item's query heads) for role kRole; each
 // step's dQ half goes to the dQ writer. No MMA is in flight across the loop's back edge.
 template <typename Cfg, int kRole>
 __device__ __forceinline__ void walk_item_split_roles(typename Cfg::Shared& s,
@@ -95,8 +95,8 @@ __device__ __forceinline__ void walk_item_split_roles(typename Cfg::Shared& s,
                                                       const BwdArgs& a, const BwdItem& w,
                                                       tlx::PipelineState<Cfg::kStages>& st,
                                                       int& ds_buf, uint32_t& dq_phase) {
-  const int32_t steps = a.group * w.q_tiles();
-  StepCursor<Cfg::kLocal> at(a, w);
+  const int32_t steps = item_heads<Cfg::kHeadSplits>(a) * w.q_tiles();
+  StepCursor<Cfg::kLocal> at(a, w, item_first_q_head<Cfg::kHeadSplits>(a, w));
   for (int32_t i = 0; i < steps; ++i) {
     DqTile<Cfg> dq;
     tlx::AFragment<typename Cfg::Element, Cfg::kBlockM> op;
@@ -147,9 +147,9 @@ __device__ __forceinline__ void bwd_consumer_split_roles(typename Cfg::Shared& s
     tlx::NamedBarrier::sync(Cfg::kItemEndBarrier, 256);
     const int32_t key0 = w.n_block * Cfg::kBlockN;
     if constexpr (kRole == 0)
-      store_key_rows<Cfg>(grad, 1.f, s.v, tm_dv, a, w, kRole, key0);
+      store_key_rows<Cfg>(grad, 1.f, s.v, tm_dv, a.dv_acc, a, w, kRole, key0);
     else
-      store_key_rows<Cfg>(grad, a.softmax_scale, s.k, tm_dk, a, w, kRole, key0);
+      store_key_rows<Cfg>(grad, a.softmax_scale, s.k, tm_dk, a.dk_acc, a, w, kRole, key0);
     // The store has read the tile before the next item's K and V may arrive there.
     if (threadIdx.x % 128 == 0) tlx::tma_store_wait_read<0>();
     tlx::NamedBarrier::sync(Cfg::kKeyRowsBarrier0 + kRole, 128);

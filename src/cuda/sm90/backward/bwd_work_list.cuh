@@ -98,7 +98,9 @@ __global__ void __launch_bounds__(kListThreads)
 // One work item: the K tile n_block (kBlockN keys) of one kv head of one sequence, with the
 // steps [m_first, m_end) (kBlockM query rows each) of each of the group's query heads that see any
 // of its keys; or (n_seqs > 1) the keys of the short sequences first_seq .. first_seq + n_seqs - 1
-// together (`seq` their bounds, n_block 0), whose steps walk all their rows.
+// together (`seq` their bounds, n_block 0), whose steps walk all their rows. With head splits
+// (BwdConfig::kHeadSplits) kv_head numbers the (kv head, slice) pairs and the steps are those of
+// the slice's query heads (item_kv_head, item_first_q_head, item_heads).
 struct BwdItem {
   SeqBounds seq;
   int32_t first_seq;
@@ -111,6 +113,21 @@ struct BwdItem {
 
   __host__ __device__ __forceinline__ int32_t q_tiles() const { return m_end - m_first; }
 };
+
+// An item's kv head, its first query head and its number of query heads: the group's, or with head
+// splits (kHeadSplits) one slice of group / head_splits of them.
+template <bool kHeadSplits>
+__host__ __device__ __forceinline__ int32_t item_kv_head(const BwdArgs& a, const BwdItem& w) {
+  return kHeadSplits ? w.kv_head / a.head_splits : w.kv_head;
+}
+template <bool kHeadSplits>
+__host__ __device__ __forceinline__ int32_t item_heads(const BwdArgs& a) {
+  return kHeadSplits ? a.item_heads : a.group;
+}
+template <bool kHeadSplits>
+__host__ __device__ __forceinline__ int32_t item_first_q_head(const BwdArgs& a, const BwdItem& w) {
+  return w.kv_head * item_heads<kHeadSplits>(a);
+}
 
 // Whether deterministic mode walks each item's q tiles up from its first and adds a q tile's dQ
 // parts in descending K-tile order (the K tiles of a head claimed last to first): where rows see no
@@ -126,15 +143,17 @@ __host__ __device__ __forceinline__ bool adds_descend(const BwdArgs& a) {
 }
 
 // Item `item` of the list: the items of one sequence's run of entries go head by head (all K tiles
-// of one kv head, then the next), so the CTAs at work on a sequence stream the same Q and dO
-// through L2, and the K tiles of one head are claimed in ascending order, descending in
-// deterministic mode under the causal mask or a window's right bound (adds_descend; the order of
-// dQ's adds, dq_add_rank, relies on it). Under a window an item walks only the q tiles whose rows
-// see its keys.
-template <int kBlockM, int kBlockN = kBwdBlockN, bool kLocal = false>
+// of one kv head, or of one slice of its query heads with head splits, then the next), so the CTAs
+// at work on a sequence stream the same Q and dO through L2, and the K tiles of one head are
+// claimed in ascending order, descending in deterministic mode under the causal mask or a window's
+// right bound (adds_descend; the order of dQ's adds, dq_add_rank, relies on it). Under a window an
+// item walks only the q tiles whose rows see its keys.
+template <int kBlockM, int kBlockN = kBwdBlockN, bool kLocal = false, bool kHeadSplits = false>
 __host__ __device__ __forceinline__ BwdItem decode_bwd_item(const BwdArgs& a, int64_t item) {
   BwdItem w{};
-  const int64_t slot = item / a.heads_kv;
+  // kv heads, or (kv head, slice) pairs
+  const int64_t item_heads_kv = kHeadSplits ? int64_t{a.heads_kv} * a.head_splits : a.heads_kv;
+  const int64_t slot = item / item_heads_kv;
   const BwdListEntry e = a.work[slot];
   const BwdEntrySpan sp = bwd_entry_span<kBlockN>(a.cu_q, a.cu_k, a.batch, a.total_q, a.total_k, e);
   const int32_t b = sp.seqs.first;
@@ -142,12 +161,12 @@ __host__ __device__ __forceinline__ BwdItem decode_bwd_item(const BwdArgs& a, in
   w.n_seqs = sp.seqs.n;
   w.seq = sp.bounds;
   const int32_t tiles = (w.seq.len_k + kBlockN - 1) / kBlockN;
-  w.kv_head = static_cast<int32_t>(item - slot * a.heads_kv);
+  w.kv_head = static_cast<int32_t>(item - slot * item_heads_kv);
   w.n_block = e.n_block;
   if (e.n_block >= 0 && e.n_block < tiles && e.n_tiles == tiles) {
     // The run holds n_block = 0 .. tiles - 1 at entries run_first .. run_first + tiles - 1.
     const int64_t run_first = slot - e.n_block;
-    const int64_t local = item - run_first * a.heads_kv;  // in [0, tiles * heads_kv)
+    const int64_t local = item - run_first * item_heads_kv;  // in [0, tiles * item_heads_kv)
     w.kv_head = static_cast<int32_t>(local / tiles);
     w.n_block = static_cast<int32_t>(local - static_cast<int64_t>(w.kv_head) * tiles);
     // Deterministic, adds descending: a head's K tiles are claimed last to first (dq_add_rank).

@@ -6,7 +6,8 @@
 // first token is odd reads its terms from an even row), one semaphore per q tile of a sequence and
 // head (deterministic mode; numbered as if every sequence's rows were padded to whole q tiles), a
 // bit per query token whose row of dq a shared tile stores (its accumulator row is then neither
-// cleared nor converted), and the float32 accumulator of dQ.
+// cleared nor converted), the float32 accumulator of dQ and, where the call splits its items by
+// query heads (bwd_head_splits.hpp), those of dK and dV.
 #pragma once
 
 #include <cstddef>
@@ -91,16 +92,20 @@ struct BwdWorkspaceLayout {
   int64_t list_capacity;  // entries, at least the K tiles and shared tiles of any offsets
   int64_t row_len;        // rows per head of the per-row arrays (total_q + 1, rounded up)
   int64_t sem_tiles;      // semaphores per head
-  size_t list, lse2, dpsum, sems, stored_rows, dq_acc, bytes;  // byte offsets, and the total
+  // Byte offsets, and the total; key_grads_acc: dK's accumulator then dV's (key_grads_bytes, 0
+  // without head splits).
+  size_t list, lse2, dpsum, sems, stored_rows, dq_acc, key_grads_acc, key_grads_bytes, bytes;
   // The semaphores and the stored rows' bits, cleared per call.
   size_t zeroed_bytes() const { return dq_acc - sems; }
 };
 
 constexpr size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
+// key_grad_floats: head_split_accumulator_floats (0 without head splits).
 constexpr BwdWorkspaceLayout backward_workspace_layout(int64_t total_q, int64_t total_k,
                                                        int64_t batch, int64_t heads_q,
-                                                       int64_t head_dim) {
+                                                       int64_t head_dim,
+                                                       int64_t key_grad_floats = 0) {
   BwdWorkspaceLayout w{};
   w.list_capacity = (total_k + kBwdMinBlockN - 1) / kBwdMinBlockN + batch;
   // Every token and the shifted copy's last, in whole q tiles (at least two). The preprocess
@@ -119,7 +124,12 @@ constexpr BwdWorkspaceLayout backward_workspace_layout(int64_t total_q, int64_t 
       align_up(w.sems + sizeof(int32_t) * static_cast<size_t>(heads_q * w.sem_tiles), kAlign);
   w.dq_acc =
       align_up(w.stored_rows + sizeof(uint32_t) * static_cast<size_t>((total_q + 31) / 32), kAlign);
-  w.bytes = w.dq_acc + sizeof(float) * static_cast<size_t>(total_q * heads_q * head_dim);
+  w.key_grads_acc = align_up(
+      w.dq_acc + sizeof(float) * static_cast<size_t>(total_q * heads_q * head_dim), kAlign);
+  w.key_grads_bytes = sizeof(float) * static_cast<size_t>(key_grad_floats);
+  w.bytes = key_grad_floats > 0
+                ? w.key_grads_acc + w.key_grads_bytes
+                : w.dq_acc + sizeof(float) * static_cast<size_t>(total_q * heads_q * head_dim);
   return w;
 }
 
