@@ -403,8 +403,9 @@ JFA_API jfa_status jfa_attention_backward_params_init_sized(jfa_attention_backwa
  * always deterministic) and CUDA (Hopper, the forward's dtypes, head_dims and alignment rules;
  * float32 accumulation; out and lse as the CUDA forward wrote them; a device workspace, see
  * jfa_attention_backward_workspace_size; no host read of the offsets, so the call can be captured
- * in a CUDA graph; deterministic = 0 accumulates dq with float32 reductions in an order that may
- * differ from run to run). Nothing is written when a call is rejected; on the CPU, an lse entry
+ * in a CUDA graph; deterministic = 0 accumulates dq, and dk and dv where grouped query heads
+ * share the work of too few K tiles and kv heads to fill the GPU, with float32 reductions in an
+ * order that may differ from run to run). Nothing is written when a call is rejected; on the CPU, an lse entry
  * the forward cannot have written (NaN or +inf, or -inf in a row that sees a key or has a sink) is
  * JFA_ERROR_INVALID_ARGUMENT, and scores that float32 cannot hold (see jfa_attention_forward) give
  * JFA_ERROR_UNSUPPORTED after which dq, dk and dv are unspecified; on CUDA, the checked mode
@@ -416,7 +417,10 @@ JFA_API jfa_status jfa_attention_backward(const jfa_attention_backward_params* p
 /* The bytes of forward.workspace that the CUDA backward needs for these sizes (reads total_q,
  * total_k, batch, heads_q, heads_kv, head_dim, head_dim_v and deterministic only; 0 in a library
  * built without CUDA). With forward.workspace NULL the call allocates and frees one in stream
- * order. It holds the float32 dq accumulator, so it grows with total_q * heads_q * head_dim. */
+ * order. It holds the float32 dq accumulator, so it grows with total_q * heads_q * head_dim, and,
+ * for calls whose grouped query heads share too few K tiles, float32 dk and dv accumulators
+ * (total_k * heads_kv * (head_dim + head_dim_v)); a smaller workspace, sized without them (with
+ * heads_kv 0, say), runs such calls without sharing. */
 JFA_API jfa_status
 jfa_attention_backward_workspace_size(const jfa_attention_backward_params* params, size_t* bytes);
 

@@ -33,7 +33,6 @@ using jfa::gpu_test::default_pool_peak;
 using jfa::gpu_test::DeviceBuffer;
 using jfa::gpu_test::fresh_seed;
 using jfa::gpu_test::quick_mode;
-using jfa::gpu_test::ScopedEnv;
 using jfa::tools::HostBuffer;
 using jfa::tools::JaggedBatch;
 
@@ -621,9 +620,7 @@ TEST(BackwardGpu, GqaAndMqa) {
     }
 }
 
-// ---- Head splits (unverified: JFA_CUDA_UNVERIFIED_BWD_HEAD_SPLITS) -----------------------------
-
-constexpr const char* kHeadSplitsSwitch = "JFA_CUDA_UNVERIFIED_BWD_HEAD_SPLITS";
+// ---- Head splits -------------------------------------------------------------------------------
 
 size_t backward_workspace_bytes(const jfa_attention_backward_params& p) {
   size_t bytes = 0;
@@ -632,13 +629,19 @@ size_t backward_workspace_bytes(const jfa_attention_backward_params& p) {
   return bytes;
 }
 
-// Grouped heads in batches whose (K tile, kv head) items cannot fill the GPU: under the switch each
-// item is a slice of its group's query heads, and the slices' dK and dV meet in float32
+// The workspace the same call would ask for in deterministic mode, which never splits: no
+// accumulators.
+size_t unsplit_workspace_bytes(jfa_attention_backward_params p) {
+  p.deterministic = 1;
+  return backward_workspace_bytes(p);
+}
+
+// Grouped heads in batches whose (K tile, kv head) items cannot fill the GPU: each item is a slice
+// of its group's query heads, and the slices' dK and dV meet in float32
 // accumulators. GQA 8:2 and 16:2 and MQA 8:1 at every head size, both dtypes and masks, cross
 // lengths, empty and one-token sequences, shared tiles, dlse, strided gradients: the workspace
 // asked for grows by the accumulators (the call splits), and the gradients match the reference.
 TEST(BackwardGpu, HeadSplitsMatchReference) {
-  const ScopedEnv on(kHeadSplitsSwitch, "1");
   std::mt19937_64 rng(fresh_seed("head-split lengths"));
   constexpr std::pair<int32_t, int32_t> kGroups[] = {{8, 2}, {16, 2}, {8, 1}};
   int k = 0;
@@ -665,9 +668,7 @@ TEST(BackwardGpu, HeadSplitsMatchReference) {
     BackwardRunner runner(c, fresh_seed(describe(c).c_str()));
     Gradients g;
     ASSERT_NO_FATAL_FAILURE(run_and_check(runner, &g));
-    const size_t split = backward_workspace_bytes(runner.params());
-    const ScopedEnv off(kHeadSplitsSwitch, "0");
-    EXPECT_GT(split, backward_workspace_bytes(runner.params()))
+    EXPECT_GT(backward_workspace_bytes(runner.params()), unsplit_workspace_bytes(runner.params()))
         << "no head splits: the case does not test them";
   });
 }
@@ -953,9 +954,9 @@ TEST(BackwardGpuApi, CallerWorkspaceGivesTheSameGradients) {
       << "the caller's workspace changed the gradients";
 }
 
-// A caller's workspace sized without the switch (no accumulators) runs the same call unsplit, with
-// the same gradients as the library's own workspace, and allocates nothing; one sized with it
-// runs split and allocates nothing either.
+// A caller's workspace sized without the accumulators (here: as for deterministic mode) runs the
+// same call unsplit, matching the reference, and allocates nothing; one of the size asked for runs
+// split and allocates nothing either.
 TEST(BackwardGpuApi, HeadSplitsWithTheCallersWorkspace) {
   Case c = workspace_case();
   c.heads_q = 8;
@@ -963,8 +964,7 @@ TEST(BackwardGpuApi, HeadSplitsWithTheCallersWorkspace) {
   BackwardRunner runner(c, fresh_seed("head-split workspace"));
   ASSERT_NO_FATAL_FAILURE(runner.upload_and_forward());
   jfa_attention_backward_params p = runner.params();
-  const size_t unsplit = backward_workspace_bytes(p);
-  const ScopedEnv on(kHeadSplitsSwitch, "1");
+  const size_t unsplit = unsplit_workspace_bytes(p);
   const size_t split = backward_workspace_bytes(p);
   ASSERT_GT(split, unsplit);
   for (size_t bytes : {unsplit, split}) {

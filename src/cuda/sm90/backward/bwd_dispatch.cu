@@ -18,7 +18,7 @@ namespace jfa::sm90 {
 size_t backward_workspace_bytes(const jfa::detail::BackwardSizes& z) {
   // The K tiles of 128 keys (the fewest items) on the most SMs: a superset of the calls that split.
   const bool known_group = z.heads_kv > 0 && z.heads_q % z.heads_kv == 0;
-  const int32_t splits = known_group && head_splits_switch_on()
+  const int32_t splits = known_group
                              ? head_splits_for(z.total_k, z.heads_kv, z.heads_q / z.heads_kv,
                                                z.deterministic, kBwdBlockN, kHeadSplitsMaxSms)
                              : 1;

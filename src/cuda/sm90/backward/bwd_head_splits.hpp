@@ -4,24 +4,15 @@
 // one K tile then add their dK and dV into a float32 accumulator (atomics, so the sum's order
 // varies: never in deterministic mode), which a conversion kernel writes out after the main one.
 // The rule reads host shapes only, so the workspace size query and the call agree.
-//
-// UNVERIFIED on a GPU: taken only under JFA_CUDA_UNVERIFIED_BWD_HEAD_SPLITS=1 (read per call)
-// until a device run has passed the GPU tests and both sanitizers with it.
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
 
 namespace jfa::sm90 {
 
 // No GPU the backward runs on has more SMs than this: the size query, which has no device to ask,
 // reserves the accumulator wherever a call on any of them could split.
 inline constexpr int kHeadSplitsMaxSms = 256;
-
-inline bool head_splits_switch_on() {
-  const char* env = std::getenv("JFA_CUDA_UNVERIFIED_BWD_HEAD_SPLITS");
-  return env != nullptr && env[0] != '\0' && env[0] != '0';
-}
 
 // Slices per kv head for a call with `total_k` keys in K tiles of `block_n`, on `sms` SMs: 1
 // (no split) in deterministic mode, without grouped heads, or when the items (at least one per K

@@ -35,11 +35,10 @@ inline BwdWorkspaceLayout call_workspace_layout(const jfa::detail::Params& p, in
 }
 
 // Head splits for a call whose plain kernels take K tiles of `block_n` keys (bwd_head_splits.hpp):
-// none unless switched on, nor where the caller's workspace was sized without the accumulators.
+// none where the caller's workspace was sized without the accumulators.
 inline int32_t call_head_splits(const jfa::detail::BackwardParams& b, int block_n,
                                 const jfa::cuda::DeviceFacts& device) {
   const jfa::detail::Params& p = b.fwd;
-  if (!head_splits_switch_on()) return 1;
   const int32_t splits = head_splits_for(p.total_k, p.heads_kv, p.group_size(), b.deterministic,
                                          block_n, std::min(device.sm_count, kHeadSplitsMaxSms));
   if (splits > 1 && p.workspace != nullptr &&
