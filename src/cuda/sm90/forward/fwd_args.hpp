@@ -26,8 +26,9 @@ struct FwdLocalArgs : FwdArgs {
   jfa::detail::Window window;  // resolved: the causal mask is right = 0
   float softcap;               // 0: off, else c of c * tanh(s / c) on the scaled scores s
   float softcap_in;            // softmax_scale / softcap: the raw score's factor inside tanh
-  // The scores the online softmax takes are the raw q.k times score_scale: softmax_scale, or 1
-  // where softcap has scaled them already.
+  // The scores the online softmax takes, times score_scale, are the scaled scores: the raw q.k
+  // times softmax_scale, or under softcap tanh(q.k softcap_in) times the cap (folded here, so
+  // that the scores need no multiply of their own).
   float score_scale;
   float score_scale_log2;  // score_scale * log2(e)
   const float* sinks;      // nullable, [heads_q]: one logit per head in each row's denominator
@@ -39,7 +40,7 @@ inline FwdLocalArgs local_args(const FwdArgs& base, const jfa::detail::Params& p
   a.window = p.window;
   a.softcap = p.softcap;
   a.softcap_in = p.softcap > 0.f ? p.softmax_scale / p.softcap : 0.f;
-  a.score_scale = p.softcap > 0.f ? 1.f : p.softmax_scale;
+  a.score_scale = p.softcap > 0.f ? p.softcap : p.softmax_scale;
   a.score_scale_log2 = static_cast<float>(static_cast<double>(a.score_scale) * 1.4426950408889634);
   a.sinks = p.sinks;
   return a;

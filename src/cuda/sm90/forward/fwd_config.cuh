@@ -60,6 +60,7 @@ struct FwdConfig {
   using Kernel = Choices;
   // Local attention (WithLocalAttention): its kernel argument and mask.
   static constexpr bool kLocal = LocalAttentionOf<Choices>::value;
+  static constexpr bool kSoftcap = SoftcapOf<Choices>::value;  // the local kernels' with softcap
   using Args = std::conditional_t<kLocal, FwdLocalArgs, FwdArgs>;
   using Mask = std::conditional_t<kLocal, LocalItemMask, ItemMask>;
   static constexpr int kD = kHeadDim;
