@@ -29,11 +29,12 @@ struct KernelChoices {
 
 using ShippedKernel = KernelChoices<Mainloop::kOverlappedTakingTurns, true>;
 
-// The choices of `Base` with local attention: sliding windows, softcap and attention sinks
-// (FwdLocalArgs), to which forward_shape routes the calls that ask for any of them; the kernels of
-// `Base` itself, which the other calls run, hold no trace of them. Softcap has kernels of its own
-// (kWithSoftcap), whose softmax differs throughout (tanh, half the exponentials off the MUFU
-// unit): one kernel with both softmaxes in its loop held more registers and spilled.
+// The choices of `Base` with local attention: sliding windows and softcap (FwdLocalArgs), to which
+// forward_shape routes the calls that ask for either; the kernels of `Base` itself, which the other
+// calls run (sinks alone among them: only a row's end reads them), hold no trace of them. Softcap
+// has kernels of its own (kWithSoftcap), whose softmax differs throughout (tanh, half the
+// exponentials off the MUFU unit): one kernel with both softmaxes in its loop held more registers
+// and spilled.
 template <typename Base, bool kWithSoftcap = false>
 struct WithLocalAttention : Base {
   static constexpr bool kLocalAttention = true;

@@ -19,6 +19,9 @@ struct FwdArgs : Problem {
   // before `out`, with R = out_ragged_rows = total_q + 1: the row bound R falls on `end`, so a TMA
   // store of a tile clips at the end of its item without a map per sequence.
   int32_t out_ragged_rows;
+  // nullable, [heads_q]: one logit per head in each row's denominator (epilogue.cuh's row end:
+  // sinks alone take the plain kernels)
+  const float* sinks;
 };
 
 // What the local-attention kernels read besides (WithLocalAttention in choices.hpp).
@@ -31,7 +34,6 @@ struct FwdLocalArgs : FwdArgs {
   // that the scores need no multiply of their own).
   float score_scale;
   float score_scale_log2;  // score_scale * log2(e)
-  const float* sinks;      // nullable, [heads_q]: one logit per head in each row's denominator
 };
 
 inline FwdLocalArgs local_args(const FwdArgs& base, const jfa::detail::Params& p) {
@@ -42,7 +44,6 @@ inline FwdLocalArgs local_args(const FwdArgs& base, const jfa::detail::Params& p
   a.softcap_in = p.softcap > 0.f ? p.softmax_scale / p.softcap : 0.f;
   a.score_scale = p.softcap > 0.f ? p.softcap : p.softmax_scale;
   a.score_scale_log2 = static_cast<float>(static_cast<double>(a.score_scale) * 1.4426950408889634);
-  a.sinks = p.sinks;
   return a;
 }
 
