@@ -186,25 +186,25 @@ __device__ __forceinline__ void form_ds(
   if constexpr (Cfg::kSoftcap) {
     softcap_form_ds<Cfg>(p, dp, dpsum, lse2, static_cast<const BwdLocalArgs&>(a).inv_softcap_log2,
                          ds);
-    return;
-  }
+  } else {
 #pragma unroll
-  for (int j = 0; j < Tile::kBlocks; ++j) {
-    const float2 d = tlx::ld_shared_f32x2(dpsum + 32 * j);
+    for (int j = 0; j < Tile::kBlocks; ++j) {
+      const float2 d = tlx::ld_shared_f32x2(dpsum + 32 * j);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t pj = p.reg[j / 2][2 * (j % 2) + h];
-      if constexpr (Cfg::kPackedDs) {
-        ds.reg[j / 2][2 * (j % 2) + h] =
-            tlx::mul2<T>(pj, tlx::pack2<T>(dp.at(j, h, 0) - d.x, dp.at(j, h, 1) - d.y));
-      } else {
-        const float2 pf = tlx::unpack2<T>(pj);
-        dp.at(j, h, 0) = pf.x * (dp.at(j, h, 0) - d.x);
-        dp.at(j, h, 1) = pf.y * (dp.at(j, h, 1) - d.y);
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t pj = p.reg[j / 2][2 * (j % 2) + h];
+        if constexpr (Cfg::kPackedDs) {
+          ds.reg[j / 2][2 * (j % 2) + h] =
+              tlx::mul2<T>(pj, tlx::pack2<T>(dp.at(j, h, 0) - d.x, dp.at(j, h, 1) - d.y));
+        } else {
+          const float2 pf = tlx::unpack2<T>(pj);
+          dp.at(j, h, 0) = pf.x * (dp.at(j, h, 0) - d.x);
+          dp.at(j, h, 1) = pf.y * (dp.at(j, h, 1) - d.y);
+        }
       }
     }
+    if constexpr (!Cfg::kPackedDs) dp.to_a(ds);
   }
-  if constexpr (!Cfg::kPackedDs) dp.to_a(ds);
 }
 
 // dS^T into rows key0 .. key0 + 63 of a dS^T tile, from its packed form (register ds.reg[kk][i]
