@@ -54,6 +54,20 @@ struct SoftcapOf : std::false_type {};
 template <typename K>
 struct SoftcapOf<K, std::void_t<decltype(K::kSoftcap)>> : std::bool_constant<K::kSoftcap> {};
 
+// The choices of `Base` over a paged KV cache (FwdPagedArgs): the producer warp group copies each
+// K/V tile from its pages (producer_paged.cuh), the rest is `Base`'s. Chunked prefill over a paged
+// cache runs these (paged_prefill.cu).
+template <typename Base>
+struct WithPagedKV : Base {
+  static constexpr bool kPagedKV = true;
+};
+
+// Whether choices K read a paged KV cache (only WithPagedKV's do).
+template <typename K, typename = void>
+struct PagedKVOf : std::false_type {};
+template <typename K>
+struct PagedKVOf<K, std::void_t<decltype(K::kPagedKV)>> : std::bool_constant<K::kPagedKV> {};
+
 // Choices of the launch, taken on the host.
 struct LaunchChoices {
   // The work list heaviest sequences first (a counting sort on the device) instead of in sequence

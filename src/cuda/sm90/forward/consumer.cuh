@@ -12,6 +12,7 @@
 #include "cuda/sm90/forward/mask.cuh"
 #include "cuda/sm90/forward/scheduler.cuh"
 #include "cuda/sm90/shared/softmax.cuh"
+#include "cuda/tlx/fence.hpp"
 #include "cuda/tlx/fragment.hpp"
 #include "cuda/tlx/wgmma.hpp"
 
@@ -21,6 +22,14 @@ template <typename Cfg>
 using ScoreTile = tlx::AccumFragment<Cfg::kBlockN>;
 template <typename Cfg>
 using ProbTile = tlx::AFragment<typename Cfg::Element, Cfg::kBlockN>;
+
+// A consumer's wait for the K or V tile at ring position `st`. The paged producer's cp.async
+// copies are generic-proxy writes: a proxy fence orders them before the wgmma that reads the tile.
+template <typename Cfg, typename Ring, typename State>
+__device__ __forceinline__ void wait_kv(Ring ring, const State& st) {
+  ring.wait(st);
+  if constexpr (Cfg::kPaged) tlx::fence_proxy_async_smem();
+}
 
 // What a consumer thread carries through an item.
 template <typename Cfg>
@@ -129,7 +138,7 @@ template <typename Cfg>
 __device__ __forceinline__ void pv_and_release(typename Cfg::Shared& s, ConsumerState<Cfg>& cs,
                                                const ProbTile<Cfg>& p,
                                                tlx::PipelineState<Cfg::kStages>& st) {
-  s.v_ring().wait(st);
+  wait_kv<Cfg>(s.v_ring(), st);
   tlx::fence_operand(cs.o);
   gemm_pv<Cfg>(cs.o, p, s.v[st.stage]);
   tlx::wgmma_wait<0>();

@@ -8,6 +8,7 @@
 #include "common/visibility.hpp"
 #include "cuda/sm90/forward/workspace.hpp"
 #include "cuda/sm90/shared/problem.hpp"
+#include "jfa/jfa.h"
 
 namespace jfa::sm90 {
 
@@ -35,6 +36,35 @@ struct FwdLocalArgs : FwdArgs {
   float score_scale;
   float score_scale_log2;  // score_scale * log2(e)
 };
+
+// What the paged kernels read besides (WithPagedKV in choices.hpp): key j of sequence b is row
+// j % page_size of page block_table[b * max_pages_per_seq + j / page_size] of each cache. The
+// Problem's cu_k holds the sequences' key counts as offsets (built on the device from seqused_k and
+// the appended rows, paged_prefill.cu); no K or V is addressed through it.
+struct FwdPagedArgs : FwdArgs {
+  const void* k_cache;         // [num_pages, page_size, heads_kv, head_dim]
+  const void* v_cache;         // [num_pages, page_size, heads_kv, head_dim_v]
+  const int32_t* block_table;  // [batch, max_pages_per_seq]
+  int64_t num_pages;
+  int32_t page_size;
+  int32_t page_shift;  // log2(page_size) where it is a power of two, else -1
+  int32_t max_pages_per_seq;
+};
+
+inline FwdPagedArgs paged_args(const FwdArgs& base, const jfa_paged_kv& kv) {
+  FwdPagedArgs a{};
+  static_cast<FwdArgs&>(a) = base;
+  a.k_cache = kv.k_cache;
+  a.v_cache = kv.v_cache;
+  a.block_table = kv.block_table;
+  a.num_pages = kv.num_pages;
+  a.page_size = kv.page_size;
+  a.page_shift = -1;
+  for (int shift = 0; shift < 31; ++shift)
+    if (kv.page_size == 1 << shift) a.page_shift = shift;
+  a.max_pages_per_seq = kv.max_pages_per_seq;
+  return a;
+}
 
 inline FwdLocalArgs local_args(const FwdArgs& base, const jfa::detail::Params& p) {
   FwdLocalArgs a{};

@@ -61,7 +61,11 @@ struct FwdConfig {
   // Local attention (WithLocalAttention): its kernel argument and mask.
   static constexpr bool kLocal = LocalAttentionOf<Choices>::value;
   static constexpr bool kSoftcap = SoftcapOf<Choices>::value;  // the local kernels' with softcap
-  using Args = std::conditional_t<kLocal, FwdLocalArgs, FwdArgs>;
+  // A paged KV cache (WithPagedKV): its kernel argument; the producer copies K/V by cp.async.
+  static constexpr bool kPaged = PagedKVOf<Choices>::value;
+  static_assert(!(kLocal && kPaged), "local attention over a paged cache has no kernel");
+  using Args =
+      std::conditional_t<kLocal, FwdLocalArgs, std::conditional_t<kPaged, FwdPagedArgs, FwdArgs>>;
   using Mask = std::conditional_t<kLocal, LocalItemMask, ItemMask>;
   static constexpr int kD = kHeadDim;
   static constexpr int kDv = kHeadDimV;
@@ -89,6 +93,8 @@ struct FwdConfig {
   static constexpr int kThreads = 128 * (1 + kConsumerGroups);
   static constexpr int kConsumerWarps = 4 * kConsumerGroups;
   static constexpr bool kDynamicItems = kConsumerGroups == 2;
+  // The paged producer's threads take each item from the item ring, as the consumers do.
+  static_assert(!kPaged || kDynamicItems, "paged kernels have two consumer groups");
   static constexpr bool kSkipUnseenKTiles = kConsumerGroups == 3;
   static constexpr int kProducerRegs = producer_registers(kConsumerGroups);
   static constexpr int kConsumerRegs = consumer_registers(kConsumerGroups);

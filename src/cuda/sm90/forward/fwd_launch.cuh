@@ -1,6 +1,7 @@
 // Host side of one sm90 forward configuration: tensor maps, the work-list kernel, the persistent
 // attention kernel (a programmatic dependent launch of the work-list kernel where the launch
-// choices ask for it).
+// choices ask for it). Over a paged KV cache (Cfg::kPaged, `kv` given) K and V have no tensor
+// maps, p's cu_seqlens_k holds the sequences' key counts as offsets and total_k bounds their sum.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -26,7 +27,7 @@ namespace jfa::sm90 {
 
 template <typename Cfg>
 jfa_status run_forward(const jfa::detail::Params& p, const jfa::cuda::DeviceFacts& device,
-                       const LaunchChoices& launch) {
+                       const LaunchChoices& launch, const jfa_paged_kv* kv = nullptr) {
   using jfa::detail::fail;
   using T = typename Cfg::Element;
   static_assert(Cfg::kBlockM >= kMinBlockM, "the workspace is sized for kMinBlockM-row tiles");
@@ -42,12 +43,18 @@ jfa_status run_forward(const jfa::detail::Params& p, const jfa::cuda::DeviceFact
   CUtensorMap tm_q, tm_k, tm_v, tm_o;
   std::string err;
   if (!encode_qkv_map<T>(p.q, p.total_q, p.heads_q, Cfg::kD, p.q_layout, Cfg::kBlockM,
-                         Cfg::QTile::kBoxCols, &tm_q, &err) ||
-      !encode_qkv_map<T>(k, total_k, heads_kv, Cfg::kD, no_keys ? p.q_layout : p.k_layout,
-                         Cfg::kBlockN, Cfg::KTile::kBoxCols, &tm_k, &err) ||
-      !encode_qkv_map<T>(v, total_k, heads_kv, Cfg::kDv, no_keys ? p.q_layout : p.v_layout,
-                         Cfg::kBlockN, Cfg::VTile::kBoxCols, &tm_v, &err))
+                         Cfg::QTile::kBoxCols, &tm_q, &err))
     return fail(JFA_ERROR_CUDA, "tensor map encoding failed: %s", err.c_str());
+  if constexpr (Cfg::kPaged) {
+    if (kv == nullptr) return fail(JFA_ERROR_INTERNAL, "a paged kernel without its cache");
+    tm_k = tm_q;  // not read: the paged producer copies K/V itself
+    tm_v = tm_q;
+  } else if (!encode_qkv_map<T>(k, total_k, heads_kv, Cfg::kD, no_keys ? p.q_layout : p.k_layout,
+                                Cfg::kBlockN, Cfg::KTile::kBoxCols, &tm_k, &err) ||
+             !encode_qkv_map<T>(v, total_k, heads_kv, Cfg::kDv, no_keys ? p.q_layout : p.v_layout,
+                                Cfg::kBlockN, Cfg::VTile::kBoxCols, &tm_v, &err)) {
+    return fail(JFA_ERROR_CUDA, "tensor map encoding failed: %s", err.c_str());
+  }
   // Row coordinates of the output map reach total_q + 64 (a tile past an item's end): int32.
   const int64_t ragged_rows = p.total_q + 1;
   if (ragged_rows + 64 > INT32_MAX)
@@ -77,10 +84,10 @@ jfa_status run_forward(const jfa::detail::Params& p, const jfa::cuda::DeviceFact
   auto* work = reinterpret_cast<WorkListEntry*>(workspace.base() + kWorkspaceHeaderBytes);
   WorkListEntry* unsorted = launch.sort_work_list ? work + capacity : work;
 
-  build_work_list<Cfg::kBlockM, Cfg::kBlockN><<<1, kListThreads, 0, stream>>>(
+  build_work_list<Cfg::kBlockM, Cfg::kBlockN, !Cfg::kPaged><<<1, kListThreads, 0, stream>>>(
       p.cu_seqlens_q, p.cu_seqlens_k, p.batch, p.total_q, p.total_k, p.causal ? 1 : 0,
       launch.sort_work_list ? 1 : 0, unsorted, work, count, next_item, capacity, p.max_seqlen_q,
-      p.max_seqlen_k, p.device_check);
+      p.max_seqlen_k, Cfg::kPaged ? nullptr : p.device_check);  // paged: checked before
   if (const jfa_status s = launch_error("work-list kernel"); s != JFA_SUCCESS) return s;
 
   FwdArgs base{};
@@ -92,6 +99,8 @@ jfa_status run_forward(const jfa::detail::Params& p, const jfa::cuda::DeviceFact
   typename Cfg::Args a{};
   if constexpr (Cfg::kLocal)
     a = local_args(base, p);
+  else if constexpr (Cfg::kPaged)
+    a = paged_args(base, *kv);
   else
     a = base;
 

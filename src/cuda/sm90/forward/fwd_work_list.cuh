@@ -29,8 +29,9 @@ struct ForwardLister {
 // Step 2: heaviest sequences first (a counting sort of whole sequences on the K tiles of their
 // heaviest tile; the order inside a bucket is unspecified) from `list` into `work`; with `sort` 0,
 // step 1 writes `work` itself. Entries past `capacity` (only reachable with invalid offsets) are
-// dropped.
-template <int kBlockM, int kBlockN>
+// dropped. Without kShareTiles (a paged cache, whose sequences' keys are not neighbours) every
+// sequence gets tiles of its own.
+template <int kBlockM, int kBlockN, bool kShareTiles = true>
 __global__ void __launch_bounds__(kListThreads)
     build_work_list(const int32_t* cu_q, const int32_t* cu_k, int64_t batch, int64_t total_q,
                     int64_t total_k, int32_t causal, int32_t sort, WorkListEntry* list,
@@ -43,8 +44,10 @@ __global__ void __launch_bounds__(kListThreads)
   __shared__ int64_t scratch[32];
   __shared__ int32_t bucket_next[kListThreads];
   WorkListEntry* const step1_out = sort ? list : work;
-  const int64_t running = list_sequences<kBlockM, kBlockN>(
-      ForwardLister<kBlockM>{}, cu_q, cu_k, batch, total_q, total_k, step1_out, capacity, scratch);
+  const int64_t running = list_sequences < kBlockM,
+                kShareTiles ? kBlockN
+                            : -1 > (ForwardLister<kBlockM>{}, cu_q, cu_k, batch, total_q, total_k,
+                                    step1_out, capacity, scratch);
   const int32_t n = static_cast<int32_t>(running < capacity ? running : capacity);
   __syncthreads();  // list complete
 

@@ -23,7 +23,7 @@ __device__ __forceinline__ void consumer_loop_one_tile(typename Cfg::Shared& s,
         for (int it = 0; it < w.n_blocks; ++it) {
           const int32_t key0 = (w.n_blocks - 1 - it) * kN;
           ScoreTile<Cfg> s_tile;
-          s.k_ring().wait(st);
+          wait_kv<Cfg>(s.k_ring(), st);
           gemm_qk<Cfg>(s_tile, s.q[qs.stage], s.k[st.stage], group);
           tlx::wgmma_wait<0>();
           tlx::fence_operand(s_tile);

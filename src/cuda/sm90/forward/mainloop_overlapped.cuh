@@ -44,12 +44,12 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
         int first_it = 0;
         while (Cfg::kSkipUnseenKTiles && first_it < w.n_blocks &&
                (w.n_blocks - 1 - first_it) * kN >= mask.key_end) {
-          s.k_ring().wait(ks);
+          wait_kv<Cfg>(s.k_ring(), ks);
           begin_turn();
           end_turn();
           release_k_tile<Cfg>(s, ks, qs, first_it, w.n_blocks);
           ks.advance();
-          s.v_ring().wait(vs);
+          wait_kv<Cfg>(s.v_ring(), vs);
           if (leader) s.v_ring().release(vs);
           vs.advance();
           ++first_it;
@@ -80,7 +80,7 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
         // First tile this group sees (the diagonal or last one): S only.
         {
           ScoreTile<Cfg> s_tile;
-          s.k_ring().wait(ks);
+          wait_kv<Cfg>(s.k_ring(), ks);
           begin_turn();
           gemm_qk<Cfg>(s_tile, s.q[qs.stage], s.k[ks.stage], group);
           end_turn();
@@ -112,11 +112,11 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
           for (int may_mask = 1; may_mask >= 0; --may_mask) {
             for (const int end = may_mask ? masked_end : unmasked_end; it < end; ++it) {
               ScoreTile<Cfg> s_tile;
-              s.k_ring().wait(ks);
+              wait_kv<Cfg>(s.k_ring(), ks);
               begin_turn();
               gemm_qk<Cfg>(s_tile, s.q[qs.stage], s.k[ks.stage], group);
               cs.softmax.rescale_o(cs.o, alpha);
-              s.v_ring().wait(vs);
+              wait_kv<Cfg>(s.v_ring(), vs);
               gemm_pv<Cfg>(cs.o, p, s.v[vs.stage]);
               end_turn();
               tlx::wgmma_wait<1>();

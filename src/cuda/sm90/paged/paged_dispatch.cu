@@ -24,6 +24,7 @@
 #include "cuda/sm90/paged/paged_config.hpp"
 #include "cuda/sm90/paged/paged_decode.cuh"
 #include "cuda/sm90/paged/paged_plan.hpp"
+#include "cuda/sm90/paged/paged_prefill.hpp"
 #include "cuda/sm90/paged/paged_sm90.hpp"
 
 namespace jfa::sm90 {
@@ -227,6 +228,16 @@ jfa_status run_paged(const Params& p, const jfa_paged_kv& kv,
   // Everything that can reject the call comes before the first launch: a rejected call writes
   // nothing, the checked mode's word included.
   const bool compute = p.total_q > 0 && p.batch > 0;
+  if (compute && paged_prefill_takes(p, kv)) {
+    CallWorkspace workspace;
+    Params wp = p;
+    const size_t bytes = paged_prefill_workspace_bytes(p);
+    if (wp.workspace != nullptr && wp.workspace_bytes < bytes) wp.workspace = nullptr;
+    if (const jfa_status s = workspace.acquire(wp, bytes, stream); s != JFA_SUCCESS) return s;
+    if (const jfa_status s = launch_checks(a, device, stream); s != JFA_SUCCESS) return s;
+    if (const jfa_status s = launch_append(a, device, stream); s != JFA_SUCCESS) return s;
+    return paged_prefill_forward(p, kv, a, device, workspace.base());
+  }
   if (compute) {
     if (const jfa_status s =
             opt_in_shared_memory<paged_decode_kernel<T, kD>>(C::kSmemBytes, device.ordinal);
@@ -294,6 +305,7 @@ jfa_status paged_forward_workspace_bytes(const Params& p, size_t* bytes) {
                 "total_q %lld times heads_q %d is too large for the CUDA paged forward's workspace",
                 static_cast<long long>(p.total_q), p.heads_q);
   *bytes = paged_workspace_bytes(paged_shape(p));
+  if (paged_prefill_may_take(p)) *bytes = std::max(*bytes, paged_prefill_workspace_bytes(p));
   return JFA_SUCCESS;
 }
 

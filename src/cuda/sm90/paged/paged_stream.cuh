@@ -5,8 +5,8 @@
 
 #include <cstdint>
 
-#include "cuda/sm90/paged/async_copy.cuh"
 #include "cuda/sm90/paged/paged_args.hpp"
+#include "cuda/sm90/shared/async_copy.cuh"
 
 namespace jfa::sm90 {
 

@@ -2,7 +2,8 @@
 // sequences and packs runs of short ones greedily into shared tiles (at most kMaxQ query and kMaxK
 // key tokens each; runs do not cross the warp's 32 sequences); every other sequence gets its own
 // tiles. A warp without short sequences lists them lane by lane; the others walk their sequences
-// in order. What a tile is comes from the Lister:
+// in order (kMaxK < 0: none is short, every sequence gets tiles of its own). What a tile is comes
+// from the Lister:
 //   int32_t tiles(len_q, len_k)           entries of a sequence that is not packed
 //   Entry tile(seq, t, tiles)             its entry t
 //   Entry pack(seq, n_seqs)               the shared tile of sequences seq .. seq + n_seqs - 1

@@ -1,0 +1,112 @@
+// The producer role over a paged KV cache (WithPagedKV): the whole warp group copies each K/V tile
+// from its pages with cp.async, 16 bytes a copy, one page lookup per row; Q still comes by TMA from
+// thread 0, which also claims the items (the other 127 threads take them from the item ring, as
+// the consumers do). A row whose key lies past its sequence's keys, or whose page entry is outside
+// [0, num_pages), is zero-filled without a load: a tile never holds the stale rows of a page past
+// the sequence's keys, which may be NaN and would reach O through P V's zero weights. Each thread
+// arrives on the stage's full barrier once its copies have landed (the barrier expects the 128
+// threads); the consumers fence the async proxy before their wgmma reads the tile (wait_kv).
+// The K/V tile order is producer_loop's: K tiles from the last to the first, K one tile ahead of V.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/sm90/forward/fwd_config.cuh"
+#include "cuda/sm90/forward/scheduler.cuh"
+#include "cuda/sm90/shared/async_copy.cuh"
+#include "cuda/tlx/tma.hpp"
+
+namespace jfa::sm90 {
+
+inline constexpr int kPagedProducerThreads = 128;
+
+// Rows [0, Tile::rows) of one K or V tile of the item's sequence `seq`, keys first_key onwards,
+// into `tile`, for producer thread t: chunk t % kChunks of every kRowStep-th row from t / kChunks.
+template <typename Tile>
+__device__ __forceinline__ void copy_paged_tile(Tile& tile, const FwdPagedArgs& a,
+                                                const void* cache, int32_t head_dim,
+                                                int32_t kv_head, int32_t seq, int32_t first_key,
+                                                int32_t len_k, int t) {
+  using T = std::remove_cv_t<std::remove_reference_t<decltype(tile.data[0])>>;
+  constexpr int kChunks = Tile::cols * static_cast<int>(sizeof(T)) / 16;  // 16-byte chunks a row
+  static_assert(kPagedProducerThreads % kChunks == 0, "whole rows a pass");
+  constexpr int kRowStep = kPagedProducerThreads / kChunks;
+  static_assert(Tile::rows % kRowStep == 0, "whole passes a tile");
+  const int chunk = t % kChunks;
+  const uint32_t tile_addr = tlx::smem_addr(&tile);
+  const T* base = static_cast<const T*>(cache);
+  const int64_t row_elems = static_cast<int64_t>(a.heads_kv) * head_dim;
+  const int32_t* table = a.block_table + static_cast<int64_t>(seq) * a.max_pages_per_seq;
+#pragma unroll
+  for (int i = 0; i < Tile::rows / kRowStep; ++i) {
+    const int r = t / kChunks + i * kRowStep;
+    const int32_t key = first_key + r;
+    bool valid = key < len_k;
+    const T* src = base;
+    if (valid) {
+      const int32_t page_index = a.page_shift >= 0 ? key >> a.page_shift : key / a.page_size;
+      const int32_t in_page = key - page_index * a.page_size;
+      const int32_t page = __ldg(table + page_index);
+      valid = page >= 0 && page < a.num_pages;
+      if (valid)
+        src = base + (static_cast<int64_t>(page) * a.page_size + in_page) * row_elems +
+              static_cast<int64_t>(kv_head) * head_dim + chunk * (16 / sizeof(T));
+    }
+    cp_async_16_or_zero(tile_addr + Tile::offset_bytes(r, chunk * (16 / sizeof(T))), src, valid);
+  }
+}
+
+// Called by all kPagedProducerThreads threads of warp group 0.
+template <typename Cfg>
+__device__ __forceinline__ void producer_loop_paged(typename Cfg::Shared& s,
+                                                    const CUtensorMap* tm_q, const FwdPagedArgs& a,
+                                                    int64_t n_items) {
+  static_assert(Cfg::kPaged && Cfg::kDynamicItems, "the paged kernels' producer");
+  const int t = static_cast<int>(threadIdx.x);
+  using Ring = tlx::PipelineState<Cfg::kStages>;
+  Ring ks, vs;
+  tlx::PipelineState<Cfg::kQStages> qs;
+  auto load = [&](auto ring, auto* tiles, Ring& st, const void* cache, int32_t head_dim,
+                  const WorkItem& w, int32_t kv_head, int it) {
+    // Key offsets inside the sequence: a paged item is one sequence (no shared tiles), its keys
+    // from 0 (no window shifts them).
+    const int32_t first_key = (w.n_blocks - 1 - it) * Cfg::kBlockN;
+    ring.acquire(st);
+    copy_paged_tile(tiles[st.stage], a, cache, head_dim, kv_head, w.first_seq, first_key,
+                    w.seq.len_k, t);
+    cp_async_arrive_on(&ring.full[st.stage]);
+    st.advance();
+  };
+  // Thread 0 claims each item into the item ring, from which all 128 threads take it (the
+  // consumers too), so that the warps' reads of it are warp-uniform.
+  ItemScheduler<Cfg, true> claim;
+  ItemScheduler<Cfg, false> take;
+  WorkItem w;
+  for (;;) {
+    if (t == 0) claim.next(s, a, n_items, w);
+    if (!take.next(s, a, n_items, w)) break;
+    if (!w.active || w.n_blocks == 0) continue;
+    const int32_t kv_head = w.head / a.group;
+    if (t == 0) {
+      s.q_ring.acquire(qs);
+      tlx::MBarrier* q_full = s.q_ring.commit(qs, Cfg::QTile::kBytes);
+      const int32_t q_row = w.seq.q_start + w.m_block * Cfg::kBlockM;
+#pragma unroll
+      for (int bx = 0; bx < Cfg::QTile::kBoxes; ++bx)
+        tlx::tma_load_3d(tm_q, q_full, s.q[qs.stage].box(bx), bx * Cfg::QTile::kBoxCols, w.head,
+                         q_row);
+    }
+    qs.advance();
+    load(s.k_ring(), s.k, ks, a.k_cache, Cfg::kD, w, kv_head, 0);
+    for (int it = 1; it < w.n_blocks; ++it) {
+      load(s.k_ring(), s.k, ks, a.k_cache, Cfg::kD, w, kv_head, it);
+      load(s.v_ring(), s.v, vs, a.v_cache, Cfg::kDv, w, kv_head, it - 1);
+    }
+    load(s.v_ring(), s.v, vs, a.v_cache, Cfg::kDv, w, kv_head, w.n_blocks - 1);
+  }
+}
+
+}  // namespace jfa::sm90

@@ -1,0 +1,98 @@
+// Chunked prefill over a paged KV cache on the packed forward's tiles (paged_prefill.hpp): the
+// route's conditions, the key offsets, and the forward kernels WithPagedKV at head_dim 64, 128 and
+// 256 (two consumer groups; 128-key tiles, 64 at 256, as the packed forward's table of shapes has
+// them), both dtypes.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstdlib>
+
+#include "common/status.hpp"
+#include "cuda/sm90/forward/choices.hpp"
+#include "cuda/sm90/forward/fwd_config.cuh"
+#include "cuda/sm90/forward/fwd_launch.cuh"
+#include "cuda/sm90/forward/workspace.hpp"
+#include "cuda/sm90/host/head_sizes.hpp"
+#include "cuda/sm90/host/launch_error.hpp"
+#include "cuda/sm90/paged/paged_key_offsets.cuh"
+#include "cuda/sm90/paged/paged_prefill.hpp"
+
+namespace jfa::sm90 {
+namespace {
+
+using jfa::detail::fail;
+using jfa::detail::Params;
+
+template <typename T, int kD>
+using PrefillConfig = FwdConfig<T, kD, 2, kD == 256 ? 64 : 128, WithPagedKV<ShippedKernel>>;
+
+bool switch_on() {
+  const char* env = std::getenv("JFA_CUDA_UNVERIFIED_PAGED_PREFILL");
+  return env != nullptr && env[0] != '\0' && env[0] != '0';
+}
+
+// The key offsets' bytes, rounded up so that the work list after them stays aligned.
+size_t key_offsets_bytes(int64_t batch) {
+  return (static_cast<size_t>(batch + 1) * sizeof(int32_t) + 255) / 256 * 256;
+}
+
+template <int kD>
+jfa_status prefill_at(const Params& pp, const jfa_paged_kv& kv,
+                      const jfa::cuda::DeviceFacts& device) {
+  if constexpr (head_dim_built(kD)) {
+    return pp.dtype == JFA_DTYPE_FLOAT16
+               ? run_forward<PrefillConfig<__half, kD>>(pp, device, kShippedLaunch, &kv)
+               : run_forward<PrefillConfig<__nv_bfloat16, kD>>(pp, device, kShippedLaunch, &kv);
+  } else {
+    return fail(JFA_ERROR_INTERNAL, "no paged prefill kernel for head_dim %d in this build", kD);
+  }
+}
+
+}  // namespace
+
+bool paged_prefill_may_take(const Params& p) {
+  return switch_on() && !p.uses_window_or_softcap() &&
+         p.max_seqlen_q >= kPagedPrefillMinQueryTokens &&
+         (p.dtype == JFA_DTYPE_FLOAT16 || p.dtype == JFA_DTYPE_BFLOAT16) &&
+         p.head_dim_v == p.head_dim && (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256);
+}
+
+bool paged_prefill_takes(const Params& p, const jfa_paged_kv& kv) {
+  return paged_prefill_may_take(p) &&
+         static_cast<double>(p.batch) * kv.max_pages_per_seq * kv.page_size <= INT32_MAX;
+}
+
+size_t paged_prefill_workspace_bytes(const Params& p) {
+  return key_offsets_bytes(p.batch) + forward_workspace_bytes(p.total_q, p.batch);
+}
+
+jfa_status paged_prefill_forward(const Params& p, const jfa_paged_kv& kv, const PagedArgs& a,
+                                 const jfa::cuda::DeviceFacts& device, char* workspace) {
+  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  auto* cu_k = reinterpret_cast<int32_t*>(workspace);
+  paged_key_offsets_kernel<<<1, kListThreads, 0, stream>>>(a, cu_k);
+  if (const jfa_status s = launch_error("paged key offsets kernel"); s != JFA_SUCCESS) return s;
+  // The packed forward over the offsets: total_k bounds their sum (the clamps of its offsets need
+  // no more); no K or V is addressed through them.
+  Params pp = p;
+  pp.cu_seqlens_k = cu_k;
+  pp.k = nullptr;
+  pp.v = nullptr;
+  pp.total_k = p.batch * kv.max_pages_per_seq * kv.page_size;
+  pp.workspace = workspace + key_offsets_bytes(p.batch);
+  pp.workspace_bytes = forward_workspace_bytes(p.total_q, p.batch);
+  switch (p.head_dim) {
+    case 64:
+      return prefill_at<64>(pp, kv, device);
+    case 128:
+      return prefill_at<128>(pp, kv, device);
+    case 256:
+      return prefill_at<256>(pp, kv, device);
+    default:
+      return fail(JFA_ERROR_INTERNAL, "no paged prefill kernel for head_dim %d", p.head_dim);
+  }
+}
+
+}  // namespace jfa::sm90

@@ -1,0 +1,43 @@
+// Chunked prefill over a paged KV cache on the packed forward's tiles: the forward kernel with
+// WithPagedKV (its producer copies K/V from the pages, producer_paged.cuh), 128 or more query rows
+// a tile, where the decode kernel (paged_decode.cuh) runs 16 to 64 rows of a KV head's query group
+// a CTA and each row block reads the sequence's keys again. The sequences' key counts become
+// offsets on the device first (paged_key_offsets.cuh), in the call's workspace.
+//
+// UNVERIFIED on a GPU: taken only under JFA_CUDA_UNVERIFIED_PAGED_PREFILL=1 (read per call) until a
+// device run has passed the GPU tests and both sanitizers on it.
+#pragma once
+
+#include <cstddef>
+
+#include "common/params.hpp"
+#include "cuda/common/device_facts.hpp"
+#include "cuda/sm90/paged/paged_args.hpp"
+#include "jfa/jfa.h"
+
+namespace jfa::sm90 {
+
+// The fewest query tokens (max_seqlen_q, the hint) a call must allow for the prefill kernels: below
+// it the decode kernel's packing of the query group into its rows reads each key fewer times.
+inline constexpr int32_t kPagedPrefillMinQueryTokens = 64;
+
+// Whether p's sizes and hints (no pointer, no cache) may take the prefill kernels: the switch, no
+// window beyond the causal mask and no softcap (sinks are taken), max_seqlen_q at least
+// kPagedPrefillMinQueryTokens. The workspace size query asks this.
+bool paged_prefill_may_take(const jfa::detail::Params& p);
+
+// Whether the call takes them: paged_prefill_may_take, and the cache's key capacity over the batch
+// (batch * max_pages_per_seq * page_size) in int32, the offsets' type.
+bool paged_prefill_takes(const jfa::detail::Params& p, const jfa_paged_kv& kv);
+
+// Its workspace: the key offsets, then the packed forward's work list.
+size_t paged_prefill_workspace_bytes(const jfa::detail::Params& p);
+
+// The forward of `p` over `kv` (after the checked mode's kernels and the append, on p.stream), `a`
+// the decode kernels' arguments (the key counts' inputs), in `workspace` of
+// paged_prefill_workspace_bytes(p).
+jfa_status paged_prefill_forward(const jfa::detail::Params& p, const jfa_paged_kv& kv,
+                                 const PagedArgs& a, const jfa::cuda::DeviceFacts& device,
+                                 char* workspace);
+
+}  // namespace jfa::sm90
