@@ -35,8 +35,14 @@ __device__ __forceinline__ void copy_paged_tile(Tile& tile, const FwdPagedArgs& 
   static_assert(kPagedProducerThreads % kChunks == 0, "whole rows a pass");
   constexpr int kRowStep = kPagedProducerThreads / kChunks;
   static_assert(Tile::rows % kRowStep == 0, "whole passes a tile");
+  // Rows 2 kRowStep apart keep the swizzle phase (its period is 8 rows): two row offsets serve all
+  // of the thread's rows.
+  static_assert(2 * kRowStep % 8 == 0, "rows two passes apart keep the swizzle phase");
   const int chunk = t % kChunks;
+  const int col = chunk * (16 / static_cast<int>(sizeof(T)));
   const uint32_t tile_addr = tlx::smem_addr(&tile);
+  const uint32_t dst_even = tile_addr + Tile::offset_bytes(t / kChunks, col);
+  const uint32_t dst_odd = tile_addr + Tile::offset_bytes(t / kChunks + kRowStep, col);
   const T* base = static_cast<const T*>(cache);
   const int64_t row_elems = static_cast<int64_t>(a.heads_kv) * head_dim;
   const int32_t* table = a.block_table + static_cast<int64_t>(seq) * a.max_pages_per_seq;
@@ -53,9 +59,11 @@ __device__ __forceinline__ void copy_paged_tile(Tile& tile, const FwdPagedArgs& 
       valid = page >= 0 && page < a.num_pages;
       if (valid)
         src = base + (static_cast<int64_t>(page) * a.page_size + in_page) * row_elems +
-              static_cast<int64_t>(kv_head) * head_dim + chunk * (16 / sizeof(T));
+              static_cast<int64_t>(kv_head) * head_dim + col;
     }
-    cp_async_16_or_zero(tile_addr + Tile::offset_bytes(r, chunk * (16 / sizeof(T))), src, valid);
+    const uint32_t dst = (i % 2 == 0 ? dst_even : dst_odd) +
+                         static_cast<uint32_t>(i / 2 * 2 * Tile::row_bytes(kRowStep));
+    cp_async_16_or_zero(dst, src, valid);
   }
 }
 
