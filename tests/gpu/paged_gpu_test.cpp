@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -57,6 +58,7 @@ struct PagedCase {
   int32_t spare_pages = 3;    // pages no sequence uses
   int32_t spare_columns = 1;  // block-table columns past every sequence's pages (garbage)
   std::vector<int32_t> len_new;  // rows each sequence appends (empty: no append)
+  bool nan_past_keys = false;    // NaN in every cache row that holds no key (needs !share_pages)
 };
 
 std::string describe(const PagedCase& c) {
@@ -117,6 +119,7 @@ struct PagedHost {
     std::normal_distribution<float> sink(0.f, c.sink_sd > 0.f ? c.sink_sd : 1.f);
     for (int32_t h = 0; c.sink_sd > 0.f && h < c.heads_q; ++h) sinks.push_back(sink(rng));
     make_table(rng);
+    if (c.nan_past_keys) poison_rows_past_keys();
   }
 
   bool appending() const { return !c.len_new.empty(); }
@@ -140,6 +143,27 @@ struct PagedHost {
         const bool share = c.share_pages && b > 0 && j == 0 && rng() % 3 == 0 && seqused[0] > 0;
         table[b * max_pages + j] = share ? table[0] : pages[next++];
       }
+    }
+  }
+
+  // NaN (all ones) in the rows of each sequence's last page past its keys and in the pages no
+  // sequence uses: a kernel must read no row past a sequence's keys into its output.
+  void poison_rows_past_keys() {
+    EXPECT_FALSE(c.share_pages) << "a shared page's rows past one sequence's keys are another's";
+    const size_t row = static_cast<size_t>(c.heads_kv) * c.head_dim * jfa::dtype_size(c.dtype);
+    std::vector<int32_t> rows_used(num_pages, 0);
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int32_t j = 0; j < pages_of(keys(b), c.page_size); ++j) {
+        const int32_t page = table[b * max_pages + j];
+        rows_used[page] =
+            std::max(rows_used[page], std::min(c.page_size, keys(b) - j * c.page_size));
+      }
+    }
+    for (int64_t page = 0; page < num_pages; ++page) {
+      const size_t from = (page * c.page_size + rows_used[page]) * row;
+      const size_t to = (page + 1) * c.page_size * row;
+      std::fill(k_cache.bytes.begin() + from, k_cache.bytes.begin() + to, 0xFF);
+      std::fill(v_cache.bytes.begin() + from, v_cache.bytes.begin() + to, 0xFF);
     }
   }
 
@@ -611,6 +635,89 @@ INSTANTIATE_TEST_SUITE_P(PagedGpu, PagedGpuHeadDim, ::testing::Values(64, 128, 2
                          [](const ::testing::TestParamInfo<int32_t>& info) {
                            return "d" + std::to_string(info.param);
                          });
+
+// Sets an environment variable for a scope (the library reads its switches per call).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      setenv(name_, old_.c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+// Chunked prefill on the packed forward's tiles (JFA_CUDA_UNVERIFIED_PAGED_PREFILL, for calls whose
+// max_seqlen_q is at least 64): chunks of 0 to 300 tokens (decode steps among them) over caches at
+// the page edges and longer, appended or not, causal and not, GQA, sinks, LSE on and off, page
+// sizes 1, 16, 48 (rows found by division) and 256, every paged head size and both dtypes; every
+// row that holds no key is NaN. The prefill kernels did run: their bits differ from the decode
+// kernel's on the same case.
+TEST(PagedGpu, PrefillTilesMatchReference) {
+  int k = 0, differs = 0, compared = 0;
+  for (int32_t d : {64, 128, 256}) {
+    for (int32_t page : {1, 16, 48, 256}) {
+      for (bool append : {false, true}) {
+        ++k;
+        if (quick_mode() && k % 3 != 0) continue;
+        PagedCase c;
+        c.head_dim = d;
+        c.page_size = page;
+        c.dtype = k % 2 ? DType::kBFloat16 : DType::kFloat16;
+        c.heads_q = kGqas[k % 3].heads_q;
+        c.heads_kv = kGqas[k % 3].heads_kv;
+        c.causal = k % 4 != 1;
+        c.with_lse = k % 5 != 2;
+        c.hint_k = k % 3 != 2;
+        c.sink_sd = k % 4 == 3 ? 2.f : 0.f;
+        c.share_pages = false;
+        c.nan_past_keys = true;
+        c.seqused = edge_lengths(page);
+        c.seqused.push_back(k % 2 ? 4000 : 1500);
+        for (size_t b = 0; b < c.seqused.size(); ++b) {
+          const int32_t chunk[] = {64, 1, 0, 300, 129, 17, 256, 200};
+          c.len_q.push_back(chunk[(b + k) % std::size(chunk)]);
+        }
+        if (append) c.len_new = c.len_q;
+        c.max_q = 300;
+        {
+          const ScopedEnv on("JFA_CUDA_UNVERIFIED_PAGED_PREFILL", "1");
+          run_case(c);
+        }
+        // The same case on the decode kernel: the prefill kernels' bits differ somewhere.
+        if (append) continue;  // the append has moved the cache on
+        const uint64_t seed = fresh_seed(describe(c).c_str());
+        std::mt19937_64 rng_a(seed), rng_b(seed);
+        PagedHost ha(c, rng_a), hb(c, rng_b);
+        PagedDevice da(ha), db(hb);
+        Outputs prefill, decode;
+        {
+          const ScopedEnv on("JFA_CUDA_UNVERIFIED_PAGED_PREFILL", "1");
+          ASSERT_EQ(da.run(ha, &prefill), JFA_SUCCESS) << jfa_last_error_message();
+        }
+        {
+          const ScopedEnv off("JFA_CUDA_UNVERIFIED_PAGED_PREFILL", "0");
+          ASSERT_EQ(db.run(hb, &decode), JFA_SUCCESS) << jfa_last_error_message();
+        }
+        ++compared;
+        differs += prefill.out != decode.out ? 1 : 0;
+      }
+    }
+  }
+  EXPECT_GT(compared, 0);
+  EXPECT_EQ(differs, compared) << "a case gave the decode kernel's bits with the prefill switch on";
+}
 
 // Long caches on few CTAs (one sequence, one KV head): many splits and their combine, with and
 // without the max_seqlen_k hint and under a window that bounds them; a caller's workspace, too
