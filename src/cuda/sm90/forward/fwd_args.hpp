@@ -7,6 +7,7 @@
 #include "common/params.hpp"
 #include "common/visibility.hpp"
 #include "cuda/sm90/forward/workspace.hpp"
+#include "cuda/sm90/paged/paged_args.hpp"
 #include "cuda/sm90/shared/problem.hpp"
 #include "jfa/jfa.h"
 
@@ -59,9 +60,7 @@ inline FwdPagedArgs paged_args(const FwdArgs& base, const jfa_paged_kv& kv) {
   a.block_table = kv.block_table;
   a.num_pages = kv.num_pages;
   a.page_size = kv.page_size;
-  a.page_shift = -1;
-  for (int shift = 0; shift < 31; ++shift)
-    if (kv.page_size == 1 << shift) a.page_shift = shift;
+  a.page_shift = page_shift_of(kv.page_size);
   a.max_pages_per_seq = kv.max_pages_per_seq;
   return a;
 }

@@ -11,6 +11,14 @@
 
 namespace jfa::sm90 {
 
+// log2(page_size) where the page size is a power of two (the kernels then shift instead of
+// dividing), else -1.
+constexpr int32_t page_shift_of(int32_t page_size) {
+  for (int32_t shift = 0; shift < 31; ++shift)
+    if (page_size == int32_t{1} << shift) return shift;
+  return -1;
+}
+
 struct PagedArgs {
   const void* q;
   void* out;

@@ -167,9 +167,7 @@ bool paged_kernels_take(const Params& p) {
   a.group = p.group_size();
   a.page_size = kv.page_size;
   a.max_pages_per_seq = kv.max_pages_per_seq;
-  a.page_shift = -1;
-  for (int shift = 0; shift < 31; ++shift)
-    if (kv.page_size == 1 << shift) a.page_shift = shift;
+  a.page_shift = page_shift_of(kv.page_size);
   a.max_q = p.max_seqlen_q;
   a.max_k = p.max_seqlen_k;
   a.row_blocks = plan.row_blocks;
