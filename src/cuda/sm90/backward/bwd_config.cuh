@@ -143,9 +143,12 @@ enum class DqSplit {
 // hands P^T to group 1, which forms dP^T, dS^T and dK += dS^T Q; each computes half of dQ's
 // columns. The ring has two stages where they fit, else one (head_dim 256).
 //
-// kLocalAttention: the kernels of calls with a window other than the causal mask, softcap or sinks
-// (BwdLocalArgs); the other calls' kernels hold none of their code.
-template <typename T, int kHeadDim, int kHeadDimV, int kRowsPerStep, bool kLocalAttention = false>
+// kLocalAttention: the kernels of calls with a window other than the causal mask or softcap
+// (BwdLocalArgs); the other calls' kernels hold none of their code. kSoftcapScores: those of the
+// calls with softcap (its tanh in P, its derivative in dS), whose step would otherwise hold both
+// forms of P and dS.
+template <typename T, int kHeadDim, int kHeadDimV, int kRowsPerStep, bool kLocalAttention = false,
+          bool kSoftcapScores = false>
 struct BwdConfig {
   static_assert(((kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128) &&
                  kHeadDimV == kHeadDim) ||
@@ -157,6 +160,8 @@ struct BwdConfig {
                 "steps of one q tile, or of two at head_dim 32 and 64");
   using Element = T;
   static constexpr bool kLocal = kLocalAttention;
+  static constexpr bool kSoftcap = kSoftcapScores;
+  static_assert(kLocal || !kSoftcap, "softcap's kernels are local-attention kernels");
   using Args = std::conditional_t<kLocal, BwdLocalArgs, BwdArgs>;
   static constexpr int kD = kHeadDim;
   static constexpr int kDv = kHeadDimV;

@@ -53,7 +53,7 @@ jfa_status prefill_at(const Params& pp, const jfa_paged_kv& kv,
 }  // namespace
 
 bool paged_prefill_may_take(const Params& p) {
-  return switch_on() && !p.uses_window_or_softcap() && p.sinks == nullptr &&
+  return switch_on() && !p.uses_window_or_softcap() &&
          p.max_seqlen_q >= kPagedPrefillMinQueryTokens &&
          (p.dtype == JFA_DTYPE_FLOAT16 || p.dtype == JFA_DTYPE_BFLOAT16) &&
          p.head_dim_v == p.head_dim && (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256);
