@@ -1,6 +1,7 @@
-// Entry of the Hopper forward over a paged KV cache (decode and speculative decode: at most 16
-// query tokens per sequence), with its append (the step's new rows written into their pages first,
-// paged_append.cuh): support checks, the plan, the kernels. The API routes calls with device
+// Entry of the Hopper forward over a paged KV cache (decode, speculative decode and chunked
+// prefill: at most kPagedMaxQueryTokens query tokens per sequence), with its append (the step's new
+// rows written into their pages first, paged_append.cuh): support checks, the plan, the kernels
+// (the decode kernel; the packed forward's tiles for chunks under the switch of paged_prefill.hpp). The API routes calls with device
 // buffers or backend=cuda here (src/api/paged_kv_api.cpp).
 //
 // The checked mode (params.device_check) reports cu_seqlens_q by the packed forward's q bits and
