@@ -77,7 +77,7 @@ __device__ __forceinline__ void producer_loop_paged(typename Cfg::Shared& s,
   const int t = static_cast<int>(threadIdx.x);
   using Ring = tlx::PipelineState<Cfg::kStages>;
   Ring ks, vs;
-  tlx::PipelineState<Cfg::kQStages> qs;
+  tlx::PipelineState<Cfg::kQStages> qs;  // thread 0's
   auto load = [&](auto ring, auto* tiles, Ring& st, const void* cache, int32_t head_dim,
                   const WorkItem& w, int32_t kv_head, int it) {
     // Key offsets inside the sequence: a paged item is one sequence (no shared tiles), its keys
@@ -99,8 +99,10 @@ __device__ __forceinline__ void producer_loop_paged(typename Cfg::Shared& s,
     if (!take.next(s, a, n_items, w)) break;
     if (!w.active || w.n_blocks == 0) continue;
     const int32_t kv_head = w.head / a.group;
-    if (t == 0) load_q<Cfg>(s, tm_q, qs, w);
-    qs.advance();
+    if (t == 0) {
+      load_q<Cfg>(s, tm_q, qs, w);
+      qs.advance();  // thread 0's alone: the others load no Q
+    }
     load_item_kv(
         w.n_blocks, [&](int it) { load(s.k_ring(), s.k, ks, a.k_cache, Cfg::kD, w, kv_head, it); },
         [&](int it) { load(s.v_ring(), s.v, vs, a.v_cache, Cfg::kDv, w, kv_head, it); });

@@ -23,6 +23,7 @@
 #include "cuda/sm90/paged/paged_combine.cuh"
 #include "cuda/sm90/paged/paged_config.hpp"
 #include "cuda/sm90/paged/paged_decode.cuh"
+#include "cuda/sm90/paged/paged_head_dims.hpp"
 #include "cuda/sm90/paged/paged_plan.hpp"
 #include "cuda/sm90/paged/paged_prefill.hpp"
 #include "cuda/sm90/paged/paged_sm90.hpp"
@@ -32,8 +33,6 @@ namespace {
 
 using jfa::detail::fail;
 using jfa::detail::Params;
-
-constexpr int kPagedHeadDims[] = {64, 128, 256};
 
 // "64, 128 and 256" of this build (JFA_SM90_HEAD_DIMS may leave some out).
 std::string paged_head_dims() {
@@ -226,12 +225,18 @@ jfa_status run_paged(const Params& p, const jfa_paged_kv& kv,
   // Everything that can reject the call comes before the first launch: a rejected call writes
   // nothing, the checked mode's word included.
   const bool compute = p.total_q > 0 && p.batch > 0;
+  // The caller's workspace (jfa_attention_paged_workspace_size, which plans with at least this
+  // device's SMs) when it is large enough, else one allocated in stream order (a caller's sized for
+  // the packed forward is usually too small, and stays usable that way).
+  auto acquire = [&](CallWorkspace& workspace, size_t bytes) {
+    Params wp = p;
+    if (wp.workspace != nullptr && wp.workspace_bytes < bytes) wp.workspace = nullptr;
+    return workspace.acquire(wp, bytes, stream);
+  };
   if (compute && paged_prefill_takes(p, kv)) {
     CallWorkspace workspace;
-    Params wp = p;
-    const size_t bytes = paged_prefill_workspace_bytes(p);
-    if (wp.workspace != nullptr && wp.workspace_bytes < bytes) wp.workspace = nullptr;
-    if (const jfa_status s = workspace.acquire(wp, bytes, stream); s != JFA_SUCCESS) return s;
+    if (const jfa_status s = acquire(workspace, paged_prefill_workspace_bytes(p)); s != JFA_SUCCESS)
+      return s;
     if (const jfa_status s = launch_checks(a, device, stream); s != JFA_SUCCESS) return s;
     if (const jfa_status s = launch_append(a, device, stream); s != JFA_SUCCESS) return s;
     return paged_prefill_forward(p, kv, a, device, workspace.base());
@@ -242,16 +247,10 @@ jfa_status run_paged(const Params& p, const jfa_paged_kv& kv,
         s != JFA_SUCCESS)
       return s;
   }
-  // The splits' partials: the caller's workspace (jfa_attention_paged_workspace_size, which plans
-  // with at least this device's SMs) when it is large enough, else one allocated in stream order
-  // (a caller's sized for the packed forward is usually too small, and stays usable that way).
+  // The splits' partials.
   CallWorkspace workspace;
   if (compute && plan.splits > 1) {
-    Params wp = p;
-    if (wp.workspace != nullptr && wp.workspace_bytes < plan.workspace_bytes)
-      wp.workspace = nullptr;
-    if (const jfa_status s = workspace.acquire(wp, plan.workspace_bytes, stream); s != JFA_SUCCESS)
-      return s;
+    if (const jfa_status s = acquire(workspace, plan.workspace_bytes); s != JFA_SUCCESS) return s;
     a.part_o = reinterpret_cast<float*>(workspace.base());
     a.part_ml = reinterpret_cast<float2*>(workspace.base() + plan.workspace_ml_offset);
   }
@@ -278,17 +277,6 @@ jfa_status run_paged_dtype(const Params& p, const jfa_paged_kv& kv,
                                       : run_paged<__nv_bfloat16, kD>(p, kv, device);
 }
 
-// The kernels of head_dim kD where this build has that head_dim (check_paged_supported lets no
-// other through); nothing of them is compiled where it does not.
-template <int kD>
-jfa_status paged_forward_at(const Params& p, const jfa_paged_kv& kv,
-                            const jfa::cuda::DeviceFacts& device) {
-  if constexpr (head_dim_built(kD))
-    return run_paged_dtype<kD>(p, kv, device);
-  else
-    return fail(JFA_ERROR_INTERNAL, "no paged kernel for head_dim %d in this build", kD);
-}
-
 }  // namespace
 
 jfa_status paged_forward_workspace_bytes(const Params& p, size_t* bytes) {
@@ -310,16 +298,9 @@ jfa_status paged_forward_workspace_bytes(const Params& p, size_t* bytes) {
 jfa_status paged_forward(const Params& p, const jfa_paged_kv& kv) {
   const jfa::cuda::DeviceFacts* facts = nullptr;
   if (const jfa_status s = check_paged_supported(p, kv, &facts); s != JFA_SUCCESS) return s;
-  switch (p.head_dim) {
-    case 64:
-      return paged_forward_at<64>(p, kv, *facts);
-    case 128:
-      return paged_forward_at<128>(p, kv, *facts);
-    case 256:
-      return paged_forward_at<256>(p, kv, *facts);
-    default:
-      return fail(JFA_ERROR_INTERNAL, "no paged kernel for head_dim %d", p.head_dim);
-  }
+  return visit_paged_head_dim(p.head_dim, [&](auto head_dim) {
+    return run_paged_dtype<decltype(head_dim)::value>(p, kv, *facts);
+  });
 }
 
 }  // namespace jfa::sm90

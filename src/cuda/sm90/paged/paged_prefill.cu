@@ -14,8 +14,8 @@
 #include "cuda/sm90/forward/fwd_config.cuh"
 #include "cuda/sm90/forward/fwd_launch.cuh"
 #include "cuda/sm90/forward/workspace.hpp"
-#include "cuda/sm90/host/head_sizes.hpp"
 #include "cuda/sm90/host/launch_error.hpp"
+#include "cuda/sm90/paged/paged_head_dims.hpp"
 #include "cuda/sm90/paged/paged_key_offsets.cuh"
 #include "cuda/sm90/paged/paged_prefill.hpp"
 
@@ -38,25 +38,11 @@ size_t key_offsets_bytes(int64_t batch) {
   return (static_cast<size_t>(batch + 1) * sizeof(int32_t) + 255) / 256 * 256;
 }
 
-template <int kD>
-jfa_status prefill_at(const Params& pp, const jfa_paged_kv& kv,
-                      const jfa::cuda::DeviceFacts& device) {
-  if constexpr (head_dim_built(kD)) {
-    return pp.dtype == JFA_DTYPE_FLOAT16
-               ? run_forward<PrefillConfig<__half, kD>>(pp, device, kShippedLaunch, &kv)
-               : run_forward<PrefillConfig<__nv_bfloat16, kD>>(pp, device, kShippedLaunch, &kv);
-  } else {
-    return fail(JFA_ERROR_INTERNAL, "no paged prefill kernel for head_dim %d in this build", kD);
-  }
-}
-
 }  // namespace
 
 bool paged_prefill_may_take(const Params& p) {
   return switch_on() && !p.uses_window_or_softcap() &&
-         p.max_seqlen_q >= kPagedPrefillMinQueryTokens &&
-         (p.dtype == JFA_DTYPE_FLOAT16 || p.dtype == JFA_DTYPE_BFLOAT16) &&
-         p.head_dim_v == p.head_dim && (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256);
+         p.max_seqlen_q >= kPagedPrefillMinQueryTokens;
 }
 
 bool paged_prefill_takes(const Params& p, const jfa_paged_kv& kv) {
@@ -83,16 +69,12 @@ jfa_status paged_prefill_forward(const Params& p, const jfa_paged_kv& kv, const 
   pp.total_k = p.batch * kv.max_pages_per_seq * kv.page_size;
   pp.workspace = workspace + key_offsets_bytes(p.batch);
   pp.workspace_bytes = forward_workspace_bytes(p.total_q, p.batch);
-  switch (p.head_dim) {
-    case 64:
-      return prefill_at<64>(pp, kv, device);
-    case 128:
-      return prefill_at<128>(pp, kv, device);
-    case 256:
-      return prefill_at<256>(pp, kv, device);
-    default:
-      return fail(JFA_ERROR_INTERNAL, "no paged prefill kernel for head_dim %d", p.head_dim);
-  }
+  return visit_paged_head_dim(p.head_dim, [&](auto head_dim) {
+    constexpr int kD = decltype(head_dim)::value;
+    return p.dtype == JFA_DTYPE_FLOAT16
+               ? run_forward<PrefillConfig<__half, kD>>(pp, device, kShippedLaunch, &kv)
+               : run_forward<PrefillConfig<__nv_bfloat16, kD>>(pp, device, kShippedLaunch, &kv);
+  });
 }
 
 }  // namespace jfa::sm90

@@ -21,8 +21,9 @@ namespace jfa::sm90 {
 // it the decode kernel's packing of the query group into its rows reads each key fewer times.
 inline constexpr int32_t kPagedPrefillMinQueryTokens = 64;
 
-// Whether p's sizes and hints (no pointer, no cache) may take the prefill kernels: the switch, no
-// window beyond the causal mask and no softcap (sinks are taken), max_seqlen_q at least
+// Whether p's sizes and hints (no cache), of a call the paged kernels take (its dtype and head
+// sizes checked by paged_dispatch.cu), may take the prefill kernels: the switch, no window beyond
+// the causal mask and no softcap (sinks are taken), max_seqlen_q at least
 // kPagedPrefillMinQueryTokens. The workspace size query asks this.
 bool paged_prefill_may_take(const jfa::detail::Params& p);
 
