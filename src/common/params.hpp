@@ -51,8 +51,6 @@ struct Params {
   bool uses_window_or_softcap() const {
     return window.left != -1 || (window.right != -1 && !causal) || softcap != 0.0f;
   }
-  // A window beyond the causal mask, softcap or sinks.
-  bool uses_local_attention() const { return uses_window_or_softcap() || sinks != nullptr; }
 };
 
 // The backward's parameters: the forward's (out and lse as the forward wrote them) and the

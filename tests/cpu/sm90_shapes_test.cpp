@@ -108,6 +108,23 @@ TEST(Sm90Shapes, ForwardRunsTheRowTheChoicesName) {
   EXPECT_EQ(forward_row_name({192, 64, 385, false}), "none");
 }
 
+// Softcap's kernels exist with two groups and 128-key tiles only (forward/choices.hpp): long
+// sequences keep them, at every head size.
+TEST(Sm90Shapes, SoftcapRunsTwoGroupsAnd128Keys) {
+  for (const jfa::sm90::ForwardShape& shape : jfa::sm90::kForwardShapes) {
+    for (const int64_t total_q : {int64_t{384}, int64_t{385}, int64_t{1} << 20}) {
+      for (const bool causal : {false, true}) {
+        jfa::detail::Params p = params_of({shape.head_dim, shape.head_dim_v, total_q, causal});
+        p.softcap = 30.f;
+        const int row = jfa::sm90::select_forward_shape(p);
+        ASSERT_GE(row, 0) << shape.head_dim << "/" << shape.head_dim_v;
+        EXPECT_EQ(jfa::sm90::kForwardShapes[row].groups, 2) << shape.head_dim;
+        EXPECT_LE(jfa::sm90::kForwardShapes[row].keys, 128) << shape.head_dim;
+      }
+    }
+  }
+}
+
 TEST(Sm90Shapes, BackwardRunsTheRowTheChoicesName) {
   struct Expected {
     int d, dv;

@@ -615,7 +615,7 @@ TEST(AttentionGpu, OtherLaunchChoicesMatchReference) {
   }
 }
 
-// The local-attention kernels: sliding windows at their edges
+// Windows, softcap and sinks (sinks alone run the plain kernels): sliding windows at their edges
 // (0, 1, longer than the sequence, one side only, with the causal mask), softcap small enough to
 // bend the scores, sinks small and large, and all together; over every head size (and 192/128) and
 // both dtypes, on edge lengths, cross lengths with long sequences (whole K tiles below a window

@@ -639,7 +639,7 @@ INSTANTIATE_TEST_SUITE_P(PagedGpu, PagedGpuHeadDim, ::testing::Values(64, 128, 2
 
 // Chunked prefill on the packed forward's tiles (JFA_CUDA_UNVERIFIED_PAGED_PREFILL, for calls whose
 // max_seqlen_q is at least 64): chunks of 0 to 300 tokens (decode steps among them) over caches at
-// the page edges and longer, appended or not, causal and not, GQA, LSE on and off, page
+// the page edges and longer, appended or not, causal and not, GQA, sinks, LSE on and off, page
 // sizes 1, 16, 48 (rows found by division) and 256, every paged head size and both dtypes; every
 // row that holds no key is NaN. The prefill kernels did run: their bits differ from the decode
 // kernel's on the same case.
@@ -659,6 +659,7 @@ TEST(PagedGpu, PrefillTilesMatchReference) {
         c.causal = k % 4 != 1;
         c.with_lse = k % 5 != 2;
         c.hint_k = k % 3 != 2;
+        c.sink_sd = k % 4 == 3 ? 2.f : 0.f;
         c.share_pages = false;
         c.nan_past_keys = true;
         c.seqused = edge_lengths(page);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/tlx/arch.hpp"
 #include "cuda/tlx/wgmma.hpp"
@@ -90,8 +91,9 @@ struct AccumFragment {
     out[1] = part[1][0];
   }
 
-  // Replaces every element x of row h by f(x, h) and returns in `sum` the sums of this thread's
-  // part of each row of the new values (combine across the quad with quad_sum).
+  // Replaces every element x of row h by f(x, h) (f(x, h, j) where f takes the column block j too)
+  // and returns in `sum` the sums of this thread's part of each row of the new values (combine
+  // across the quad with quad_sum).
   template <typename F>
   JFA_DEVICE void map_and_sum_rows(F&& f, float (&sum)[2]) {
     float part[2][kParts];
@@ -101,7 +103,11 @@ struct AccumFragment {
       for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          const float y = f(at(j, h, c), h);
+          float y;
+          if constexpr (std::is_invocable_v<F, float, int, int>)
+            y = f(at(j, h, c), h, j);
+          else
+            y = f(at(j, h, c), h);
           at(j, h, c) = y;
           if (j < kParts && c == 0)
             part[h][j] = y;

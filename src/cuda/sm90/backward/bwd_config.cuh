@@ -143,12 +143,14 @@ enum class DqSplit {
 // hands P^T to group 1, which forms dP^T, dS^T and dK += dS^T Q; each computes half of dQ's
 // columns. The ring has two stages where they fit, else one (head_dim 256).
 //
-// kLocalAttention: the kernels of calls with a window other than the causal mask, softcap or sinks
-// (BwdLocalArgs); the other calls' kernels hold none of their code. kHeadSplitItems: the kernels
-// of calls whose items are slices of a group's query heads (bwd_head_splits.hpp; plain attention
-// only), whose dK and dV go into float32 accumulators.
+// kLocalAttention: the kernels of calls with a window other than the causal mask or softcap
+// (BwdLocalArgs); the other calls' kernels hold none of their code. kSoftcapScores: those of the
+// calls with softcap (its tanh in P, its derivative in dS), whose step would otherwise hold both
+// forms of P and dS. kHeadSplitItems: the kernels of calls whose items are slices of a group's
+// query heads (bwd_head_splits.hpp; plain attention only), whose dK and dV go into float32
+// accumulators.
 template <typename T, int kHeadDim, int kHeadDimV, int kRowsPerStep, bool kLocalAttention = false,
-          bool kHeadSplitItems = false>
+          bool kSoftcapScores = false, bool kHeadSplitItems = false>
 struct BwdConfig {
   static_assert(((kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128) &&
                  kHeadDimV == kHeadDim) ||
@@ -160,6 +162,8 @@ struct BwdConfig {
                 "steps of one q tile, or of two at head_dim 32 and 64");
   using Element = T;
   static constexpr bool kLocal = kLocalAttention;
+  static constexpr bool kSoftcap = kSoftcapScores;
+  static_assert(kLocal || !kSoftcap, "softcap's kernels are local-attention kernels");
   static constexpr bool kHeadSplits = kHeadSplitItems;
   static_assert(!(kLocal && kHeadSplits), "head splits: plain attention only");
   using Args = std::conditional_t<kLocal, BwdLocalArgs, BwdArgs>;

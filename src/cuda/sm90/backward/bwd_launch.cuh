@@ -217,15 +217,17 @@ jfa_status run_backward(const jfa::detail::BackwardParams& b, const jfa::cuda::D
 template <typename T, int kHeadDim, int kHeadDimV, int kRowsPerStep>
 jfa_status backward_shape(const jfa::detail::BackwardParams& b,
                           const jfa::cuda::DeviceFacts& device) {
-  // Windows and softcap: kernels of their own, so the plain ones carry none of it. Sinks alone
-  // take the plain kernels: the LSE holds the sink, so P = exp(S - LSE) has it already, and its
-  // gradient is a kernel of its own (bwd_sink_gradient).
+  // Windows and softcap: kernels of their own, so the plain ones carry none of it (softcap's apart
+  // from the windows'). Sinks alone take the plain kernels: the LSE holds the sink, so
+  // P = exp(S - LSE) has it already, and its gradient is a kernel of its own (bwd_sink_gradient).
+  if (b.fwd.softcap > 0.f)
+    return run_backward<BwdConfig<T, kHeadDim, kHeadDimV, kRowsPerStep, true, true>>(b, device);
   if (b.fwd.uses_window_or_softcap())
     return run_backward<BwdConfig<T, kHeadDim, kHeadDimV, kRowsPerStep, true>>(b, device);
   using Plain = BwdConfig<T, kHeadDim, kHeadDimV, kRowsPerStep>;
   if (const int32_t splits = call_head_splits(b, Plain::kBlockN, device); splits > 1)
-    return run_backward<BwdConfig<T, kHeadDim, kHeadDimV, kRowsPerStep, false, true>>(b, device,
-                                                                                      splits);
+    return run_backward<BwdConfig<T, kHeadDim, kHeadDimV, kRowsPerStep, false, false, true>>(
+        b, device, splits);
   return run_backward<Plain>(b, device);
 }
 

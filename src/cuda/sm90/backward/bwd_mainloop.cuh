@@ -122,13 +122,9 @@ __device__ __forceinline__ void step_probabilities(ScoreTile<Cfg>& sc, uint32_t 
                                                    const BwdArgs& a, const BwdItem& w, int32_t key0,
                                                    int32_t q0, uint32_t key_ranges) {
   if constexpr (Cfg::kLocal) {
-    // Windows (and the sinks, which only the LSE holds) under the window's rule; softcap's tanh
-    // where asked for.
-    const auto& la = static_cast<const BwdLocalArgs&>(a);
-    if (la.softcap_in != 0.f)
-      local_step_probabilities<Cfg, true>(sc, lse2, la, w, key0, q0, key_ranges);
-    else
-      local_step_probabilities<Cfg, false>(sc, lse2, la, w, key0, q0, key_ranges);
+    // Windows under the window's rule; softcap's tanh in its kernels.
+    local_step_probabilities<Cfg, Cfg::kSoftcap>(sc, lse2, static_cast<const BwdLocalArgs&>(a), w,
+                                                 key0, q0, key_ranges);
     return;
   }
   const int32_t diag = w.seq.causal_shift();
@@ -187,30 +183,28 @@ __device__ __forceinline__ void form_ds(
     uint32_t lse2) {
   using T = typename Cfg::Element;
   using Tile = ScoreTile<Cfg>;
-  if constexpr (Cfg::kLocal) {
-    const auto& la = static_cast<const BwdLocalArgs&>(a);
-    if (la.softcap_in != 0.f) {
-      softcap_form_ds<Cfg>(p, dp, dpsum, lse2, la.inv_softcap_log2, ds);
-      return;
-    }
-  }
+  if constexpr (Cfg::kSoftcap) {
+    softcap_form_ds<Cfg>(p, dp, dpsum, lse2, static_cast<const BwdLocalArgs&>(a).inv_softcap_log2,
+                         ds);
+  } else {
 #pragma unroll
-  for (int j = 0; j < Tile::kBlocks; ++j) {
-    const float2 d = tlx::ld_shared_f32x2(dpsum + 32 * j);
+    for (int j = 0; j < Tile::kBlocks; ++j) {
+      const float2 d = tlx::ld_shared_f32x2(dpsum + 32 * j);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t pj = p.reg[j / 2][2 * (j % 2) + h];
-      if constexpr (Cfg::kPackedDs) {
-        ds.reg[j / 2][2 * (j % 2) + h] =
-            tlx::mul2<T>(pj, tlx::pack2<T>(dp.at(j, h, 0) - d.x, dp.at(j, h, 1) - d.y));
-      } else {
-        const float2 pf = tlx::unpack2<T>(pj);
-        dp.at(j, h, 0) = pf.x * (dp.at(j, h, 0) - d.x);
-        dp.at(j, h, 1) = pf.y * (dp.at(j, h, 1) - d.y);
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t pj = p.reg[j / 2][2 * (j % 2) + h];
+        if constexpr (Cfg::kPackedDs) {
+          ds.reg[j / 2][2 * (j % 2) + h] =
+              tlx::mul2<T>(pj, tlx::pack2<T>(dp.at(j, h, 0) - d.x, dp.at(j, h, 1) - d.y));
+        } else {
+          const float2 pf = tlx::unpack2<T>(pj);
+          dp.at(j, h, 0) = pf.x * (dp.at(j, h, 0) - d.x);
+          dp.at(j, h, 1) = pf.y * (dp.at(j, h, 1) - d.y);
+        }
       }
     }
+    if constexpr (!Cfg::kPackedDs) dp.to_a(ds);
   }
-  if constexpr (!Cfg::kPackedDs) dp.to_a(ds);
 }
 
 // dS^T into rows key0 .. key0 + 63 of a dS^T tile, from its packed form (register ds.reg[kk][i]

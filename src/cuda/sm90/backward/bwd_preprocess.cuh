@@ -184,49 +184,33 @@ __global__ void __launch_bounds__(kThreads)
 
 inline constexpr int kConvertThreads = 256;
 
-// out = scale * a float32 accumulator, rounded to T, for the tokens [0, total) that `keep` admits:
-// a warp per token, grid-stride, its lanes over (head, 4 columns); `quad(token, head, c)` the
-// address of the accumulator's columns c .. c + 3. The checked mode learns of an element that is
-// NaN or infinite. (dQ's conversion and, with head splits, dK's and dV's.)
-template <typename T, int kCols, typename Quad, typename Keep>
-__device__ __forceinline__ void convert_accumulator(Quad quad, Keep keep, T* out,
-                                                    int64_t token_stride, int64_t head_stride,
-                                                    int64_t total, int32_t heads, float scale,
-                                                    int32_t* device_check) {
-  static_assert(kCols % 4 == 0, "four columns a lane");
-  constexpr int kQuads = kCols / 4;
-  const int lane = threadIdx.x & 31;
-  const int n = heads * kQuads;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
-  bool not_finite = false;
-  for (int64_t token = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-       token < total; token += warps) {
-    if (!keep(token)) continue;
-    for (int i = lane; i < n; i += 32) {
-      const int head = i / kQuads, c = (i - head * kQuads) * 4;
-      const float4 x = *reinterpret_cast<const float4*>(quad(token, head, c));
-      const uint2 packed = make_uint2(tlx::pack2<T>(x.x * scale, x.y * scale),
-                                      tlx::pack2<T>(x.z * scale, x.w * scale));
-      *reinterpret_cast<uint2*>(out + token * token_stride + head * head_stride + c) = packed;
-      not_finite |= tlx::pair_not_finite<T>(packed.x) || tlx::pair_not_finite<T>(packed.y);
-    }
-  }
-  if (not_finite && device_check != nullptr) atomicOr(device_check, JFA_CHECK_RESULT_NOT_FINITE);
-}
-
 // dq = softmax_scale * the accumulator, rounded to T, for the rows of tokens no shared tile stores
-// (the main kernel wrote those).
+// (the main kernel wrote those): a warp per token, grid-stride, its lanes over (head, 4 columns).
+// The checked mode learns of an element that is NaN or infinite.
 template <typename T, int kD>
 __global__ void __launch_bounds__(kConvertThreads)
     bwd_convert_dq(const float* dq_acc, T* dq, int64_t dq_token_stride, int64_t dq_head_stride,
                    int64_t total_q, int32_t heads_q, float scale, const uint32_t* stored_rows,
                    int32_t* device_check) {
-  convert_accumulator<T, kD>(
-      [=](int64_t token, int head, int c) {
-        return dq_acc + dq_acc_offset(total_q, kD, token, head, c);
-      },
-      [=](int64_t token) { return !is_stored_row(stored_rows, token); }, dq, dq_token_stride,
-      dq_head_stride, total_q, heads_q, scale, device_check);
+  constexpr int kQuads = kD / 4;
+  const int lane = threadIdx.x & 31;
+  const int n = heads_q * kQuads;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  bool not_finite = false;
+  for (int64_t token = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+       token < total_q; token += warps) {
+    if (is_stored_row(stored_rows, token)) continue;
+    for (int i = lane; i < n; i += 32) {
+      const int head = i / kQuads, c = (i - head * kQuads) * 4;
+      const float4 x =
+          *reinterpret_cast<const float4*>(dq_acc + dq_acc_offset(total_q, kD, token, head, c));
+      const uint2 packed = make_uint2(tlx::pack2<T>(x.x * scale, x.y * scale),
+                                      tlx::pack2<T>(x.z * scale, x.w * scale));
+      *reinterpret_cast<uint2*>(dq + token * dq_token_stride + head * dq_head_stride + c) = packed;
+      not_finite |= tlx::pair_not_finite<T>(packed.x) || tlx::pair_not_finite<T>(packed.y);
+    }
+  }
+  if (not_finite && device_check != nullptr) atomicOr(device_check, JFA_CHECK_RESULT_NOT_FINITE);
 }
 
 }  // namespace jfa::sm90

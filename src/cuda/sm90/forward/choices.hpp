@@ -29,12 +29,16 @@ struct KernelChoices {
 
 using ShippedKernel = KernelChoices<Mainloop::kOverlappedTakingTurns, true>;
 
-// The choices of `Base` with local attention: sliding windows, softcap and attention sinks
-// (FwdLocalArgs), to which forward_shape routes the calls that ask for any of them; the kernels of
-// `Base` itself, which the other calls run, hold no trace of them.
-template <typename Base>
+// The choices of `Base` with local attention: sliding windows and softcap (FwdLocalArgs), to which
+// forward_shape routes the calls that ask for either; the kernels of `Base` itself, which the other
+// calls run (sinks alone among them: only a row's end reads them), hold no trace of them. Softcap
+// has kernels of its own (kWithSoftcap), whose softmax differs throughout (tanh, half the
+// exponentials off the MUFU unit): one kernel with both softmaxes in its loop held more registers
+// and spilled.
+template <typename Base, bool kWithSoftcap = false>
 struct WithLocalAttention : Base {
   static constexpr bool kLocalAttention = true;
+  static constexpr bool kSoftcap = kWithSoftcap;
 };
 
 // Whether choices K take local attention (only WithLocalAttention's do).
@@ -43,6 +47,12 @@ struct LocalAttentionOf : std::false_type {};
 template <typename K>
 struct LocalAttentionOf<K, std::void_t<decltype(K::kLocalAttention)>>
     : std::bool_constant<K::kLocalAttention> {};
+
+// Whether choices K are the softcap kernels' (WithLocalAttention<Base, true>).
+template <typename K, typename = void>
+struct SoftcapOf : std::false_type {};
+template <typename K>
+struct SoftcapOf<K, std::void_t<decltype(K::kSoftcap)>> : std::bool_constant<K::kSoftcap> {};
 
 // The choices of `Base` over a paged KV cache (FwdPagedArgs): the producer warp group copies each
 // K/V tile from its pages (producer_paged.cuh), the rest is `Base`'s. Chunked prefill over a paged
@@ -83,16 +93,18 @@ inline constexpr LaunchChoices kShippedLaunch{/*sort_work_list=*/false, /*depend
 // - head_dim 32: as 64. head_dim 96: two groups, K tiles of 128 keys. head_dim 256: two groups,
 //   K tiles of 64 keys, one Q stage, O staged in two passes of 128 columns (FwdConfig). Not yet
 //   tuned by measurement.
+// - softcap: two groups at 32 and 64, 128 keys at 128: the softcap kernels' softmax with three
+//   groups (128 registers a thread) or 160 keys spills in the K loop.
 inline constexpr int64_t kShortMeanQueryTokens = 128;
 
 constexpr bool short_on_average(int64_t total_q, int64_t batch) {
   return total_q <= kShortMeanQueryTokens * batch;
 }
-constexpr int head_dim_64_groups(int64_t total_q, int64_t batch) {
-  return short_on_average(total_q, batch) ? 2 : 3;
+constexpr int head_dim_64_groups(int64_t total_q, int64_t batch, bool softcap = false) {
+  return softcap || short_on_average(total_q, batch) ? 2 : 3;
 }
-constexpr int head_dim_128_keys(int64_t total_q, int64_t batch, bool causal) {
-  return !causal && !short_on_average(total_q, batch) ? 160 : 128;
+constexpr int head_dim_128_keys(int64_t total_q, int64_t batch, bool causal, bool softcap = false) {
+  return !causal && !softcap && !short_on_average(total_q, batch) ? 160 : 128;
 }
 
 // Pipeline depths and the register split (FwdConfig): K/V ring stages 4 at head_dim 64 and 2 at

@@ -63,16 +63,24 @@ __device__ __forceinline__ void tile_scores(ScoreTile<Cfg>& s, ConsumerState<Cfg
 
 // The scores of one S tile in the local-attention kernels: softcap bends the raw scores first (so
 // that masked keys stay -inf), then the mask where the tile needs it (may_mask: where some tile of
-// the range may), then the online softmax over scores that softcap has scaled already.
+// the range may), then the online softmax. In the softcap kernels (Cfg::kSoftcap) the scores it
+// takes are tanh(s / c), the cap c folded into score_scale (fwd_args.hpp), and half the
+// exponentials run on the FMA pipe: the tanh doubles the MUFU unit's work, which then outlasts the
+// MMAs it should hide under.
+// Every how many column blocks of an S tile one takes its exponentials off the MUFU unit: half of
+// them in the softcap kernels, none elsewhere.
+template <typename Cfg>
+inline constexpr int kFmaExp2Every = Cfg::kSoftcap ? 2 : 0;
+
 template <typename Cfg>
 __device__ __forceinline__ void local_tile_scores(ScoreTile<Cfg>& s, ConsumerState<Cfg>& cs,
                                                   const FwdLocalArgs& a,
                                                   const typename Cfg::Mask& mask, int32_t key0,
                                                   int32_t len_k, bool may_mask, float (&alpha)[2]) {
-  if (a.softcap > 0.f)
-    s.for_each([&](float& x, int, int) { x = a.softcap * fast_tanh(x * a.softcap_in); });
+  if constexpr (Cfg::kSoftcap)
+    s.for_each([&](float& x, int, int) { x = fast_tanh(x * a.softcap_in); });
   if (may_mask && mask.needs_mask(key0, Cfg::kBlockN, len_k)) mask.apply(s, key0);
-  cs.softmax.update(s, a.score_scale_log2, alpha);
+  cs.softmax.template update<Cfg::kBlockN, kFmaExp2Every<Cfg>>(s, a.score_scale_log2, alpha);
 }
 
 // Starts an item for one consumer thread: clears the running state; an item whose rows see no key

@@ -22,7 +22,8 @@
 
 namespace jfa::sm90 {
 
-// `no_keys`: no row of the item sees a key (O is zero, LSE -inf; mask.keys not loaded).
+// `no_keys`: no row of the item sees a key (O is zero, LSE -inf or the row's sink; mask.keys not
+// loaded).
 template <typename Cfg>
 __device__ __forceinline__ void epilogue(const tlx::AccumFragment<Cfg::kDv>& o,
                                          const OnlineSoftmax& softmax, typename Cfg::Shared& s,
@@ -41,22 +42,17 @@ __device__ __forceinline__ void epilogue(const tlx::AccumFragment<Cfg::kDv>& o,
   float inv[2];
   bool not_finite = false;  // a row of the item that sees a key got no finite sum or LSE
   // With sinks every row's LSE is finite, an empty row's too (its sink): so is a non-finite sink.
-  bool sunk = false;
-  if constexpr (Cfg::kLocal) sunk = static_cast<const FwdLocalArgs&>(a).sinks != nullptr;
+  const bool sunk = a.sinks != nullptr;
+  float score_scale = a.softmax_scale;
+  if constexpr (Cfg::kLocal) score_scale = static_cast<const FwdLocalArgs&>(a).score_scale;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float l = softmax.total(h);
     // A row that sees a key has l >= 1 (its reference maximum's own term); l is NaN where a score
     // is (q.k beyond float32, or a NaN or infinite q or k), and then so is its output row.
     const bool empty = no_keys || l == 0.f;
-    inv[h] = empty ? 0.f : 1.f / l;
-    [[maybe_unused]] float local_lse = 0.f;
-    if constexpr (Cfg::kLocal) {
-      const RowEnd e =
-          row_end(static_cast<const FwdLocalArgs&>(a), w.head, softmax.row_max[h], l, empty);
-      inv[h] = e.inv;
-      local_lse = e.lse;
-    }
+    const RowEnd e = row_end(a.sinks, score_scale, w.head, softmax.row_max[h], l, empty);
+    inv[h] = e.inv;
     const int32_t row = mask.row0 + 8 * h;
     // The checked mode: a row that sees a key without a finite positive sum had a score that
     // float32 cannot hold (+inf, NaN, or every one -inf).
@@ -65,11 +61,8 @@ __device__ __forceinline__ void epilogue(const tlx::AccumFragment<Cfg::kDv>& o,
       not_finite |= !(l > 0.f && l < INFINITY);
     if (row < w.seq.len_q && a.lse != nullptr && threadIdx.x % 4 == 0) {
       const int64_t token = static_cast<int64_t>(w.seq.q_start) + row;
-      const float lse = Cfg::kLocal
-                            ? local_lse
-                            : (empty ? -INFINITY : softmax.row_max[h] * a.softmax_scale + logf(l));
-      a.lse[static_cast<int64_t>(w.head) * a.total_q + token] = lse;
-      if (a.device_check != nullptr) not_finite |= (!empty || sunk) && !(fabsf(lse) < INFINITY);
+      a.lse[static_cast<int64_t>(w.head) * a.total_q + token] = e.lse;
+      if (a.device_check != nullptr) not_finite |= (!empty || sunk) && !(fabsf(e.lse) < INFINITY);
     }
   }
   if (not_finite && a.device_check != nullptr)

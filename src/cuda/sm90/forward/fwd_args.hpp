@@ -21,6 +21,9 @@ struct FwdArgs : Problem {
   // before `out`, with R = out_ragged_rows = total_q + 1: the row bound R falls on `end`, so a TMA
   // store of a tile clips at the end of its item without a map per sequence.
   int32_t out_ragged_rows;
+  // nullable, [heads_q]: one logit per head in each row's denominator (epilogue.cuh's row end:
+  // sinks alone take the plain kernels)
+  const float* sinks;
 };
 
 // What the local-attention kernels read besides (WithLocalAttention in choices.hpp).
@@ -28,11 +31,11 @@ struct FwdLocalArgs : FwdArgs {
   jfa::detail::Window window;  // resolved: the causal mask is right = 0
   float softcap;               // 0: off, else c of c * tanh(s / c) on the scaled scores s
   float softcap_in;            // softmax_scale / softcap: the raw score's factor inside tanh
-  // The scores the online softmax takes are the raw q.k times score_scale: softmax_scale, or 1
-  // where softcap has scaled them already.
+  // The scores the online softmax takes, times score_scale, are the scaled scores: the raw q.k
+  // times softmax_scale, or under softcap tanh(q.k softcap_in) times the cap (folded here, so
+  // that the scores need no multiply of their own).
   float score_scale;
   float score_scale_log2;  // score_scale * log2(e)
-  const float* sinks;      // nullable, [heads_q]: one logit per head in each row's denominator
 };
 
 // What the paged kernels read besides (WithPagedKV in choices.hpp): key j of sequence b is row
@@ -68,9 +71,8 @@ inline FwdLocalArgs local_args(const FwdArgs& base, const jfa::detail::Params& p
   a.window = p.window;
   a.softcap = p.softcap;
   a.softcap_in = p.softcap > 0.f ? p.softmax_scale / p.softcap : 0.f;
-  a.score_scale = p.softcap > 0.f ? 1.f : p.softmax_scale;
+  a.score_scale = p.softcap > 0.f ? p.softcap : p.softmax_scale;
   a.score_scale_log2 = static_cast<float>(static_cast<double>(a.score_scale) * 1.4426950408889634);
-  a.sinks = p.sinks;
   return a;
 }
 

@@ -60,6 +60,7 @@ struct FwdConfig {
   using Kernel = Choices;
   // Local attention (WithLocalAttention): its kernel argument and mask.
   static constexpr bool kLocal = LocalAttentionOf<Choices>::value;
+  static constexpr bool kSoftcap = SoftcapOf<Choices>::value;  // the local kernels' with softcap
   // A paged KV cache (WithPagedKV): its kernel argument; the producer copies K/V by cp.async.
   static constexpr bool kPaged = PagedKVOf<Choices>::value;
   static_assert(!(kLocal && kPaged), "local attention over a paged cache has no kernel");

@@ -25,6 +25,8 @@ namespace {
 // has rows of both.
 int forward_row(const jfa::detail::Params& p) {
 #ifdef JFA_SM90_TUNING
+  // Not under softcap, whose kernels exist for its own choices only (choices.hpp).
+  if (p.softcap > 0.f) return select_forward_shape(p);
   const int groups =
       tuning_switch(TuningSwitch::kD64Rows, 64 * head_dim_64_groups(p.total_q, p.batch)) / 64;
   const int keys =

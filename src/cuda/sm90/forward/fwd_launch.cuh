@@ -95,6 +95,7 @@ jfa_status run_forward(const jfa::detail::Params& p, const jfa::cuda::DeviceFact
   base.work = work;
   base.lse = p.lse;
   base.out_ragged_rows = static_cast<int32_t>(ragged_rows);
+  base.sinks = p.sinks;
   typename Cfg::Args a{};
   if constexpr (Cfg::kLocal)
     a = local_args(base, p);

@@ -25,11 +25,24 @@ jfa_status forward_tuned(const jfa::detail::Params& p, const jfa::cuda::DeviceFa
 
 template <typename T, int kHeadDim, int kGroups, int kKeys, int kHeadDimV>
 jfa_status forward_shape(const jfa::detail::Params& p, const jfa::cuda::DeviceFacts& device) {
-  // Windows, softcap and sinks: the shipped choices with local attention, in tuning builds too.
-  if (p.uses_local_attention())
+  // Windows and softcap: the shipped choices with local attention, in tuning builds too; softcap
+  // on kernels of its own. Sinks alone take the plain kernels (only a row's end reads them).
+  if (p.uses_window_or_softcap()) {
+    if (p.softcap > 0.f) {
+      // Not with three groups or 160 keys (choices.hpp): no such kernel is built.
+      if constexpr (kGroups == 3 || kKeys > 128)
+        return jfa::detail::fail(JFA_ERROR_INTERNAL,
+                                 "no softcap kernel with %d consumer groups and %d keys a tile",
+                                 kGroups, kKeys);
+      else
+        return run_forward<FwdConfig<T, kHeadDim, kGroups, kKeys,
+                                     WithLocalAttention<ShippedKernel, true>, kHeadDimV> >(
+            p, device, kShippedLaunch);
+    }
     return run_forward<
         FwdConfig<T, kHeadDim, kGroups, kKeys, WithLocalAttention<ShippedKernel>, kHeadDimV> >(
         p, device, kShippedLaunch);
+  }
 #ifdef JFA_SM90_TUNING
   const LaunchChoices launch{
       tuning_switch(TuningSwitch::kLpt, kShippedLaunch.sort_work_list) != 0,

@@ -16,6 +16,31 @@
 
 namespace jfa::sm90 {
 
+// The item's Q tile by TMA into the Q ring's stage `qs` (one thread; the stage acquired here).
+template <typename Cfg>
+__device__ __forceinline__ void load_q(typename Cfg::Shared& s, const CUtensorMap* tm_q,
+                                       const tlx::PipelineState<Cfg::kQStages>& qs,
+                                       const WorkItem& w) {
+  s.q_ring.acquire(qs);
+  tlx::MBarrier* q_full = s.q_ring.commit(qs, Cfg::QTile::kBytes);
+  const int32_t q_row = w.seq.q_start + w.m_block * Cfg::kBlockM;
+#pragma unroll
+  for (int bx = 0; bx < Cfg::QTile::kBoxes; ++bx)
+    tlx::tma_load_3d(tm_q, q_full, s.q[qs.stage].box(bx), bx * Cfg::QTile::kBoxCols, w.head, q_row);
+}
+
+// The order of an item's K/V loads, the one the overlapped main loop consumes: K one tile ahead
+// of V; load_k(it) and load_v(it) load K/V tile `it` of the walk (from the last K tile).
+template <typename LoadK, typename LoadV>
+__device__ __forceinline__ void load_item_kv(int32_t n_blocks, LoadK&& load_k, LoadV&& load_v) {
+  load_k(0);
+  for (int it = 1; it < n_blocks; ++it) {
+    load_k(it);
+    load_v(it - 1);
+  }
+  load_v(n_blocks - 1);
+}
+
 template <typename Cfg>
 __device__ __forceinline__ void producer_loop(typename Cfg::Shared& s, const CUtensorMap* tm_q,
                                               const CUtensorMap* tm_k, const CUtensorMap* tm_v,
@@ -34,30 +59,15 @@ __device__ __forceinline__ void producer_loop(typename Cfg::Shared& s, const CUt
       tlx::tma_load_3d(map, full, tiles[st.stage].box(bx), bx * Tile::kBoxCols, kv_head, row);
     st.advance();
   };
-  auto load_k = [&](const WorkItem& w, int32_t kv_head, int it) {
-    load_kv(tm_k, s.k_ring(), s.k, ks, w, kv_head, it);
-  };
-  auto load_v = [&](const WorkItem& w, int32_t kv_head, int it) {
-    load_kv(tm_v, s.v_ring(), s.v, vs, w, kv_head, it);
-  };
   ItemScheduler<Cfg, true> items;
   WorkItem w;
   while (items.next(s, a, n_items, w)) {
     if (!w.active || w.n_blocks == 0) continue;
     const int32_t kv_head = w.head / a.group;
-    s.q_ring.acquire(qs);
-    tlx::MBarrier* q_full = s.q_ring.commit(qs, Cfg::QTile::kBytes);
-    const int32_t q_row = w.seq.q_start + w.m_block * Cfg::kBlockM;
-#pragma unroll
-    for (int bx = 0; bx < Cfg::QTile::kBoxes; ++bx)
-      tlx::tma_load_3d(tm_q, q_full, s.q[qs.stage].box(bx), bx * Cfg::QTile::kBoxCols, w.head,
-                       q_row);
-    load_k(w, kv_head, 0);
-    for (int it = 1; it < w.n_blocks; ++it) {
-      load_k(w, kv_head, it);
-      load_v(w, kv_head, it - 1);
-    }
-    load_v(w, kv_head, w.n_blocks - 1);
+    load_q<Cfg>(s, tm_q, qs, w);
+    load_item_kv(
+        w.n_blocks, [&](int it) { load_kv(tm_k, s.k_ring(), s.k, ks, w, kv_head, it); },
+        [&](int it) { load_kv(tm_v, s.v_ring(), s.v, vs, w, kv_head, it); });
     qs.advance();
   }
 }

@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "cuda/sm90/forward/fwd_config.cuh"
+#include "cuda/sm90/forward/producer.cuh"
 #include "cuda/sm90/forward/scheduler.cuh"
 #include "cuda/sm90/shared/async_copy.cuh"
 #include "cuda/tlx/tma.hpp"
@@ -99,21 +100,12 @@ __device__ __forceinline__ void producer_loop_paged(typename Cfg::Shared& s,
     if (!w.active || w.n_blocks == 0) continue;
     const int32_t kv_head = w.head / a.group;
     if (t == 0) {
-      s.q_ring.acquire(qs);
-      tlx::MBarrier* q_full = s.q_ring.commit(qs, Cfg::QTile::kBytes);
-      const int32_t q_row = w.seq.q_start + w.m_block * Cfg::kBlockM;
-#pragma unroll
-      for (int bx = 0; bx < Cfg::QTile::kBoxes; ++bx)
-        tlx::tma_load_3d(tm_q, q_full, s.q[qs.stage].box(bx), bx * Cfg::QTile::kBoxCols, w.head,
-                         q_row);
+      load_q<Cfg>(s, tm_q, qs, w);
       qs.advance();  // thread 0's alone: the others load no Q
     }
-    load(s.k_ring(), s.k, ks, a.k_cache, Cfg::kD, w, kv_head, 0);
-    for (int it = 1; it < w.n_blocks; ++it) {
-      load(s.k_ring(), s.k, ks, a.k_cache, Cfg::kD, w, kv_head, it);
-      load(s.v_ring(), s.v, vs, a.v_cache, Cfg::kDv, w, kv_head, it - 1);
-    }
-    load(s.v_ring(), s.v, vs, a.v_cache, Cfg::kDv, w, kv_head, w.n_blocks - 1);
+    load_item_kv(
+        w.n_blocks, [&](int it) { load(s.k_ring(), s.k, ks, a.k_cache, Cfg::kD, w, kv_head, it); },
+        [&](int it) { load(s.v_ring(), s.v, vs, a.v_cache, Cfg::kDv, w, kv_head, it); });
   }
 }
 

@@ -91,8 +91,10 @@ constexpr int backward_shape_row(int head_dim, int head_dim_v, int rows) {
 
 // The rows a call runs with the shipped choices (a tuning build may force others, fwd_dispatch.cu).
 constexpr int select_forward_shape(const jfa::detail::Params& p) {
-  return forward_shape_row(p.head_dim, p.head_dim_v, head_dim_64_groups(p.total_q, p.batch),
-                           head_dim_128_keys(p.total_q, p.batch, p.causal));
+  const bool softcap = p.softcap > 0.f;
+  return forward_shape_row(p.head_dim, p.head_dim_v,
+                           head_dim_64_groups(p.total_q, p.batch, softcap),
+                           head_dim_128_keys(p.total_q, p.batch, p.causal, softcap));
 }
 constexpr int select_backward_shape(const jfa::detail::Params& p) {
   return backward_shape_row(p.head_dim, p.head_dim_v, backward_rows_per_step(p.total_q, p.batch));

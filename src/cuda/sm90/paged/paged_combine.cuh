@@ -16,7 +16,7 @@ namespace jfa::sm90 {
 // A row whose sum is 0 saw no key (row_end: out 0 and LSE -inf, or its sink).
 __device__ __forceinline__ RowEnd paged_row_end(const PagedArgs& a, float m, float l,
                                                 int32_t head) {
-  return row_end(a, head, m, l, l == 0.f);
+  return row_end(a.sinks, a.score_scale, head, m, l, l == 0.f);
 }
 
 // Whether the checked mode reports a row: one that saw a key without a finite positive sum (a

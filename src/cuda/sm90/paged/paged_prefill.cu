@@ -41,7 +41,7 @@ size_t key_offsets_bytes(int64_t batch) {
 }  // namespace
 
 bool paged_prefill_may_take(const Params& p) {
-  return switch_on() && !p.uses_window_or_softcap() && p.sinks == nullptr &&
+  return switch_on() && !p.uses_window_or_softcap() &&
          p.max_seqlen_q >= kPagedPrefillMinQueryTokens;
 }
 

@@ -23,8 +23,8 @@ inline constexpr int32_t kPagedPrefillMinQueryTokens = 64;
 
 // Whether p's sizes and hints (no cache), of a call the paged kernels take (its dtype and head
 // sizes checked by paged_dispatch.cu), may take the prefill kernels: the switch, no window beyond
-// the causal mask, no softcap and no sinks (the plain kernels end their rows without them),
-// max_seqlen_q at least kPagedPrefillMinQueryTokens. The workspace size query asks this.
+// the causal mask and no softcap (sinks are taken), max_seqlen_q at least
+// kPagedPrefillMinQueryTokens. The workspace size query asks this.
 bool paged_prefill_may_take(const jfa::detail::Params& p);
 
 // Whether the call takes them: paged_prefill_may_take, and the cache's key capacity over the batch

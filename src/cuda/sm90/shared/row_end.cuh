@@ -1,6 +1,6 @@
-// A row's end in the kernels that take attention sinks (the local-attention forward, the paged
-// decode): the normaliser of O and the LSE over scores in raw units scaled by score_scale, with its
-// head's sink in the denominator where there are sinks. The LSE includes the sink, lse =
+// A row's end in the forward kernels (packed and paged): the normaliser of O and the LSE over
+// scores in raw units scaled by score_scale, with its head's sink in the denominator where there
+// are sinks. The LSE includes the sink, lse =
 // log(exp(sink) + sum exp(s)); a row that sees no key has out 0 and LSE the sink, -inf without. A
 // sink far above the scores makes the normaliser infinite and O zero, its limit.
 #pragma once
@@ -14,14 +14,13 @@ struct RowEnd {
   float lse;
 };
 
-// Args: any kernel's arguments with `sinks` (nullable, [heads_q]) and `score_scale`.
-template <typename Args>
-__device__ __forceinline__ RowEnd row_end(const Args& a, int32_t head, float row_max, float l,
-                                          bool empty) {
-  const float base = row_max * a.score_scale;
+// sinks: nullable, [heads_q].
+__device__ __forceinline__ RowEnd row_end(const float* sinks, float score_scale, int32_t head,
+                                          float row_max, float l, bool empty) {
+  const float base = row_max * score_scale;
   RowEnd e{empty ? 0.f : 1.f / l, empty ? -INFINITY : base + logf(l)};
-  if (a.sinks != nullptr) {
-    const float sink = __ldg(a.sinks + head);
+  if (sinks != nullptr) {
+    const float sink = __ldg(sinks + head);
     if (empty) {
       e.lse = sink;
     } else {

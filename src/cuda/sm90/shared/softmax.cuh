@@ -9,7 +9,9 @@
 // or loses the exponent to rounding.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "cuda/tlx/fragment.hpp"
 
@@ -19,6 +21,29 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+// exp2 on the FMA and integer pipes instead of the MUFU unit (which softcap's tanh loads as much
+// as the exponentials): 2^x = 2^f 2^n with n = round(x) (the 1.5 2^23 trick: the sum's low
+// mantissa bits hold n) and f in [-1/2, 1/2], 2^f by a cubic fitted for relative error (7.8e-5 at
+// most, below the 16-bit rounding of P), times 2^n built from n's bits. x is at most 2^8 here (the
+// online softmax's reference maximum lags by at most that); below -125 (-inf where masked) it
+// gives 0, as the MUFU's flush to zero does below -126, and NaN stays NaN.
+// Host code too, for its test (tests/cuda_host).
+__host__ __device__ __forceinline__ float fma_exp2(float x) {
+  constexpr float kRound = 12582912.f;  // 1.5 * 2^23
+  const bool tiny = x < -125.f;
+  const float t = tiny ? -125.f : x;
+  const float r = t + kRound;
+  const float f = t - (r - kRound);
+  const float p = fmaf(fmaf(fmaf(0.05517132f, f, 0.24261055f), f, 0.69326099f), f, 0.99992811f);
+  // (n + 127) << 23: n sits in r's low bits, above which r's own bits shift out.
+  uint32_t r_bits;
+  std::memcpy(&r_bits, &r, sizeof r_bits);
+  const uint32_t two_n_bits = (r_bits << 23) + 0x3f800000u;
+  float two_n;
+  std::memcpy(&two_n, &two_n_bits, sizeof two_n);
+  return tiny ? 0.f : p * two_n;
 }
 
 // Softcap's tanh (the local-attention kernels, forward and backward).
@@ -43,8 +68,10 @@ struct OnlineSoftmax {
   }
 
   // S (scores of one K tile) becomes P; alpha gets the factors by which O must be rescaled (O
-  // itself is left alone: it may still be the target of an MMA in flight).
-  template <int kCols>
+  // itself is left alone: it may still be the target of an MMA in flight). kFmaExp2Every: every
+  // that many column blocks of 8 one takes its exponentials from fma_exp2 (0: none), where the
+  // MUFU unit has other work (softcap's tanh).
+  template <int kCols, int kFmaExp2Every = 0>
   __device__ __forceinline__ void update(tlx::AccumFragment<kCols>& s, float scale_log2,
                                          float (&alpha)[2]) {
     float tile_max[2];
@@ -78,8 +105,17 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int h = 0; h < 2; ++h)
         alpha[h] = rescale ? fast_exp2(fmaf(m_old[h], scale_log2, neg_scaled[h])) : 1.f;
-      s.map_and_sum_rows(
-          [&](float x, int h) { return fast_exp2(fmaf(x, scale_log2, neg_scaled[h])); }, tile_sum);
+      if constexpr (kFmaExp2Every > 0)
+        s.map_and_sum_rows(
+            [&](float x, int h, int j) {
+              const float e = fmaf(x, scale_log2, neg_scaled[h]);
+              return j % kFmaExp2Every == kFmaExp2Every - 1 ? fma_exp2(e) : fast_exp2(e);
+            },
+            tile_sum);
+      else
+        s.map_and_sum_rows(
+            [&](float x, int h) { return fast_exp2(fmaf(x, scale_log2, neg_scaled[h])); },
+            tile_sum);
     } else {
 #pragma unroll
       for (int h = 0; h < 2; ++h)
