@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "cuda/sm90/backward/bwd_head_splits.hpp"
@@ -161,6 +163,22 @@ TEST(BackwardWorkspace, HeadSplitsRule) {
         if (head_splits_for(keys, 2, group, det, 64, 132) > 1)
           EXPECT_GT(head_splits_for(keys, 2, group, det, 128, jfa::sm90::kHeadSplitsMaxSms), 1);
       }
+}
+
+// The knob for splitting long items: 1 unless set, clamped to 1 .. 16.
+TEST(BackwardWorkspace, HeadSplitItemsPerSm) {
+  using jfa::sm90::head_split_items_per_sm;
+  const char* name = "JFA_CUDA_BWD_HEAD_SPLIT_ITEMS_PER_SM";
+  unsetenv(name);
+  EXPECT_EQ(head_split_items_per_sm(), 1);
+  for (const auto& [text, want] : {std::pair{"4", 4}, {"0", 1}, {"-3", 1}, {"99", 16}, {"x", 1}}) {
+    setenv(name, text, 1);
+    EXPECT_EQ(head_split_items_per_sm(), want) << text;
+  }
+  unsetenv(name);
+  // Aiming at 4 items an SM splits where 1 would not: 512 items of 16 query heads on 132 SMs.
+  EXPECT_EQ(jfa::sm90::head_splits_for(512 * 128, 1, 16, false, 128, 132), 1);
+  EXPECT_EQ(jfa::sm90::head_splits_for(512 * 128, 1, 16, false, 128, 4 * 132), 2);
 }
 
 // The accumulators of dK and dV follow the dQ accumulator, 256-byte aligned; without head splits

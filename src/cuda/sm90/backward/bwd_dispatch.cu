@@ -20,7 +20,8 @@ size_t backward_workspace_bytes(const jfa::detail::BackwardSizes& z) {
   const bool known_group = z.heads_kv > 0 && z.heads_q % z.heads_kv == 0;
   const int32_t splits = known_group
                              ? head_splits_for(z.total_k, z.heads_kv, z.heads_q / z.heads_kv,
-                                               z.deterministic, kBwdBlockN, kHeadSplitsMaxSms)
+                                               z.deterministic, kBwdBlockN,
+                                               int64_t{kHeadSplitsMaxSms} * head_split_items_per_sm())
                              : 1;
   return backward_workspace_layout(
              z.total_q, z.total_k, z.batch, z.heads_q, z.head_dim,
