@@ -637,12 +637,12 @@ INSTANTIATE_TEST_SUITE_P(PagedGpu, PagedGpuHeadDim, ::testing::Values(64, 128, 2
                            return "d" + std::to_string(info.param);
                          });
 
-// Chunked prefill on the packed forward's tiles (JFA_CUDA_UNVERIFIED_PAGED_PREFILL, for calls whose
-// max_seqlen_q is at least 64): chunks of 0 to 300 tokens (decode steps among them) over caches at
-// the page edges and longer, appended or not, causal and not, GQA, sinks, LSE on and off, page
-// sizes 1, 16, 48 (rows found by division) and 256, every paged head size and both dtypes; every
-// row that holds no key is NaN. The prefill kernels did run: their bits differ from the decode
-// kernel's on the same case.
+// Chunked prefill on the packed forward's tiles (forced by JFA_CUDA_PAGED_PREFILL=1, for calls
+// whose max_seqlen_q is at least 64): chunks of 0 to 300 tokens (decode steps among them) over
+// caches at the page edges and longer, appended or not, causal and not, GQA, sinks, LSE on and off,
+// page sizes 1, 16, 48 (rows found by division) and 256, every paged head size and both dtypes;
+// every row that holds no key is NaN. The prefill kernels did run: their bits differ from the
+// decode kernel's on the same case.
 TEST(PagedGpu, PrefillTilesMatchReference) {
   int k = 0, differs = 0, compared = 0;
   for (int32_t d : {64, 128, 256}) {
@@ -673,7 +673,7 @@ TEST(PagedGpu, PrefillTilesMatchReference) {
         if (append) c.len_new = c.len_q;
         c.max_q = 300;
         {
-          const ScopedEnv on("JFA_CUDA_UNVERIFIED_PAGED_PREFILL", "1");
+          const ScopedEnv on("JFA_CUDA_PAGED_PREFILL", "1");
           run_case(c);
         }
         // The same case on the decode kernel: the prefill kernels' bits differ somewhere.
@@ -683,11 +683,11 @@ TEST(PagedGpu, PrefillTilesMatchReference) {
         PagedDevice d(h);  // read only: the case appends nothing
         Outputs prefill, decode;
         {
-          const ScopedEnv on("JFA_CUDA_UNVERIFIED_PAGED_PREFILL", "1");
+          const ScopedEnv on("JFA_CUDA_PAGED_PREFILL", "1");
           ASSERT_EQ(d.run(h, &prefill), JFA_SUCCESS) << jfa_last_error_message();
         }
         {
-          const ScopedEnv off("JFA_CUDA_UNVERIFIED_PAGED_PREFILL", "0");
+          const ScopedEnv off("JFA_CUDA_PAGED_PREFILL", "0");
           ASSERT_EQ(d.run(h, &decode), JFA_SUCCESS) << jfa_last_error_message();
         }
         ++compared;
@@ -697,6 +697,34 @@ TEST(PagedGpu, PrefillTilesMatchReference) {
   }
   EXPECT_GT(compared, 0);
   EXPECT_EQ(differs, compared) << "a case gave the decode kernel's bits with the prefill switch on";
+}
+
+// By default the prefill tiles take a chunked prefill whose (q tile, query head) items fill the
+// SMs (8 chunks of 256 tokens on 32 query heads: 512 items) and the decode kernel one whose items
+// do not (one chunk: 64 items): the default call's bits are those of the path forced the same way.
+TEST(PagedGpu, PrefillTilesTakenWhereTheirItemsFillTheGpu) {
+  for (int32_t batch : {8, 1}) {
+    PagedCase c;
+    c.heads_q = 32;
+    c.heads_kv = 8;
+    c.dtype = DType::kBFloat16;
+    c.causal = true;
+    c.share_pages = false;
+    c.seqused.assign(static_cast<size_t>(batch), quick_mode() ? 700 : 2000);
+    c.len_q.assign(static_cast<size_t>(batch), 256);
+    std::mt19937_64 rng(fresh_seed(describe(c).c_str()));
+    PagedHost h(c, rng);
+    PagedDevice d(h);
+    Outputs by_default, forced;
+    ASSERT_EQ(d.run(h, &by_default), JFA_SUCCESS) << jfa_last_error_message();
+    {
+      const ScopedEnv force("JFA_CUDA_PAGED_PREFILL", batch == 8 ? "1" : "0");
+      ASSERT_EQ(d.run(h, &forced), JFA_SUCCESS) << jfa_last_error_message();
+    }
+    EXPECT_TRUE(by_default.out == forced.out)
+        << "batch " << batch << ": the default call did not take the "
+        << (batch == 8 ? "prefill tiles" : "decode kernel");
+  }
 }
 
 // Long caches on few CTAs (one sequence, one KV head): many splits and their combine, with and

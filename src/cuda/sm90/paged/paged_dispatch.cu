@@ -233,7 +233,7 @@ jfa_status run_paged(const Params& p, const jfa_paged_kv& kv,
     if (wp.workspace != nullptr && wp.workspace_bytes < bytes) wp.workspace = nullptr;
     return workspace.acquire(wp, bytes, stream);
   };
-  if (compute && paged_prefill_takes(p, kv)) {
+  if (compute && paged_prefill_takes(p, kv, device)) {
     CallWorkspace workspace;
     if (const jfa_status s = acquire(workspace, paged_prefill_workspace_bytes(p)); s != JFA_SUCCESS)
       return s;

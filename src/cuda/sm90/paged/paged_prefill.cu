@@ -28,9 +28,15 @@ using jfa::detail::Params;
 template <typename T, int kD>
 using PrefillConfig = FwdConfig<T, kD, 2, kD == 256 ? 64 : 128, WithPagedKV<ShippedKernel>>;
 
-bool switch_on() {
-  const char* env = std::getenv("JFA_CUDA_UNVERIFIED_PAGED_PREFILL");
-  return env != nullptr && env[0] != '\0' && env[0] != '0';
+// JFA_CUDA_PAGED_PREFILL: 1 every call the prefill kernels can take, 0 none, else by the items.
+enum class PrefillSwitch { kByItems, kAlways, kNever };
+
+PrefillSwitch prefill_switch() {
+  const char* env = std::getenv("JFA_CUDA_PAGED_PREFILL");
+  if (env == nullptr || env[0] == '\0') return PrefillSwitch::kByItems;
+  if (env[0] == '0') return PrefillSwitch::kNever;
+  if (env[0] == '1') return PrefillSwitch::kAlways;
+  return PrefillSwitch::kByItems;
 }
 
 // The key offsets' bytes, rounded up so that the work list after them stays aligned.
@@ -41,13 +47,20 @@ size_t key_offsets_bytes(int64_t batch) {
 }  // namespace
 
 bool paged_prefill_may_take(const Params& p) {
-  return switch_on() && !p.uses_window_or_softcap() &&
+  return prefill_switch() != PrefillSwitch::kNever && !p.uses_window_or_softcap() &&
          p.max_seqlen_q >= kPagedPrefillMinQueryTokens;
 }
 
-bool paged_prefill_takes(const Params& p, const jfa_paged_kv& kv) {
-  return paged_prefill_may_take(p) &&
-         static_cast<double>(p.batch) * kv.max_pages_per_seq * kv.page_size <= INT32_MAX;
+bool paged_prefill_takes(const Params& p, const jfa_paged_kv& kv,
+                         const jfa::cuda::DeviceFacts& device) {
+  if (!paged_prefill_may_take(p) ||
+      static_cast<double>(p.batch) * kv.max_pages_per_seq * kv.page_size > INT32_MAX)
+    return false;
+  if (prefill_switch() == PrefillSwitch::kAlways) return true;
+  constexpr int block_m = PrefillConfig<__half, 128>::kBlockM;  // the same at every head size
+  const double items =
+      static_cast<double>(p.batch) * ((p.max_seqlen_q + block_m - 1) / block_m) * p.heads_q;
+  return items >= device.sm_count;
 }
 
 size_t paged_prefill_workspace_bytes(const Params& p) {

@@ -2,10 +2,11 @@
 // WithPagedKV (its producer copies K/V from the pages, producer_paged.cuh), 128 or more query rows
 // a tile, where the decode kernel (paged_decode.cuh) runs 16 to 64 rows of a KV head's query group
 // a CTA and each row block reads the sequence's keys again. The sequences' key counts become
-// offsets on the device first (paged_key_offsets.cuh), in the call's workspace.
-//
-// UNVERIFIED on a GPU: taken only under JFA_CUDA_UNVERIFIED_PAGED_PREFILL=1 (read per call) until a
-// device run has passed the GPU tests and both sanitizers on it.
+// offsets on the device first (paged_key_offsets.cuh), in the call's workspace. Taken where the
+// (q tile, query head) items fill the SMs; with fewer, the decode kernel, which splits along the
+// keys, is as fast or faster (measured on an H100: chunks of 256 tokens, 32:8 heads, 4k and 8k
+// keys: B8 1.9x faster here, B1 within -7% to +2%). JFA_CUDA_PAGED_PREFILL (read per call): 1
+// takes them for every call they can take, 0 for none (to test and measure either path).
 #pragma once
 
 #include <cstddef>
@@ -22,14 +23,16 @@ namespace jfa::sm90 {
 inline constexpr int32_t kPagedPrefillMinQueryTokens = 64;
 
 // Whether p's sizes and hints (no cache), of a call the paged kernels take (its dtype and head
-// sizes checked by paged_dispatch.cu), may take the prefill kernels: the switch, no window beyond
-// the causal mask and no softcap (sinks are taken), max_seqlen_q at least
+// sizes checked by paged_dispatch.cu), may take the prefill kernels: not switched off, no window
+// beyond the causal mask and no softcap (sinks are taken), max_seqlen_q at least
 // kPagedPrefillMinQueryTokens. The workspace size query asks this.
 bool paged_prefill_may_take(const jfa::detail::Params& p);
 
-// Whether the call takes them: paged_prefill_may_take, and the cache's key capacity over the batch
-// (batch * max_pages_per_seq * page_size) in int32, the offsets' type.
-bool paged_prefill_takes(const jfa::detail::Params& p, const jfa_paged_kv& kv);
+// Whether the call takes them: paged_prefill_may_take, the cache's key capacity over the batch
+// (batch * max_pages_per_seq * page_size) in int32, the offsets' type, and (unless switched on for
+// every call) at least one (q tile, query head) item per SM by the hints.
+bool paged_prefill_takes(const jfa::detail::Params& p, const jfa_paged_kv& kv,
+                         const jfa::cuda::DeviceFacts& device);
 
 // Its workspace: the key offsets, then the packed forward's work list.
 size_t paged_prefill_workspace_bytes(const jfa::detail::Params& p);
