@@ -927,19 +927,10 @@ TEST(BackwardGpu, DeterministicSharedTiles) {
 
 // A caller's workspace of exactly the size asked for (with stale contents) gives the gradients of
 // the library's own workspace, and the call then allocates nothing.
-TEST(BackwardGpuApi, CallerWorkspaceGivesTheSameGradients) {
-  const Case c = workspace_case();
-  BackwardRunner runner(c, fresh_seed("backward workspace"));
-  ASSERT_NO_FATAL_FAILURE(runner.upload_and_forward());
-  Gradients own;
-  ASSERT_EQ(runner.run(&own), JFA_SUCCESS) << jfa_last_error_message();
-  runner.check(own);
-
+// The runner's backward into the poisoned gradients with a caller's workspace of `bytes` (stale
+// contents), which must allocate nothing; the gradients as downloaded.
+void run_with_callers_workspace(const BackwardRunner& runner, size_t bytes, Gradients* g) {
   jfa_attention_backward_params p = runner.params();
-  size_t bytes = 0;
-  ASSERT_EQ(jfa_attention_backward_workspace_size(&p, &bytes), JFA_SUCCESS)
-      << jfa_last_error_message();
-  ASSERT_GT(bytes, 0u) << "the CUDA backward reported no workspace";
   DeviceBuffer workspace(bytes);
   JFA_CUDA_OK(cudaMemset(workspace.ptr, 0xA5, bytes));  // stale contents must not matter
   p.forward.workspace = workspace.ptr;
@@ -949,7 +940,21 @@ TEST(BackwardGpuApi, CallerWorkspaceGivesTheSameGradients) {
   ASSERT_EQ(jfa_attention_backward(&p), JFA_SUCCESS) << jfa_last_error_message();
   JFA_CUDA_OK(cudaDeviceSynchronize());
   EXPECT_EQ(default_pool_peak(/*reset=*/false), 0u) << "a call with a workspace allocated memory";
-  const Gradients given = runner.download_gradients();
+  *g = runner.download_gradients();
+}
+
+TEST(BackwardGpuApi, CallerWorkspaceGivesTheSameGradients) {
+  const Case c = workspace_case();
+  BackwardRunner runner(c, fresh_seed("backward workspace"));
+  ASSERT_NO_FATAL_FAILURE(runner.upload_and_forward());
+  Gradients own;
+  ASSERT_EQ(runner.run(&own), JFA_SUCCESS) << jfa_last_error_message();
+  runner.check(own);
+
+  const size_t bytes = backward_workspace_bytes(runner.params());
+  ASSERT_GT(bytes, 0u) << "the CUDA backward reported no workspace";
+  Gradients given;
+  ASSERT_NO_FATAL_FAILURE(run_with_callers_workspace(runner, bytes, &given));
   EXPECT_TRUE(own.dq == given.dq && own.dk == given.dk && own.dv == given.dv)
       << "the caller's workspace changed the gradients";
 }
@@ -963,22 +968,14 @@ TEST(BackwardGpuApi, HeadSplitsWithTheCallersWorkspace) {
   c.deterministic = false;
   BackwardRunner runner(c, fresh_seed("head-split workspace"));
   ASSERT_NO_FATAL_FAILURE(runner.upload_and_forward());
-  jfa_attention_backward_params p = runner.params();
-  const size_t unsplit = unsplit_workspace_bytes(p);
-  const size_t split = backward_workspace_bytes(p);
+  const size_t unsplit = unsplit_workspace_bytes(runner.params());
+  const size_t split = backward_workspace_bytes(runner.params());
   ASSERT_GT(split, unsplit);
   for (size_t bytes : {unsplit, split}) {
     SCOPED_TRACE(bytes == split ? "sized for head splits" : "sized without them");
-    DeviceBuffer workspace(bytes);
-    JFA_CUDA_OK(cudaMemset(workspace.ptr, 0xA5, bytes));  // stale contents must not matter
-    p.forward.workspace = workspace.ptr;
-    p.forward.workspace_bytes = bytes;
-    runner.poison_gradients();
-    ASSERT_EQ(default_pool_peak(/*reset=*/true), 0u);
-    ASSERT_EQ(jfa_attention_backward(&p), JFA_SUCCESS) << jfa_last_error_message();
-    JFA_CUDA_OK(cudaDeviceSynchronize());
-    EXPECT_EQ(default_pool_peak(/*reset=*/false), 0u) << "a call with a workspace allocated";
-    runner.check(runner.download_gradients());
+    Gradients given;
+    ASSERT_NO_FATAL_FAILURE(run_with_callers_workspace(runner, bytes, &given));
+    runner.check(given);
   }
 }
 
