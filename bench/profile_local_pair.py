@@ -4,8 +4,8 @@ cudaProfilerStart/Stop after a warm-up of each, for Nsight Compute to profile si
   ncu --profile-from-start off --clock-control none --set full -o OUT/pair \\
       python3 bench/profile_local_pair.py --head-dim 128 --window 4096 --pass backward
 
-The cell: W1's lengths (32 sequences of 1024-3072 tokens, bench/workloads.py's seed), 16 heads,
-bf16, causal, window (left, 0) (-1: none), softcap; the pass's kernels of each library run once
+The cell: W1's lengths (32 sequences of 1024-3072 tokens, bench/workloads.py's seed), 16 heads
+(`--heads-kv` of them for K and V: GQA), bf16, causal, window (left, 0) (-1: none), softcap; the pass's kernels of each library run once
 inside the profiled range (the backward: each library's backward alone, the forward before the
 range). Needs torch with CUDA, libjfa's torch ops (python/jfa, JFA_LIBRARY) and FA3's wrapper
 (.peers/python, FA3_LIB naming its build with windows and softcap)."""
@@ -33,7 +33,11 @@ def main(argv=None):
     ap.add_argument("--pass", dest="pass_name", choices=("forward", "backward"),
                     default="backward")
     ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--heads-kv", type=int, default=None, help="K/V heads (default: --heads)")
     args = ap.parse_args(argv)
+    hkv = args.heads if args.heads_kv is None else args.heads_kv
+    if hkv < 1 or args.heads % hkv:
+        ap.error("--heads-kv must divide --heads")
     sys.path[:0] = [os.path.join(REPO, "python"), os.path.join(REPO, ".peers", "python")]
     import jfa
     from flash_attn_interface import flash_attn_varlen_func
@@ -43,11 +47,11 @@ def main(argv=None):
     total, d, h = sum(lengths), args.head_dim, args.heads
     gen = torch.Generator(device="cuda").manual_seed(1)
 
-    def leaf():
-        return torch.randn(total, h, d, device="cuda", dtype=torch.bfloat16,
+    def leaf(heads):
+        return torch.randn(total, heads, d, device="cuda", dtype=torch.bfloat16,
                            generator=gen).requires_grad_()
 
-    q, k, v = leaf(), leaf(), leaf()
+    q, k, v = leaf(h), leaf(hkv), leaf(hkv)
     dout = torch.randn(total, h, d, device="cuda", dtype=torch.bfloat16, generator=gen)
     window = (args.window, 0)
     top = max(lengths)
@@ -79,7 +83,7 @@ def main(argv=None):
         torch.cuda.nvtx.range_pop()
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
-    print(f"profiled {args.pass_name}: W1 lengths, {h} heads, d {d}, bf16, causal, window "
+    print(f"profiled {args.pass_name}: W1 lengths, {h}:{hkv} heads, d {d}, bf16, causal, window "
           f"{window}, softcap {args.softcap}; jfa then FA3")
     return 0
 

@@ -31,6 +31,9 @@
 #                   PROFILE_ARGS its options, default the backward of W1, head_dim 128, window
 #                   4096): pair.ncu-rep, its details as text, its raw metrics as CSV and its
 #                   SASS with each instruction's stall samples as CSV. Not in all.
+#   profile-paged   the same over one jfa and one FlashAttention-3 call over a paged KV cache
+#                   (bench/profile_paged_pair.py, default chunked prefill: 8 sequences of 256
+#                   tokens over 4k keys, 32:8, head_dim 128, pages of 16). Not in all.
 #   bench           bench-forward, then bench-backward.
 #   all             every stage above but build's gathering (builds in place when no CARRY_DIR
 #                   exists), for a machine without the per-command limit.
@@ -61,7 +64,7 @@
 #        methods beside the peers, default jfa; e.g. jfa,jfa_autograd), BACKWARD_PASS
 #        (bench-backward: bench/backward_peers.py's --pass, default backward)
 set -u -o pipefail
-STAGE=${1:?usage: scripts/gpu-check.sh build|suite|sanitize|bench-forward|bench-backward|bench-local|bench-paged|profile-local|bench|all OUTDIR}
+STAGE=${1:?usage: scripts/gpu-check.sh build|suite|sanitize|bench-forward|bench-backward|bench-local|bench-paged|profile-local|profile-paged|bench|all OUTDIR}
 OUT=${2:?usage: scripts/gpu-check.sh STAGE OUTDIR}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -286,20 +289,22 @@ stage_bench_paged() {
   return $rc
 }
 
-stage_profile_local() {
-  runtime_env || { summary profile-local "FAILED (nothing carried)"; return 1; }
-  command -v ncu >/dev/null || { summary profile-local "FAILED (no ncu)"; return 1; }
-  local rc=0
+# profile_pair STAGE SCRIPT DEFAULT_ARGS: Nsight Compute over SCRIPT's jfa and FlashAttention-3
+# calls (FA3's full build: windows, softcap, paged KV), PROFILE_ARGS instead of DEFAULT_ARGS.
+profile_pair() {
+  local stage=$1 script=$2 defaults=$3 rc=0
+  runtime_env || { summary "$stage" "FAILED (nothing carried)"; return 1; }
+  command -v ncu >/dev/null || { summary "$stage" "FAILED (no ncu)"; return 1; }
   # shellcheck disable=SC2086  # PROFILE_ARGS is a list of options
   FA3_LIB=$FA3_FULL_LIB timeout "$(left)" ncu --profile-from-start off --clock-control none \
-    --set "${NCU_SET:-full}" -f -o "$OUT/pair" python3 bench/profile_local_pair.py \
-    ${PROFILE_ARGS:---pass backward --head-dim 128 --window 4096} >"$OUT/profile.log" 2>&1 || rc=1
+    --set "${NCU_SET:-full}" -f -o "$OUT/pair" python3 "$script" \
+    ${PROFILE_ARGS:-$defaults} >"$OUT/profile.log" 2>&1 || rc=1
   ncu --import "$OUT/pair.ncu-rep" --page details >"$OUT/pair.txt" 2>&1
   ncu --import "$OUT/pair.ncu-rep" --page raw --csv >"$OUT/pair-raw.csv" 2>&1
   # Per SASS instruction: its stall samples, to say where the cycles go (the details page has only
   # the kernel's totals).
   ncu --import "$OUT/pair.ncu-rep" --page source --print-source sass --csv >"$OUT/pair-sass.csv" 2>&1
-  summary profile-local "$(gpu_name): rc $rc ($(grep -c '^  [a-zA-Z_].*(' "$OUT/pair.txt") kernels in pair.txt)"
+  summary "$stage" "$(gpu_name): rc $rc ($(grep -c '^  [a-zA-Z_].*(' "$OUT/pair.txt") kernels in pair.txt)"
   return $rc
 }
 
@@ -311,7 +316,10 @@ case $STAGE in
   bench-backward) stage_bench_backward ;;
   bench-local) stage_bench_local ;;
   bench-paged) stage_bench_paged ;;
-  profile-local) stage_profile_local ;;
+  profile-local)
+    profile_pair profile-local bench/profile_local_pair.py "--pass backward --head-dim 128 --window 4096" ;;
+  profile-paged)
+    profile_pair profile-paged bench/profile_paged_pair.py "--batch 8 --tokens 256 --cache 4096" ;;
   bench)
     STAGE_SECONDS=$((STAGE_SECONDS / 2)) stage_bench_forward; a=$?
     START=$SECONDS stage_bench_backward; b=$?
@@ -323,6 +331,6 @@ case $STAGE in
       START=$SECONDS STAGE_SECONDS=100000 $s || rc=1
     done
     exit $rc ;;
-  *) echo "unknown stage '$STAGE' (build, suite, sanitize, bench-forward, bench-backward, bench-local, bench-paged, profile-local, bench, all)" >&2
+  *) echo "unknown stage '$STAGE' (build, suite, sanitize, bench-forward, bench-backward, bench-local, bench-paged, profile-local, profile-paged, bench, all)" >&2
      exit 2 ;;
 esac

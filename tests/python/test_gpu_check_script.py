@@ -15,7 +15,8 @@ def run(stage, out, **env):
                           env={**os.environ, **env}, timeout=60)
 
 
-@pytest.mark.parametrize("stage", ["suite", "sanitize", "bench-forward", "bench-backward"])
+@pytest.mark.parametrize("stage", ["suite", "sanitize", "bench-forward", "bench-backward",
+                                   "bench-paged", "profile-local", "profile-paged"])
 def test_run_stages_need_the_carried_build(tmp_path, stage):
     r = run(stage, tmp_path / "out", CARRY_DIR=str(tmp_path / "missing"))
     assert r.returncode != 0
@@ -57,3 +58,15 @@ def test_benchmarks_take_their_head_sizes_from_the_table(tmp_path):
                      "JFA_SM90_BACKWARD(32, 32, 64)\nJFA_SM90_BACKWARD(64, 64, 64)\n"
                      "JFA_SM90_BACKWARD(192, 128, 64)\nJFA_SM90_FORWARD(64, 64, 3, 128)\n")
     assert workloads.cuda_head_dims(str(table)) == (64, 32)
+
+
+def test_profile_pair_scripts_parse_their_options():
+    """The profile stages' scripts parse their default options without torch or a GPU."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import profile_paged_pair
+
+    args = profile_paged_pair.parse_args(["--batch", "8", "--tokens", "256", "--cache", "4096"])
+    assert (args.batch, args.tokens, args.cache, args.heads, args.heads_kv) == (8, 256, 4096, 32, 8)
+    for bad in (["--tokens", "0"], ["--tokens", "5000"], ["--heads-kv", "5"]):
+        with pytest.raises(SystemExit):
+            profile_paged_pair.parse_args(bad)
