@@ -17,6 +17,10 @@ The methods:
 - fa3: torch.ops.flash_attn_3.bwd after torch.ops.flash_attn_3.fwd, varlen, when FA3's op library
   is loaded (--fa3-lib or $FA3_LIB; else an installed flash_attn_interface, if any). Both calls are
   built from the ops' schemas, which differ between FA3 versions.
+- cudnn_ragged: cuDNN's native ragged SDPA (bench/cudnn_ragged.py, through the cudnn-frontend
+  package on torch's cuDNN): the packed tensors described to cuDNN with ragged offsets and the
+  padding mask, forward graph and backward graph built once per cell; unavailable where `import
+  cudnn` fails.
 - fa4: flash-attn-4's flash_attn.cute.flash_attn_varlen_func (CuTe DSL; on Hopper its SM90 forward
   and backward, the FA3-class kernels at every head size it takes), differentiated by torch
   autograd as FlexAttention is; each shape's kernels are compiled at their first call (not timed).
@@ -90,10 +94,10 @@ import workloads as W  # noqa: E402
 from peers import parse_list, write_json  # noqa: E402
 from workloads import mask_name  # noqa: E402
 
-METHOD_ORDER = ["jfa", "jfa_det", "jfa_autograd", "fa3", "fa4", "fa2_varlen", "flex",
-                "cudnn_padded"]
+METHOD_ORDER = ["jfa", "jfa_det", "jfa_autograd", "fa3", "cudnn_ragged", "fa4", "fa2_varlen",
+                "flex", "cudnn_padded"]
 LABELS = {"jfa": "jfa", "jfa_det": "jfa deterministic", "jfa_autograd": "jfa through autograd",
-          "fa3": "FA3 varlen",
+          "fa3": "FA3 varlen", "cudnn_ragged": "cuDNN ragged",
           "fa4": "FA4 varlen (Hopper)",
           "fa2_varlen": "varlen FA2 (aten)", "flex": "FlexAttention",
           "cudnn_padded": "padded cuDNN"}
@@ -398,6 +402,7 @@ def format_tables(records, workload_order=None):
 README_LABELS = {"jfa": "jfa", "jfa_det": "jfa, `deterministic=True`",
                  "jfa_autograd": "jfa through `torch.autograd.grad`",
                  "fa3": "FlashAttention-3 (varlen)",
+                 "cudnn_ragged": "cuDNN SDPA, ragged (THD)",
                  "fa4": "FlashAttention-4, Hopper kernels (varlen)",
                  "fa2_varlen": "varlen FA2 (aten)",
                  "flex": "FlexAttention (document mask)", "cudnn_padded": "padded cuDNN"}
@@ -787,6 +792,38 @@ def prepare_jfa_autograd(G, ctx, bc, causal, step=False):
                  f"libjfa {ctx.get('jfa_version')})")
 
 
+def prepare_cudnn_ragged(G, ctx, bc, causal, step=False):
+    try:
+        import cudnn
+        import cudnn_ragged
+    except Exception as e:
+        raise G.Unavailable(f"import cudnn (nvidia-cudnn-frontend): {G.short(e, 160)}")
+    c = bc.case
+    try:
+        sdpa = cudnn_ragged.RaggedSdpa(c.q, c.k, c.v, c.cu_q, c.cu_k, c.max_q, c.max_k, c.scale,
+                                       causal)
+        sdpa.forward()
+    except Exception as e:
+        text = G.short(e)
+        if "support" in text.lower():
+            raise G.Unavailable(f"cuDNN: {text}") from None
+        raise RuntimeError(f"cuDNN graph: {text}") from None
+    dout = bc.dout
+
+    if step:
+        def run():
+            sdpa.forward()
+            return sdpa.backward(dout)
+    else:
+        def run():
+            return sdpa.backward(dout)
+
+    backend = cudnn.backend_version() if hasattr(cudnn, "backend_version") else "?"
+    return Prepared(run, provider=f"cudnn-frontend {getattr(cudnn, '__version__', '?')}, cuDNN "
+                                  f"{backend}, ragged SDPA graphs",
+                    outputs=(sdpa.dq, sdpa.dk, sdpa.dv_), keep=sdpa)
+
+
 def prepare_fa2(G, ctx, bc, causal, step=False):
     fwd_op, bwd_op = ctx.get("fa2_fwd"), ctx.get("fa2_bwd")
     if fwd_op is None or bwd_op is None:
@@ -1010,7 +1047,7 @@ def prepare_cudnn_padded(G, ctx, bc, causal, step=False):
 
 
 PREPARE = {"jfa": prepare_jfa, "jfa_det": prepare_jfa_det, "jfa_autograd": prepare_jfa_autograd,
-           "fa3": prepare_fa3,
+           "fa3": prepare_fa3, "cudnn_ragged": prepare_cudnn_ragged,
            "fa4": prepare_fa4, "fa2_varlen": prepare_fa2, "flex": prepare_flex,
            "cudnn_padded": prepare_cudnn_padded}
 

@@ -38,6 +38,11 @@
 #   all             every stage above but build's gathering (builds in place when no CARRY_DIR
 #                   exists), for a machine without the per-command limit.
 #
+# cuDNN's ragged SDPA peer (bench-backward's cudnn_ragged) needs the cudnn-frontend package: carry
+# its wheel for the GPU machine's Python in .peers/wheels (`pip download nvidia-cudnn-frontend
+# --no-deps --only-binary=:all: --python-version 3.12 -d .peers/wheels`); the run stages install it
+# into .peers/cudnn-frontend, without a network, and put it on PYTHONPATH.
+#
 # Each stage writes its logs and JSON into OUTDIR and prints one summary line (also appended to
 # OUTDIR/summary.txt). Stages after build run only what CARRY_DIR holds: carry it (and .peers for
 # the benchmarks) to the GPU machine with the sources.
@@ -103,6 +108,12 @@ runtime_env() {
   export FA3_LIB=${FA3_LIB:-$ROOT/.peers/fa3_varlen.so}
   export FA3_FULL_LIB=${FA3_FULL_LIB:-$ROOT/.peers/fa3_full_bf16.so}
   [ -d "$ROOT/.peers/python" ] && export PYTHONPATH="$ROOT/.peers/python${PYTHONPATH:+:$PYTHONPATH}"
+  local wheel front="$ROOT/.peers/cudnn-frontend"
+  for wheel in "$ROOT"/.peers/wheels/nvidia_cudnn_frontend-*.whl; do  # cuDNN's peer, carried
+    [ -f "$wheel" ] && [ ! -d "$front/cudnn" ] &&
+      python3 -m pip install -q --no-deps --target "$front" "$wheel" >/dev/null 2>&1
+  done
+  [ -d "$front/cudnn" ] && export PYTHONPATH="$front${PYTHONPATH:+:$PYTHONPATH}"
   return 0
 }
 

@@ -85,7 +85,8 @@ def test_options_defaults_quick_and_refusals(monkeypatch):
     args = bp.parse_args([])
     assert args.workload_ids == ["W1", "W2", "W3", "W4"]
     assert args.dtype_names == ["fp16"] and args.masks == (False, True)
-    assert args.method_names == ["jfa", "fa3", "fa4", "fa2_varlen", "flex", "cudnn_padded"]
+    assert args.method_names == ["jfa", "fa3", "cudnn_ragged", "fa4", "fa2_varlen", "flex",
+                                 "cudnn_padded"]
     assert (args.head_dim, args.heads_kv, args.rounds, args.runs, args.warmup) == (
         128, 16, 3, 30, 5)
     assert args.fa3_lib is None and args.json is None and args.chart is None
@@ -100,7 +101,7 @@ def test_options_defaults_quick_and_refusals(monkeypatch):
     both = bp.parse_args(["--dtypes", "fp16,bf16", "--head-dim", "64", "--heads-kv", "4"])
     assert both.dtype_names == ["fp16", "bf16"] and (both.head_dim, both.heads_kv) == (64, 4)
     assert bp.parse_args(["--deterministic"]).method_names == [
-        "jfa", "jfa_det", "fa3", "fa4", "fa2_varlen", "flex", "cudnn_padded"]
+        "jfa", "jfa_det", "fa3", "cudnn_ragged", "fa4", "fa2_varlen", "flex", "cudnn_padded"]
     assert bp.parse_args(["--methods", "fa2_varlen,jfa", "--deterministic"]).method_names == [
         "fa2_varlen", "jfa", "jfa_det"]
     assert bp.parse_args(["--methods", "cudnn_padded,flex"]).method_names == [
@@ -196,7 +197,8 @@ def test_padded_peers_skip_causal_cells_whose_q_and_k_lengths_differ():
     assert why == bp.peers.padded_skip_reason(True, True)  # the forward benchmark's rule
     assert bp.skip_reason("cudnn_padded", cross=True, causal=False) == ""
     assert bp.skip_reason("cudnn_padded", cross=False, causal=True) == ""
-    for method in ("jfa", "jfa_det", "jfa_autograd", "fa3", "fa4", "fa2_varlen", "flex"):
+    for method in ("jfa", "jfa_det", "jfa_autograd", "fa3", "cudnn_ragged", "fa4", "fa2_varlen",
+                   "flex"):
         assert bp.skip_reason(method, cross=True, causal=True) == ""
     assert bp.PADDED == ("cudnn_padded",)
     assert set(bp.AUTOGRAD) == {"jfa_autograd", "fa4", "flex", "cudnn_padded"}
@@ -477,3 +479,19 @@ def test_clock_lines_say_the_clock_and_how_often_the_power_limit_held_it():
     assert line.startswith("GPU 0: SM clock 1830 MHz median, 1560 10th percentile, 1290 lowest")
     assert "689 W median of 700 W" in line and "67% of 3 busy samples" in line
     assert bp.clock_lines(None) == []
+
+
+def test_cudnn_ragged_layout_describes_the_packed_tensors():
+    """cuDNN's view of a packed [tokens, heads, d] tensor: [B, H, S_max, D] with token-major
+    strides, and each sequence placed by its ragged offset (first token x H x D elements)."""
+    import cudnn_ragged
+
+    dims, strides = cudnn_ragged.ragged_layout(4, 64, 7)
+    assert dims[1:] == [4, 7, 64] and strides == [7 * 4 * 64, 64, 4 * 64, 1]
+    # element (token t of the sequence, head h, column c) at offset + t * H D + h D + c
+    assert strides[2] * 3 + strides[1] * 2 + 5 == 3 * 4 * 64 + 2 * 64 + 5
+    torch = pytest.importorskip("torch")
+    cu = torch.tensor([0, 5, 8, 15], dtype=torch.int32)
+    off = cudnn_ragged.ragged_offsets(cu, 4, 64)
+    assert off.dtype == torch.int32 and off.shape == (4, 1, 1, 1)
+    assert off.flatten().tolist() == [0, 5 * 256, 8 * 256, 15 * 256]
