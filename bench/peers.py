@@ -68,13 +68,13 @@ from rounds import TIMED, measure_rounds, median_round  # noqa: E402
 from workloads import mask_name  # noqa: E402
 
 # Method order, names and labels (kept here too so the report code needs no torch).
-METHOD_ORDER = ["jfa", "triton_jfa", "fa3", "fa2_varlen", "flex", "cudnn_padded", "nested_sdpa",
-                "fa2_padded"]
+METHOD_ORDER = ["jfa", "triton_jfa", "fa3", "cudnn_ragged", "fa2_varlen", "flex", "cudnn_padded",
+                "nested_sdpa", "fa2_padded"]
 LABELS = {"jfa": "jfa", "triton_jfa": "plain Triton JFA", "fa3": "FA3-class",
-          "fa2_varlen": "varlen FA2", "flex": "FlexAttention", "cudnn_padded": "padded cuDNN",
-          "nested_sdpa": "nested SDPA", "fa2_padded": "padded FA2"}
-SHORT = {"jfa": "jfa", "triton_jfa": "Triton", "fa3": "FA3cls", "fa2_varlen": "FA2var",
-         "flex": "Flex", "cudnn_padded": "cuDNNpad", "nested_sdpa": "nested",
+          "cudnn_ragged": "cuDNN ragged", "fa2_varlen": "varlen FA2", "flex": "FlexAttention",
+          "cudnn_padded": "padded cuDNN", "nested_sdpa": "nested SDPA", "fa2_padded": "padded FA2"}
+SHORT = {"jfa": "jfa", "triton_jfa": "Triton", "fa3": "FA3cls", "cudnn_ragged": "cuDNNrag",
+         "fa2_varlen": "FA2var", "flex": "Flex", "cudnn_padded": "cuDNNpad", "nested_sdpa": "nested",
          "fa2_padded": "FA2pad"}
 RANKED = ("ok", "unchecked")
 CELL = {"wrong": "wrong", "unavailable": "n/a", "error": "err", "skipped": "skip"}

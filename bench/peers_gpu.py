@@ -449,6 +449,32 @@ class CudnnPadded(_Padded):
     name, label, backend_name = "cudnn_padded", "padded cuDNN", "CUDNN_ATTENTION"
 
 
+class CudnnRagged(Method):
+    """cuDNN's native ragged SDPA forward on the packed tensors (bench/cudnn_ragged.py, through the
+    cudnn-frontend package); the graph is built in prepare, not timed."""
+    name, label = "cudnn_ragged", "cuDNN ragged"
+
+    def prepare(self, case, causal):
+        try:
+            import cudnn
+            import cudnn_ragged
+        except Exception as e:
+            raise Unavailable(f"import cudnn (nvidia-cudnn-frontend): {short(e, 160)}")
+        try:
+            sdpa = cudnn_ragged.RaggedSdpa(case.q, case.k, case.v, case.cu_q, case.cu_k,
+                                           case.max_q, case.max_k, case.scale, causal)
+            sdpa.forward()
+        except Exception as e:
+            text = short(e, 200)
+            if "support" in text.lower():
+                raise Unavailable(f"cuDNN: {text}") from None
+            raise
+        backend = cudnn.backend_version() if hasattr(cudnn, "backend_version") else "?"
+        return Prepared(sdpa.forward, _packed_rows(case), dense=lambda o: o,
+                        provider=f"cudnn-frontend {getattr(cudnn, '__version__', '?')}, cuDNN "
+                                 f"{backend}, ragged SDPA graph")
+
+
 class NestedSdpa(Method):
     name, label = "nested_sdpa", "nested SDPA"
 
@@ -722,7 +748,7 @@ class Fa3(Method):
                                  "(%s)" % "; ".join(errors))
 
 
-METHODS = [Jfa, TritonJfa, Fa3, Fa2Varlen, Flex, CudnnPadded, NestedSdpa, Fa2Padded]
+METHODS = [Jfa, TritonJfa, Fa3, CudnnRagged, Fa2Varlen, Flex, CudnnPadded, NestedSdpa, Fa2Padded]
 METHOD_NAMES = [m.name for m in METHODS]
 LABELS = {m.name: m.label for m in METHODS}
 
