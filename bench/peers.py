@@ -74,8 +74,8 @@ LABELS = {"jfa": "jfa", "triton_jfa": "plain Triton JFA", "fa3": "FA3-class",
           "cudnn_ragged": "cuDNN ragged", "fa2_varlen": "varlen FA2", "flex": "FlexAttention",
           "cudnn_padded": "padded cuDNN", "nested_sdpa": "nested SDPA", "fa2_padded": "padded FA2"}
 SHORT = {"jfa": "jfa", "triton_jfa": "Triton", "fa3": "FA3cls", "cudnn_ragged": "cuDNNrag",
-         "fa2_varlen": "FA2var", "flex": "Flex", "cudnn_padded": "cuDNNpad", "nested_sdpa": "nested",
-         "fa2_padded": "FA2pad"}
+         "fa2_varlen": "FA2var", "flex": "Flex", "cudnn_padded": "cuDNNpad",
+         "nested_sdpa": "nested", "fa2_padded": "FA2pad"}
 RANKED = ("ok", "unchecked")
 CELL = {"wrong": "wrong", "unavailable": "n/a", "error": "err", "skipped": "skip"}
 
