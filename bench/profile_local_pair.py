@@ -17,6 +17,8 @@ import sys
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from profiled_range import profile_calls  # noqa: E402
 
 
 def w1_lengths(seed=0):
@@ -72,17 +74,9 @@ def main(argv=None):
             out = call()
             out.backward(dout)
         outs[name] = call() if args.pass_name == "backward" else None
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    for name, call in calls.items():
-        torch.cuda.nvtx.range_push(name)
-        if args.pass_name == "backward":
-            outs[name].backward(dout)
-        else:
-            call()
-        torch.cuda.nvtx.range_pop()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
+    if args.pass_name == "backward":  # each library's backward alone
+        calls = {name: (lambda out=outs[name]: out.backward(dout)) for name in calls}
+    profile_calls(calls)
     print(f"profiled {args.pass_name}: W1 lengths, {h}:{hkv} heads, d {d}, bf16, causal, window "
           f"{window}, softcap {args.softcap}; jfa then FA3")
     return 0

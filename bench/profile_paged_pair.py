@@ -17,6 +17,8 @@ import os
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from profiled_range import profile_calls  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -74,13 +76,7 @@ def main(argv=None):
             outs[name] = call()
     torch.cuda.synchronize()
     diff = (outs["jfa"].float() - outs["fa3"].reshape(b * t, h, d).float()).abs().max().item()
-    torch.cuda.cudart().cudaProfilerStart()
-    for name, call in calls.items():
-        torch.cuda.nvtx.range_push(name)
-        call()
-        torch.cuda.nvtx.range_pop()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
+    profile_calls(calls)
     print(f"profiled: batch {b}, {t} tokens over {n} keys, {h}:{hkv} heads, d {d}, pages of "
           f"{page}, bf16, causal; jfa then FA3; max |jfa - FA3| {diff:.2e}")
     return 0
