@@ -114,7 +114,8 @@ def _save_for_backward(ctx, tensors, args, local, deterministic, device_check):
 
 
 def _call_backward(ctx, grad_out, grad_lse):
-    """dq, dk, dv, dsinks of the forward call saved on ctx (_save_for_backward).
+    """dq, dk, dv, dsinks of the forward call saved on ctx (_save_for_backward); dsinks None
+    without sinks.
 
     Without create_graph (grad mode off, not tracing) the op is called below the autograd and
     ADInplaceOrView layers, whose Python kernels would only pass the call on; the word's version
@@ -127,15 +128,16 @@ def _call_backward(ctx, grad_out, grad_lse):
             None if grad_lse is None else grad_lse.contiguous(), ctx.deterministic,
             ctx.device_check, *ctx.local, sinks)
     if _grad_enabled() or _is_compiling():
-        return _BWD(*args)
-    try:
-        with _below_inplace_or_view():
-            grads = _BWD(*args)
-    except RuntimeError as e:  # what the skipped ADInplaceOrView kernel does
-        _raise_translated(e)
-    if ctx.device_check is not None:
-        _bump_version(ctx.device_check)
-    return grads
+        dq, dk, dv, dsinks = _BWD(*args)
+    else:
+        try:
+            with _below_inplace_or_view():
+                dq, dk, dv, dsinks = _BWD(*args)
+        except RuntimeError as e:  # what the skipped ADInplaceOrView kernel does
+            _raise_translated(e)
+        if ctx.device_check is not None:
+            _bump_version(ctx.device_check)
+    return dq, dk, dv, (None if sinks is None else dsinks)
 
 
 def _backward(ctx, grad_out, grad_lse):
@@ -143,7 +145,7 @@ def _backward(ctx, grad_out, grad_lse):
         raise RuntimeError(NEEDS_LSE_MESSAGE)
     dq, dk, dv, dsinks = _call_backward(ctx, grad_out, grad_lse)
     # One gradient per argument of the schema: q, k, v, ..., sinks (the 16th).
-    return (dq, dk, dv) + (None,) * 12 + (None if ctx.saved_tensors[7] is None else dsinks,)
+    return (dq, dk, dv) + (None,) * 12 + (dsinks,)
 
 
 def _raise_translated(error: RuntimeError):
@@ -344,7 +346,7 @@ class _JaggedAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
         dq, dk, dv, dsinks = _call_backward(ctx, grad_out, grad_lse)
-        return dq, dk, dv, (None if ctx.saved_tensors[7] is None else dsinks), *(None,) * 5
+        return dq, dk, dv, dsinks, *(None,) * 5
 
 
 def paged_attention(q, k_cache, v_cache, block_table, seqused_k, cu_seqlens_q, max_seqlen_q,
