@@ -793,21 +793,11 @@ def prepare_jfa_autograd(G, ctx, bc, causal, step=False):
 
 
 def prepare_cudnn_ragged(G, ctx, bc, causal, step=False):
+    import cudnn_ragged
     try:
-        import cudnn
-        import cudnn_ragged
-    except Exception as e:
-        raise G.Unavailable(f"import cudnn (nvidia-cudnn-frontend): {G.short(e, 160)}")
-    c = bc.case
-    try:
-        sdpa = cudnn_ragged.RaggedSdpa(c.q, c.k, c.v, c.cu_q, c.cu_k, c.max_q, c.max_k, c.scale,
-                                       causal)
-        sdpa.forward()
-    except Exception as e:
-        text = G.short(e)
-        if "support" in text.lower():
-            raise G.Unavailable(f"cuDNN: {text}") from None
-        raise RuntimeError(f"cuDNN graph: {text}") from None
+        sdpa, provider = cudnn_ragged.prepared(bc.case, causal)
+    except cudnn_ragged.Unsupported as e:
+        raise G.Unavailable(str(e)) from None
     dout = bc.dout
 
     if step:
@@ -818,10 +808,7 @@ def prepare_cudnn_ragged(G, ctx, bc, causal, step=False):
         def run():
             return sdpa.backward(dout)
 
-    backend = cudnn.backend_version() if hasattr(cudnn, "backend_version") else "?"
-    return Prepared(run, provider=f"cudnn-frontend {getattr(cudnn, '__version__', '?')}, cuDNN "
-                                  f"{backend}, ragged SDPA graphs",
-                    outputs=(sdpa.dq, sdpa.dk, sdpa.dv_), keep=sdpa)
+    return Prepared(run, provider=provider, outputs=(sdpa.dq, sdpa.dk, sdpa.dv_), keep=sdpa)
 
 
 def prepare_fa2(G, ctx, bc, causal, step=False):

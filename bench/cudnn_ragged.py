@@ -32,6 +32,34 @@ def ragged_offsets(cu_seqlens, heads, head_dim):
     return (cu_seqlens.to(torch.int64) * heads * head_dim).to(torch.int32).view(-1, 1, 1, 1)
 
 
+class Unsupported(Exception):
+    """The cudnn package does not import here, or cuDNN declines the graph: the peer is
+    unavailable for the cell, with the reason."""
+
+
+def prepared(case, causal):
+    """(RaggedSdpa of a benchmark case, its forward run once; the provider's description). case:
+    q, k, v, cu_q, cu_k, max_q, max_k and scale as bench/peers_gpu.py's and backward_peers.py's
+    cases hold them. Raises Unsupported where the package does not import or cuDNN has no engine
+    for the graph, RuntimeError("cuDNN graph: ...") where building or running it fails otherwise."""
+    try:
+        import cudnn
+    except Exception as e:
+        raise Unsupported(f"import cudnn (nvidia-cudnn-frontend): {str(e)[:160]}") from None
+    try:
+        sdpa = RaggedSdpa(case.q, case.k, case.v, case.cu_q, case.cu_k, case.max_q, case.max_k,
+                          case.scale, causal)
+        sdpa.forward()
+    except Exception as e:
+        text = " ".join(str(e).split())[:200]
+        if "support" in text.lower():
+            raise Unsupported(f"cuDNN: {text}") from None
+        raise RuntimeError(f"cuDNN graph: {text}") from None
+    backend = cudnn.backend_version() if hasattr(cudnn, "backend_version") else "?"
+    return sdpa, (f"cudnn-frontend {getattr(cudnn, '__version__', '?')}, cuDNN {backend}, "
+                  "ragged SDPA graphs")
+
+
 class RaggedSdpa:
     """The forward (o, stats) and the backward (dq, dk, dv) of one batch, each a cuDNN graph built
     on the first call. q, k, v: packed [tokens, heads, d] on one CUDA device, fp16 or bf16."""

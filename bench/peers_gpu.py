@@ -455,24 +455,12 @@ class CudnnRagged(Method):
     name, label = "cudnn_ragged", "cuDNN ragged"
 
     def prepare(self, case, causal):
+        import cudnn_ragged
         try:
-            import cudnn
-            import cudnn_ragged
-        except Exception as e:
-            raise Unavailable(f"import cudnn (nvidia-cudnn-frontend): {short(e, 160)}")
-        try:
-            sdpa = cudnn_ragged.RaggedSdpa(case.q, case.k, case.v, case.cu_q, case.cu_k,
-                                           case.max_q, case.max_k, case.scale, causal)
-            sdpa.forward()
-        except Exception as e:
-            text = short(e, 200)
-            if "support" in text.lower():
-                raise Unavailable(f"cuDNN: {text}") from None
-            raise
-        backend = cudnn.backend_version() if hasattr(cudnn, "backend_version") else "?"
-        return Prepared(sdpa.forward, _packed_rows(case), dense=lambda o: o,
-                        provider=f"cudnn-frontend {getattr(cudnn, '__version__', '?')}, cuDNN "
-                                 f"{backend}, ragged SDPA graph")
+            sdpa, provider = cudnn_ragged.prepared(case, causal)
+        except cudnn_ragged.Unsupported as e:
+            raise Unavailable(str(e)) from None
+        return Prepared(sdpa.forward, _packed_rows(case), dense=lambda o: o, provider=provider)
 
 
 class NestedSdpa(Method):

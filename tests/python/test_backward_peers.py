@@ -495,3 +495,22 @@ def test_cudnn_ragged_layout_describes_the_packed_tensors():
     off = cudnn_ragged.ragged_offsets(cu, 4, 64)
     assert off.dtype == torch.int32 and off.shape == (4, 1, 1, 1)
     assert off.flatten().tolist() == [0, 5 * 256, 8 * 256, 15 * 256]
+
+
+def test_cudnn_ragged_is_unavailable_without_the_package(monkeypatch):
+    """Without an importable cudnn package the peer says so (an Unsupported with the reason),
+    which both benchmarks record as the method being unavailable."""
+    import builtins
+
+    import cudnn_ragged
+
+    real_import = builtins.__import__
+
+    def no_cudnn(name, *args, **kwargs):
+        if name == "cudnn":
+            raise ImportError("No module named 'cudnn'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_cudnn)
+    with pytest.raises(cudnn_ragged.Unsupported, match="import cudnn"):
+        cudnn_ragged.prepared(None, True)
