@@ -44,19 +44,25 @@ size_t key_offsets_bytes(int64_t batch) {
   return (static_cast<size_t>(batch + 1) * sizeof(int32_t) + 255) / 256 * 256;
 }
 
+// The shapes the prefill kernels take, before the switch (decode calls stop here, without reading
+// the environment).
+bool prefill_shape(const Params& p) {
+  return !p.uses_window_or_softcap() && p.max_seqlen_q >= kPagedPrefillMinQueryTokens;
+}
+
 }  // namespace
 
 bool paged_prefill_may_take(const Params& p) {
-  return prefill_switch() != PrefillSwitch::kNever && !p.uses_window_or_softcap() &&
-         p.max_seqlen_q >= kPagedPrefillMinQueryTokens;
+  return prefill_shape(p) && prefill_switch() != PrefillSwitch::kNever;
 }
 
 bool paged_prefill_takes(const Params& p, const jfa_paged_kv& kv,
                          const jfa::cuda::DeviceFacts& device) {
-  if (!paged_prefill_may_take(p) ||
+  if (!prefill_shape(p) ||
       static_cast<double>(p.batch) * kv.max_pages_per_seq * kv.page_size > INT32_MAX)
     return false;
-  if (prefill_switch() == PrefillSwitch::kAlways) return true;
+  const PrefillSwitch choice = prefill_switch();
+  if (choice != PrefillSwitch::kByItems) return choice == PrefillSwitch::kAlways;
   constexpr int block_m = PrefillConfig<__half, 128>::kBlockM;  // the same at every head size
   const double items =
       static_cast<double>(p.batch) * ((p.max_seqlen_q + block_m - 1) / block_m) * p.heads_q;
