@@ -145,7 +145,8 @@ stage_build() {
   strip --strip-unneeded "$CARRY"/lib/*.so* "$CARRY"/bin/* 2>/dev/null
   local fa3=""
   if [ -n "${FA3_PREBUILT:-}" ] && [ -f "$FA3_PREBUILT/flash_attn_3_varlen.so.xz" ]; then
-    rm -rf .peers && mkdir -p .peers
+    # FA3's files anew; carried wheels (.peers/wheels) stay.
+    rm -rf .peers/fa3_*.so* .peers/python && mkdir -p .peers
     local lib
     for lib in varlen full_bf16; do
       [ -f "$FA3_PREBUILT/flash_attn_3_$lib.so.xz" ] &&
