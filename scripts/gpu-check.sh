@@ -38,10 +38,16 @@
 #   all             every stage above but build's gathering (builds in place when no CARRY_DIR
 #                   exists), for a machine without the per-command limit.
 #
-# cuDNN's ragged SDPA peer (bench-backward's cudnn_ragged) needs the cudnn-frontend package: carry
-# its wheel for the GPU machine's Python in .peers/wheels (`pip download nvidia-cudnn-frontend
-# --no-deps --only-binary=:all: --python-version 3.12 -d .peers/wheels`); the run stages install it
-# into .peers/cudnn-frontend, without a network, and put it on PYTHONPATH.
+# Python peers carried as wheels for the GPU machine's Python (3.12) in .peers/wheels, installed by
+# the run stages without a network into .peers/site (put first on PYTHONPATH), each only where that
+# Python lacks its distribution, so the machine's own numpy, packaging, ... stay in use:
+# - cuDNN's ragged SDPA (bench-backward's cudnn_ragged): `pip download nvidia-cudnn-frontend
+#   --no-deps --only-binary=:all: --python-version 3.12 -d .peers/wheels`.
+# - FlashInfer (bench-paged's flashinfer), its JIT build (7.5 MB; the AOT builds are over 100 MB, the
+#   carry's size), which compiles its kernels on first use with the machine's nvcc:
+#   `pip download flashinfer-python==0.6.0 apache-tvm-ffi einops nvidia-ml-py packaging requests
+#   certifi charset-normalizer idna urllib3 --no-deps --only-binary=:all: --python-version 3.12
+#   --platform manylinux_2_28_x86_64 -d .peers/wheels` (what `import flashinfer` needs beyond torch).
 #
 # Each stage writes its logs and JSON into OUTDIR and prints one summary line (also appended to
 # OUTDIR/summary.txt). Stages after build run only what CARRY_DIR holds: carry it (and .peers for
@@ -108,13 +114,30 @@ runtime_env() {
   export FA3_LIB=${FA3_LIB:-$ROOT/.peers/fa3_varlen.so}
   export FA3_FULL_LIB=${FA3_FULL_LIB:-$ROOT/.peers/fa3_full_bf16.so}
   [ -d "$ROOT/.peers/python" ] && export PYTHONPATH="$ROOT/.peers/python${PYTHONPATH:+:$PYTHONPATH}"
-  local wheel front="$ROOT/.peers/cudnn-frontend"
-  for wheel in "$ROOT"/.peers/wheels/nvidia_cudnn_frontend-*.whl; do  # cuDNN's peer, carried
-    [ -f "$wheel" ] && [ ! -d "$front/cudnn" ] &&
-      python3 -m pip install -q --no-deps --target "$front" "$wheel" >/dev/null 2>&1
-  done
-  [ -d "$front/cudnn" ] && export PYTHONPATH="$front${PYTHONPATH:+:$PYTHONPATH}"
+  install_carried_wheels
   return 0
+}
+
+# The wheels in .peers/wheels into .peers/site (once), each only where python3 lacks its
+# distribution; .peers/site first on PYTHONPATH.
+install_carried_wheels() {
+  local site="$ROOT/.peers/site"
+  [ -d "$ROOT/.peers/wheels" ] || return 0
+  (  # stages run side by side: one installs, the others wait for it
+    flock 9
+    [ -f "$site/.installed" ] && exit 0
+    missing=()
+    for wheel in "$ROOT"/.peers/wheels/*.whl; do
+      name=$(basename "$wheel")
+      python3 -c 'import importlib.metadata as m, sys; m.version(sys.argv[1])' "${name%%-*}" \
+        2>/dev/null || missing+=("$wheel")
+    done
+    [ ${#missing[@]} -eq 0 ] ||
+      python3 -m pip install -q --no-deps --no-index --target "$site" "${missing[@]}" \
+        >"$OUT/carried-wheels.log" 2>&1
+    mkdir -p "$site" && touch "$site/.installed"
+  ) 9>"$ROOT/.peers/site.lock"
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 }
 
 stage_build() {

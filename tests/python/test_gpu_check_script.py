@@ -70,3 +70,39 @@ def test_profile_pair_scripts_parse_their_options():
     for bad in (["--tokens", "0"], ["--tokens", "5000"], ["--heads-kv", "5"]):
         with pytest.raises(SystemExit):
             profile_paged_pair.parse_args(bad)
+
+
+def fake_wheel(folder, name, version):
+    """A pure-Python wheel of one module `name` whose VALUE is its version."""
+    import zipfile
+    dist = f"{name}-{version}.dist-info"
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{name}.py", f"VALUE = {version!r}\n")
+        z.writestr(f"{dist}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        z.writestr(f"{dist}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                    "Tag: py3-none-any\n")
+        z.writestr(f"{dist}/RECORD", "")
+    return path
+
+
+def test_carried_wheels_are_installed_where_python_lacks_them(tmp_path):
+    """install_carried_wheels: the wheels in .peers/wheels go into .peers/site, first on
+    PYTHONPATH, once; a wheel of a distribution python3 already has (pytest here) is left out,
+    so that the machine's own copy stays in use."""
+    wheels = tmp_path / ".peers" / "wheels"
+    wheels.mkdir(parents=True)
+    fake_wheel(wheels, "jfa_carried_probe", "1.0")
+    fake_wheel(wheels, "pytest", "0.0.1")
+    script = (f"source <(sed -n '/^install_carried_wheels()/,/^}}/p' {SCRIPT}); "
+              "install_carried_wheels && install_carried_wheels && "
+              "python3 -c 'import jfa_carried_probe, pytest; "
+              "print(jfa_carried_probe.VALUE, pytest.__version__)'")
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "ROOT": str(tmp_path), "OUT": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    probe, pytest_version = r.stdout.split()
+    assert probe == "1.0" and pytest_version == pytest.__version__
+    site = tmp_path / ".peers" / "site"
+    assert (site / "jfa_carried_probe.py").exists() and not (site / "pytest.py").exists()
+    assert (site / ".installed").exists()
