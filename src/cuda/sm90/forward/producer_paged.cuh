@@ -44,28 +44,61 @@ __device__ __forceinline__ void copy_paged_tile(Tile& tile, const FwdPagedArgs& 
   const uint32_t tile_addr = tlx::smem_addr(&tile);
   const uint32_t dst_even = tile_addr + Tile::offset_bytes(t / kChunks, col);
   const uint32_t dst_odd = tile_addr + Tile::offset_bytes(t / kChunks + kRowStep, col);
-  const T* base = static_cast<const T*>(cache);
+  const T* base = static_cast<const T*>(cache) + static_cast<int64_t>(kv_head) * head_dim + col;
   const int64_t row_elems = static_cast<int64_t>(a.heads_kv) * head_dim;
   const int32_t* table = a.block_table + static_cast<int64_t>(seq) * a.max_pages_per_seq;
-#pragma unroll
-  for (int i = 0; i < Tile::rows / kRowStep; ++i) {
-    const int r = t / kChunks + i * kRowStep;
-    const int32_t key = first_key + r;
-    bool valid = key < len_k;
-    const T* src = base;
-    if (valid) {
-      const int32_t page_index = a.page_shift >= 0 ? key >> a.page_shift : key / a.page_size;
-      const int32_t in_page = key - page_index * a.page_size;
-      const int32_t page = __ldg(table + page_index);
-      valid = page >= 0 && page < a.num_pages;
-      if (valid)
-        src = base + (static_cast<int64_t>(page) * a.page_size + in_page) * row_elems +
-              static_cast<int64_t>(kv_head) * head_dim + col;
-    }
+  const int32_t key0 = first_key + t / kChunks;  // the thread's first row's key
+  constexpr int kRows = Tile::rows / kRowStep;   // the thread's rows, kRowStep keys apart
+  auto copy_row = [&](int i, int32_t key, int32_t page, int32_t page_index) {
+    const bool valid = key < len_k && page >= 0 && page < a.num_pages;
+    const int32_t in_page = key - page_index * a.page_size;
+    const T* src =
+        valid ? base + (static_cast<int64_t>(page) * a.page_size + in_page) * row_elems : base;
     const uint32_t dst = (i % 2 == 0 ? dst_even : dst_odd) +
                          static_cast<uint32_t>(i / 2 * 2 * Tile::row_bytes(kRowStep));
     cp_async_16_or_zero(dst, src, valid);
-  }
+  };
+  // The page lookups must not sit between two copies: the copies' asm is a memory clobber, so a
+  // lookup there waits a full L2 round trip, each row. Where the tile spans at most 32 pages, each
+  // lane looks up one of them first and the rows take theirs by a shuffle; smaller pages look up
+  // four rows at a time. Past the sequence's keys no entry is read (the table may end there).
+  auto copy_rows = [&](auto page_of) {
+    const int32_t last_page = page_of(len_k - 1);  // len_k > 0: an item has keys
+    if ((Tile::rows - 1) / a.page_size <= 30) {
+      const int32_t first_page = page_of(first_key);
+      const int lane = t % 32;
+      const int32_t lane_page =
+          first_page + lane <= last_page ? __ldg(table + first_page + lane) : -1;
+#pragma unroll 1
+      for (int i = 0; i < kRows; ++i) {
+        const int32_t key = key0 + i * kRowStep;
+        const int32_t page_index = page_of(key);
+        const int32_t page = __shfl_sync(0xffffffffu, lane_page, (page_index - first_page) & 31);
+        copy_row(i, key, page, page_index);
+      }
+    } else {
+      constexpr int kBatch = 4;
+      static_assert(kRows % kBatch == 0, "whole batches of rows");
+#pragma unroll 1
+      for (int i0 = 0; i0 < kRows; i0 += kBatch) {
+        int32_t pages[kBatch];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const int32_t key = key0 + (i0 + j) * kRowStep;
+          pages[j] = key < len_k ? __ldg(table + page_of(key)) : -1;
+        }
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const int32_t key = key0 + (i0 + j) * kRowStep;
+          copy_row(i0 + j, key, pages[j], page_of(key));
+        }
+      }
+    }
+  };
+  if (a.page_shift >= 0)
+    copy_rows([&](int32_t key) { return key >> a.page_shift; });
+  else
+    copy_rows([&](int32_t key) { return key / a.page_size; });
 }
 
 // Called by all kPagedProducerThreads threads of warp group 0.
