@@ -129,6 +129,9 @@ GRAD_SEED_OFFSET = 1  # dO is drawn after Q, K, V, from its own seed
 FA2_ALIASES = {"philox_seed": ("philox_seed", "rng_state"),
                "philox_offset": ("philox_offset", "unused")}
 FA2_KEYWORDS = {"scale": ("scale",)}
+# aten's FA2 takes a window (left, right; -1 unbounded) by keyword, forward and backward.
+FA2_WINDOW_KEYWORDS = {"window_size_left": ("window_size_left",),
+                       "window_size_right": ("window_size_right",)}
 FA3_BWD_KEYWORDS = {"softmax_scale": ("softmax_scale", "scale"),
                     "is_causal": ("is_causal", "causal")}
 
@@ -811,19 +814,33 @@ def prepare_cudnn_ragged(G, ctx, bc, causal, step=False):
     return Prepared(run, provider=provider, outputs=(sdpa.dq, sdpa.dk, sdpa.dv_), keep=sdpa)
 
 
-def prepare_fa2(G, ctx, bc, causal, step=False):
-    fwd_op, bwd_op = ctx.get("fa2_fwd"), ctx.get("fa2_bwd")
-    if fwd_op is None or bwd_op is None:
+def fa2_forward_call(G, ctx, c, causal, window=None):
+    """(op, args, kwargs) of aten's varlen FA2 forward on case c, with a window (left, right)
+    where given; ValueError where the schema does not take them."""
+    fwd_op = ctx.get("fa2_fwd")
+    if fwd_op is None or ctx.get("fa2_bwd") is None:
         raise G.Unavailable(ctx.get("fa2_error") or "aten._flash_attention_* is missing")
-    c = bc.case
-    q, k, v, cu_q, cu_k, mq, mk = c.q, c.k, c.v, c.cu_q, c.cu_k, c.max_q, c.max_k
-    forward = {"query": q, "key": k, "value": v, "cum_seq_q": cu_q, "cum_seq_k": cu_k,
-               "max_q": mq, "max_k": mk, "dropout_p": 0.0, "is_causal": bool(causal),
+    forward = {"query": c.q, "key": c.k, "value": c.v, "cum_seq_q": c.cu_q, "cum_seq_k": c.cu_k,
+               "max_q": c.max_q, "max_k": c.max_k, "dropout_p": 0.0, "is_causal": bool(causal),
                "return_debug_mask": False, "scale": c.scale}
+    keywords = dict(FA2_KEYWORDS)
+    if window is not None:
+        forward.update(window_size_left=window[0], window_size_right=window[1])
+        keywords.update(FA2_WINDOW_KEYWORDS)
     try:
-        fargs, fkwargs = schema_call(ctx["fa2_fwd_arguments"], forward, keywords=FA2_KEYWORDS)
+        fargs, fkwargs = schema_call(ctx["fa2_fwd_arguments"], forward, keywords=keywords)
     except ValueError as e:
         raise ValueError(f"aten._flash_attention_forward schema mismatch: {e}") from None
+    return fwd_op, fargs, fkwargs
+
+
+def prepare_fa2(G, ctx, bc, causal, step=False, window=None):
+    """aten's varlen FA2 backward after its forward (step: both timed), with a window (left,
+    right) where given."""
+    c = bc.case
+    fwd_op, fargs, fkwargs = fa2_forward_call(G, ctx, c, causal, window)
+    bwd_op = ctx["fa2_bwd"]
+    q, k, v, cu_q, cu_k, mq, mk = c.q, c.k, c.v, c.cu_q, c.cu_k, c.max_q, c.max_k
     res = fwd_op(*fargs, **fkwargs)
     if not isinstance(res, (tuple, list)) or len(res) < 4:
         raise ValueError(f"aten._flash_attention_forward returned {type(res).__name__} of "
@@ -835,9 +852,12 @@ def prepare_fa2(G, ctx, bc, causal, step=False):
               "logsumexp": Slot("lse"), "cum_seq_q": cu_q, "cum_seq_k": cu_k, "max_q": mq,
               "max_k": mk, "dropout_p": 0.0, "is_causal": bool(causal),
               "philox_seed": Slot("seed"), "philox_offset": Slot("offset"), "scale": c.scale}
+    keywords = dict(FA2_KEYWORDS)
+    if window is not None:
+        values.update(window_size_left=window[0], window_size_right=window[1])
+        keywords.update(FA2_WINDOW_KEYWORDS)
     try:
-        fill = late_call(*schema_call(ctx["fa2_bwd_arguments"], values, FA2_ALIASES,
-                                      FA2_KEYWORDS))
+        fill = late_call(*schema_call(ctx["fa2_bwd_arguments"], values, FA2_ALIASES, keywords))
     except ValueError as e:
         raise ValueError(f"aten._flash_attention_backward schema mismatch: {e}") from None
 

@@ -1,6 +1,6 @@
 """The backward methods of bench/local_peers.py and their measurement: the backward's case
-(LocalBwdCase, with its float64 reference), the gradients' check (dsinks included), jfa's and
-FA3's backward methods (FlexAttention's is in local_flex), and a backward cell measured on the
+(LocalBwdCase, with its float64 reference), the gradients' check (dsinks included), jfa's, FA3's
+and varlen FA2's backward methods (FlexAttention's is in local_flex), and a backward cell measured on the
 GPU (measure_backward, measure_backward_cell)."""
 
 import math
@@ -176,6 +176,35 @@ def fa3_backward_prepare(G, co, ctx):
         return bp.Prepared(run, provider=ctx.get("fa3_bwd_provider") or "",
                            explain=lambda e: fa3_failure(G, e), outputs=grads, keep=res)
     return prepare
+
+
+def fa2_window(G, kind, sinks=None):
+    """The window aten's varlen FA2 runs a kind with, (left, right); Unavailable for a kind with
+    softcap or sinks, which it does not take."""
+    if kind.sinks or sinks is not None:
+        raise G.Unavailable("FlashAttention-2 (aten) has no attention sinks")
+    if kind.softcap:
+        raise G.Unavailable("FlashAttention-2 (aten) has no softcap")
+    return (kind.left, kind.right)
+
+
+def fa2_backward_prepare(G, ctx):
+    """aten's varlen FA2 backward (backward_peers.prepare_fa2) after one forward, both with the
+    cell's window."""
+    def prepare(bc, kind, sinks):
+        return bp.prepare_fa2(G, ctx, bc, kind.causal, window=fa2_window(G, kind, sinks))
+    return prepare
+
+
+def load_fa2(ctx):
+    """aten's varlen FA2 forward and backward (backward_peers.load_fa2) into ctx as fa2_fwd,
+    fa2_bwd and their _arguments, their schemas' text as fa2_schemas, or fa2_error."""
+    got = {"schemas": {}}
+    bp.load_fa2(got)
+    for key in ("fa2_fwd", "fa2_bwd", "fa2_fwd_arguments", "fa2_bwd_arguments", "fa2_error"):
+        if key in got:
+            ctx[key] = got[key]
+    ctx["fa2_schemas"] = got["schemas"]
 
 
 def load_fa3_backward(ctx, lib_path):

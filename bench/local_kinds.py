@@ -16,7 +16,8 @@ KINDS = {"swa128": Kind(True, 128, 0, 0.0, False), "swa4096": Kind(True, 4096, 0
          "swa_softcap": Kind(True, 4096, 0, 50.0, False), "sinks": Kind(True, -1, 0, 0.0, True),
          "swa_sinks": Kind(True, 128, 0, 0.0, True)}
 METHODS = {"jfa": "jfa", "fa3": peers.FA3_LABEL, "jfa_nosinks": "jfa without sinks",
-           "jfa_nosoftcap": "jfa without softcap", "flex": "FlexAttention"}
+           "jfa_nosoftcap": "jfa without softcap", "fa2": "varlen FA2 (aten)",
+           "flex": "FlexAttention"}
 # jfa's baselines: jfa on a kind's cell without one of its modifiers (the Kind fields given; the
 # rest as the kind has them), timed on every kind that has it, so that jfa ÷ baseline is what the
 # modifier costs jfa. FA3 has no sinks: jfa_nosinks is the sinks kinds' peer too.
@@ -49,10 +50,12 @@ def baselines_of(kind_name):
 
 def cell_methods(kind_name, available=None):
     """The methods of a kind's cells, in measuring order: jfa, its peer (peer_of), its other
-    baselines (baselines_of), FlexAttention; those of `available` (the run's methods: --peers
-    and the baselines) alone where given."""
+    baselines (baselines_of), varlen FA2 (its records say why where the kind has softcap or
+    sinks, which it lacks), FlexAttention; those of `available` (the run's methods: --peers and
+    the baselines) alone where given."""
     peer = peer_of(kind_name)
-    methods = ["jfa", peer] + [m for m in baselines_of(kind_name) if m != peer] + ["flex"]
+    methods = (["jfa", peer] + [m for m in baselines_of(kind_name) if m != peer]
+               + ["fa2", "flex"])
     return [m for m in methods if available is None or m in available]
 
 

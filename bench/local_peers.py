@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""jfa against FlashAttention-3 and FlexAttention on local attention (sliding windows, softcap,
-attention sinks): the forward and the backward, bf16, on the GPU.
+"""jfa against FlashAttention-3, varlen FlashAttention-2 and FlexAttention on local attention
+(sliding windows, softcap, attention sinks): the forward and the backward, bf16, on the GPU.
 
 Cells: workload x kind x pass. Workloads: bench/workloads.py's W1, W2, W3 (--workloads) at each
 of --head-dims (64,128,256: W1-d64 .. W3-d256), 16 query and 16 KV heads as in bench/peers.py.
@@ -31,8 +31,11 @@ the softcap as a score_mod (cap * tanh(score / cap)); its backward is torch auto
 after one forward, the backward alone timed (backward_peers._autograd_peer). FlexAttention has no
 sinks: on the sinks kinds it runs as "FlexAttention + LSE sink correction", its output corrected
 by its LSE, out * sigmoid(lse - sink) (exact, forward and autograd: flex_sink_correction; one
-compiled kernel, timed with it), dsinks from autograd checked as jfa's. --peers fa3,flex (default
-both) chooses the peers (jfa's baselines run either way); FlexAttention's compiles take minutes.
+compiled kernel, timed with it), dsinks from autograd checked as jfa's. Varlen FlashAttention-2
+(fa2): torch's own, aten._flash_attention_forward and, for the backward, _backward, with the
+window by keyword (window_size_left, window_size_right); it has no softcap or sinks, so its
+records on those kinds say "unavailable". --peers fa3,fa2,flex (default all three) chooses the
+peers (jfa's baselines run either way); FlexAttention's compiles take minutes.
 jfa: its C entry through bench/libjfa.py, as bench/peers.py, with window_left, window_right,
 softcap and sinks (float32 [heads] on the GPU) set in its params; its backward is
 jfa_attention_backward from the forward's out and LSE, writing dsinks (float32 [heads]) where the
@@ -75,7 +78,7 @@ measurement) and bench/local_flex.py (the FlexAttention peer), their names re-ex
 usage: python3 bench/local_peers.py --lib build/gpu/src/libjfa.so
            --fa3-lib .peers/fa3_full_bf16.so [--cli build/gpu/tools/jfa] [--out bench/results]
            [--workloads W1,W2,W3] [--head-dims 64,128,256] [--kinds swa128,sinks,...]
-           [--pass forward|backward|both] [--peers fa3,flex] [--rounds N] [--runs N]
+           [--pass forward|backward|both] [--peers fa3,fa2,flex] [--rounds N] [--runs N]
            [--warmup N] [--time-limit-s S] [--name NAME]
 """
 import argparse
@@ -106,9 +109,10 @@ from local_reference import (local_case_grads, local_flops, local_probs,  # noqa
                              local_reference, local_reference_grads, pass_flops, visible,
                              visible_pairs)
 from local_backward import (LocalBwdCase, backward_progress_line,  # noqa: E402,F401
-                            backward_record, check_backward, fa3_backward_prepare, fa3_failure,
-                            jfa_backward_prepare, jfa_failure, load_fa3_backward,
-                            measure_backward, measure_backward_cell)
+                            backward_record, check_backward, fa2_backward_prepare, fa2_window,
+                            fa3_backward_prepare, fa3_failure, jfa_backward_prepare,
+                            jfa_failure, load_fa2, load_fa3_backward, measure_backward,
+                            measure_backward_cell)
 from local_flex import (flex_about, flex_attend, flex_backward_prepare,  # noqa: E402,F401
                         flex_documents, flex_fns, flex_local_block_mask, flex_local_mask_mod,
                         flex_lse_request, flex_mask_key, flex_prepare, flex_sink_correction,
@@ -119,9 +123,9 @@ DEFAULT_HEAD_DIMS = ["64", "128", "256"]
 PEER_SHORT = {"fa3": "FA3", "jfa_nosinks": "jfa-nosink"}
 # The table's column groups after the peer's, each where the records hold its method: (method,
 # the name of its TFLOP/s columns, that of jfa ÷ it).
-EXTRA_COLUMNS = (("flex", "flex", "÷F"), ("jfa_nosoftcap", "nocap", "÷C"))
+EXTRA_COLUMNS = (("fa2", "FA2", "÷2"), ("flex", "flex", "÷F"), ("jfa_nosoftcap", "nocap", "÷C"))
 # The peers --peers chooses from (jfa's baselines, BASELINES, run either way).
-PEER_CHOICES = ("fa3", "flex")
+PEER_CHOICES = ("fa3", "fa2", "flex")
 PASSES = ("forward", "backward")
 PASS_CHOICES = {"forward": ("forward",), "backward": ("backward",), "both": PASSES}
 PASS_STEMS = {"forward": "local", "backward": "local-backward", "both": "local-both"}
@@ -223,6 +227,10 @@ def format_table(records, stopped=""):
                              f"{where}): {text[:200]}")
     lines.append("n/a: unavailable.  err: failed.  wrong: failed the check, not timed.  "
                  "jfa-nosink: the sinks kinds' peer, jfa without sinks (FA3 has none).")
+    if any(r["method"] == "fa2" for r in records):
+        lines.append("FA2: varlen FlashAttention-2 inside torch (aten._flash_attention_forward / "
+                     "_backward) with the kind's window; it has no softcap or sinks (n/a on those "
+                     "kinds); ÷2: jfa ÷ it.")
     if any(r["method"] == "flex" for r in records):
         lines.append("flex: FlexAttention, torch.compile(flex_attention) on the packed sequences "
                      "with a block mask of the kind's window (built once, not timed) and the "
@@ -243,7 +251,8 @@ def format_table(records, stopped=""):
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(
-        description="jfa against FlashAttention-3 and FlexAttention on local attention, forward "
+        description="jfa against FlashAttention-3, varlen FlashAttention-2 and FlexAttention on "
+                    "local attention, forward "
                     "and backward, on the GPU (see the module docstring)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", default=None,
@@ -267,9 +276,9 @@ def parse_args(argv=None):
                     help=f"comma-separated of {','.join(KINDS)} (default all)")
     ap.add_argument("--dtypes", default="bf16", help="fp16,bf16 (default bf16)")
     ap.add_argument("--peers", default=",".join(PEER_CHOICES),
-                    help="comma-separated peers of jfa, of fa3,flex (default both); FlexAttention "
+                    help="comma-separated peers of jfa, of fa3,fa2,flex (default all); FlexAttention "
                          "compiles its kernels for every workload and pass, for softcap and for "
-                         "sinks (minutes): --peers fa3 leaves it out. jfa without sinks (the "
+                         "sinks (minutes): --peers fa3,fa2 leaves it out. jfa without sinks (the "
                          "sinks kinds) and without softcap (the softcap kinds) run either way")
     ap.add_argument("--pass", dest="pass_option", default="forward", choices=list(PASS_CHOICES),
                     help="what is timed: the forward, the backward op alone (after one untimed "
@@ -414,6 +423,18 @@ def fa3_prepare(G, co, ctx):
     return prepare
 
 
+def fa2_prepare(G, ctx):
+    """aten's varlen FA2 forward with the cell's window (ctx["kind"]); unavailable on a kind with
+    softcap or sinks."""
+    def prepare(case, causal):
+        op, args, kwargs = bp.fa2_forward_call(G, ctx, case, causal,
+                                               fa2_window(G, ctx["kind"], ctx.get("sinks")))
+        return G.Prepared(lambda: op(*args, **kwargs)[0], lambda out, i: case.q_rows(out, i),
+                          dense=lambda o: o, label=METHODS["fa2"],
+                          provider="torch.ops.aten._flash_attention_forward")
+    return prepare
+
+
 def measure_cell(torch, G, ctx, impls, case, kind_name, timing, opts, rounds, report):
     """One record per method of the cell that impls holds (cell_methods; peers.combine_rounds of
     its rounds) of a kind's forward on a case, each method running the kind as method_run says
@@ -502,6 +523,12 @@ def main(argv=None):
         schema_lines = load_peers(ctx, env, args.passes, args.fa3_lib)
     else:
         env["fa3"] = "left out (--peers)"
+    if "fa2" in args.peer_names:
+        load_fa2(ctx)
+        env["fa2"] = ("torch.ops.aten._flash_attention_forward / _backward"
+                      if "fa2_error" not in ctx else ctx["fa2_error"])
+    else:
+        env["fa2"] = "left out (--peers)"
     env["flex"] = (f"torch.compile(flex_attention), torch {torch.__version__}"
                    if "flex" in args.peer_names else "left out (--peers)")
     env["jfa_lib"] = lib_path
@@ -509,7 +536,8 @@ def main(argv=None):
     env["jfa_cli"] = cli
     if "jfa_error" in ctx:
         print(f"jfa: unavailable: {ctx['jfa_error']}", flush=True)
-    peer_line = ", ".join(f"{k}: {env[k]}" for k in ("fa3", "fa3_backward", "flex") if k in env)
+    peer_line = ", ".join(f"{k}: {env[k]}" for k in ("fa3", "fa3_backward", "fa2", "flex")
+                          if k in env)
     print(f"GPU {env.get('gpu')}, torch {env.get('torch')}, jfa {env.get('jfa_version', 'n/a')}, "
           f"{peer_line}", flush=True)
     for line in schema_lines:
@@ -522,6 +550,9 @@ def main(argv=None):
     if "fa3" in args.peer_names:
         impls["fa3"] = Variant("fa3", fa3_prepare(G, co, ctx))
         bwd_impls["fa3"] = fa3_backward_prepare(G, co, ctx)
+    if "fa2" in args.peer_names:
+        impls["fa2"] = Variant("fa2", fa2_prepare(G, ctx))
+        bwd_impls["fa2"] = fa2_backward_prepare(G, ctx)
     if "flex" in args.peer_names:
         impls["flex"] = Variant("flex", flex_prepare(G, ctx))
         bwd_impls["flex"] = flex_backward_prepare(G, ctx)

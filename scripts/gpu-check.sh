@@ -62,8 +62,8 @@
 #        LOCAL_HEAD_DIMS (bench-local: default "64,128,256"), LOCAL_WORKLOADS and LOCAL_KINDS
 #        (bench-local: bench/local_peers.py's --workloads and --kinds), LOCAL_PASS (bench-local:
 #        its --pass, forward, backward or both, default forward; the JSON and log are local,
-#        local-backward or local-both), LOCAL_PEERS (bench-local: its --peers, default fa3,flex; fa3
-#        alone skips FlexAttention's compiles), SUITE_FILTER (suite: a gtest filter of
+#        local-backward or local-both), LOCAL_PEERS (bench-local: its --peers, default
+#        fa3,fa2,flex; fa3,fa2 skips FlexAttention's compiles), SUITE_FILTER (suite: a gtest filter of
 #        the GPU tests, default all), SANITIZER_FILTER (sanitize: a gtest filter instead of the
 #        reduced case set), SUITE_PYTEST (suite: the pytest paths and options instead
 #        of tests/python and the ctypes list), SUITE_PYTEST_NATIVE (suite: those of the native

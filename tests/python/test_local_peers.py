@@ -766,6 +766,81 @@ def test_fa3s_backward_gets_the_window_and_softcap_and_is_checked():
         lp.fa3_backward_prepare(G, co, {"fa3_bwd_error": "torch.ops.load_library(x.so): "
                                                           "OSError"})(bc, kind, None)
 
+def test_varlen_fa2_gets_the_window_forward_and_backward_and_is_checked():
+    """aten's varlen FA2 (fa2): the forward and the backward called with the kind's window by
+    keyword on torch's own schemas (fake ops computing the reference of the window they get),
+    both checked against float64; a window it drops fails; unavailable on softcap and sinks."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    import peers_gpu as G
+    from test_peers import cpu_case
+    bc = check_cell_case(G, cpu_case, [9, 30, 4])
+    case, calls = bc.case, []
+    ctx = {}
+    lp.load_fa2(ctx)
+    assert "fa2_error" not in ctx and ctx["fa2_schemas"], ctx.get("fa2_error")
+
+    def window_of(kw):
+        return (kw["window_size_left"], kw["window_size_right"]) if honest else (-1, -1)
+
+    def fwd(q, k, v, cu_q, cu_k, mq, mk, dropout, causal, debug, **kw):
+        calls.append(("fwd", causal, kw))
+        out = torch.cat([lp.local_reference(
+            q[case.cu_q_host[i]:case.cu_q_host[i + 1]],
+            k[case.cu_k_host[i]:case.cu_k_host[i + 1]],
+            v[case.cu_k_host[i]:case.cu_k_host[i + 1]], kw["scale"], causal, window_of(kw), 0.0)
+            for i in range(case.B)]).to(q.dtype)
+        return out, "LSE", "SEED", "OFFSET", None
+
+    def bwd(dout, q, k, v, out, lse, cu_q, cu_k, mq, mk, dropout, causal, seed, offset, **kw):
+        calls.append(("bwd", (lse, seed, offset), causal, kw))
+        grads = [torch.empty_like(x) for x in (q, k, v)]
+        for i in range(case.B):
+            a, b = case.cu_q_host[i], case.cu_q_host[i + 1]
+            c, d = case.cu_k_host[i], case.cu_k_host[i + 1]
+            g = lp.local_reference_grads(q[a:b], k[c:d], v[c:d], dout[a:b], kw["scale"], causal,
+                                         window_of(kw), 0.0)
+            for x, y, (lo, hi) in zip(grads, g[:3], ((a, b), (c, d), (c, d))):
+                x[lo:hi] = y.to(q.dtype)
+        return tuple(grads)
+
+    ctx.update(fa2_fwd=fwd, fa2_bwd=bwd)
+    honest, kind = True, lp.Kind(True, 3, 0, 0.0, False)
+    window = {"scale": case.scale, "window_size_left": 3, "window_size_right": 0}
+    # The forward.
+    ctx["kind"], ctx["sinks"] = kind, None
+    method = lp.Variant("fa2", lp.fa2_prepare(G, ctx))
+    case._refs = {True: {i: lp.local_reference(
+        case.q_rows(case.q, i), case.k[case.cu_k_host[i]:case.cu_k_host[i + 1]],
+        case.v[case.cu_k_host[i]:case.cu_k_host[i + 1]], case.scale, True, (3, 0), 0.0)
+        for i in range(case.B)}}
+    prep = method.prepare(case, True)
+    assert prep.label == "varlen FA2 (aten)"
+    assert G.check_output(case, True, prep, prep.run(), 1e-2)[:3:2] == ("ok", "")
+    assert calls == [("fwd", True, window)]
+    honest = False
+    assert G.check_output(case, True, prep, prep.run(), 1e-2)[0] == "wrong"
+    # The backward.
+    honest, calls[:] = True, []
+    bc.use(kind)
+    prepare, tol = lp.fa2_backward_prepare(G, ctx), bp.TOLERANCE["bf16"]
+    prep = prepare(bc, kind, None)
+    assert calls == [("fwd", True, window)]
+    status, errors, _, why = lp.check_backward(bc, kind, prep.run(), tol)
+    assert (status, why) == ("ok", "") and set(errors) == {"dq", "dk", "dv"}
+    assert calls[1] == ("bwd", ("LSE", "SEED", "OFFSET"), True, window)
+    honest = False
+    assert lp.check_backward(bc, kind, prep.run(), tol)[0] == "wrong"
+    for name, why in (("softcap50", "no softcap"), ("swa_sinks", "no attention sinks")):
+        with pytest.raises(G.Unavailable, match=why):
+            prepare(bc, lp.KINDS[name], None)
+        ctx["kind"] = lp.KINDS[name]
+        with pytest.raises(G.Unavailable, match=why):
+            method.prepare(case, True)
+    with pytest.raises(G.Unavailable, match="missing"):
+        lp.fa2_prepare(G, {"fa2_error": "aten._flash_attention_* is missing",
+                           "kind": kind})(case, True)
+
+
 def check_only_backward(ctx, on_prepared):
     """A stand-in for local_backward.measure_backward that checks and does not time: each
     method's gradients against the reference of the kind it runs (on_prepared(rec, kind, sinks,
@@ -906,19 +981,20 @@ def test_the_gpu_check_stage_passes_the_pass_through(tmp_path):
 # ---- FlexAttention: options, table ------------------------------------------------------------
 
 def test_the_peers_option_and_the_methods_of_a_cell():
-    assert lp.parse_args([]).peer_names == ["fa3", "flex"]
+    assert lp.parse_args([]).peer_names == ["fa3", "fa2", "flex"]
     assert lp.parse_args(["--peers", "fa3"]).peer_names == ["fa3"]
     assert lp.parse_args(["--peers", "flex"]).peer_names == ["flex"]
     assert lp.parse_args(["--peers", "flex,fa3"]).peer_names == ["fa3", "flex"]  # one order
+    assert lp.parse_args(["--peers", "flex,fa2"]).peer_names == ["fa2", "flex"]
     assert lp.parse_args(["--peers", ""]).peer_names == []  # jfa (and its baselines) alone
-    for bad in (["--peers", "fa2"], ["--peers", "flex,cudnn"], ["--peers"]):
+    for bad in (["--peers", "fa4"], ["--peers", "flex,cudnn"], ["--peers"]):
         with pytest.raises(SystemExit):
             lp.parse_args(bad)
-    # Every kind has jfa, its peer and FlexAttention; a run's methods filter them.
-    assert lp.cell_methods("swa128") == ["jfa", "fa3", "flex"]
-    assert lp.cell_methods("swa_sinks") == ["jfa", "jfa_nosinks", "flex"]
-    assert lp.cell_methods("softcap50") == ["jfa", "fa3", "jfa_nosoftcap", "flex"]
-    assert lp.cell_methods("swa_softcap") == ["jfa", "fa3", "jfa_nosoftcap", "flex"]
+    # Every kind has jfa, its peer, varlen FA2 and FlexAttention; a run's methods filter them.
+    assert lp.cell_methods("swa128") == ["jfa", "fa3", "fa2", "flex"]
+    assert lp.cell_methods("swa_sinks") == ["jfa", "jfa_nosinks", "fa2", "flex"]
+    assert lp.cell_methods("softcap50") == ["jfa", "fa3", "jfa_nosoftcap", "fa2", "flex"]
+    assert lp.cell_methods("swa_softcap") == ["jfa", "fa3", "jfa_nosoftcap", "fa2", "flex"]
     assert lp.cell_methods("swa128", {"jfa": 1, "jfa_nosinks": 1, "flex": 1}) == ["jfa", "flex"]
     assert lp.cell_methods("sinks", {"jfa": 1, "jfa_nosinks": 1, "fa3": 1}) == [
         "jfa", "jfa_nosinks"]
@@ -936,11 +1012,11 @@ def test_the_peers_option_and_the_methods_of_a_cell():
                                                                    "flex": 1})
     assert [r["method"] for r in recs] == ["jfa", "jfa_nosinks", "flex"]
     assert [r["method"] for r in lp.error_records(w, "bf16", "swa128", "forward", "x")] == [
-        "jfa", "fa3", "flex"]
+        "jfa", "fa3", "fa2", "flex"]
     recs = lp.error_records(w, "bf16", "swa_softcap", "backward", "x")
     assert [(r["method"], r["label"]) for r in recs] == [
         ("jfa", "jfa"), ("fa3", peers.FA3_LABEL), ("jfa_nosoftcap", "jfa without softcap"),
-        ("flex", "FlexAttention")]
+        ("fa2", "varlen FA2 (aten)"), ("flex", "FlexAttention")]
 
 
 def test_the_table_gets_flexattentions_columns_and_ratios():
