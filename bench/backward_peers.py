@@ -814,6 +814,15 @@ def prepare_cudnn_ragged(G, ctx, bc, causal, step=False):
     return Prepared(run, provider=provider, outputs=(sdpa.dq, sdpa.dk, sdpa.dv_), keep=sdpa)
 
 
+def fa2_keywords(values, window):
+    """FA2's keyword arguments for a call whose values are `values`: the scale, and the window
+    (left, right), added to values, where given."""
+    if window is None:
+        return FA2_KEYWORDS
+    values.update(window_size_left=window[0], window_size_right=window[1])
+    return dict(FA2_KEYWORDS, **FA2_WINDOW_KEYWORDS)
+
+
 def fa2_forward_call(G, ctx, c, causal, window=None):
     """(op, args, kwargs) of aten's varlen FA2 forward on case c, with a window (left, right)
     where given; ValueError where the schema does not take them."""
@@ -823,10 +832,7 @@ def fa2_forward_call(G, ctx, c, causal, window=None):
     forward = {"query": c.q, "key": c.k, "value": c.v, "cum_seq_q": c.cu_q, "cum_seq_k": c.cu_k,
                "max_q": c.max_q, "max_k": c.max_k, "dropout_p": 0.0, "is_causal": bool(causal),
                "return_debug_mask": False, "scale": c.scale}
-    keywords = dict(FA2_KEYWORDS)
-    if window is not None:
-        forward.update(window_size_left=window[0], window_size_right=window[1])
-        keywords.update(FA2_WINDOW_KEYWORDS)
+    keywords = fa2_keywords(forward, window)
     try:
         fargs, fkwargs = schema_call(ctx["fa2_fwd_arguments"], forward, keywords=keywords)
     except ValueError as e:
@@ -852,10 +858,7 @@ def prepare_fa2(G, ctx, bc, causal, step=False, window=None):
               "logsumexp": Slot("lse"), "cum_seq_q": cu_q, "cum_seq_k": cu_k, "max_q": mq,
               "max_k": mk, "dropout_p": 0.0, "is_causal": bool(causal),
               "philox_seed": Slot("seed"), "philox_offset": Slot("offset"), "scale": c.scale}
-    keywords = dict(FA2_KEYWORDS)
-    if window is not None:
-        values.update(window_size_left=window[0], window_size_right=window[1])
-        keywords.update(FA2_WINDOW_KEYWORDS)
+    keywords = fa2_keywords(values, window)
     try:
         fill = late_call(*schema_call(ctx["fa2_bwd_arguments"], values, FA2_ALIASES, keywords))
     except ValueError as e:

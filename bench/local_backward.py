@@ -1,7 +1,7 @@
 """The backward methods of bench/local_peers.py and their measurement: the backward's case
 (LocalBwdCase, with its float64 reference), the gradients' check (dsinks included), jfa's, FA3's
-and varlen FA2's backward methods (FlexAttention's is in local_flex), and a backward cell measured on the
-GPU (measure_backward, measure_backward_cell)."""
+and varlen FA2's backward methods (FlexAttention's is in local_flex), and a backward cell measured
+on the GPU (measure_backward, measure_backward_cell)."""
 
 import math
 import os
@@ -200,11 +200,9 @@ def load_fa2(ctx):
     """aten's varlen FA2 forward and backward (backward_peers.load_fa2) into ctx as fa2_fwd,
     fa2_bwd and their _arguments, their schemas' text as fa2_schemas, or fa2_error."""
     got = {"schemas": {}}
-    bp.load_fa2(got)
-    for key in ("fa2_fwd", "fa2_bwd", "fa2_fwd_arguments", "fa2_bwd_arguments", "fa2_error"):
-        if key in got:
-            ctx[key] = got[key]
-    ctx["fa2_schemas"] = got["schemas"]
+    bp.load_fa2(got)  # its keys are all fa2_*, but for the schemas'
+    ctx["fa2_schemas"] = got.pop("schemas")
+    ctx.update(got)
 
 
 def load_fa3_backward(ctx, lib_path):

@@ -1,5 +1,6 @@
 // The producer role over a paged KV cache (WithPagedKV): the whole warp group copies each K/V tile
-// from its pages with cp.async, 16 bytes a copy, one page lookup per row; Q still comes by TMA from
+// from its pages with cp.async, 16 bytes a copy, a tile's page lookups before its copies
+// (copy_paged_tile); Q still comes by TMA from
 // thread 0, which also claims the items (the other 127 threads take them from the item ring, as
 // the consumers do). A row whose key lies past its sequence's keys, or whose page entry is outside
 // [0, num_pages), is zero-filled without a load: a tile never holds the stale rows of a page past
