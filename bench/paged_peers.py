@@ -44,6 +44,13 @@ Methods (--methods):
   cu_seqlens_k_new) and seqused_k the rows before the call, as flash_attn_with_kvcache(q, k_cache,
   v_cache, k=, v=, cache_seqlens=) passes them (it appends at seqused_k and attends over seqused_k
   + 1 keys); the wrapper gets k= and v=.
+- jfa_prefill, jfa_ahead, jfa_tma (by --methods only): jfa as above under the library's switches,
+  set for the method's measurement (JFA_VARIANTS): the prefill tiles forced for every call they
+  take (JFA_CUDA_PAGED_PREFILL=1), and with them the loads built for measurement
+  (JFA_CUDA_UNVERIFIED_PAGED_LOADS=ahead: the next tile's pages looked up before the producer
+  waits; =tma: whole pages by TMA; bf16 at head_dim 64 and 128, the shipped loads elsewhere).
+  Beside jfa in the same process, so that a kernel choice is an A/B of one run; they are not
+  peers (jfa ÷ best peer is jfa's).
 - flashinfer: FlashInfer (flashinfer-python) where it imports, NHD pages (the cache's own layout):
   BatchDecodeWithPagedKVCacheWrapper for decode (tensor cores above 4 query heads a KV head, as
   vLLM chooses), BatchPrefillWithPagedKVCacheWrapper with causal=True for spec4 and chunk256;
@@ -91,11 +98,12 @@ so.
 usage: python3 bench/paged_peers.py --lib build/gpu/src/libjfa.so
            --fa3-lib .peers/fa3_full_bf16.so [--quick]
            [--cells decode,spec4,append,chunk256,B8,B64,u4k,u8k,tail,32:8,d128,p16]
-           [--methods jfa,fa3,flashinfer]
+           [--methods jfa,jfa_prefill,jfa_ahead,jfa_tma,fa3,flashinfer]
            [--rounds N] [--runs N] [--warmup N] [--host-calls N] [--max-cache-gib G]
            [--time-limit-s S] [--seed N] [--out bench/results] [--name NAME]
 """
 import argparse
+import contextlib
 import ctypes
 import datetime
 import itertools
@@ -144,11 +152,22 @@ SEED = 0
 COPY_BYTES = 2 << 30  # the copy-rate buffer: large against L2, small against the caches
 DEVICE = "cuda"  # where the caches go (the tests drive a run on the CPU)
 
-METHODS = ("jfa", "fa3", "flashinfer")
+# jfa's kernels under the library's switches, beside its default choice in the same process (by
+# --methods only): the prefill tiles forced, and the prefill tiles' loads built for measurement.
+JFA_VARIANTS = {
+    "jfa_prefill": {"JFA_CUDA_PAGED_PREFILL": "1"},
+    "jfa_ahead": {"JFA_CUDA_PAGED_PREFILL": "1", "JFA_CUDA_UNVERIFIED_PAGED_LOADS": "ahead"},
+    "jfa_tma": {"JFA_CUDA_PAGED_PREFILL": "1", "JFA_CUDA_UNVERIFIED_PAGED_LOADS": "tma"},
+}
+METHODS = ("jfa", *JFA_VARIANTS, "fa3", "flashinfer")
+DEFAULT_METHODS = ("jfa", "fa3", "flashinfer")
 PEERS = ("fa3", "flashinfer")
 LABELS = {"jfa": "jfa (jfa_attention_forward_paged)", "fa3": "FlashAttention-3 (paged)",
-          "flashinfer": "FlashInfer"}
-SHORT = {"jfa": "jfa", "fa3": "FA3", "flashinfer": "FlashInfer"}
+          "flashinfer": "FlashInfer",
+          **{m: f"jfa with {' '.join(f'{k}={v}' for k, v in env.items())}"
+             for m, env in JFA_VARIANTS.items()}}
+SHORT = {"jfa": "jfa", "fa3": "FA3", "flashinfer": "FlashInfer", "jfa_prefill": "jfa prefill",
+         "jfa_ahead": "jfa ahead", "jfa_tma": "jfa tma"}
 # FA3's paged call: peers' keywords (scale, mask), the split count and pack-GQA.
 FA3_PAGED_KEYWORDS = dict(co.FA3_KEYWORDS, num_splits=("num_splits",), pack_gqa=("pack_gqa",))
 FLASHINFER_WORKSPACE_BYTES = 256 << 20
@@ -580,8 +599,9 @@ def parse_args(argv=None):
     ap.add_argument("--quick", action="store_true",
                     help="a small set (B8,B64 u4k,tail 32:8 d128 p16, decode and spec4, unless "
                          "--cells says otherwise), one round, fewer runs and calls")
-    ap.add_argument("--methods", default=",".join(METHODS),
-                    help=f"comma-separated of {','.join(METHODS)} (default all)")
+    ap.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                    help=f"comma-separated of {','.join(METHODS)} (default "
+                         f"{','.join(DEFAULT_METHODS)})")
     ap.add_argument("--rounds", type=int, default=None,
                     help="measure every cell N times, the methods in alternating order "
                          "(default 1)")
@@ -1070,6 +1090,22 @@ def time_method(G, prep, x, rec, opts):
                     stream=torch.cuda.current_stream())
 
 
+@contextlib.contextmanager
+def environment(variables):
+    """The process environment with `variables` set (the library reads its switches at each
+    call, a graph's kernels at its capture), restored after."""
+    old = {k: os.environ.get(k) for k in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def measure_method(G, prepare, x, rec, opts):
     """rec filled in for one method on one cell, on peers_gpu's side stream (a CUDA graph is
     captured on the stream a call launches on, and jfa's params hold the stream they were made
@@ -1100,20 +1136,21 @@ def measure_method(G, prepare, x, rec, opts):
 
 
 def measure_order(methods):
-    """The methods in the order of a cell's first round: the peers, then jfa. A kernel that
+    """The methods in the order of a cell's first round: the peers, then jfa's. A kernel that
     faults loses the process's CUDA context; jfa's, the newest, then do so after the peers'
     figures of their cell are taken."""
-    return [m for m in methods if m != "jfa"] + [m for m in methods if m == "jfa"]
+    return [m for m in methods if m in PEERS] + [m for m in methods if m not in PEERS]
 
 
 def measure_cell(G, impls, x, methods, opts, rounds, copy_tbps, report=None):
     """One record per method of a cell, in the order of `methods` (call_overhead.median_round of
-    its rounds, by eager_ms), with its KV rates."""
+    its rounds, by eager_ms), with its KV rates; a jfa variant measured under its switches."""
     tolerance = G.TOLERANCE[DTYPE]
 
     def measure(m):
         rec = new_record(m, x.cell, x.cache.lengths, x.tokens, x.sample, tolerance)
-        return add_rates(measure_method(G, impls[m], x, rec, opts), copy_tbps)
+        with environment(JFA_VARIANTS.get(m, {})):  # a jfa variant's switches
+            return add_rates(measure_method(G, impls[m], x, rec, opts), copy_tbps)
 
     per_method = measure_rounds(measure_order(methods), rounds, measure, report)
     return [add_rates(co.median_round(per_method[m]), copy_tbps) for m in methods]
@@ -1294,7 +1331,8 @@ def main(argv=None):
     ctx, env = {}, G.environment()
     load_methods(G, args, ctx, env)
     impls = {"jfa": jfa_prepare(G, ctx), "fa3": fa3_prepare(G, ctx),
-             "flashinfer": flashinfer_prepare(G, ctx)}
+             "flashinfer": flashinfer_prepare(G, ctx),
+             **{m: jfa_prepare(G, ctx) for m in JFA_VARIANTS}}
     for m in args.method_names:
         if unavailable_reason(ctx, m):
             print(f"{m}: unavailable: {unavailable_reason(ctx, m)}", flush=True)

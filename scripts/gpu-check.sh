@@ -25,7 +25,9 @@
 #   bench-paged     jfa's CUDA paged-KV decode forward against FlashAttention-3 and FlashInfer,
 #                   bf16, outputs checked against float64 first (bench/paged_peers.py); PAGED_CELLS
 #                   its --cells (default decode and spec4; append, chunked prefill's chunk256 and
-#                   the u8k cache by name, e.g. chunk256,u4k,u8k). Not in all.
+#                   the u8k cache by name, e.g. chunk256,u4k,u8k), PAGED_METHODS its --methods
+#                   (jfa's kernel switches beside jfa: jfa_prefill, jfa_ahead, jfa_tma). Not in
+#                   all.
 #   profile-local   Nsight Compute (--set full, clocks not locked) over one jfa and one
 #                   FlashAttention-3 call of one local-attention cell (bench/profile_local_pair.py,
 #                   PROFILE_ARGS its options, default the backward of W1, head_dim 128, window
@@ -319,6 +321,7 @@ stage_bench_paged() {
   local rc=0
   timeout "$(left)" python3 bench/paged_peers.py --lib "$JFA_LIBRARY" --fa3-lib "$FA3_FULL_LIB" \
     --out "$OUT" --name paged ${PAGED_CELLS:+--cells "$PAGED_CELLS"} \
+    ${PAGED_METHODS:+--methods "$PAGED_METHODS"} \
     --rounds "${BENCH_ROUNDS:-2}" --time-limit-s $(($(left) - 30)) >"$OUT/paged.log" 2>&1 || rc=1
   summary bench-paged "$(gpu_name): rc $rc (paged.json, table in paged.log)"
   return $rc

@@ -699,6 +699,64 @@ TEST(PagedGpu, PrefillTilesMatchReference) {
   EXPECT_EQ(differs, compared) << "a case gave the decode kernel's bits with the prefill switch on";
 }
 
+// The prefill tiles' loads built for measurement (JFA_CUDA_UNVERIFIED_PAGED_LOADS "ahead" and
+// "tma", bf16 at head_dim 64 and 128): against the reference, then bit for bit the shipped loads'
+// output on the same case with an invalid entry among the longest sequence's pages, since all of
+// them bring the same tiles (rows past the keys and the rows of an invalid page zero-filled). Page
+// sizes 1 (no TMA boxes: the shipped loads), 8, 16, 24 and 48 (boxes of 8 and 16 rows, rows found
+// by division) and 256 (one box a tile); NaN in every cache row past the keys; GQA, causal or not,
+// sinks, LSE on and off. Which loads a call takes is paged_loads_for's
+// (tests/cuda_host/paged_loads_test.cu).
+TEST(PagedGpu, UnverifiedLoadsMatchReferenceAndTheShippedBits) {
+  int k = 0;
+  for (const char* loads : {"ahead", "tma"}) {
+    for (int32_t d : {64, 128}) {
+      for (int32_t page : {1, 8, 16, 24, 48, 256}) {
+        ++k;
+        if (quick_mode() && k % 4 != 0) continue;
+        PagedCase c;
+        c.head_dim = d;
+        c.page_size = page;
+        c.dtype = DType::kBFloat16;
+        c.heads_q = kGqas[k % 3].heads_q;
+        c.heads_kv = kGqas[k % 3].heads_kv;
+        c.causal = k % 4 != 1;
+        c.with_lse = k % 5 != 2;
+        c.sink_sd = k % 4 == 3 ? 2.f : 0.f;
+        c.share_pages = false;
+        c.nan_past_keys = true;
+        c.seqused = edge_lengths(page);
+        c.seqused.push_back(quick_mode() ? 700 : 3000);
+        for (size_t b = 0; b < c.seqused.size(); ++b) {
+          const int32_t chunk[] = {64, 1, 0, 300, 129, 17, 256, 200};
+          c.len_q.push_back(chunk[(b + k) % std::size(chunk)]);
+        }
+        c.max_q = 300;
+        SCOPED_TRACE(std::string("JFA_CUDA_UNVERIFIED_PAGED_LOADS=") + loads + ": " + describe(c));
+        const ScopedEnv prefill("JFA_CUDA_PAGED_PREFILL", "1");
+        {
+          const ScopedEnv on("JFA_CUDA_UNVERIFIED_PAGED_LOADS", loads);
+          run_case(c);
+        }
+        std::mt19937_64 rng(fresh_seed(describe(c).c_str()));
+        PagedHost h(c, rng);
+        const int64_t longest = static_cast<int64_t>(c.seqused.size()) - 1;
+        h.table[longest * h.max_pages + 1] = -1;  // its second page: zeros, whichever the loads
+        PagedDevice dev(h);
+        Outputs shipped, variant;
+        ASSERT_EQ(dev.run(h, &shipped), JFA_SUCCESS) << jfa_last_error_message();
+        {
+          const ScopedEnv on("JFA_CUDA_UNVERIFIED_PAGED_LOADS", loads);
+          ASSERT_EQ(dev.run(h, &variant), JFA_SUCCESS) << jfa_last_error_message();
+        }
+        EXPECT_TRUE(variant.out == shipped.out) << "out differs from the shipped loads'";
+        EXPECT_EQ(std::memcmp(variant.lse.data(), shipped.lse.data(), shipped.lse.size() * 4), 0)
+            << "lse differs from the shipped loads'";
+      }
+    }
+  }
+}
+
 // By default the prefill tiles take a chunked prefill whose (q tile, query head) items fill the
 // SMs (8 chunks of 256 tokens on 32 query heads: 512 items) and the decode kernel one whose items
 // do not (one chunk: 64 items): the default call's bits are those of the path forced the same way.

@@ -273,7 +273,7 @@ def test_options_and_their_quick_defaults(monkeypatch):
     monkeypatch.delenv("FA3_FULL_LIB", raising=False)
     a = pp.parse_args([])
     assert (a.rounds, a.runs, a.warmup, a.host_calls, a.host_batches) == (1, 30, 5, 100, 3)
-    assert a.method_names == list(pp.METHODS) and len(a.cell_list) == 128
+    assert a.method_names == list(pp.DEFAULT_METHODS) and len(a.cell_list) == 128
     assert a.fa3_lib is None and a.time_limit_s is None
     q = pp.parse_args(["--quick", "--methods", "jfa,fa3", "--rounds", "2"])
     assert (q.rounds, q.runs, q.warmup, q.host_calls) == (2, 10, 3, 30)
@@ -1024,7 +1024,7 @@ def test_a_run_of_chunk_cells_on_the_cpu(monkeypatch, tmp_path, capsys):
     assert decode["useful_gflop"] == 3 * 4 * 16 * 64 * 512 / 1e9
     tail = pp.cache_lengths("tail", 3, seed=2)
     assert min(tail) == 182
-    for m in pp.METHODS:
+    for m in pp.DEFAULT_METHODS:
         rec = by[("chunk256 B3 tail 16:4 d64 p16", m)]
         assert rec["status"] == "skipped" and rec["reason"].endswith("(the shortest 182)"), rec
     assert by[("decode B3 tail 16:4 d64 p16", "jfa")]["status"] == "ok"
@@ -1037,6 +1037,41 @@ def test_a_run_of_chunk_cells_on_the_cpu(monkeypatch, tmp_path, capsys):
     row = next(line for line in lines if line.startswith("decode B3 u512"))
     assert row.split()[8] == f"{decode['graph_kv_tbps']:.2f}"
     assert "TFLOP/s" in capsys.readouterr().out
+
+
+def test_jfa_s_variants_run_under_their_switches_beside_jfa_and_are_not_peers(monkeypatch,
+                                                                              tmp_path):
+    """--methods jfa,jfa_prefill,jfa_ahead,jfa_tma,fa3: each variant prepared, checked and timed
+    with its switches set (the library reads them at each call) and the process's own values back
+    after; jfa ÷ best peer stays jfa's, over the peers only; the table has a column per variant."""
+    switches = ("JFA_CUDA_PAGED_PREFILL", "JFA_CUDA_UNVERIFIED_PAGED_LOADS")
+    monkeypatch.setenv("JFA_CUDA_PAGED_PREFILL", "0")
+    monkeypatch.delenv("JFA_CUDA_UNVERIFIED_PAGED_LOADS", raising=False)
+    seen = {}
+    check = pp.prepare_and_check
+
+    def recording(G, prepare, x, rec):
+        seen.setdefault(rec["method"], set()).add(tuple(os.environ.get(k) for k in switches))
+        return check(G, prepare, x, rec)
+
+    monkeypatch.setattr(pp, "prepare_and_check", recording)
+    rc, doc = cpu_run(monkeypatch, ["--cells", "chunk256,B2,u512,16:4,d64", "--methods",
+                                    "jfa,jfa_prefill,jfa_ahead,jfa_tma,fa3", "--warm-seconds",
+                                    "0", "--out", str(tmp_path), "--name", "run"])
+    assert rc == 0
+    assert seen == {"jfa": {("0", None)}, "fa3": {("0", None)}, "jfa_prefill": {("1", None)},
+                    "jfa_ahead": {("1", "ahead")}, "jfa_tma": {("1", "tma")}}
+    assert (os.environ["JFA_CUDA_PAGED_PREFILL"],
+            os.environ.get("JFA_CUDA_UNVERIFIED_PAGED_LOADS")) == ("0", None)
+    by = {r["method"]: r for r in doc["results"]}
+    assert all(by[m]["status"] == "ok" for m in ("jfa", "jfa_prefill", "jfa_ahead", "jfa_tma"))
+    assert by["fa3"]["status"] == "unavailable"
+    assert pp.best_peer(doc["results"], "graph") is None  # no peer ran: the variants are not peers
+    head = doc["table"].splitlines()[1]
+    assert all(pp.SHORT[m] in head for m in ("jfa_prefill", "jfa_ahead", "jfa_tma")), head
+    with pp.environment({"JFA_CUDA_UNVERIFIED_PAGED_LOADS": "tma"}):
+        assert os.environ["JFA_CUDA_UNVERIFIED_PAGED_LOADS"] == "tma"
+    assert "JFA_CUDA_UNVERIFIED_PAGED_LOADS" not in os.environ
 
 
 def test_a_run_says_why_it_stopped(monkeypatch, tmp_path):
@@ -1134,20 +1169,21 @@ def test_a_chunk_cell_s_row_shows_tflops_and_jfa_over_the_best_peer_stays_a_spee
 # ---- scripts/gpu-check.sh -----------------------------------------------------------------------
 
 def test_the_gpu_check_stage_passes_the_cells_through(tmp_path):
-    """bench-paged, its helpers stubbed: PAGED_CELLS becomes --cells, FA3's full build --fa3-lib;
-    the old PAGED_UNVERIFIED is ignored (jfa's kernels always run)."""
+    """bench-paged, its helpers stubbed: PAGED_CELLS becomes --cells, PAGED_METHODS --methods,
+    FA3's full build --fa3-lib; the old PAGED_UNVERIFIED is ignored (jfa's kernels always run)."""
     stubs = ("runtime_env() { JFA_LIBRARY=/c/lib/libjfa.so FA3_FULL_LIB=/p/fa3_full.so; }; "
              "left() { echo 400; }; gpu_name() { echo GPU; }; summary() { echo \"$*\"; }; "
              "timeout() { shift; echo \"$*\"; }; ")
-    for old_switch, cells in ((None, None), ("1", "decode,B64,u4k")):
+    for old_switch, cells, methods in ((None, None, None),
+                                       ("1", "decode,B64,u4k", "jfa,jfa_tma,fa3")):
         out = tmp_path / f"{old_switch}-{cells}"
         out.mkdir()
         code = (f"source <(sed -n '/^stage_bench_paged()/,/^}}/p' {SCRIPT}); {stubs}"
                 f"OUT={out}; stage_bench_paged")
         env = {k: v for k, v in os.environ.items() if k not in ("PAGED_UNVERIFIED", "PAGED_CELLS",
-                                                               "BENCH_ROUNDS")}
-        env.update({k: v for k, v in (("PAGED_UNVERIFIED", old_switch), ("PAGED_CELLS", cells))
-                    if v is not None})
+                                                               "PAGED_METHODS", "BENCH_ROUNDS")}
+        env.update({k: v for k, v in (("PAGED_UNVERIFIED", old_switch), ("PAGED_CELLS", cells),
+                                      ("PAGED_METHODS", methods)) if v is not None})
         r = subprocess.run(["bash", "-c", code], capture_output=True, text=True, env=env)
         assert r.returncode == 0, r.stderr
         args = (out / "paged.log").read_text().split()
@@ -1160,12 +1196,14 @@ def test_the_gpu_check_stage_passes_the_cells_through(tmp_path):
         assert args[args.index("--time-limit-s") + 1] == "370"
         assert not any("unverified" in a for a in args)
         assert (args[args.index("--cells") + 1] if "--cells" in args else None) == cells
+        assert (args[args.index("--methods") + 1] if "--methods" in args else None) == methods
         assert r.stdout.strip() == "bench-paged GPU: rc 0 (paged.json, table in paged.log)"
     # The options the stage passes are the script's own.
     got = pp.parse_args(["--lib", "x.so", "--fa3-lib", "f.so", "--out", str(tmp_path), "--name",
-                         "paged", "--cells", "decode,B64,u4k", "--rounds", "2",
-                         "--time-limit-s", "370"])
+                         "paged", "--cells", "decode,B64,u4k", "--methods", "jfa,jfa_tma,fa3",
+                         "--rounds", "2", "--time-limit-s", "370"])
     assert len(got.cell_list) == 2 * 2 and got.time_limit_s == 370
+    assert got.method_names == ["jfa", "jfa_tma", "fa3"]
 
 
 def test_the_gpu_check_stage_needs_the_carried_build(tmp_path):

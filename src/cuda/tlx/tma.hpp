@@ -45,6 +45,15 @@ JFA_DEVICE void tma_load_3d(const CUtensorMap* map, MBarrier* bar, void* smem_ds
       : "memory");
 }
 
+JFA_DEVICE void tma_load_4d(const CUtensorMap* map, MBarrier* bar, void* smem_dst, int32_t c0,
+                            int32_t c1, int32_t c2, int32_t c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(smem_addr(smem_dst)),
+      "l"(tensor_map_addr(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
+      : "memory");
+}
+
 // Adds `bytes` (a multiple of 16; both addresses 16-byte aligned) of float32 values from shared
 // memory to global memory element by element (a reduction in L2), in the issuing thread's bulk
 // group: commit and wait as for stores (wait_read before the shared memory is reused).

@@ -54,12 +54,22 @@ struct SoftcapOf : std::false_type {};
 template <typename K>
 struct SoftcapOf<K, std::void_t<decltype(K::kSoftcap)>> : std::bool_constant<K::kSoftcap> {};
 
-// The choices of `Base` over a paged KV cache (FwdPagedArgs): the producer warp group copies each
-// K/V tile from its pages (producer_paged.cuh), the rest is `Base`'s. Chunked prefill over a paged
-// cache runs these (paged_prefill.cu).
-template <typename Base>
+// How the paged kernels' producer brings a K/V tile from its pages. kRowsByCpAsync (shipped): the
+// warp group copies every row by cp.async, after acquiring the tile's stage and looking up its
+// pages (producer_paged.cuh). The others are built for measurement beside it (paged_loads.hpp):
+// kRowsLookedUpAhead copies the same way but looks up the next K tile's pages before it waits for
+// a stage, once for K and V; kPagesByTma has one warp load every box of whole pages by TMA and copy
+// only the tile's rows at and past the sequence's last partial box by cp.async
+// (producer_paged_tma.cuh).
+enum class PagedLoads { kRowsByCpAsync, kRowsLookedUpAhead, kPagesByTma };
+
+// The choices of `Base` over a paged KV cache (FwdPagedArgs): the producer loads each K/V tile
+// from its pages as `kLoads` says, the rest is `Base`'s. Chunked prefill over a paged cache runs
+// these (paged_prefill.cu).
+template <typename Base, PagedLoads kLoads = PagedLoads::kRowsByCpAsync>
 struct WithPagedKV : Base {
   static constexpr bool kPagedKV = true;
+  static constexpr PagedLoads kPagedLoads = kLoads;
 };
 
 // Whether choices K read a paged KV cache (only WithPagedKV's do).
@@ -67,6 +77,15 @@ template <typename K, typename = void>
 struct PagedKVOf : std::false_type {};
 template <typename K>
 struct PagedKVOf<K, std::void_t<decltype(K::kPagedKV)>> : std::bool_constant<K::kPagedKV> {};
+
+// How choices K's producer loads a paged tile (kRowsByCpAsync where K reads no paged cache).
+template <typename K>
+constexpr PagedLoads paged_loads_of() {
+  if constexpr (PagedKVOf<K>::value)
+    return K::kPagedLoads;
+  else
+    return PagedLoads::kRowsByCpAsync;
+}
 
 // Choices of the launch, taken on the host.
 struct LaunchChoices {

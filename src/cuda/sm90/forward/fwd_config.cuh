@@ -63,6 +63,8 @@ struct FwdConfig {
   static constexpr bool kSoftcap = SoftcapOf<Choices>::value;  // the local kernels' with softcap
   // A paged KV cache (WithPagedKV): its kernel argument; the producer copies K/V by cp.async.
   static constexpr bool kPaged = PagedKVOf<Choices>::value;
+  static constexpr PagedLoads kPagedLoads = paged_loads_of<Choices>();
+  static constexpr bool kPagedTma = kPaged && kPagedLoads == PagedLoads::kPagesByTma;
   static_assert(!(kLocal && kPaged), "local attention over a paged cache has no kernel");
   using Args =
       std::conditional_t<kLocal, FwdLocalArgs, std::conditional_t<kPaged, FwdPagedArgs, FwdArgs>>;

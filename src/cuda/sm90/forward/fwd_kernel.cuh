@@ -5,7 +5,8 @@
 // Roles (128 threads per warp group, one CTA per SM):
 //   warp group 0   producer (producer.cuh): one thread issues the TMA loads of Q, K and V into
 //                  rings guarded by mbarriers; its registers go to the consumers. Over a paged
-//                  KV cache (producer_paged.cuh) all 128 threads copy K/V by cp.async.
+//                  KV cache (producer_paged.cuh) all 128 threads copy K/V by cp.async (or one
+//                  warp loads whole pages by TMA, producer_paged_tma.cuh).
 //   warp groups 1.. consumers (two or three, see choices.hpp): 64 Q rows each; S = Q K^T (SS
 //                  wgmma), mask (mask.cuh) and online softmax (softmax.cuh) in registers, P packed
 //                  to 16 bits as the A operand of O += P V (RS wgmma, V read through the
@@ -30,6 +31,7 @@
 #include "cuda/sm90/forward/mainloop_overlapped.cuh"
 #include "cuda/sm90/forward/producer.cuh"
 #include "cuda/sm90/forward/producer_paged.cuh"
+#include "cuda/sm90/forward/producer_paged_tma.cuh"
 #include "cuda/tlx/fence.hpp"
 #include "cuda/tlx/grid_dependency.hpp"
 #include "cuda/tlx/tma.hpp"
@@ -40,10 +42,16 @@ namespace jfa::sm90 {
 template <typename Cfg>
 __device__ __forceinline__ void init_barriers(typename Cfg::Shared& s) {
   // The paged producer's 128 threads take every item and arrive on each K/V tile's full barrier
-  // (producer_paged.cuh); the TMA producer is one thread.
-  constexpr uint32_t kFullArrivals = Cfg::kPaged ? kPagedProducerThreads : 1;
+  // (producer_paged.cuh), its TMA form's 32 threads likewise, with lane 0's byte count
+  // (producer_paged_tma.cuh); the TMA producer is one thread.
+  constexpr uint32_t kFullArrivals = Cfg::kPagedTma ? kPagedTmaFullArrivals
+                                     : Cfg::kPaged  ? kPagedProducerThreads
+                                                    : 1;
+  constexpr uint32_t kItemTakers = Cfg::kPagedTma ? kPagedTmaProducerThreads
+                                   : Cfg::kPaged  ? kPagedProducerThreads
+                                                  : 0;
   s.q_ring.init(Cfg::kConsumerWarps);
-  s.items.init(Cfg::kConsumerWarps * 32 + (Cfg::kPaged ? kPagedProducerThreads : 0));
+  s.items.init(Cfg::kConsumerWarps * 32 + kItemTakers);
 #pragma unroll
   for (int i = 0; i < Cfg::kStages; ++i) {  // in the order they lie
     s.k_full[i].init(kFullArrivals);
@@ -90,7 +98,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (group == 0) {
     tlx::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
-    if constexpr (Cfg::kPaged)
+    if constexpr (Cfg::kPagedTma) {
+      if (threadIdx.x < kPagedTmaProducerThreads)
+        producer_loop_paged_tma<Cfg>(s, &tm_q, &tm_k, &tm_v, args, n_items);
+    } else if constexpr (Cfg::kPaged)
       producer_loop_paged<Cfg>(s, &tm_q, args, n_items);
     else if (threadIdx.x == 0)
       producer_loop<Cfg>(s, &tm_q, &tm_k, &tm_v, args, n_items);

@@ -1,7 +1,8 @@
 // Host side of one sm90 forward configuration: tensor maps, the work-list kernel, the persistent
 // attention kernel (a programmatic dependent launch of the work-list kernel where the launch
 // choices ask for it). Over a paged KV cache (Cfg::kPaged, `kv` given) K and V have no tensor
-// maps, p's cu_seqlens_k holds the sequences' key counts as offsets and total_k bounds their sum.
+// maps (maps over the pages with PagedLoads::kPagesByTma), p's cu_seqlens_k holds the sequences'
+// key counts as offsets and total_k bounds their sum.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -21,6 +22,7 @@
 #include "cuda/sm90/host/launch_error.hpp"
 #include "cuda/sm90/host/offsets_check.hpp"
 #include "cuda/sm90/host/shared_memory_opt_in.hpp"
+#include "cuda/sm90/paged/paged_loads.hpp"
 #include "cuda/sm90/shared/tensor_maps.hpp"
 
 namespace jfa::sm90 {
@@ -45,7 +47,15 @@ jfa_status run_forward(const jfa::detail::Params& p, const jfa::cuda::DeviceFact
   if (!encode_qkv_map<T>(p.q, p.total_q, p.heads_q, Cfg::kD, p.q_layout, Cfg::kBlockM,
                          Cfg::QTile::kBoxCols, &tm_q, &err))
     return fail(JFA_ERROR_CUDA, "tensor map encoding failed: %s", err.c_str());
-  if constexpr (Cfg::kPaged) {
+  if constexpr (Cfg::kPagedTma) {
+    if (kv == nullptr) return fail(JFA_ERROR_INTERNAL, "a paged kernel without its cache");
+    const auto box_rows = static_cast<uint32_t>(paged_tma_box_rows(kv->page_size, Cfg::kBlockN));
+    if (!encode_paged_cache_map<T>(kv->k_cache, kv->num_pages, kv->page_size, p.heads_kv, Cfg::kD,
+                                   box_rows, Cfg::KTile::kBoxCols, &tm_k, &err) ||
+        !encode_paged_cache_map<T>(kv->v_cache, kv->num_pages, kv->page_size, p.heads_kv, Cfg::kDv,
+                                   box_rows, Cfg::VTile::kBoxCols, &tm_v, &err))
+      return fail(JFA_ERROR_CUDA, "paged cache tensor map encoding failed: %s", err.c_str());
+  } else if constexpr (Cfg::kPaged) {
     if (kv == nullptr) return fail(JFA_ERROR_INTERNAL, "a paged kernel without its cache");
     tm_k = tm_q;  // not read: the paged producer copies K/V itself
     tm_v = tm_q;

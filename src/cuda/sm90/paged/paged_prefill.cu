@@ -1,7 +1,8 @@
 // Chunked prefill over a paged KV cache on the packed forward's tiles (paged_prefill.hpp): the
 // route's conditions, the key offsets, and the forward kernels WithPagedKV at head_dim 64, 128 and
 // 256 (two consumer groups; 128-key tiles, 64 at 256, as the packed forward's table of shapes has
-// them), both dtypes.
+// them), both dtypes; and, for measurement beside them, bf16 at 64 and 128 with the other two
+// PagedLoads (not shipped: only JFA_CUDA_UNVERIFIED_PAGED_LOADS takes them, paged_loads.hpp).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -17,6 +18,7 @@
 #include "cuda/sm90/host/launch_error.hpp"
 #include "cuda/sm90/paged/paged_head_dims.hpp"
 #include "cuda/sm90/paged/paged_key_offsets.cuh"
+#include "cuda/sm90/paged/paged_loads.hpp"
 #include "cuda/sm90/paged/paged_prefill.hpp"
 
 namespace jfa::sm90 {
@@ -25,8 +27,8 @@ namespace {
 using jfa::detail::fail;
 using jfa::detail::Params;
 
-template <typename T, int kD>
-using PrefillConfig = FwdConfig<T, kD, 2, kD == 256 ? 64 : 128, WithPagedKV<ShippedKernel>>;
+template <typename T, int kD, PagedLoads kLoads = PagedLoads::kRowsByCpAsync>
+using PrefillConfig = FwdConfig<T, kD, 2, kD == 256 ? 64 : 128, WithPagedKV<ShippedKernel, kLoads>>;
 
 // JFA_CUDA_PAGED_PREFILL: 1 every call the prefill kernels can take, 0 none, else by the items.
 enum class PrefillSwitch { kByItems, kAlways, kNever };
@@ -88,8 +90,22 @@ jfa_status paged_prefill_forward(const Params& p, const jfa_paged_kv& kv, const 
   pp.total_k = p.batch * kv.max_pages_per_seq * kv.page_size;
   pp.workspace = workspace + key_offsets_bytes(p.batch);
   pp.workspace_bytes = forward_workspace_bytes(p.total_q, p.batch);
+  const PagedLoads loads =
+      paged_loads_for(paged_loads_named(std::getenv("JFA_CUDA_UNVERIFIED_PAGED_LOADS")), p.dtype,
+                      p.head_dim, kv.page_size, kv.num_pages, PrefillConfig<__half, 128>::kBlockN);
   return visit_paged_head_dim(p.head_dim, [&](auto head_dim) {
     constexpr int kD = decltype(head_dim)::value;
+    // The loads built for measurement beside the shipped ones: bf16 at 64 and 128
+    // (paged_loads.hpp).
+    if constexpr (kD == 64 || kD == 128) {
+      using Bf16 = __nv_bfloat16;
+      if (loads == PagedLoads::kRowsLookedUpAhead)
+        return run_forward<PrefillConfig<Bf16, kD, PagedLoads::kRowsLookedUpAhead>>(
+            pp, device, kShippedLaunch, &kv);
+      if (loads == PagedLoads::kPagesByTma)
+        return run_forward<PrefillConfig<Bf16, kD, PagedLoads::kPagesByTma>>(pp, device,
+                                                                             kShippedLaunch, &kv);
+    }
     return p.dtype == JFA_DTYPE_FLOAT16
                ? run_forward<PrefillConfig<__half, kD>>(pp, device, kShippedLaunch, &kv)
                : run_forward<PrefillConfig<__nv_bfloat16, kD>>(pp, device, kShippedLaunch, &kv);

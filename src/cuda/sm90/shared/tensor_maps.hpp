@@ -1,5 +1,6 @@
-// The tensor maps of the sm90 forward: Q, K and V as packed [total, heads, d] tensors, and the
-// ragged output map that clips each tile at the end of its item.
+// The tensor maps of the sm90 forward: Q, K and V as packed [total, heads, d] tensors (or K and V
+// as the pages of a paged cache), and the ragged output map that clips each tile at the end of its
+// item.
 #pragma once
 
 #include <cuda.h>
@@ -44,6 +45,31 @@ bool encode_qkv_map(const void* base, int64_t total, int32_t heads, int32_t d,
   spec.box[0] = box_cols;
   spec.box[1] = 1;
   spec.box[2] = rows;
+  spec.swizzle = swizzle_of_box(box_cols);
+  return jfa::cuda::encode_tiled_map(spec, map, error);
+}
+
+// Map over a paged cache [num_pages, page_size, heads, d] (packed): dims (d, heads, page_size,
+// num_pages), box (box_cols, 1, box_rows, 1): box_rows rows of one page and head.
+template <typename T>
+bool encode_paged_cache_map(const void* cache, int64_t num_pages, int32_t page_size, int32_t heads,
+                            int32_t d, uint32_t box_rows, uint32_t box_cols, CUtensorMap* map,
+                            std::string* error) {
+  jfa::cuda::TiledMapSpec spec;
+  spec.dtype = map_dtype<T>();
+  spec.rank = 4;
+  spec.base = cache;
+  spec.dims[0] = static_cast<uint64_t>(d);
+  spec.dims[1] = static_cast<uint64_t>(heads);
+  spec.dims[2] = static_cast<uint64_t>(page_size);
+  spec.dims[3] = static_cast<uint64_t>(std::max<int64_t>(num_pages, 1));
+  spec.strides[0] = static_cast<uint64_t>(d) * sizeof(T);
+  spec.strides[1] = spec.strides[0] * static_cast<uint64_t>(heads);
+  spec.strides[2] = spec.strides[1] * static_cast<uint64_t>(page_size);
+  spec.box[0] = box_cols;
+  spec.box[1] = 1;
+  spec.box[2] = box_rows;
+  spec.box[3] = 1;
   spec.swizzle = swizzle_of_box(box_cols);
   return jfa::cuda::encode_tiled_map(spec, map, error);
 }

@@ -1,0 +1,58 @@
+// Which loads the chunked prefill's producer uses (PagedLoads, forward/choices.hpp) for a call, and
+// the TMA boxes of kPagesByTma. The shipped loads copy rows by cp.async; the other two are built
+// for measurement beside them (bf16 at head_dim 64 and 128 only) and taken only where
+// JFA_CUDA_UNVERIFIED_PAGED_LOADS asks ("ahead" or "tma") and the call allows them. Host and
+// device code alike: constexpr, no library calls.
+#pragma once
+
+#include <cstdint>
+
+#include "common/visibility.hpp"
+#include "cuda/sm90/forward/choices.hpp"
+#include "jfa/jfa.h"
+
+namespace jfa::sm90 {
+
+// The rows of a TMA box of a K/V tile of `block_n` keys (a power of two) over pages of `page_size`
+// rows: the largest power of two that divides both, so that every box lies in one page and one
+// tile. Boxes of fewer than kPagedTmaMinBoxRows rows are not loaded by TMA.
+JFA_HOST_DEVICE constexpr int32_t paged_tma_box_rows(int32_t page_size, int32_t block_n) {
+  const int32_t lowest_bit = page_size & -page_size;
+  return lowest_bit < block_n ? lowest_bit : block_n;
+}
+
+// A box keeps the 128-byte swizzle's phase (8 rows of 128 bytes, 1024-byte aligned) this way.
+inline constexpr int32_t kPagedTmaMinBoxRows = 8;
+
+// The loads a call takes, asked for `requested`: the shipped kRowsByCpAsync unless this build has
+// the requested loads' kernels (bf16, head_dim 64 or 128) and, for kPagesByTma, the pages come in
+// boxes of kPagedTmaMinBoxRows rows or more, and the map has a page and every page index and its
+// out-of-bounds stand-in (num_pages) are int32 coordinates of it.
+constexpr PagedLoads paged_loads_for(PagedLoads requested, jfa_dtype dtype, int32_t head_dim,
+                                     int32_t page_size, int64_t num_pages, int32_t block_n) {
+  if (requested == PagedLoads::kRowsByCpAsync || dtype != JFA_DTYPE_BFLOAT16 ||
+      (head_dim != 64 && head_dim != 128))
+    return PagedLoads::kRowsByCpAsync;
+  if (requested == PagedLoads::kPagesByTma &&
+      (page_size < 1 || paged_tma_box_rows(page_size, block_n) < kPagedTmaMinBoxRows ||
+       num_pages < 1 || num_pages >= INT32_MAX))
+    return PagedLoads::kRowsByCpAsync;
+  return requested;
+}
+
+// JFA_CUDA_UNVERIFIED_PAGED_LOADS's value: "ahead" kRowsLookedUpAhead, "tma" kPagesByTma, anything
+// else (unset included) kRowsByCpAsync.
+constexpr PagedLoads paged_loads_named(const char* name) {
+  auto is = [&](const char* word) {
+    if (name == nullptr) return false;
+    int i = 0;
+    for (; word[i] != '\0'; ++i)
+      if (name[i] != word[i]) return false;
+    return name[i] == '\0';
+  };
+  if (is("ahead")) return PagedLoads::kRowsLookedUpAhead;
+  if (is("tma")) return PagedLoads::kPagesByTma;
+  return PagedLoads::kRowsByCpAsync;
+}
+
+}  // namespace jfa::sm90
