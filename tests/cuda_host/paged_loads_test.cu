@@ -1,11 +1,16 @@
 // Which loads the chunked prefill's producer takes (cuda/sm90/paged/paged_loads.hpp), as host code:
 // the TMA boxes lie inside one page and one tile, are never under 8 rows, and the loads built for
-// measurement are taken only where the variable asks for them and the call allows them.
+// measurement are taken only where the variable asks for them and the call allows them. The splits
+// of its keys (paged_prefill_splits.hpp): only where the items leave SMs idle, never below a few
+// tiles a split, and a workspace that holds the partials of any device's plan.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "cuda/sm90/paged/paged_loads.hpp"
+#include "cuda/sm90/paged/paged_prefill_splits.hpp"
 
 namespace {
 
@@ -73,6 +78,50 @@ TEST(PagedLoads, TakenOnlyWhereAskedForAndAllowed) {
   EXPECT_EQ(paged_loads_for(kTma, kBf16, 128, 16, 1, 128), kTma);
   EXPECT_EQ(paged_loads_for(kTma, kBf16, 128, 16, 0, 128), kShipped);
   EXPECT_EQ(paged_loads_for(kAhead, kBf16, 128, 16, INT64_MAX, 128), kAhead);
+}
+
+using jfa::sm90::kPrefillMaxKeySplits;
+using jfa::sm90::kPrefillMinSplitTiles;
+using jfa::sm90::prefill_key_splits;
+using jfa::sm90::prefill_partials;
+using jfa::sm90::prefill_partials_bytes;
+
+TEST(PrefillKeySplits, WhereTheItemsLeaveSmsIdle) {
+  // One chunk of 256 tokens on 32 heads (64 items) over 4k and 8k keys on an H100's 132 SMs: two
+  // splits fill one wave; eight chunks (512 items) fill the SMs without.
+  EXPECT_EQ(prefill_key_splits(64, 32, 132), 2);
+  EXPECT_EQ(prefill_key_splits(64, 64, 132), 2);
+  EXPECT_EQ(prefill_key_splits(512, 32, 132), 1);
+  EXPECT_EQ(prefill_key_splits(132, 32, 132), 1);
+  EXPECT_EQ(prefill_key_splits(16, 64, 132), 8);
+  EXPECT_EQ(prefill_key_splits(0, 32, 132), 1);
+  EXPECT_EQ(prefill_key_splits(64, 0, 132), 1);
+  for (int64_t items : {1, 7, 33, 64, 100, 131, 132, 133, 300, 1000}) {
+    for (int64_t tiles : {1, 3, 4, 7, 8, 16, 32, 64, 256}) {
+      for (int sms : {1, 8, 78, 114, 132, 1000}) {
+        const int32_t s = prefill_key_splits(items, tiles, sms);
+        SCOPED_TRACE(std::to_string(items) + " items, " + std::to_string(tiles) + " tiles, " +
+                     std::to_string(sms) + " SMs");
+        ASSERT_GE(s, 1);
+        EXPECT_LE(s, kPrefillMaxKeySplits);
+        if (s > 1) EXPECT_GE(tiles / s, kPrefillMinSplitTiles);
+        // Items in whole waves: a split adds waves for no fewer tiles a wave.
+        if (items % std::min(sms, 132) == 0) EXPECT_EQ(s, 1);
+      }
+    }
+  }
+}
+
+TEST(PrefillKeySplits, PartialsHoldEveryRowOfEverySplit) {
+  EXPECT_EQ(prefill_partials(1000, 8, 128, 1).bytes, 0u);
+  const auto p = prefill_partials(1000, 8, 128, 3);
+  EXPECT_GE(p.ml_offset, size_t{3} * 1000 * 8 * 128 * 4);
+  EXPECT_EQ(p.ml_offset % 256, 0u);
+  EXPECT_EQ(p.bytes, p.ml_offset + size_t{3} * 1000 * 8 * 8);
+  // The size query's answer covers the plan of any device up to 132 SMs.
+  for (int sms : {1, 2, 60, 66, 132})
+    EXPECT_GE(prefill_partials_bytes(64, 32, 256, 32, 128),
+              prefill_partials(256, 32, 128, prefill_key_splits(64, 32, sms)).bytes);
 }
 
 }  // namespace

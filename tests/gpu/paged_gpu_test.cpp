@@ -757,6 +757,64 @@ TEST(PagedGpu, UnverifiedLoadsMatchReferenceAndTheShippedBits) {
   }
 }
 
+// The splits of the chunked prefill's keys built for measurement
+// (JFA_CUDA_UNVERIFIED_PAGED_SPLITS=1, bf16 at head_dim 64 and 128, with the shipped loads and the
+// TMA loads): few chunks, whose items leave the SMs idle so that the call splits (2 to 5 splits by
+// the heads), against the reference: caches of 4000, 300 and no keys (a short item's later splits
+// hold no tile and end empty), chunks of 256, 64 and 200 tokens, causal or not, GQA 8:2, 4:1 and
+// 16:4, sinks, LSE on and off, the key-length hint given or not, an append, pages of 16 and 48
+// keys, NaN past the keys. The splits did run: their bits differ from the unsplit kernel's on the
+// same case.
+TEST(PagedGpu, UnverifiedKeySplitsMatchReference) {
+  constexpr Gqa kHeads[] = {{8, 2}, {4, 1}, {16, 4}};
+  int k = 0, differs = 0, compared = 0;
+  for (const char* loads : {"rows", "tma"}) {
+    for (int32_t d : {64, 128}) {
+      for (int variant = 0; variant < 3; ++variant) {
+        ++k;
+        if (quick_mode() && k % 3 != 0) continue;
+        PagedCase c;
+        c.head_dim = d;
+        c.dtype = DType::kBFloat16;
+        c.page_size = variant == 1 ? 48 : 16;
+        c.heads_q = kHeads[variant].heads_q;
+        c.heads_kv = kHeads[variant].heads_kv;
+        c.causal = variant != 2;
+        c.with_lse = k % 2 == 0;
+        c.sink_sd = variant == 1 ? 2.f : 0.f;
+        c.hint_k = variant != 0;
+        c.share_pages = false;
+        c.nan_past_keys = variant != 2;  // the append writes rows there
+        c.seqused = {quick_mode() ? 1500 : 4000, 0, 300};
+        c.len_q = {256, 64, 200};
+        if (variant == 2) c.len_new = c.len_q;
+        c.max_q = 256;
+        SCOPED_TRACE(std::string("loads ") + loads + ": " + describe(c));
+        const ScopedEnv prefill("JFA_CUDA_PAGED_PREFILL", "1");
+        const ScopedEnv on_loads("JFA_CUDA_UNVERIFIED_PAGED_LOADS", loads);
+        {
+          const ScopedEnv splits("JFA_CUDA_UNVERIFIED_PAGED_SPLITS", "1");
+          run_case(c);
+        }
+        if (variant == 2) continue;  // the append has moved the cache on
+        std::mt19937_64 rng(fresh_seed(describe(c).c_str()));
+        PagedHost h(c, rng);
+        PagedDevice dev(h);
+        Outputs split, whole;
+        {
+          const ScopedEnv splits("JFA_CUDA_UNVERIFIED_PAGED_SPLITS", "1");
+          ASSERT_EQ(dev.run(h, &split), JFA_SUCCESS) << jfa_last_error_message();
+        }
+        ASSERT_EQ(dev.run(h, &whole), JFA_SUCCESS) << jfa_last_error_message();
+        ++compared;
+        differs += split.out != whole.out ? 1 : 0;
+      }
+    }
+  }
+  EXPECT_GT(compared, 0);
+  EXPECT_EQ(differs, compared) << "a case gave the unsplit kernel's bits with the splits asked";
+}
+
 // By default the prefill tiles take a chunked prefill whose (q tile, query head) items fill the
 // SMs (8 chunks of 256 tokens on 32 query heads: 512 items) and the decode kernel one whose items
 // do not (one chunk: 64 items): the default call's bits are those of the path forced the same way.

@@ -1041,12 +1041,15 @@ def test_a_run_of_chunk_cells_on_the_cpu(monkeypatch, tmp_path, capsys):
 
 def test_jfa_s_variants_run_under_their_switches_beside_jfa_and_are_not_peers(monkeypatch,
                                                                               tmp_path):
-    """--methods jfa,jfa_prefill,jfa_ahead,jfa_tma,fa3: each variant prepared, checked and timed
-    with its switches set (the library reads them at each call) and the process's own values back
-    after; jfa ÷ best peer stays jfa's, over the peers only; the table has a column per variant."""
-    switches = ("JFA_CUDA_PAGED_PREFILL", "JFA_CUDA_UNVERIFIED_PAGED_LOADS")
+    """--methods jfa,jfa_prefill,jfa_ahead,jfa_tma,jfa_tma_splits,fa3: each variant prepared,
+    checked and timed with its switches set (the library reads them at each call) and the
+    process's own values back after; jfa ÷ best peer stays jfa's, over the peers only; the table
+    has a column per variant."""
+    switches = ("JFA_CUDA_PAGED_PREFILL", "JFA_CUDA_UNVERIFIED_PAGED_LOADS",
+                "JFA_CUDA_UNVERIFIED_PAGED_SPLITS")
     monkeypatch.setenv("JFA_CUDA_PAGED_PREFILL", "0")
     monkeypatch.delenv("JFA_CUDA_UNVERIFIED_PAGED_LOADS", raising=False)
+    monkeypatch.delenv("JFA_CUDA_UNVERIFIED_PAGED_SPLITS", raising=False)
     seen = {}
     check = pp.prepare_and_check
 
@@ -1056,19 +1059,23 @@ def test_jfa_s_variants_run_under_their_switches_beside_jfa_and_are_not_peers(mo
 
     monkeypatch.setattr(pp, "prepare_and_check", recording)
     rc, doc = cpu_run(monkeypatch, ["--cells", "chunk256,B2,u512,16:4,d64", "--methods",
-                                    "jfa,jfa_prefill,jfa_ahead,jfa_tma,fa3", "--warm-seconds",
-                                    "0", "--out", str(tmp_path), "--name", "run"])
+                                    "jfa,jfa_prefill,jfa_ahead,jfa_tma,jfa_tma_splits,fa3",
+                                    "--warm-seconds", "0", "--out", str(tmp_path), "--name",
+                                    "run"])
     assert rc == 0
-    assert seen == {"jfa": {("0", None)}, "fa3": {("0", None)}, "jfa_prefill": {("1", None)},
-                    "jfa_ahead": {("1", "ahead")}, "jfa_tma": {("1", "tma")}}
+    assert seen == {"jfa": {("0", None, None)}, "fa3": {("0", None, None)},
+                    "jfa_prefill": {("1", None, None)}, "jfa_ahead": {("1", "ahead", None)},
+                    "jfa_tma": {("1", "tma", None)}, "jfa_tma_splits": {("1", "tma", "1")}}
     assert (os.environ["JFA_CUDA_PAGED_PREFILL"],
             os.environ.get("JFA_CUDA_UNVERIFIED_PAGED_LOADS")) == ("0", None)
     by = {r["method"]: r for r in doc["results"]}
-    assert all(by[m]["status"] == "ok" for m in ("jfa", "jfa_prefill", "jfa_ahead", "jfa_tma"))
+    assert all(by[m]["status"] == "ok"
+               for m in ("jfa", "jfa_prefill", "jfa_ahead", "jfa_tma", "jfa_tma_splits"))
     assert by["fa3"]["status"] == "unavailable"
     assert pp.best_peer(doc["results"], "graph") is None  # no peer ran: the variants are not peers
     head = doc["table"].splitlines()[1]
-    assert all(pp.SHORT[m] in head for m in ("jfa_prefill", "jfa_ahead", "jfa_tma")), head
+    assert all(pp.SHORT[m] in head
+               for m in ("jfa_prefill", "jfa_ahead", "jfa_tma", "jfa_tma_splits")), head
     with pp.environment({"JFA_CUDA_UNVERIFIED_PAGED_LOADS": "tma"}):
         assert os.environ["JFA_CUDA_UNVERIFIED_PAGED_LOADS"] == "tma"
     assert "JFA_CUDA_UNVERIFIED_PAGED_LOADS" not in os.environ

@@ -65,11 +65,15 @@ enum class PagedLoads { kRowsByCpAsync, kRowsLookedUpAhead, kPagesByTma };
 
 // The choices of `Base` over a paged KV cache (FwdPagedArgs): the producer loads each K/V tile
 // from its pages as `kLoads` says, the rest is `Base`'s. Chunked prefill over a paged cache runs
-// these (paged_prefill.cu).
-template <typename Base, PagedLoads kLoads = PagedLoads::kRowsByCpAsync>
+// these (paged_prefill.cu). kKeySplits (built for measurement, not shipped): each item holds one of
+// FwdPagedSplitArgs::splits parts of its K tiles and ends in partial results that the paged
+// combine kernel merges (split_epilogue, epilogue.cuh), so that a batch of few (q tile, head)
+// items fills the SMs.
+template <typename Base, PagedLoads kLoads = PagedLoads::kRowsByCpAsync, bool kKeySplits = false>
 struct WithPagedKV : Base {
   static constexpr bool kPagedKV = true;
   static constexpr PagedLoads kPagedLoads = kLoads;
+  static constexpr bool kSplitsKeys = kKeySplits;
 };
 
 // Whether choices K read a paged KV cache (only WithPagedKV's do).
@@ -77,6 +81,15 @@ template <typename K, typename = void>
 struct PagedKVOf : std::false_type {};
 template <typename K>
 struct PagedKVOf<K, std::void_t<decltype(K::kPagedKV)>> : std::bool_constant<K::kPagedKV> {};
+
+// Whether choices K's items hold splits of their keys (only WithPagedKV's with kKeySplits).
+template <typename K>
+constexpr bool key_splits_of() {
+  if constexpr (PagedKVOf<K>::value)
+    return K::kSplitsKeys;
+  else
+    return false;
+}
 
 // How choices K's producer loads a paged tile (kRowsByCpAsync where K reads no paged cache).
 template <typename K>

@@ -88,7 +88,8 @@ __device__ __forceinline__ void local_tile_scores(ScoreTile<Cfg>& s, ConsumerSta
 template <typename Cfg>
 __device__ __forceinline__ bool start_item(ConsumerState<Cfg>& cs, typename Cfg::Shared& s,
                                            const CUtensorMap* tm_o, const FwdArgs& a,
-                                           const WorkItem& w, int group, typename Cfg::Mask& mask) {
+                                           const typename Cfg::Item& w, int group,
+                                           typename Cfg::Mask& mask) {
   mask = Cfg::Mask::template of<Cfg::kBlockM, Cfg::kD>(a, w, group);
   cs.o.fill(0.f);
   cs.softmax.reset();
@@ -110,13 +111,13 @@ __device__ __forceinline__ void for_each_item(ConsumerState<Cfg>& cs, typename C
                                               const tlx::PipelineState<Cfg::kQStages>& qs,
                                               Body&& body) {
   ItemScheduler<Cfg, false> items;
-  WorkItem w;
+  typename Cfg::Item w;
   while (items.next(s, a, n_items, w)) {
     if (!w.active) continue;
     typename Cfg::Mask mask;
     if (!start_item<Cfg>(cs, s, tm_o, a, w, group, mask)) continue;
     s.q_ring.wait(qs);
-    body(static_cast<const WorkItem&>(w), static_cast<const typename Cfg::Mask&>(mask));
+    body(static_cast<const typename Cfg::Item&>(w), static_cast<const typename Cfg::Mask&>(mask));
   }
 }
 

@@ -22,14 +22,50 @@
 
 namespace jfa::sm90 {
 
+// The end of an item that holds one split of its keys (Cfg::kKeySplits), for one consumer thread:
+// its two rows' softmax state (maximum in score units, sum) and O relative to that maximum, not
+// normalised, into the split's partials (FwdPagedSplitArgs), which the paged combine kernel merges
+// into out and the LSE (sinks and the checked mode there); (-inf, 0) and no O for a row that saw
+// no key of the split (`no_keys`: no row of the item did).
+template <typename Cfg>
+__device__ __forceinline__ void split_epilogue(const tlx::AccumFragment<Cfg::kDv>& o,
+                                               const OnlineSoftmax& softmax,
+                                               const FwdPagedSplitArgs& a, const SplitWorkItem& w,
+                                               const typename Cfg::Mask& mask, bool no_keys) {
+  using Frag = tlx::AccumFragment<Cfg::kDv>;
+  const int64_t rows = a.total_q * a.heads_q;
+  const int col0 = Frag::col(0, 0);
+  float l[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) l[h] = no_keys ? 0.f : softmax.total(h);  // quad-wide: every lane
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int32_t row = mask.row0 + 8 * h;
+    if (row >= w.seq.len_q) continue;
+    const int64_t token = static_cast<int64_t>(w.seq.q_start) + row;
+    const int64_t at = w.split * rows + token * a.heads_q + w.head;
+    const float m = l[h] == 0.f ? -INFINITY : softmax.row_max[h];
+    if (threadIdx.x % 4 == 0) a.part_ml[at] = make_float2(m, l[h]);
+    if (m == -INFINITY) continue;  // the combine reads no O of this split's row
+    float* dst = a.part_o + at * Cfg::kDv + col0;
+#pragma unroll
+    for (int j = 0; j < Cfg::kDv / 8; ++j)
+      *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o.at(j, h, 0), o.at(j, h, 1));
+  }
+}
+
 // `no_keys`: no row of the item sees a key (O is zero, LSE -inf or the row's sink; mask.keys not
-// loaded).
+// loaded). An item that holds a split of its keys ends in split_epilogue instead.
 template <typename Cfg>
 __device__ __forceinline__ void epilogue(const tlx::AccumFragment<Cfg::kDv>& o,
                                          const OnlineSoftmax& softmax, typename Cfg::Shared& s,
                                          const CUtensorMap* tm_o, const FwdArgs& a,
-                                         const WorkItem& w, int group,
+                                         const typename Cfg::Item& w, int group,
                                          const typename Cfg::Mask& mask, bool no_keys) {
+  if constexpr (Cfg::kKeySplits) {
+    split_epilogue<Cfg>(o, softmax, static_cast<const FwdPagedSplitArgs&>(a), w, mask, no_keys);
+    return;
+  }
   using T = typename Cfg::Element;
   using Frag = tlx::AccumFragment<Cfg::kDv>;
   const RaggedRowsStore out{Cfg::kEpilogueBarrier0 + group, threadIdx.x % 128 == 0};

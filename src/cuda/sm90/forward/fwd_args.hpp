@@ -52,6 +52,22 @@ struct FwdPagedArgs : FwdArgs {
   int32_t max_pages_per_seq;
 };
 
+// The paged kernels whose items hold splits of their keys (WithPagedKV's kKeySplits): item i is
+// split i % splits of item i / splits of the work list's order, and ends in the partials of the
+// paged combine kernel (paged_args.hpp's part_o, part_ml: per split and row token * heads_q +
+// head, O relative to the split's maximum and (maximum in score units, sum)).
+struct FwdPagedSplitArgs : FwdPagedArgs {
+  float* part_o;    // [splits, total_q * heads_q, head_dim_v]
+  float2* part_ml;  // [splits, total_q * heads_q]
+  int32_t splits;
+};
+
+// The splits of each (work-list entry, head) a kernel's items hold: 1 but with FwdPagedSplitArgs.
+__host__ __device__ __forceinline__ int32_t key_splits(const FwdArgs&) { return 1; }
+__host__ __device__ __forceinline__ int32_t key_splits(const FwdPagedSplitArgs& a) {
+  return a.splits;
+}
+
 inline FwdPagedArgs paged_args(const FwdArgs& base, const jfa_paged_kv& kv) {
   FwdPagedArgs a{};
   static_cast<FwdArgs&>(a) = base;

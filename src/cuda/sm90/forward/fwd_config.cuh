@@ -19,9 +19,10 @@ namespace jfa::sm90 {
 
 // Shared memory of a CTA: Q tiles (kQStages), K and V rings (kStages), one staging tile of O per
 // consumer group (kOCols of its columns at a time), and the barriers of the rings and of the item
-// hand-over. Q and K have kD columns, V and O kDv.
+// hand-over (of Item: WorkItem, or SplitWorkItem where items hold splits of their keys). Q and K
+// have kD columns, V and O kDv.
 template <typename T, int kBlockM, int kBlockN, int kD, int kDv, int kGroups, int kStages,
-          int kQStages, int kOCols>
+          int kQStages, int kOCols, typename Item = WorkItem>
 struct FwdShared {
   using QTile = tlx::SwizzledTile<T, kBlockM, kD>;
   using KTile = tlx::SwizzledTile<T, kBlockN, kD>;
@@ -35,7 +36,7 @@ struct FwdShared {
   OTile o[kGroups];
   // The small members last, so that no 1024-byte-aligned tile follows them.
   tlx::TmaRing<kQStages> q_ring;
-  ItemRing<WorkItem> items;  // decoded by the producer, read by the consumers
+  ItemRing<Item> items;  // decoded by the producer, read by the consumers
   // K's and V's barriers lie by kind, full ones then empty ones (TmaRings of their own would move
   // them, and with them the kernels' machine code); k_ring() and v_ring() walk them as rings.
   tlx::MBarrier k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages];
@@ -65,9 +66,13 @@ struct FwdConfig {
   static constexpr bool kPaged = PagedKVOf<Choices>::value;
   static constexpr PagedLoads kPagedLoads = paged_loads_of<Choices>();
   static constexpr bool kPagedTma = kPaged && kPagedLoads == PagedLoads::kPagesByTma;
+  // Items that hold splits of their keys (WithPagedKV's kKeySplits): their item type and arguments.
+  static constexpr bool kKeySplits = key_splits_of<Choices>();
+  using Item = std::conditional_t<kKeySplits, SplitWorkItem, WorkItem>;
   static_assert(!(kLocal && kPaged), "local attention over a paged cache has no kernel");
+  using PagedArgsType = std::conditional_t<kKeySplits, FwdPagedSplitArgs, FwdPagedArgs>;
   using Args =
-      std::conditional_t<kLocal, FwdLocalArgs, std::conditional_t<kPaged, FwdPagedArgs, FwdArgs>>;
+      std::conditional_t<kLocal, FwdLocalArgs, std::conditional_t<kPaged, PagedArgsType, FwdArgs>>;
   using Mask = std::conditional_t<kLocal, LocalItemMask, ItemMask>;
   static constexpr int kD = kHeadDim;
   static constexpr int kDv = kHeadDimV;
@@ -77,7 +82,7 @@ struct FwdConfig {
   static constexpr int kStages = kv_stages(kHeadDim);
 
   template <int kQ, int kOCols>
-  using SharedWith = FwdShared<T, kBlockM, kBlockN, kD, kDv, kGroups, kStages, kQ, kOCols>;
+  using SharedWith = FwdShared<T, kBlockM, kBlockN, kD, kDv, kGroups, kStages, kQ, kOCols, Item>;
   // O is staged whole where it fits beside one Q tile, else half of its columns at a time (head_dim
   // 256: Q, the two-stage K/V ring and whole staging tiles would need 256 KB).
   static constexpr int kOStageCols = kFitsInCta<SharedWith<1, kDv>> ? kDv : kDv / 2;

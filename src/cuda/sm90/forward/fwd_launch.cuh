@@ -27,9 +27,17 @@
 
 namespace jfa::sm90 {
 
+// The partials of the kernels whose items hold splits of their keys (Cfg::kKeySplits).
+struct KeySplitPartials {
+  int32_t splits = 1;
+  float* part_o = nullptr;
+  float2* part_ml = nullptr;
+};
+
 template <typename Cfg>
 jfa_status run_forward(const jfa::detail::Params& p, const jfa::cuda::DeviceFacts& device,
-                       const LaunchChoices& launch, const jfa_paged_kv* kv = nullptr) {
+                       const LaunchChoices& launch, const jfa_paged_kv* kv = nullptr,
+                       const KeySplitPartials& partials = {}) {
   using jfa::detail::fail;
   using T = typename Cfg::Element;
   static_assert(Cfg::kBlockM >= kMinBlockM, "the workspace is sized for kMinBlockM-row tiles");
@@ -107,14 +115,20 @@ jfa_status run_forward(const jfa::detail::Params& p, const jfa::cuda::DeviceFact
   base.out_ragged_rows = static_cast<int32_t>(ragged_rows);
   base.sinks = p.sinks;
   typename Cfg::Args a{};
-  if constexpr (Cfg::kLocal)
+  if constexpr (Cfg::kLocal) {
     a = local_args(base, p);
-  else if constexpr (Cfg::kPaged)
+  } else if constexpr (Cfg::kKeySplits) {
+    static_cast<FwdPagedArgs&>(a) = paged_args(base, *kv);
+    a.part_o = partials.part_o;
+    a.part_ml = partials.part_ml;
+    a.splits = partials.splits;
+  } else if constexpr (Cfg::kPaged) {
     a = paged_args(base, *kv);
-  else
+  } else {
     a = base;
+  }
 
-  const int64_t max_items = capacity64 * p.heads_q;
+  const int64_t max_items = capacity64 * p.heads_q * key_splits(a);
   const int grid = static_cast<int>(std::min<int64_t>(device.sm_count, max_items));
   cudaLaunchAttribute dependent{};
   dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;

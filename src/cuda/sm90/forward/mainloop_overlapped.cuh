@@ -35,7 +35,8 @@ __device__ __forceinline__ void consumer_loop_overlapped(typename Cfg::Shared& s
     tlx::NamedBarrier::arrive(1, kTurnThreads);  // group 0 goes first
   tlx::PipelineState<Cfg::kQStages> qs;
   for_each_item<Cfg>(
-      cs, s, tm_o, a, n_items, group, qs, [&](const WorkItem& w, const typename Cfg::Mask& mask) {
+      cs, s, tm_o, a, n_items, group, qs,
+      [&](const typename Cfg::Item& w, const typename Cfg::Mask& mask) {
         // Leading K tiles (the last ones of the sequence) that no row of this group sees: the far
         // side of the diagonal in a 192-row tile, or every tile for a group past the item's last
         // row. They are released untouched once they have arrived (so that each arrival counts for

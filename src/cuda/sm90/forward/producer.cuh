@@ -60,7 +60,7 @@ __device__ __forceinline__ void producer_loop(typename Cfg::Shared& s, const CUt
     st.advance();
   };
   ItemScheduler<Cfg, true> items;
-  WorkItem w;
+  typename Cfg::Item w;
   while (items.next(s, a, n_items, w)) {
     if (!w.active || w.n_blocks == 0) continue;
     const int32_t kv_head = w.head / a.group;

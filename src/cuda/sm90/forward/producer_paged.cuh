@@ -133,23 +133,24 @@ __device__ __forceinline__ void producer_loop_paged(typename Cfg::Shared& s,
   Ring ks, vs;
   tlx::PipelineState<Cfg::kQStages> qs;  // thread 0's
   auto load = [&](auto ring, auto* tiles, Ring& st, const void* cache, int32_t head_dim,
-                  const WorkItem& w, int32_t kv_head, int it) {
+                  const typename Cfg::Item& w, int32_t kv_head, int it) {
     // Key offsets inside the sequence: a paged item is one sequence (no shared tiles), its keys
-    // from 0 (no window shifts them).
-    const int32_t first_key = (w.n_blocks - 1 - it) * Cfg::kBlockN;
+    // from 0 (no window shifts them), or from its split's first key (added under if constexpr, not
+    // key_shift_of: the shipped kernels keep the machine code they were verified with).
+    int32_t first_key = (w.n_blocks - 1 - it) * Cfg::kBlockN, len_k = w.seq.len_k;
+    if constexpr (Cfg::kKeySplits) first_key += w.key_shift, len_k += w.key_shift;
     ring.acquire(st);
-    copy_paged_tile(tiles[st.stage], a, cache, head_dim, kv_head, w.first_seq, first_key,
-                    w.seq.len_k, t);
+    copy_paged_tile(tiles[st.stage], a, cache, head_dim, kv_head, w.first_seq, first_key, len_k, t);
     cp_async_arrive_on(&ring.full[st.stage]);
     st.advance();
   };
   // The same with the tile's pages looked up before (kRowsLookedUpAhead).
   auto load_looked_up = [&](auto ring, auto* tiles, Ring& st, const void* cache, int32_t head_dim,
-                            const WorkItem& w, int32_t kv_head, int it, int32_t pages) {
-    const int32_t first_key = (w.n_blocks - 1 - it) * Cfg::kBlockN;
+                            const typename Cfg::Item& w, int32_t kv_head, int it, int32_t pages) {
+    const int32_t first_key = key_shift_of(w) + (w.n_blocks - 1 - it) * Cfg::kBlockN;
     ring.acquire(st);
     copy_paged_tile<true>(tiles[st.stage], a, cache, head_dim, kv_head, w.first_seq, first_key,
-                          w.seq.len_k, t, pages);
+                          key_shift_of(w) + w.seq.len_k, t, pages);
     cp_async_arrive_on(&ring.full[st.stage]);
     st.advance();
   };
@@ -157,7 +158,7 @@ __device__ __forceinline__ void producer_loop_paged(typename Cfg::Shared& s,
   // consumers too), so that the warps' reads of it are warp-uniform.
   ItemScheduler<Cfg, true> claim;
   ItemScheduler<Cfg, false> take;
-  WorkItem w;
+  typename Cfg::Item w;
   for (;;) {
     if (t == 0) claim.next(s, a, n_items, w);
     if (!take.next(s, a, n_items, w)) break;
@@ -175,13 +176,14 @@ __device__ __forceinline__ void producer_loop_paged(typename Cfg::Shared& s,
       const bool ahead = lanes_hold_tile_pages(Cfg::kBlockN, a.page_size);
       auto pages_of_tile = [&](int it) -> int32_t {
         if (!ahead) return -1;  // small pages: copy_paged_tile looks up rows itself
-        const int32_t first_key = (w.n_blocks - 1 - it) * Cfg::kBlockN;
+        const int32_t first_key = key_shift_of(w) + (w.n_blocks - 1 - it) * Cfg::kBlockN;
+        const int32_t len_k = key_shift_of(w) + w.seq.len_k;
         return a.page_shift >= 0 ? lane_page(
                                        table, [&](int32_t key) { return key >> a.page_shift; },
-                                       first_key, w.seq.len_k, t % 32)
+                                       first_key, len_k, t % 32)
                                  : lane_page(
                                        table, [&](int32_t key) { return key / a.page_size; },
-                                       first_key, w.seq.len_k, t % 32);
+                                       first_key, len_k, t % 32);
       };
       int32_t next_pages = pages_of_tile(0), v_pages = -1;
 #pragma unroll 1

@@ -117,19 +117,19 @@ __device__ __forceinline__ void producer_loop_paged_tma(typename Cfg::Shared& s,
   Ring ks, vs;
   tlx::PipelineState<Cfg::kQStages> qs;  // lane 0's
   auto load = [&](auto ring, auto* tiles, Ring& st, const CUtensorMap* map, const void* cache,
-                  int32_t head_dim, const WorkItem& w, int32_t kv_head, int it,
+                  int32_t head_dim, const typename Cfg::Item& w, int32_t kv_head, int it,
                   const PagedTileBoxes& boxes) {
-    const int32_t first_key = (w.n_blocks - 1 - it) * Cfg::kBlockN;
+    const int32_t first_key = key_shift_of(w) + (w.n_blocks - 1 - it) * Cfg::kBlockN;
     ring.acquire(st);
     load_paged_tile_tma(tiles[st.stage], &ring.full[st.stage], map, a, cache, head_dim, kv_head,
-                        first_key, w.seq.len_k, boxes, lane);
+                        first_key, key_shift_of(w) + w.seq.len_k, boxes, lane);
     st.advance();
   };
   // Lane 0 claims each item into the item ring, from which the warp's lanes take it (the consumers
   // too), so that the lanes' reads of it are warp-uniform.
   ItemScheduler<Cfg, true> claim;
   ItemScheduler<Cfg, false> take;
-  WorkItem w;
+  typename Cfg::Item w;
   for (;;) {
     if (lane == 0) claim.next(s, a, n_items, w);
     if (!take.next(s, a, n_items, w)) break;
@@ -141,8 +141,9 @@ __device__ __forceinline__ void producer_loop_paged_tma(typename Cfg::Shared& s,
     }
     const int32_t* table = a.block_table + static_cast<int64_t>(w.first_seq) * a.max_pages_per_seq;
     auto boxes_of_tile = [&](int it) {
-      return paged_tile_boxes<Cfg::kBlockN>(a, table, (w.n_blocks - 1 - it) * Cfg::kBlockN,
-                                            w.seq.len_k, lane);
+      return paged_tile_boxes<Cfg::kBlockN>(a, table,
+                                            key_shift_of(w) + (w.n_blocks - 1 - it) * Cfg::kBlockN,
+                                            key_shift_of(w) + w.seq.len_k, lane);
     };
     // K tile it+1's pages are looked up before the waits for K tile it's and V tile it-1's stages,
     // so that the lookup's round trip is not on the loads' path.

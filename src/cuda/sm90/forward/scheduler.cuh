@@ -20,7 +20,7 @@ struct ItemScheduler {
 
   // The next item; false when there is none left.
   __device__ __forceinline__ bool next(typename Cfg::Shared& s, const FwdArgs& a, int64_t n_items,
-                                       WorkItem& w) {
+                                       typename Cfg::Item& w) {
     if constexpr (!Cfg::kDynamicItems) {
       if (item >= n_items) return false;
       w = decode_item<Cfg::kBlockM, Cfg::kBlockN, false, Cfg::kLocal>(a, item);
@@ -28,12 +28,17 @@ struct ItemScheduler {
       return true;
     } else if constexpr (kProducer) {
       const int64_t claimed = static_cast<int64_t>(atomicAdd(a.next_item, 1ull));
-      w = WorkItem{};
-      if (claimed < n_items)
-        w = decode_item<Cfg::kBlockM, Cfg::kBlockN, Cfg::Kernel::kHeadMajorRuns, Cfg::kLocal>(
-            a, claimed);
-      else
+      w = typename Cfg::Item{};
+      if (claimed < n_items) {
+        if constexpr (Cfg::kKeySplits)
+          w = decode_split_item<Cfg::kBlockM, Cfg::kBlockN>(
+              static_cast<const FwdPagedSplitArgs&>(a), claimed);
+        else
+          w = decode_item<Cfg::kBlockM, Cfg::kBlockN, Cfg::Kernel::kHeadMajorRuns, Cfg::kLocal>(
+              a, claimed);
+      } else {
         w.n_blocks = -1;
+      }
       s.items.put(slot, w);
       return w.n_blocks >= 0;
     } else {

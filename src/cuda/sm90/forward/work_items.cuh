@@ -21,6 +21,19 @@ struct WorkItem {
   bool active;       // the tile has query rows
 };
 
+// An item of the kernels whose items hold splits of their keys (FwdPagedSplitArgs): its seq's keys
+// start key_shift keys into the sequence (where its split's first K tile starts), and n_blocks
+// counts the split's K tiles, so that the walk, the mask and the causal diagonal read it as a
+// sequence of its own.
+struct SplitWorkItem : WorkItem {
+  int32_t split;
+  int32_t key_shift;
+};
+
+// Where an item's keys start in its sequence: 0 but for a split.
+__device__ __forceinline__ int32_t key_shift_of(const WorkItem&) { return 0; }
+__device__ __forceinline__ int32_t key_shift_of(const SplitWorkItem& w) { return w.key_shift; }
+
 // The K range of an item of one sequence under window `win`: seq's keys start at the tile of the
 // first key a row of rows [row0, row_end) sees; the number of K tiles to visit, 0 where no row sees
 // a key.
@@ -82,6 +95,27 @@ __device__ __forceinline__ WorkItem decode_item(const FwdArgs& a, int64_t item) 
   } else {
     w.n_blocks = tile_k_blocks<kBlockM, kBlockN>(w.seq, w.m_block, a.causal && w.n_seqs == 1);
   }
+  return w;
+}
+
+// Item `item` of a kernel whose items hold splits of their keys: split item % splits of the
+// (entry, head) item item / splits (decode_item's order, the splits of one neighbours). Of that
+// item's K tiles, split s takes [s * per, (s + 1) * per) in key order, per = ceil(tiles / splits):
+// none where that is past its last tile (the split then ends with no key, its rows' partials
+// empty).
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ SplitWorkItem decode_split_item(const FwdPagedSplitArgs& a,
+                                                           int64_t item) {
+  const int64_t whole = item / a.splits;
+  SplitWorkItem w;
+  static_cast<WorkItem&>(w) = decode_item<kBlockM, kBlockN>(a, whole);
+  w.split = static_cast<int32_t>(item - whole * a.splits);
+  const int32_t per = (w.n_blocks + a.splits - 1) / a.splits;
+  const int32_t first = w.split * per;
+  w.n_blocks = max(0, min(per, w.n_blocks - first));
+  w.key_shift = w.n_blocks > 0 ? first * kBlockN : 0;
+  w.seq.k_start += w.key_shift;
+  w.seq.len_k -= w.key_shift;
   return w;
 }
 

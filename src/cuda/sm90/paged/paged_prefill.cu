@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 
@@ -16,10 +17,12 @@
 #include "cuda/sm90/forward/fwd_launch.cuh"
 #include "cuda/sm90/forward/workspace.hpp"
 #include "cuda/sm90/host/launch_error.hpp"
+#include "cuda/sm90/paged/paged_combine.cuh"
 #include "cuda/sm90/paged/paged_head_dims.hpp"
 #include "cuda/sm90/paged/paged_key_offsets.cuh"
 #include "cuda/sm90/paged/paged_loads.hpp"
 #include "cuda/sm90/paged/paged_prefill.hpp"
+#include "cuda/sm90/paged/paged_prefill_splits.hpp"
 
 namespace jfa::sm90 {
 namespace {
@@ -27,8 +30,35 @@ namespace {
 using jfa::detail::fail;
 using jfa::detail::Params;
 
-template <typename T, int kD, PagedLoads kLoads = PagedLoads::kRowsByCpAsync>
-using PrefillConfig = FwdConfig<T, kD, 2, kD == 256 ? 64 : 128, WithPagedKV<ShippedKernel, kLoads>>;
+template <typename T, int kD, PagedLoads kLoads = PagedLoads::kRowsByCpAsync,
+          bool kKeySplits = false>
+using PrefillConfig =
+    FwdConfig<T, kD, 2, kD == 256 ? 64 : 128, WithPagedKV<ShippedKernel, kLoads, kKeySplits>>;
+constexpr int kPrefillBlockM = PrefillConfig<__half, 128>::kBlockM;  // the same at every head size
+constexpr int kPrefillBlockN = PrefillConfig<__half, 128>::kBlockN;  // at 64 and 128
+
+// JFA_CUDA_UNVERIFIED_PAGED_SPLITS=1: the splits of the keys, built for measurement
+// (paged_prefill_splits.hpp), where this build has their kernels.
+bool key_splits_asked(const Params& p) {
+  const char* env = std::getenv("JFA_CUDA_UNVERIFIED_PAGED_SPLITS");
+  return env != nullptr && env[0] == '1' && env[1] == '\0' && p.dtype == JFA_DTYPE_BFLOAT16 &&
+         (p.head_dim == 64 || p.head_dim == 128);
+}
+
+// The (q tile, query head) items of a call by its hints (a double: no overflow), and the K tiles
+// of its longest sequence.
+double prefill_items(const Params& p) {
+  return static_cast<double>(p.batch) * ((p.max_seqlen_q + kPrefillBlockM - 1) / kPrefillBlockM) *
+         p.heads_q;
+}
+// The same as the splits' plan counts them (beyond a few thousand, items never split).
+int64_t prefill_items_to_split(const Params& p) {
+  return static_cast<int64_t>(std::min(prefill_items(p), 1e9));
+}
+int64_t prefill_tiles(const Params& p) {
+  return p.max_seqlen_k > 0 ? (p.max_seqlen_k + kPrefillBlockN - 1) / kPrefillBlockN
+                            : kPrefillNoHintTiles;
+}
 
 // JFA_CUDA_PAGED_PREFILL: 1 every call the prefill kernels can take, 0 none, else by the items.
 enum class PrefillSwitch { kByItems, kAlways, kNever };
@@ -44,6 +74,30 @@ PrefillSwitch prefill_switch() {
 // The key offsets' bytes, rounded up so that the work list after them stays aligned.
 size_t key_offsets_bytes(int64_t batch) {
   return (static_cast<size_t>(batch + 1) * sizeof(int32_t) + 255) / 256 * 256;
+}
+
+// The workspace: the key offsets, the packed forward's, then (splits asked) the splits' partials.
+size_t partials_offset(const Params& p) {
+  return (key_offsets_bytes(p.batch) + forward_workspace_bytes(p.total_q, p.batch) + 255) / 256 *
+         256;
+}
+
+// The splits' partials merged into out and the LSE by the decode kernel's combine, `a` its
+// arguments.
+template <typename T, int kD>
+jfa_status combine_splits(const Params& p, const PagedArgs& a, const KeySplitPartials& partials,
+                          const jfa::cuda::DeviceFacts& device) {
+  PagedArgs c = a;
+  c.part_o = partials.part_o;
+  c.part_ml = partials.part_ml;
+  c.splits = partials.splits;
+  constexpr int kRowsPerBlock = kPagedCombineThreads / 32;
+  const int64_t rows = p.total_q * p.heads_q;
+  const int64_t blocks = std::min<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock,
+                                           int64_t{16} * std::max(device.sm_count, 1));
+  paged_combine_kernel<T, kD><<<static_cast<unsigned>(blocks), kPagedCombineThreads, 0,
+                                static_cast<cudaStream_t>(p.stream)>>>(c);
+  return launch_error("paged combine kernel");
 }
 
 // The shapes the prefill kernels take, before the switch (decode calls stop here, without reading
@@ -65,14 +119,14 @@ bool paged_prefill_takes(const Params& p, const jfa_paged_kv& kv,
     return false;
   const PrefillSwitch choice = prefill_switch();
   if (choice != PrefillSwitch::kByItems) return choice == PrefillSwitch::kAlways;
-  constexpr int block_m = PrefillConfig<__half, 128>::kBlockM;  // the same at every head size
-  const double items =
-      static_cast<double>(p.batch) * ((p.max_seqlen_q + block_m - 1) / block_m) * p.heads_q;
-  return items >= device.sm_count;
+  return prefill_items(p) >= device.sm_count;
 }
 
 size_t paged_prefill_workspace_bytes(const Params& p) {
-  return key_offsets_bytes(p.batch) + forward_workspace_bytes(p.total_q, p.batch);
+  if (!key_splits_asked(p))
+    return key_offsets_bytes(p.batch) + forward_workspace_bytes(p.total_q, p.batch);
+  return partials_offset(p) + prefill_partials_bytes(prefill_items_to_split(p), prefill_tiles(p),
+                                                     p.total_q, p.heads_q, p.head_dim_v);
 }
 
 jfa_status paged_prefill_forward(const Params& p, const jfa_paged_kv& kv, const PagedArgs& a,
@@ -92,13 +146,35 @@ jfa_status paged_prefill_forward(const Params& p, const jfa_paged_kv& kv, const 
   pp.workspace_bytes = forward_workspace_bytes(p.total_q, p.batch);
   const PagedLoads loads =
       paged_loads_for(paged_loads_named(std::getenv("JFA_CUDA_UNVERIFIED_PAGED_LOADS")), p.dtype,
-                      p.head_dim, kv.page_size, kv.num_pages, PrefillConfig<__half, 128>::kBlockN);
+                      p.head_dim, kv.page_size, kv.num_pages, kPrefillBlockN);
+  // The splits of the keys (built for measurement), their partials after the forward's workspace.
+  KeySplitPartials partials;
+  if (key_splits_asked(p))
+    partials.splits =
+        prefill_key_splits(prefill_items_to_split(p), prefill_tiles(p), device.sm_count);
+  if (partials.splits > 1) {
+    const PrefillPartials at =
+        prefill_partials(p.total_q, p.heads_q, p.head_dim_v, partials.splits);
+    char* base = workspace + partials_offset(p);
+    partials.part_o = reinterpret_cast<float*>(base);
+    partials.part_ml = reinterpret_cast<float2*>(base + at.ml_offset);
+  }
   return visit_paged_head_dim(p.head_dim, [&](auto head_dim) {
     constexpr int kD = decltype(head_dim)::value;
-    // The loads built for measurement beside the shipped ones: bf16 at 64 and 128
-    // (paged_loads.hpp).
+    // The loads and splits built for measurement beside the shipped kernels: bf16 at 64 and 128
+    // (paged_loads.hpp, paged_prefill_splits.hpp).
     if constexpr (kD == 64 || kD == 128) {
       using Bf16 = __nv_bfloat16;
+      if (partials.splits > 1) {
+        const jfa_status s =
+            loads == PagedLoads::kPagesByTma
+                ? run_forward<PrefillConfig<Bf16, kD, PagedLoads::kPagesByTma, true>>(
+                      pp, device, kShippedLaunch, &kv, partials)
+                : run_forward<PrefillConfig<Bf16, kD, PagedLoads::kRowsByCpAsync, true>>(
+                      pp, device, kShippedLaunch, &kv, partials);
+        if (s != JFA_SUCCESS) return s;
+        return combine_splits<Bf16, kD>(p, a, partials, device);
+      }
       if (loads == PagedLoads::kRowsLookedUpAhead)
         return run_forward<PrefillConfig<Bf16, kD, PagedLoads::kRowsLookedUpAhead>>(
             pp, device, kShippedLaunch, &kv);

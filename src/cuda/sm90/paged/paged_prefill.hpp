@@ -6,7 +6,10 @@
 // (q tile, query head) items fill the SMs; with fewer, the decode kernel, which splits along the
 // keys, is as fast or faster (measured on an H100: chunks of 256 tokens, 32:8 heads, 4k and 8k
 // keys: B8 1.9x faster here, B1 within -7% to +2%). JFA_CUDA_PAGED_PREFILL (read per call): 1
-// takes them for every call they can take, 0 for none (to test and measure either path).
+// takes them for every call they can take, 0 for none (to test and measure either path). Built for
+// measurement beside them, taken only where asked (bf16 at 64 and 128): other loads of the pages
+// (JFA_CUDA_UNVERIFIED_PAGED_LOADS, paged_loads.hpp) and splits of the keys where the items leave
+// SMs idle (JFA_CUDA_UNVERIFIED_PAGED_SPLITS=1, paged_prefill_splits.hpp).
 #pragma once
 
 #include <cstddef>
@@ -34,7 +37,8 @@ bool paged_prefill_may_take(const jfa::detail::Params& p);
 bool paged_prefill_takes(const jfa::detail::Params& p, const jfa_paged_kv& kv,
                          const jfa::cuda::DeviceFacts& device);
 
-// Its workspace: the key offsets, then the packed forward's work list.
+// Its workspace: the key offsets, then the packed forward's work list (and, splits asked, their
+// partials).
 size_t paged_prefill_workspace_bytes(const jfa::detail::Params& p);
 
 // The forward of `p` over `kv` (after the checked mode's kernels and the append, on p.stream), `a`
