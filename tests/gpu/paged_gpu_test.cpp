@@ -699,6 +699,16 @@ TEST(PagedGpu, PrefillTilesMatchReference) {
   EXPECT_EQ(differs, compared) << "a case gave the decode kernel's bits with the prefill switch on";
 }
 
+// Kernels built for measurement that have not run yet are tested only where asked
+// (JFA_GPU_TESTS_UNVERIFIED=1, scripts/gpu-check.sh paged-candidates, under a short time limit): a
+// barrier mistake in them would hang the whole suite. Elsewhere their tests say they were skipped.
+bool unverified_kernels_asked() {
+  const char* env = std::getenv("JFA_GPU_TESTS_UNVERIFIED");
+  return env != nullptr && std::string(env) == "1";
+}
+constexpr const char* kUnverifiedSkip =
+    "kernels not yet verified on a GPU: JFA_GPU_TESTS_UNVERIFIED=1 runs this test";
+
 // The prefill tiles' loads built for measurement (JFA_CUDA_UNVERIFIED_PAGED_LOADS "ahead" and
 // "tma", bf16 at head_dim 64 and 128): against the reference, then bit for bit the shipped loads'
 // output on the same case with an invalid entry among the longest sequence's pages, since all of
@@ -708,6 +718,7 @@ TEST(PagedGpu, PrefillTilesMatchReference) {
 // sinks, LSE on and off. Which loads a call takes is paged_loads_for's
 // (tests/cuda_host/paged_loads_test.cu).
 TEST(PagedGpu, UnverifiedLoadsMatchReferenceAndTheShippedBits) {
+  if (!unverified_kernels_asked()) GTEST_SKIP() << kUnverifiedSkip;
   int k = 0;
   for (const char* loads : {"ahead", "tma"}) {
     for (int32_t d : {64, 128}) {
@@ -766,13 +777,14 @@ TEST(PagedGpu, UnverifiedLoadsMatchReferenceAndTheShippedBits) {
 // keys, NaN past the keys. The splits did run: their bits differ from the unsplit kernel's on the
 // same case.
 TEST(PagedGpu, UnverifiedKeySplitsMatchReference) {
+  if (!unverified_kernels_asked()) GTEST_SKIP() << kUnverifiedSkip;
   constexpr Gqa kHeads[] = {{8, 2}, {4, 1}, {16, 4}};
   int k = 0, differs = 0, compared = 0;
   for (const char* loads : {"rows", "tma"}) {
     for (int32_t d : {64, 128}) {
       for (int variant = 0; variant < 3; ++variant) {
         ++k;
-        if (quick_mode() && k % 3 != 0) continue;
+        if (quick_mode() && k % 4 != 0) continue;  // each variant once, both loads
         PagedCase c;
         c.head_dim = d;
         c.dtype = DType::kBFloat16;

@@ -25,8 +25,11 @@ namespace jfa::sm90 {
 // The end of an item that holds one split of its keys (Cfg::kKeySplits), for one consumer thread:
 // its two rows' softmax state (maximum in score units, sum) and O relative to that maximum, not
 // normalised, into the split's partials (FwdPagedSplitArgs), which the paged combine kernel merges
-// into out and the LSE (sinks and the checked mode there); (-inf, 0) and no O for a row that saw
-// no key of the split (`no_keys`: no row of the item did).
+// into out and the LSE (sinks there); (-inf, 0) and no O for a row that saw no key of the split
+// (`no_keys`: no row of the item did). A row that saw keys without a finite positive sum (NaN or
+// -inf scores, whose maximum stays -inf) is reported here, as the unsplit epilogue does, and keeps
+// a finite maximum so that the combine carries its NaN or 0 sum into out instead of an empty row's
+// 0.
 template <typename Cfg>
 __device__ __forceinline__ void split_epilogue(const tlx::AccumFragment<Cfg::kDv>& o,
                                                const OnlineSoftmax& softmax,
@@ -38,13 +41,18 @@ __device__ __forceinline__ void split_epilogue(const tlx::AccumFragment<Cfg::kDv
   float l[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) l[h] = no_keys ? 0.f : softmax.total(h);  // quad-wide: every lane
+  bool not_finite = false;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int32_t row = mask.row0 + 8 * h;
     if (row >= w.seq.len_q) continue;
     const int64_t token = static_cast<int64_t>(w.seq.q_start) + row;
     const int64_t at = w.split * rows + token * a.heads_q + w.head;
-    const float m = l[h] == 0.f ? -INFINITY : softmax.row_max[h];
+    const bool saw_keys = !no_keys && mask.keys.hi[h] > mask.keys.lo[h];
+    const bool finite = l[h] > 0.f && l[h] < INFINITY;
+    not_finite |= saw_keys && !finite;
+    float m = l[h] == 0.f ? -INFINITY : softmax.row_max[h];
+    if (saw_keys && !finite && !(fabsf(m) < INFINITY)) m = 0.f;
     if (threadIdx.x % 4 == 0) a.part_ml[at] = make_float2(m, l[h]);
     if (m == -INFINITY) continue;  // the combine reads no O of this split's row
     float* dst = a.part_o + at * Cfg::kDv + col0;
@@ -52,6 +60,8 @@ __device__ __forceinline__ void split_epilogue(const tlx::AccumFragment<Cfg::kDv
     for (int j = 0; j < Cfg::kDv / 8; ++j)
       *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o.at(j, h, 0), o.at(j, h, 1));
   }
+  if (not_finite && a.device_check != nullptr)
+    atomicOr(a.device_check, JFA_CHECK_RESULT_NOT_FINITE);
 }
 
 // `no_keys`: no row of the item sees a key (O is zero, LSE -inf or the row's sink; mask.keys not
