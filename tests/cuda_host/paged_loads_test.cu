@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <random>
 #include <string>
 
+#include "cuda/sm90/forward/work_items.cuh"
 #include "cuda/sm90/paged/paged_loads.hpp"
 #include "cuda/sm90/paged/paged_prefill_splits.hpp"
 
@@ -39,6 +41,43 @@ TEST(PagedLoads, TmaBoxesLieInsideOnePageAndOneTile) {
   EXPECT_EQ(paged_tma_box_rows(256, 128), 128);
   EXPECT_EQ(paged_tma_box_rows(1000, 128), 8);
   EXPECT_EQ(paged_tma_box_rows(12, 128), 4);
+}
+
+// Over page sizes, tile positions and key counts: the TMA rows are whole boxes inside the keys,
+// each box inside one page; the next box reaches past the keys; the tail's keys lie in one page.
+TEST(PagedLoads, TmaRowsAreWholeBoxesInsideTheKeysAndTheTailOnePage) {
+  std::mt19937 rng(20261207);
+  int checked = 0;
+  for (int32_t block_n : {64, 128}) {
+    for (int32_t page = 8; page <= 1024; page += 8) {
+      const int32_t box = paged_tma_box_rows(page, block_n);
+      ASSERT_GE(box, kPagedTmaMinBoxRows);
+      for (int trial = 0; trial < 40; ++trial) {
+        const int32_t len_k = 1 + static_cast<int32_t>(rng() % 5000);
+        const int32_t tiles = (len_k + block_n - 1) / block_n;
+        const int32_t first_key = static_cast<int32_t>(rng() % tiles) * block_n;
+        const int32_t rows = jfa::sm90::paged_tma_rows(first_key, len_k, box, block_n);
+        SCOPED_TRACE("page " + std::to_string(page) + " tile " + std::to_string(block_n) +
+                     " first_key " + std::to_string(first_key) + " len_k " + std::to_string(len_k));
+        ASSERT_EQ(rows % box, 0);
+        ASSERT_TRUE(rows >= 0 && rows <= block_n);
+        EXPECT_LE(first_key + rows, len_k);
+        for (int32_t r = 0; r < rows; r += box) {
+          const int32_t key = first_key + r;
+          EXPECT_EQ(key / page, (key + box - 1) / page) << "a box across pages";
+        }
+        if (rows < block_n) {
+          EXPECT_GT(first_key + rows + box, len_k) << "a whole box left to the tail";
+          const int32_t tail_end = std::min(len_k, first_key + block_n);
+          if (first_key + rows < tail_end)  // the tail holds keys
+            EXPECT_EQ((first_key + rows) / page, (tail_end - 1) / page) << "a tail across pages";
+        }
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 10000);
+  EXPECT_EQ(jfa::sm90::paged_tma_rows(256, 256, 16, 128), 0);  // no key in the tile
 }
 
 TEST(PagedLoads, NamedByTheVariable) {
@@ -108,6 +147,27 @@ TEST(PrefillKeySplits, WhereTheItemsLeaveSmsIdle) {
         // Items in whole waves: a split adds waves for no fewer tiles a wave.
         if (items % std::min(sms, 132) == 0) EXPECT_EQ(s, 1);
       }
+    }
+  }
+}
+
+// The splits of an item's K tiles (split_tiles, forward/work_items.cuh) cover each tile once, in
+// key order, none longer than the first; a split past the last tile is empty.
+TEST(PrefillKeySplits, SplitsCoverEachTileOnce) {
+  for (int32_t tiles = 0; tiles <= 70; ++tiles) {
+    for (int32_t splits = 1; splits <= kPrefillMaxKeySplits; ++splits) {
+      int32_t next = 0;
+      for (int32_t s = 0; s < splits; ++s) {
+        const jfa::sm90::TileRun run = jfa::sm90::split_tiles(tiles, splits, s);
+        SCOPED_TRACE(std::to_string(tiles) + " tiles, split " + std::to_string(s) + " of " +
+                     std::to_string(splits));
+        ASSERT_GE(run.count, 0);
+        if (run.count == 0) continue;
+        EXPECT_EQ(run.first, next);
+        EXPECT_LE(run.count, (tiles + splits - 1) / splits);
+        next = run.first + run.count;
+      }
+      EXPECT_EQ(next, tiles) << tiles << " tiles in " << splits << " splits";
     }
   }
 }

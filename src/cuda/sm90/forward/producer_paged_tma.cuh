@@ -48,8 +48,7 @@ __device__ __forceinline__ PagedTileBoxes paged_tile_boxes(const FwdPagedArgs& a
   if (lane * box_rows < kBlockN && box_key < len_k)
     b.lane_page =
         __ldg(table + (a.page_shift >= 0 ? box_key >> a.page_shift : box_key / a.page_size));
-  const int32_t keys = len_k - first_key;  // > 0: the walk visits tiles with keys
-  b.tma_rows = keys >= kBlockN ? kBlockN : keys & -box_rows;  // box_rows: a power of two
+  b.tma_rows = paged_tma_rows(first_key, len_k, box_rows, kBlockN);
   return b;
 }
 

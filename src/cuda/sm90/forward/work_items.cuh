@@ -98,11 +98,23 @@ __device__ __forceinline__ WorkItem decode_item(const FwdArgs& a, int64_t item) 
   return w;
 }
 
+// Split `split` of an item's `tiles` K tiles cut in `splits`: [s * per, (s + 1) * per) in key
+// order, per = ceil(tiles / splits), clipped to the tiles; none (count 0) where that is past the
+// last.
+struct TileRun {
+  int32_t first, count;
+};
+__host__ __device__ __forceinline__ TileRun split_tiles(int32_t tiles, int32_t splits,
+                                                        int32_t split) {
+  const int32_t per = (tiles + splits - 1) / splits;
+  const int32_t first = split * per;
+  const int32_t count = tiles - first < per ? tiles - first : per;
+  return count > 0 ? TileRun{first, count} : TileRun{0, 0};
+}
+
 // Item `item` of a kernel whose items hold splits of their keys: split item % splits of the
-// (entry, head) item item / splits (decode_item's order, the splits of one neighbours). Of that
-// item's K tiles, split s takes [s * per, (s + 1) * per) in key order, per = ceil(tiles / splits):
-// none where that is past its last tile (the split then ends with no key, its rows' partials
-// empty).
+// (entry, head) item item / splits (decode_item's order, the splits of one neighbours), holding
+// split_tiles of its K tiles (an empty split ends with no key, its rows' partials empty).
 template <int kBlockM, int kBlockN>
 __device__ __forceinline__ SplitWorkItem decode_split_item(const FwdPagedSplitArgs& a,
                                                            int64_t item) {
@@ -110,10 +122,9 @@ __device__ __forceinline__ SplitWorkItem decode_split_item(const FwdPagedSplitAr
   SplitWorkItem w;
   static_cast<WorkItem&>(w) = decode_item<kBlockM, kBlockN>(a, whole);
   w.split = static_cast<int32_t>(item - whole * a.splits);
-  const int32_t per = (w.n_blocks + a.splits - 1) / a.splits;
-  const int32_t first = w.split * per;
-  w.n_blocks = max(0, min(per, w.n_blocks - first));
-  w.key_shift = w.n_blocks > 0 ? first * kBlockN : 0;
+  const TileRun run = split_tiles(w.n_blocks, a.splits, w.split);
+  w.n_blocks = run.count;
+  w.key_shift = run.first * kBlockN;
   w.seq.k_start += w.key_shift;
   w.seq.len_k -= w.key_shift;
   return w;

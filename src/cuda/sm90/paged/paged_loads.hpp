@@ -24,6 +24,16 @@ JFA_HOST_DEVICE constexpr int32_t paged_tma_box_rows(int32_t page_size, int32_t 
 // A box keeps the 128-byte swizzle's phase (8 rows of 128 bytes, 1024-byte aligned) this way.
 inline constexpr int32_t kPagedTmaMinBoxRows = 8;
 
+// The rows of a K/V tile of block_n keys from first_key (a multiple of block_n) that lie in boxes
+// of box_rows rows (paged_tma_box_rows) wholly inside a sequence's len_k keys: all of them where
+// the tile's keys all lie inside, else the whole boxes before the first that reaches past the keys
+// (its rows, and those after, are the tail: one page's rows, then none).
+JFA_HOST_DEVICE constexpr int32_t paged_tma_rows(int32_t first_key, int32_t len_k, int32_t box_rows,
+                                                 int32_t block_n) {
+  const int32_t keys = len_k - first_key;
+  return keys >= block_n ? block_n : keys <= 0 ? 0 : (keys & -box_rows);
+}
+
 // The loads a call takes, asked for `requested`: the shipped kRowsByCpAsync unless this build has
 // the requested loads' kernels (bf16, head_dim 64 or 128) and, for kPagesByTma, the pages come in
 // boxes of kPagedTmaMinBoxRows rows or more, and the map has a page and every page index and its
