@@ -504,6 +504,32 @@ def table_methods(records):
     return [m for m in METHODS if any(r["method"] == m for r in records)]
 
 
+def variant_lines(records):
+    """A line per cell where jfa's variants (JFA_VARIANTS) ran beside jfa: each variant's speed
+    over jfa's, graph and eager (jfa's time over the variant's: > 1, the variant is faster)."""
+    lines = []
+    for name, rs in by_cell(records).items():
+        by = {r["method"]: r for r in rs}
+        base = by.get("jfa")
+        parts = []
+        for m in JFA_VARIANTS:
+            rec = by.get(m)
+            if rec is None:
+                continue
+            ratios = []
+            for mode in ("graph", "eager"):
+                mine, theirs = (r.get(f"{mode}_ms") if r and r.get("status") in TIMED else None
+                                for r in (base, rec))
+                ratios.append(f"{mine / theirs:.2f}" if mine and theirs else "-")
+            parts.append(f"{SHORT[m]} {ratios[0]} / {ratios[1]}")
+        if parts:
+            lines.append(f"  {name}: " + ", ".join(parts))
+    if lines:
+        lines.insert(0, "jfa's variants, speed over jfa's (graph / eager; > 1: the variant is "
+                        "faster):")
+    return lines
+
+
 def note_lines(records):
     """The reasons behind every cell that is not a number, once per (method, kind, text), with
     the first cell each appears in."""
@@ -556,6 +582,7 @@ def format_table(records, copy=None, stopped=""):
         lines.append(APPEND_COUNTING)
     if any(shows_flops(r) for r in records):
         lines.append(FLOP_COUNTING)
+    lines += variant_lines(records)
     notes = note_lines(records)
     if notes:
         lines += ["notes:"] + notes[:40]

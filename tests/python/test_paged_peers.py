@@ -1150,6 +1150,24 @@ def test_the_table_shows_each_method_and_jfa_over_the_best_peer():
     assert "relative error 0.3" in pp.progress_line(records[-1])
 
 
+def test_the_table_says_each_variant_s_speed_over_jfa_s():
+    c = pp.Cell("chunk256", 1, "u4k", 32, 8, 128, 16)
+    d = pp.Cell("chunk256", 8, "u4k", 32, 8, 128, 16)
+    records = [fake_record("jfa", c, eager=0.2, graph=0.18),
+               fake_record("jfa_tma", c, eager=0.1, graph=0.09),
+               fake_record("jfa_splits", c, "wrong", reason="relative error 0.5 > 0.01"),
+               fake_record("fa3", c, eager=0.08, graph=0.05),
+               fake_record("jfa", d, eager=0.7, graph=0.67),
+               fake_record("fa3", d, eager=0.3, graph=0.25)]
+    lines = pp.format_table(records).splitlines()
+    at = lines.index("jfa's variants, speed over jfa's (graph / eager; > 1: the variant is "
+                     "faster):")
+    assert lines[at + 1] == f"  {pp.cell_name(c)}: jfa tma 2.00 / 2.00, jfa splits - / -"
+    assert not lines[at + 2].startswith(f"  {pp.cell_name(d)}")  # no variant ran there
+    assert pp.summarize(records)[0]["jfa_over_best_graph"] == pytest.approx(0.05 / 0.18)
+    assert pp.variant_lines(records[4:]) == []
+
+
 def test_a_chunk_cell_s_row_shows_tflops_and_jfa_over_the_best_peer_stays_a_speed_ratio():
     c = pp.Cell("chunk256", 8, "u8k", 32, 8, 128, 16)
     gflop = pp.useful_flops(pp.cache_lengths(c.cache, c.batch), 256, 32, 128) / 1e9
