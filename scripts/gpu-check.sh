@@ -108,6 +108,7 @@ gpu_name() { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | hea
 runtime_env() {
   [ -d "$CARRY" ] || { echo "no $CARRY: run 'scripts/gpu-check.sh build' first and carry it" >&2; return 1; }
   CARRY=$(cd "$CARRY" && pwd)
+  unpack_carry
   local libs="$CARRY/lib" cudart
   [ -d /usr/local/cuda/lib64 ] && libs="$libs:/usr/local/cuda/lib64"
   cudart=$(python3 -c 'import glob, site; print(next(iter(sorted(glob.glob(site.getsitepackages()[0] + "/nvidia/**/libcudart.so.*", recursive=True))), "").rpartition("/")[0])' 2>/dev/null)
@@ -123,6 +124,18 @@ runtime_env() {
   [ -d "$ROOT/.peers/python" ] && export PYTHONPATH="$ROOT/.peers/python${PYTHONPATH:+:$PYTHONPATH}"
   install_carried_wheels
   return 0
+}
+
+# The carried binaries, carried xz-compressed (stage_build), unpacked beside their .xz once, under a
+# lock (stages run side by side), with their modes.
+unpack_carry() {
+  (
+    flock 9
+    for packed in "$CARRY"/lib/*.xz "$CARRY"/bin/*.xz; do
+      [ -f "$packed" ] && [ ! -f "${packed%.xz}" ] && xz -dk "$packed"
+    done
+    exit 0
+  ) 9>"$CARRY/.unpack.lock"
 }
 
 # The wheels in .peers/wheels into .peers/site (once), each only where python3 lacks its
@@ -173,6 +186,13 @@ stage_build() {
   cp "$(find "$BUILD" -name jfa_gpu_tests -type f | head -1)" "$CARRY/bin/"
   cp "$BUILD/tools/jfa" "$CARRY/bin/"
   strip --strip-unneeded "$CARRY"/lib/*.so* "$CARRY"/bin/* 2>/dev/null
+  # Carried xz-compressed (the kernels' machine code repeats itself: 26 MB of binaries carry as
+  # about 2.5), so that the FlashInfer and cuDNN wheels or a second build fit beside them;
+  # runtime_env unpacks them. Links stay links.
+  local f
+  for f in "$CARRY"/lib/* "$CARRY"/bin/*; do
+    [ -L "$f" ] || xz -T0 -6 "$f"
+  done
   local fa3=""
   if [ -n "${FA3_PREBUILT:-}" ] && [ -f "$FA3_PREBUILT/flash_attn_3_varlen.so.xz" ]; then
     # FA3's files anew; carried wheels (.peers/wheels) stay.
@@ -186,7 +206,7 @@ stage_build() {
     chmod -R u+w .peers
     fa3=", .peers $(du -sh .peers | cut -f1)"
   fi
-  summary build "ok: carry $CARRY ($(du -sh "$CARRY" | cut -f1)$fa3; torch ops: $([ -f "$CARRY/lib/libjfa_torch.so" ] && echo built || echo 'not built, no torch'))"
+  summary build "ok: carry $CARRY ($(du -sh "$CARRY" | cut -f1)$fa3; torch ops: $([ -f "$CARRY/lib/libjfa_torch.so.xz" ] && echo built || echo 'not built, no torch'))"
 }
 
 stage_suite() {

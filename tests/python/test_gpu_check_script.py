@@ -164,3 +164,38 @@ def test_paged_candidates_stop_after_tests_that_hang_and_fail_on_failures(tmp_pa
     r, out = candidates_stage(hung, ["[       OK ] PagedGpu.UnverifiedA (5 ms)"], test_rc=124)
     assert r.returncode == 1 and "(rc 124, timed out)" in r.stdout
     assert not (out / "bench-args").exists() and not (out / "candidates_memcheck.log").exists()
+
+
+def test_the_carried_binaries_are_unpacked_once_with_their_modes(tmp_path):
+    """unpack_carry (runtime_env's first step): each lib/*.xz and bin/*.xz of the carry unpacked
+    beside itself with its mode, an unpacked file left as it is (a second stage's call)."""
+    carry = tmp_path / "carry"
+    (carry / "lib").mkdir(parents=True)
+    (carry / "bin").mkdir()
+    tool = carry / "bin" / "tool"
+    tool.write_text("#!/bin/bash\necho ran\n")
+    tool.chmod(0o755)
+    lib = carry / "lib" / "libx.so.0"
+    lib.write_bytes(b"\x7fELF" + bytes(range(256)) * 64)
+    (carry / "lib" / "libx.so").symlink_to("libx.so.0")
+    for f in (tool, lib):
+        subprocess.run(["xz", "-6", str(f)], check=True)
+    assert not tool.exists() and (carry / "bin" / "tool.xz").exists()
+    code = (f"source <(sed -n '/^unpack_carry()/,/^}}/p' {SCRIPT}); CARRY={carry}; unpack_carry; "
+            f"{carry}/bin/tool")
+    r = subprocess.run(["bash", "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == "ran\n", r.stderr
+    assert (carry / "lib" / "libx.so").read_bytes() == b"\x7fELF" + bytes(range(256)) * 64
+    tool.write_text("#!/bin/bash\necho kept\n")
+    r = subprocess.run(["bash", "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout == "kept\n"  # unpacked once: a later stage's call leaves it
+
+
+def test_the_build_stage_carries_its_binaries_compressed():
+    """stage_build xz-compresses what it carries (links stay links), and runtime_env unpacks the
+    carry before anything reads it."""
+    text = open(SCRIPT).read()
+    build = text[text.index("stage_build() {"):text.index("stage_suite() {")]
+    assert 'xz -T0 -6 "$f"' in build and '[ -L "$f" ]' in build
+    runtime = text[text.index("runtime_env() {"):text.index("unpack_carry() {")]
+    assert runtime.index("unpack_carry") < runtime.index('export LD_LIBRARY_PATH')
