@@ -115,10 +115,6 @@ runtime_env() {
   [ -n "$cudart" ] && libs="$libs:$cudart"
   export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export JFA_LIBRARY="$CARRY/lib/libjfa.so" PYTHONUNBUFFERED=1
-  local packed
-  for packed in "$ROOT"/.peers/*.so.xz; do  # carried compressed: 6 MB instead of 68
-    [ -f "$packed" ] && [ ! -f "${packed%.xz}" ] && xz -dc "$packed" >"${packed%.xz}"
-  done
   export FA3_LIB=${FA3_LIB:-$ROOT/.peers/fa3_varlen.so}
   export FA3_FULL_LIB=${FA3_FULL_LIB:-$ROOT/.peers/fa3_full_bf16.so}
   [ -d "$ROOT/.peers/python" ] && export PYTHONPATH="$ROOT/.peers/python${PYTHONPATH:+:$PYTHONPATH}"
@@ -126,12 +122,13 @@ runtime_env() {
   return 0
 }
 
-# The carried binaries, carried xz-compressed (stage_build), unpacked beside their .xz once, under a
-# lock (stages run side by side), with their modes.
+# The carried binaries and FA3's libraries, carried xz-compressed (stage_build; 26 MB and 68 MB as
+# about 2.5 and 6), unpacked beside their .xz once, under a lock (stages run side by side), with
+# their modes.
 unpack_carry() {
   (
     flock 9
-    for packed in "$CARRY"/lib/*.xz "$CARRY"/bin/*.xz; do
+    for packed in "$CARRY"/lib/*.xz "$CARRY"/bin/*.xz "$ROOT"/.peers/*.so.xz; do
       [ -f "$packed" ] && [ ! -f "${packed%.xz}" ] && xz -dk "$packed"
     done
     exit 0

@@ -62,12 +62,6 @@ struct FwdPagedSplitArgs : FwdPagedArgs {
   int32_t splits;
 };
 
-// The splits of each (work-list entry, head) a kernel's items hold: 1 but with FwdPagedSplitArgs.
-__host__ __device__ __forceinline__ int32_t key_splits(const FwdArgs&) { return 1; }
-__host__ __device__ __forceinline__ int32_t key_splits(const FwdPagedSplitArgs& a) {
-  return a.splits;
-}
-
 inline FwdPagedArgs paged_args(const FwdArgs& base, const jfa_paged_kv& kv) {
   FwdPagedArgs a{};
   static_cast<FwdArgs&>(a) = base;

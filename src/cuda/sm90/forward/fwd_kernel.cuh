@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   __syncthreads();
 
   int64_t n_items = static_cast<int64_t>(min(*args.work_count, args.work_capacity)) * args.heads_q;
-  if constexpr (Cfg::kKeySplits) n_items *= key_splits(args);  // each item's splits
+  if constexpr (Cfg::kKeySplits) n_items *= args.splits;  // each item's splits
 
   if (group == 0) {
     tlx::warpgroup_reg_dealloc<Cfg::kProducerRegs>();

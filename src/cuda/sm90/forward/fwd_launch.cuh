@@ -128,7 +128,7 @@ jfa_status run_forward(const jfa::detail::Params& p, const jfa::cuda::DeviceFact
     a = base;
   }
 
-  const int64_t max_items = capacity64 * p.heads_q * key_splits(a);
+  const int64_t max_items = capacity64 * p.heads_q * (Cfg::kKeySplits ? partials.splits : 1);
   const int grid = static_cast<int>(std::min<int64_t>(device.sm_count, max_items));
   cudaLaunchAttribute dependent{};
   dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;

@@ -178,12 +178,9 @@ __device__ __forceinline__ void producer_loop_paged(typename Cfg::Shared& s,
         if (!ahead) return -1;  // small pages: copy_paged_tile looks up rows itself
         const int32_t first_key = key_shift_of(w) + (w.n_blocks - 1 - it) * Cfg::kBlockN;
         const int32_t len_k = key_shift_of(w) + w.seq.len_k;
-        return a.page_shift >= 0 ? lane_page(
-                                       table, [&](int32_t key) { return key >> a.page_shift; },
-                                       first_key, len_k, t % 32)
-                                 : lane_page(
-                                       table, [&](int32_t key) { return key / a.page_size; },
-                                       first_key, len_k, t % 32);
+        return lane_page(
+            table, [&](int32_t key) { return page_index_of(key, a.page_shift, a.page_size); },
+            first_key, len_k, t % 32);
       };
       int32_t next_pages = pages_of_tile(0), v_pages = -1;
 #pragma unroll 1

@@ -46,8 +46,7 @@ __device__ __forceinline__ PagedTileBoxes paged_tile_boxes(const FwdPagedArgs& a
   PagedTileBoxes b;
   b.lane_page = -1;
   if (lane * box_rows < kBlockN && box_key < len_k)
-    b.lane_page =
-        __ldg(table + (a.page_shift >= 0 ? box_key >> a.page_shift : box_key / a.page_size));
+    b.lane_page = __ldg(table + page_index_of(box_key, a.page_shift, a.page_size));
   b.tma_rows = paged_tma_rows(first_key, len_k, box_rows, kBlockN);
   return b;
 }
@@ -72,7 +71,7 @@ __device__ __forceinline__ void load_paged_tile_tma(Tile& tile, tlx::MBarrier* f
   const int32_t lane_row = lane * box_rows;
   if (lane_row < boxes.tma_rows) {
     const int32_t key = first_key + lane_row;
-    const int32_t page_index = a.page_shift >= 0 ? key >> a.page_shift : key / a.page_size;
+    const int32_t page_index = page_index_of(key, a.page_shift, a.page_size);
     // Out of the map's bounds (zeros, nothing read) for an entry outside [0, num_pages).
     const int32_t page = boxes.lane_page >= 0 && boxes.lane_page < a.num_pages
                              ? boxes.lane_page
@@ -94,8 +93,7 @@ __device__ __forceinline__ void load_paged_tile_tma(Tile& tile, tlx::MBarrier* f
   for (int32_t r = boxes.tma_rows + lane / kChunks; r < Tile::rows; r += kRowStep) {
     const int32_t key = first_key + r;
     const bool valid = key < len_k && tail_page >= 0 && tail_page < a.num_pages;
-    const int32_t in_page =
-        key - (a.page_shift >= 0 ? key >> a.page_shift : key / a.page_size) * a.page_size;
+    const int32_t in_page = key - page_index_of(key, a.page_shift, a.page_size) * a.page_size;
     const T* src =
         valid ? base + (static_cast<int64_t>(tail_page) * a.page_size + in_page) * row_elems : base;
     cp_async_16_or_zero(tile_addr + Tile::offset_bytes(r, col), src, valid);

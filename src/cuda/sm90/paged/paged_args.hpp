@@ -19,6 +19,11 @@ constexpr int32_t page_shift_of(int32_t page_size) {
   return -1;
 }
 
+// The index, in a sequence's block-table row, of the page that holds its key `key`.
+JFA_HOST_DEVICE inline int32_t page_index_of(int32_t key, int32_t page_shift, int32_t page_size) {
+  return page_shift >= 0 ? key >> page_shift : key / page_size;
+}
+
 struct PagedArgs {
   const void* q;
   void* out;

@@ -4,8 +4,10 @@
 // merges the splits' states of each row, each weighted by its sum relative to the largest maximum.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
+#include "cuda/sm90/host/launch_error.hpp"
 #include "cuda/sm90/paged/paged_args.hpp"
 #include "cuda/sm90/paged/paged_vec.cuh"
 #include "cuda/sm90/shared/row_end.cuh"
@@ -69,6 +71,19 @@ __global__ void __launch_bounds__(kPagedCombineThreads) paged_combine_kernel(con
     if (a.device_check != nullptr) not_finite |= paged_row_not_finite(a, m != -INFINITY, l, e);
   }
   if (not_finite) atomicOr(a.device_check, JFA_CHECK_RESULT_NOT_FINITE);
+}
+
+// The combine of a's splits (a.part_o, a.part_ml, a.splits) into a.out and a.lse, on `stream`: a
+// warp a row, at most 16 blocks an SM.
+template <typename T, int kD>
+jfa_status launch_paged_combine(const PagedArgs& a, int sm_count, cudaStream_t stream) {
+  constexpr int kRowsPerBlock = kPagedCombineThreads / 32;
+  const int64_t rows = a.total_q * a.heads_q;
+  const int64_t blocks = std::min<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock,
+                                           int64_t{16} * std::max(sm_count, 1));
+  paged_combine_kernel<T, kD>
+      <<<static_cast<unsigned>(blocks), kPagedCombineThreads, 0, stream>>>(a);
+  return launch_error("paged combine kernel");
 }
 
 }  // namespace jfa::sm90

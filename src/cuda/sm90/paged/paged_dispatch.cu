@@ -261,13 +261,7 @@ jfa_status run_paged(const Params& p, const jfa_paged_kv& kv,
       <<<static_cast<unsigned>(plan.ctas), C::kThreads, C::kSmemBytes, stream>>>(a);
   if (const jfa_status s = launch_error("paged decode kernel"); s != JFA_SUCCESS) return s;
   if (plan.splits == 1) return JFA_SUCCESS;
-  constexpr int kRowsPerBlock = kPagedCombineThreads / 32;
-  const int64_t rows = p.total_q * p.heads_q;
-  const int64_t blocks = std::min<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock,
-                                           int64_t{16} * std::max(device.sm_count, 1));
-  paged_combine_kernel<T, kD>
-      <<<static_cast<unsigned>(blocks), kPagedCombineThreads, 0, stream>>>(a);
-  return launch_error("paged combine kernel");
+  return launch_paged_combine<T, kD>(a, device.sm_count, stream);
 }
 
 template <int kD>

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 #include "common/visibility.hpp"
 #include "cuda/sm90/forward/choices.hpp"
@@ -53,15 +54,9 @@ constexpr PagedLoads paged_loads_for(PagedLoads requested, jfa_dtype dtype, int3
 // JFA_CUDA_UNVERIFIED_PAGED_LOADS's value: "ahead" kRowsLookedUpAhead, "tma" kPagesByTma, anything
 // else (unset included) kRowsByCpAsync.
 constexpr PagedLoads paged_loads_named(const char* name) {
-  auto is = [&](const char* word) {
-    if (name == nullptr) return false;
-    int i = 0;
-    for (; word[i] != '\0'; ++i)
-      if (name[i] != word[i]) return false;
-    return name[i] == '\0';
-  };
-  if (is("ahead")) return PagedLoads::kRowsLookedUpAhead;
-  if (is("tma")) return PagedLoads::kPagesByTma;
+  const std::string_view value = name == nullptr ? "" : name;
+  if (value == "ahead") return PagedLoads::kRowsLookedUpAhead;
+  if (value == "tma") return PagedLoads::kPagesByTma;
   return PagedLoads::kRowsByCpAsync;
 }
 

@@ -91,13 +91,7 @@ jfa_status combine_splits(const Params& p, const PagedArgs& a, const KeySplitPar
   c.part_o = partials.part_o;
   c.part_ml = partials.part_ml;
   c.splits = partials.splits;
-  constexpr int kRowsPerBlock = kPagedCombineThreads / 32;
-  const int64_t rows = p.total_q * p.heads_q;
-  const int64_t blocks = std::min<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock,
-                                           int64_t{16} * std::max(device.sm_count, 1));
-  paged_combine_kernel<T, kD><<<static_cast<unsigned>(blocks), kPagedCombineThreads, 0,
-                                static_cast<cudaStream_t>(p.stream)>>>(c);
-  return launch_error("paged combine kernel");
+  return launch_paged_combine<T, kD>(c, device.sm_count, static_cast<cudaStream_t>(p.stream));
 }
 
 // The shapes the prefill kernels take, before the switch (decode calls stop here, without reading
