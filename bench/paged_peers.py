@@ -170,9 +170,9 @@ LABELS = {"jfa": "jfa (jfa_attention_forward_paged)", "fa3": "FlashAttention-3 (
           "flashinfer": "FlashInfer",
           **{m: f"jfa with {' '.join(f'{k}={v}' for k, v in env.items())}"
              for m, env in JFA_VARIANTS.items()}}
-SHORT = {"jfa": "jfa", "fa3": "FA3", "flashinfer": "FlashInfer", "jfa_prefill": "jfa prefill",
-         "jfa_ahead": "jfa ahead", "jfa_tma": "jfa tma", "jfa_splits": "jfa splits",
-         "jfa_tma_splits": "jfa tma+splits"}
+# Column names; a variant's from its method name (jfa_tma_splits: "jfa tma+splits").
+SHORT = {"jfa": "jfa", "fa3": "FA3", "flashinfer": "FlashInfer",
+         **{m: m.replace("_", " ", 1).replace("_", "+") for m in JFA_VARIANTS}}
 # FA3's paged call: peers' keywords (scale, mask), the split count and pack-GQA.
 FA3_PAGED_KEYWORDS = dict(co.FA3_KEYWORDS, num_splits=("num_splits",), pack_gqa=("pack_gqa",))
 FLASHINFER_WORKSPACE_BYTES = 256 << 20

@@ -101,6 +101,19 @@ summary() {  # one line per stage, on stdout and in OUTDIR/summary.txt
 }
 left() { echo $((STAGE_SECONDS - (SECONDS - START))); }
 gpu_name() { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1; }
+# The tests gtest passed and failed over LOGs.
+gtest_passed() {
+  cat "$@" | grep -c '^\[       OK \]'
+}
+gtest_failed() {
+  cat "$@" | grep -c '^\[  FAILED  \].*ms)$'
+}
+# compute-sanitizer's error count in LOG; "?" where it printed none (cut by a limit, or crashed).
+sanitizer_errors() {
+  local n
+  n=$(grep -Eo '(ERROR|RACECHECK) SUMMARY: [0-9]+' "$1" | grep -Eo '[0-9]+$' | tail -1)
+  echo "${n:-?}"
+}
 
 # What the run stages need on the GPU machine: the carried libraries first on the loader's path,
 # then the CUDA runtime of the toolkit and of torch's wheels (FlashAttention-3's library and the CLI
@@ -123,7 +136,7 @@ runtime_env() {
 }
 
 # The carried binaries and FA3's libraries, carried xz-compressed (stage_build; 26 MB and 68 MB as
-# about 2.5 and 6), unpacked beside their .xz once, under a lock (stages run side by side), with
+# about 2.1 and 6), unpacked beside their .xz once, under a lock (stages run side by side), with
 # their modes.
 unpack_carry() {
   (
@@ -231,8 +244,8 @@ stage_suite() {
     -p no:cacheprovider >"$OUT/pytest_ctypes.log" 2>&1
   echo $? >"$OUT/pytest_ctypes.rc"
   local passed failed
-  passed=$(cat "$OUT"/gpu_tests_shard*.log | grep -c '^\[       OK \]')
-  failed=$(cat "$OUT"/gpu_tests_shard*.log | grep -c '^\[  FAILED  \].*ms)$')
+  passed=$(gtest_passed "$OUT"/gpu_tests_shard*.log)
+  failed=$(gtest_failed "$OUT"/gpu_tests_shard*.log)
   pytest_native="$(tail -1 "$OUT/pytest.log") rc=$(cat "$OUT/pytest.rc")"
   pytest_ctypes="$(tail -1 "$OUT/pytest_ctypes.log") rc=$(cat "$OUT/pytest_ctypes.rc")"
   summary suite "$(gpu_name): jfa_gpu_tests $passed passed, $failed failed (rc $rc_gpu, $shards shards); pytest: $pytest_native; ctypes ops: $pytest_ctypes"
@@ -261,10 +274,10 @@ stage_sanitize() {
   for tool in memcheck racecheck; do
     local errors=0 tests=0 n
     for ((i = 0; i < shards; i++)); do
-      n=$(grep -Eo '(ERROR|RACECHECK) SUMMARY: [0-9]+' "$OUT/$tool.shard$i.log" | grep -Eo '[0-9]+$' | tail -1)
-      [ -z "$n" ] && n="?" && rc=1
+      n=$(sanitizer_errors "$OUT/$tool.shard$i.log")
+      [ "$n" = "?" ] && rc=1
       [ "$n" != "?" ] && errors=$((errors + n))
-      tests=$((tests + $(grep -c '^\[       OK \]' "$OUT/$tool.shard$i.log")))
+      tests=$((tests + $(gtest_passed "$OUT/$tool.shard$i.log")))
     done
     words+=("$tool $errors errors over $tests tests")
   done
@@ -338,13 +351,21 @@ stage_bench_local() {
   return $rc
 }
 
+# paged_bench NAME ROUNDS [OPTIONS]: bench/paged_peers.py within what is left of the stage
+# (NAME.json, its table in NAME.log).
+paged_bench() {
+  local name=$1 rounds=$2
+  shift 2
+  timeout "$(left)" python3 bench/paged_peers.py --lib "$JFA_LIBRARY" --fa3-lib "$FA3_FULL_LIB" \
+    --out "$OUT" --name "$name" "$@" --rounds "$rounds" --time-limit-s $(($(left) - 30)) \
+    >"$OUT/$name.log" 2>&1
+}
+
 stage_bench_paged() {
   runtime_env || { summary bench-paged "FAILED (nothing carried)"; return 1; }
   local rc=0
-  timeout "$(left)" python3 bench/paged_peers.py --lib "$JFA_LIBRARY" --fa3-lib "$FA3_FULL_LIB" \
-    --out "$OUT" --name paged ${PAGED_CELLS:+--cells "$PAGED_CELLS"} \
-    ${PAGED_METHODS:+--methods "$PAGED_METHODS"} \
-    --rounds "${BENCH_ROUNDS:-2}" --time-limit-s $(($(left) - 30)) >"$OUT/paged.log" 2>&1 || rc=1
+  paged_bench paged "${BENCH_ROUNDS:-2}" ${PAGED_CELLS:+--cells "$PAGED_CELLS"} \
+    ${PAGED_METHODS:+--methods "$PAGED_METHODS"} || rc=1
   summary bench-paged "$(gpu_name): rc $rc (paged.json, table in paged.log)"
   return $rc
 }
@@ -359,8 +380,8 @@ stage_paged_candidates() {
   JFA_GPU_TESTS_UNVERIFIED=1 timeout "${CANDIDATE_TEST_SECONDS:-120}" "$CARRY/bin/jfa_gpu_tests" \
     --gtest_filter="$filter" >"$OUT/candidates_tests.log" 2>&1
   tests_rc=$?
-  passed=$(grep -c '^\[       OK \]' "$OUT/candidates_tests.log")
-  failed=$(grep -c '^\[  FAILED  \].*ms)$' "$OUT/candidates_tests.log")
+  passed=$(gtest_passed "$OUT/candidates_tests.log")
+  failed=$(gtest_failed "$OUT/candidates_tests.log")
   words+=("tests: $passed passed, $failed failed (rc $tests_rc$([ "$tests_rc" = 124 ] && echo ', timed out'))")
   [ "$tests_rc" = 0 ] || rc=1
   if [ "$tests_rc" != 124 ] && command -v compute-sanitizer >/dev/null; then
@@ -372,18 +393,16 @@ stage_paged_candidates() {
     done
     for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
     for tool in memcheck racecheck; do
-      n=$(grep -Eo '(ERROR|RACECHECK) SUMMARY: [0-9]+' "$OUT/candidates_$tool.log" | grep -Eo '[0-9]+$' | tail -1)
-      [ -z "$n" ] && n="?" && rc=1
+      n=$(sanitizer_errors "$OUT/candidates_$tool.log")
+      [ "$n" = "?" ] && rc=1
       words+=("$tool $n errors")
     done
   fi
   if [ "$tests_rc" != 124 ]; then
-    timeout "$(left)" python3 bench/paged_peers.py --lib "$JFA_LIBRARY" --fa3-lib "$FA3_FULL_LIB" \
-      --out "$OUT" --name paged-candidates \
+    paged_bench paged-candidates "${BENCH_ROUNDS:-1}" \
       --cells "${PAGED_CELLS:-chunk256,B1,B8,u4k,32:8,d128,d64}" \
       --methods "${PAGED_METHODS:-jfa,jfa_prefill,jfa_ahead,jfa_tma,jfa_splits,jfa_tma_splits,fa3}" \
-      --rounds "${BENCH_ROUNDS:-1}" --time-limit-s $(($(left) - 30)) \
-      >"$OUT/paged-candidates.log" 2>&1 || rc=1
+      || rc=1
     words+=("bench: paged-candidates.json, table in paged-candidates.log")
   fi
   joined=$(printf '%s; ' "${words[@]}")

@@ -5,9 +5,9 @@ import subprocess
 import sys
 
 import pytest
+from gpu_check_functions import HELPERS, SCRIPT, functions
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "scripts", "gpu-check.sh")
 
 
 def run(stage, out, **env):
@@ -33,7 +33,7 @@ def test_unknown_stage_is_refused(tmp_path):
 
 def test_benchmark_workload_names_per_head_size():
     """The workloads each benchmark process gets: bench/workloads.py's names at that head size."""
-    script = f"source <(sed -n '/^workloads_at()/,/^}}/p' {SCRIPT}); " \
+    script = f"source <({functions('workloads_at')}); " \
              "for d in 128 64 192/128; do workloads_at $d; done"
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["W1,W2,W3,W4", "W1-d64,W2-d64,W3-d64,W4-d64",
@@ -95,7 +95,7 @@ def test_carried_wheels_are_installed_where_python_lacks_them(tmp_path):
     wheels.mkdir(parents=True)
     fake_wheel(wheels, "jfa_carried_probe", "1.0")
     fake_wheel(wheels, "pytest", "0.0.1")
-    script = (f"source <(sed -n '/^install_carried_wheels()/,/^}}/p' {SCRIPT}); "
+    script = (f"source <({functions('install_carried_wheels')}); "
               "install_carried_wheels && install_carried_wheels && "
               "python3 -c 'import jfa_carried_probe, pytest; "
               "print(jfa_carried_probe.VALUE, pytest.__version__)'")
@@ -129,7 +129,7 @@ def candidates_stage(tmp_path, test_lines, test_rc=0):
              "[ \"$2\" = memcheck ] && echo 'ERROR SUMMARY: 0 errors' || "
              "echo 'RACECHECK SUMMARY: 0 hazards displayed'; }; "
              "python3() { echo \"$*\" > \"$OUT/bench-args\"; }; ")
-    code = (f"source <(sed -n '/^stage_paged_candidates()/,/^}}/p' {SCRIPT}); {stubs}"
+    code = (f"source <({functions('stage_paged_candidates', *HELPERS)}); {stubs}"
             f"OUT={out}; START=$SECONDS; stage_paged_candidates")
     env = {k: v for k, v in os.environ.items() if k not in ("PAGED_CELLS", "PAGED_METHODS")}
     r = subprocess.run(["bash", "-c", code], capture_output=True, text=True, env=env, timeout=60)
@@ -181,7 +181,7 @@ def test_the_carried_binaries_are_unpacked_once_with_their_modes(tmp_path):
     for f in (tool, lib):
         subprocess.run(["xz", "-6", str(f)], check=True)
     assert not tool.exists() and (carry / "bin" / "tool.xz").exists()
-    code = (f"source <(sed -n '/^unpack_carry()/,/^}}/p' {SCRIPT}); CARRY={carry}; unpack_carry; "
+    code = (f"source <({functions('unpack_carry')}); CARRY={carry}; unpack_carry; "
             f"{carry}/bin/tool")
     r = subprocess.run(["bash", "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout == "ran\n", r.stderr

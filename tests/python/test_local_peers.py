@@ -31,6 +31,7 @@ import local_peers as lp  # noqa: E402
 import peers  # noqa: E402
 import workloads as W  # noqa: E402
 from bench_scripts import help_without_torch  # noqa: E402
+from gpu_check_functions import functions  # noqa: E402
 
 
 def brute_pairs(lq, lk, causal, left, right):
@@ -954,7 +955,6 @@ def test_a_backward_cell_times_jfa_without_softcap_against_the_reference_without
 def test_the_gpu_check_stage_passes_the_pass_through(tmp_path):
     """scripts/gpu-check.sh's bench-local stage, its helpers stubbed: LOCAL_PASS becomes --pass,
     and the JSON and log names say the pass (local for the forward, as before)."""
-    script = Path(__file__).resolve().parents[2] / "scripts" / "gpu-check.sh"
     stubs = ("runtime_env() { JFA_LIBRARY=/c/lib/libjfa.so FA3_FULL_LIB=/p/fa3.so; }; "
              "left() { echo 400; }; gpu_name() { echo GPU; }; summary() { echo \"$*\"; }; "
              "timeout() { shift; echo \"$*\"; }; ")
@@ -962,7 +962,7 @@ def test_the_gpu_check_stage_passes_the_pass_through(tmp_path):
                         ("both", "local-both")):
         out = tmp_path / (value or "default")
         out.mkdir()
-        code = (f"source <(sed -n '/^stage_bench_local()/,/^}}/p' {script}); {stubs}"
+        code = (f"source <({functions('stage_bench_local')}); {stubs}"
                 f"OUT={out}; stage_bench_local")
         env = {k: v for k, v in os.environ.items()
                if k not in ("LOCAL_PASS", "LOCAL_WORKLOADS", "LOCAL_KINDS")}

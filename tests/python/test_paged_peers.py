@@ -29,6 +29,7 @@ sys.path.insert(0, str(BENCH))
 
 import paged_peers as pp  # noqa: E402
 from bench_scripts import help_without_torch  # noqa: E402
+from gpu_check_functions import functions  # noqa: E402
 
 
 def test_help_works_without_torch():
@@ -1203,7 +1204,7 @@ def test_the_gpu_check_stage_passes_the_cells_through(tmp_path):
                                        ("1", "decode,B64,u4k", "jfa,jfa_tma,fa3")):
         out = tmp_path / f"{old_switch}-{cells}"
         out.mkdir()
-        code = (f"source <(sed -n '/^stage_bench_paged()/,/^}}/p' {SCRIPT}); {stubs}"
+        code = (f"source <({functions('stage_bench_paged', 'paged_bench')}); {stubs}"
                 f"OUT={out}; stage_bench_paged")
         env = {k: v for k, v in os.environ.items() if k not in ("PAGED_UNVERIFIED", "PAGED_CELLS",
                                                                "PAGED_METHODS", "BENCH_ROUNDS")}
