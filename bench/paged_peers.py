@@ -44,14 +44,12 @@ Methods (--methods):
   cu_seqlens_k_new) and seqused_k the rows before the call, as flash_attn_with_kvcache(q, k_cache,
   v_cache, k=, v=, cache_seqlens=) passes them (it appends at seqused_k and attends over seqused_k
   + 1 keys); the wrapper gets k= and v=.
-- jfa_prefill, jfa_ahead, jfa_tma, jfa_splits, jfa_tma_splits (by --methods only): jfa as above
-  under the library's switches, set for the method's measurement (JFA_VARIANTS): the prefill tiles
-  forced for every call they take (JFA_CUDA_PAGED_PREFILL=1), and with them the kernels built for
-  measurement (JFA_CUDA_UNVERIFIED_PAGED_LOADS=ahead: the next tile's pages looked up before the
-  producer waits; =tma: whole pages by TMA; JFA_CUDA_UNVERIFIED_PAGED_SPLITS=1: the keys split
-  where the items leave SMs idle; bf16 at head_dim 64 and 128, the shipped kernels elsewhere).
-  Beside jfa in the same process, so that a kernel choice is an A/B of one run; they are not
-  peers (jfa ÷ best peer is jfa's).
+- jfa_prefill, jfa_decode, jfa_rows, jfa_nosplits (by --methods only): jfa as above under the
+  library's switches, set for the method's measurement (JFA_VARIANTS): the prefill tiles forced
+  for every call they take (JFA_CUDA_PAGED_PREFILL=1) or for none (=0: the decode kernel), and the
+  prefill tiles' pages copied by rows instead of loaded by TMA (JFA_CUDA_PAGED_LOADS=rows) or their
+  keys never split (JFA_CUDA_PAGED_SPLITS=0). Beside jfa in the same process, so that a kernel
+  choice is an A/B of one run; they are not peers (jfa ÷ best peer is jfa's).
 - flashinfer: FlashInfer (flashinfer-python) where it imports, NHD pages (the cache's own layout):
   BatchDecodeWithPagedKVCacheWrapper for decode (tensor cores above 4 query heads a KV head, as
   vLLM chooses), BatchPrefillWithPagedKVCacheWrapper with causal=True for spec4 and chunk256;
@@ -99,7 +97,7 @@ so.
 usage: python3 bench/paged_peers.py --lib build/gpu/src/libjfa.so
            --fa3-lib .peers/fa3_full_bf16.so [--quick]
            [--cells decode,spec4,append,chunk256,B8,B64,u4k,u8k,tail,32:8,d128,p16]
-           [--methods jfa,jfa_prefill,jfa_ahead,jfa_tma,jfa_splits,jfa_tma_splits,fa3,flashinfer]
+           [--methods jfa,jfa_prefill,jfa_decode,jfa_rows,jfa_nosplits,fa3,flashinfer]
            [--rounds N] [--runs N] [--warmup N] [--host-calls N] [--max-cache-gib G]
            [--time-limit-s S] [--seed N] [--out bench/results] [--name NAME]
 """
@@ -154,14 +152,12 @@ COPY_BYTES = 2 << 30  # the copy-rate buffer: large against L2, small against th
 DEVICE = "cuda"  # where the caches go (the tests drive a run on the CPU)
 
 # jfa's kernels under the library's switches, beside its default choice in the same process (by
-# --methods only): the prefill tiles forced, and the prefill tiles' loads built for measurement.
+# --methods only): the prefill tiles forced on or off, their row copies, their keys unsplit.
 JFA_VARIANTS = {
     "jfa_prefill": {"JFA_CUDA_PAGED_PREFILL": "1"},
-    "jfa_ahead": {"JFA_CUDA_PAGED_PREFILL": "1", "JFA_CUDA_UNVERIFIED_PAGED_LOADS": "ahead"},
-    "jfa_tma": {"JFA_CUDA_PAGED_PREFILL": "1", "JFA_CUDA_UNVERIFIED_PAGED_LOADS": "tma"},
-    "jfa_splits": {"JFA_CUDA_PAGED_PREFILL": "1", "JFA_CUDA_UNVERIFIED_PAGED_SPLITS": "1"},
-    "jfa_tma_splits": {"JFA_CUDA_PAGED_PREFILL": "1", "JFA_CUDA_UNVERIFIED_PAGED_LOADS": "tma",
-                       "JFA_CUDA_UNVERIFIED_PAGED_SPLITS": "1"},
+    "jfa_decode": {"JFA_CUDA_PAGED_PREFILL": "0"},
+    "jfa_rows": {"JFA_CUDA_PAGED_PREFILL": "1", "JFA_CUDA_PAGED_LOADS": "rows"},
+    "jfa_nosplits": {"JFA_CUDA_PAGED_PREFILL": "1", "JFA_CUDA_PAGED_SPLITS": "0"},
 }
 METHODS = ("jfa", *JFA_VARIANTS, "fa3", "flashinfer")
 DEFAULT_METHODS = ("jfa", "fa3", "flashinfer")
@@ -170,9 +166,9 @@ LABELS = {"jfa": "jfa (jfa_attention_forward_paged)", "fa3": "FlashAttention-3 (
           "flashinfer": "FlashInfer",
           **{m: f"jfa with {' '.join(f'{k}={v}' for k, v in env.items())}"
              for m, env in JFA_VARIANTS.items()}}
-# Column names; a variant's from its method name (jfa_tma_splits: "jfa tma+splits").
+# Column names; a variant's from its method name (jfa_rows: "jfa rows").
 SHORT = {"jfa": "jfa", "fa3": "FA3", "flashinfer": "FlashInfer",
-         **{m: m.replace("_", " ", 1).replace("_", "+") for m in JFA_VARIANTS}}
+         **{m: m.replace("_", " ") for m in JFA_VARIANTS}}
 # FA3's paged call: peers' keywords (scale, mask), the split count and pack-GQA.
 FA3_PAGED_KEYWORDS = dict(co.FA3_KEYWORDS, num_splits=("num_splits",), pack_gqa=("pack_gqa",))
 FLASHINFER_WORKSPACE_BYTES = 256 << 20

@@ -26,13 +26,8 @@
 #                   bf16, outputs checked against float64 first (bench/paged_peers.py); PAGED_CELLS
 #                   its --cells (default decode and spec4; append, chunked prefill's chunk256 and
 #                   the u8k cache by name, e.g. chunk256,u4k,u8k), PAGED_METHODS its --methods
-#                   (jfa's kernel switches beside jfa: jfa_prefill, jfa_ahead, jfa_tma,
-#                   jfa_splits, jfa_tma_splits). Not in all.
-#   paged-candidates the paged prefill's kernels built for measurement, not yet routed: their GPU
-#                   tests (JFA_GPU_TESTS_UNVERIFIED=1; skipped elsewhere) alone within
-#                   CANDIDATE_TEST_SECONDS (120: a barrier mistake hangs), memcheck and racecheck on
-#                   them, then bench-paged's A/B of them beside jfa and FA3 (PAGED_CELLS,
-#                   PAGED_METHODS). Not in all.
+#                   (jfa's kernel switches beside jfa: jfa_prefill, jfa_decode, jfa_rows,
+#                   jfa_nosplits). Not in all.
 #   profile-local   Nsight Compute (--set full, clocks not locked) over one jfa and one
 #                   FlashAttention-3 call of one local-attention cell (bench/profile_local_pair.py,
 #                   PROFILE_ARGS its options, default the backward of W1, head_dim 128, window
@@ -82,7 +77,7 @@
 #        methods beside the peers, default jfa; e.g. jfa,jfa_autograd), BACKWARD_PASS
 #        (bench-backward: bench/backward_peers.py's --pass, default backward)
 set -u -o pipefail
-STAGE=${1:?usage: scripts/gpu-check.sh build|suite|sanitize|bench-forward|bench-backward|bench-local|bench-paged|paged-candidates|profile-local|profile-paged|bench|all OUTDIR}
+STAGE=${1:?usage: scripts/gpu-check.sh build|suite|sanitize|bench-forward|bench-backward|bench-local|bench-paged|profile-local|profile-paged|bench|all OUTDIR}
 OUT=${2:?usage: scripts/gpu-check.sh STAGE OUTDIR}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -351,62 +346,14 @@ stage_bench_local() {
   return $rc
 }
 
-# paged_bench NAME ROUNDS [OPTIONS]: bench/paged_peers.py within what is left of the stage
-# (NAME.json, its table in NAME.log).
-paged_bench() {
-  local name=$1 rounds=$2
-  shift 2
-  timeout "$(left)" python3 bench/paged_peers.py --lib "$JFA_LIBRARY" --fa3-lib "$FA3_FULL_LIB" \
-    --out "$OUT" --name "$name" "$@" --rounds "$rounds" --time-limit-s $(($(left) - 30)) \
-    >"$OUT/$name.log" 2>&1
-}
-
 stage_bench_paged() {
   runtime_env || { summary bench-paged "FAILED (nothing carried)"; return 1; }
   local rc=0
-  paged_bench paged "${BENCH_ROUNDS:-2}" ${PAGED_CELLS:+--cells "$PAGED_CELLS"} \
-    ${PAGED_METHODS:+--methods "$PAGED_METHODS"} || rc=1
+  timeout "$(left)" python3 bench/paged_peers.py --lib "$JFA_LIBRARY" --fa3-lib "$FA3_FULL_LIB" \
+    --out "$OUT" --name paged ${PAGED_CELLS:+--cells "$PAGED_CELLS"} \
+    ${PAGED_METHODS:+--methods "$PAGED_METHODS"} \
+    --rounds "${BENCH_ROUNDS:-2}" --time-limit-s $(($(left) - 30)) >"$OUT/paged.log" 2>&1 || rc=1
   summary bench-paged "$(gpu_name): rc $rc (paged.json, table in paged.log)"
-  return $rc
-}
-
-# The paged prefill's kernels built for measurement (bench/NOTES.md): their GPU tests alone under a
-# short limit (kernels that never ran may hang on a barrier), both sanitizers on them, then, unless
-# the tests hung, their A/B beside jfa and FlashAttention-3 in one process (PAGED_CELLS,
-# PAGED_METHODS).
-stage_paged_candidates() {
-  runtime_env || { summary paged-candidates "FAILED (nothing carried)"; return 1; }
-  local filter='PagedGpu.Unverified*' rc=0 tests_rc passed failed tool n joined words=() pids=()
-  JFA_GPU_TESTS_UNVERIFIED=1 timeout "${CANDIDATE_TEST_SECONDS:-120}" "$CARRY/bin/jfa_gpu_tests" \
-    --gtest_filter="$filter" >"$OUT/candidates_tests.log" 2>&1
-  tests_rc=$?
-  passed=$(gtest_passed "$OUT/candidates_tests.log")
-  failed=$(gtest_failed "$OUT/candidates_tests.log")
-  words+=("tests: $passed passed, $failed failed (rc $tests_rc$([ "$tests_rc" = 124 ] && echo ', timed out'))")
-  [ "$tests_rc" = 0 ] || rc=1
-  if [ "$tests_rc" != 124 ] && command -v compute-sanitizer >/dev/null; then
-    for tool in memcheck racecheck; do
-      JFA_GPU_TESTS_QUICK=1 JFA_GPU_TESTS_UNVERIFIED=1 timeout "${CANDIDATE_SANITIZER_SECONDS:-150}" \
-        compute-sanitizer --tool "$tool" --error-exitcode 99 "$CARRY/bin/jfa_gpu_tests" \
-        --gtest_filter="$filter" >"$OUT/candidates_$tool.log" 2>&1 &
-      pids+=($!)
-    done
-    for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
-    for tool in memcheck racecheck; do
-      n=$(sanitizer_errors "$OUT/candidates_$tool.log")
-      [ "$n" = "?" ] && rc=1
-      words+=("$tool $n errors")
-    done
-  fi
-  if [ "$tests_rc" != 124 ]; then
-    paged_bench paged-candidates "${BENCH_ROUNDS:-1}" \
-      --cells "${PAGED_CELLS:-chunk256,B1,B8,u4k,32:8,d128,d64}" \
-      --methods "${PAGED_METHODS:-jfa,jfa_prefill,jfa_ahead,jfa_tma,jfa_splits,jfa_tma_splits,fa3}" \
-      || rc=1
-    words+=("bench: paged-candidates.json, table in paged-candidates.log")
-  fi
-  joined=$(printf '%s; ' "${words[@]}")
-  summary paged-candidates "$(gpu_name): ${joined%; } (rc $rc)"
   return $rc
 }
 
@@ -437,7 +384,6 @@ case $STAGE in
   bench-backward) stage_bench_backward ;;
   bench-local) stage_bench_local ;;
   bench-paged) stage_bench_paged ;;
-  paged-candidates) stage_paged_candidates ;;
   profile-local)
     profile_pair profile-local bench/profile_local_pair.py "--pass backward --head-dim 128 --window 4096" ;;
   profile-paged)
@@ -453,6 +399,6 @@ case $STAGE in
       START=$SECONDS STAGE_SECONDS=100000 $s || rc=1
     done
     exit $rc ;;
-  *) echo "unknown stage '$STAGE' (build, suite, sanitize, bench-forward, bench-backward, bench-local, bench-paged, paged-candidates, profile-local, profile-paged, bench, all)" >&2
+  *) echo "unknown stage '$STAGE' (build, suite, sanitize, bench-forward, bench-backward, bench-local, bench-paged, profile-local, profile-paged, bench, all)" >&2
      exit 2 ;;
 esac

@@ -1,6 +1,6 @@
 // Which loads the chunked prefill's producer takes (cuda/sm90/paged/paged_loads.hpp), as host code:
-// the TMA boxes lie inside one page and one tile, are never under 8 rows, and the loads built for
-// measurement are taken only where the variable asks for them and the call allows them. The splits
+// the TMA boxes lie inside one page and one tile, are never under 8 rows, and TMA loads the pages
+// wherever such boxes cover them unless the variable asks for the row copies. The splits
 // of its keys (paged_prefill_splits.hpp): only where the items leave SMs idle, never below a few
 // tiles a split, and a workspace that holds the partials of any device's plan.
 #include <gtest/gtest.h>
@@ -18,7 +18,7 @@ namespace {
 
 using jfa::sm90::kPagedTmaMinBoxRows;
 using jfa::sm90::paged_loads_for;
-using jfa::sm90::paged_loads_named;
+using jfa::sm90::paged_rows_named;
 using jfa::sm90::paged_tma_box_rows;
 using jfa::sm90::PagedLoads;
 
@@ -80,43 +80,36 @@ TEST(PagedLoads, TmaRowsAreWholeBoxesInsideTheKeysAndTheTailOnePage) {
   EXPECT_EQ(jfa::sm90::paged_tma_rows(256, 256, 16, 128), 0);  // no key in the tile
 }
 
-TEST(PagedLoads, NamedByTheVariable) {
-  EXPECT_EQ(paged_loads_named(nullptr), PagedLoads::kRowsByCpAsync);
-  EXPECT_EQ(paged_loads_named(""), PagedLoads::kRowsByCpAsync);
-  EXPECT_EQ(paged_loads_named("ahead"), PagedLoads::kRowsLookedUpAhead);
-  EXPECT_EQ(paged_loads_named("tma"), PagedLoads::kPagesByTma);
-  for (const char* other : {"tm", "tmax", "TMA", "ahead ", "1", "rows"})
-    EXPECT_EQ(paged_loads_named(other), PagedLoads::kRowsByCpAsync) << other;
+TEST(PagedLoads, RowsNamedByTheVariable) {
+  EXPECT_TRUE(paged_rows_named("rows"));
+  for (const char* other :
+       {static_cast<const char*>(nullptr), "", "row", "rows ", "ROWS", "tma", "0", "1"})
+    EXPECT_FALSE(paged_rows_named(other)) << (other ? other : "(unset)");
 }
 
-TEST(PagedLoads, TakenOnlyWhereAskedForAndAllowed) {
-  constexpr auto kShipped = PagedLoads::kRowsByCpAsync;
-  constexpr auto kAhead = PagedLoads::kRowsLookedUpAhead;
+TEST(PagedLoads, TmaWherePagesComeInBoxesUnlessRowsAreAsked) {
+  constexpr auto kRows = PagedLoads::kRowsByCpAsync;
   constexpr auto kTma = PagedLoads::kPagesByTma;
-  constexpr auto kBf16 = JFA_DTYPE_BFLOAT16;
-  for (PagedLoads asked : {kShipped, kAhead, kTma}) {
-    for (int32_t d : {64, 128}) {
-      EXPECT_EQ(paged_loads_for(asked, kBf16, d, 16, 1000, 128), asked);
-      // Built for bf16 at 64 and 128 only.
-      EXPECT_EQ(paged_loads_for(asked, JFA_DTYPE_FLOAT16, d, 16, 1000, 128), kShipped);
+  // TMA boxes need pages of 8 rows or a multiple of 8, at 128-key tiles and at 64 (head_dim 256).
+  for (int32_t block_n : {128, 64}) {
+    for (int32_t page : {1, 2, 4, 5, 12, 20}) {
+      EXPECT_EQ(paged_loads_for(false, page, 1000, block_n), kRows) << page;
+      EXPECT_EQ(paged_loads_for(true, page, 1000, block_n), kRows) << page;
     }
-    EXPECT_EQ(paged_loads_for(asked, kBf16, 256, 16, 1000, 64), kShipped);
+    for (int32_t page : {8, 16, 24, 48, 64, 128, 256, 1000}) {
+      EXPECT_EQ(paged_loads_for(false, page, 1000, block_n), kTma) << page;
+      EXPECT_EQ(paged_loads_for(true, page, 1000, block_n), kRows) << page;
+    }
   }
-  // Rows looked up ahead take every page size; TMA boxes need pages of 8 rows or a multiple of 8.
-  for (int32_t page : {1, 2, 4, 5, 12, 20})
-    EXPECT_EQ(paged_loads_for(kTma, kBf16, 128, page, 1000, 128), kShipped) << page;
-  for (int32_t page : {8, 16, 24, 48, 64, 128, 256, 1000})
-    EXPECT_EQ(paged_loads_for(kTma, kBf16, 128, page, 1000, 128), kTma) << page;
-  for (int32_t page : {1, 5, 16, 256})
-    EXPECT_EQ(paged_loads_for(kAhead, kBf16, 128, page, 1000, 128), kAhead) << page;
+  EXPECT_EQ(paged_loads_for(false, 0, 1000, 128), kRows);
   static_assert(kPagedTmaMinBoxRows == 8, "the 128-byte swizzle's 8-row atom");
   // The out-of-bounds stand-in for an invalid entry (num_pages) must be an int32 coordinate.
-  EXPECT_EQ(paged_loads_for(kTma, kBf16, 128, 16, INT32_MAX - 1, 128), kTma);
-  EXPECT_EQ(paged_loads_for(kTma, kBf16, 128, 16, INT32_MAX, 128), kShipped);
+  EXPECT_EQ(paged_loads_for(false, 16, INT32_MAX - 1, 128), kTma);
+  EXPECT_EQ(paged_loads_for(false, 16, INT32_MAX, 128), kRows);
+  EXPECT_EQ(paged_loads_for(false, 16, INT64_MAX, 128), kRows);
   // No page: the stand-in 0 would lie inside a map of one page (its dims are at least 1).
-  EXPECT_EQ(paged_loads_for(kTma, kBf16, 128, 16, 1, 128), kTma);
-  EXPECT_EQ(paged_loads_for(kTma, kBf16, 128, 16, 0, 128), kShipped);
-  EXPECT_EQ(paged_loads_for(kAhead, kBf16, 128, 16, INT64_MAX, 128), kAhead);
+  EXPECT_EQ(paged_loads_for(false, 16, 1, 128), kTma);
+  EXPECT_EQ(paged_loads_for(false, 16, 0, 128), kRows);
 }
 
 using jfa::sm90::kPrefillMaxKeySplits;

@@ -699,95 +699,77 @@ TEST(PagedGpu, PrefillTilesMatchReference) {
   EXPECT_EQ(differs, compared) << "a case gave the decode kernel's bits with the prefill switch on";
 }
 
-// Kernels built for measurement that have not run yet are tested only where asked
-// (JFA_GPU_TESTS_UNVERIFIED=1, scripts/gpu-check.sh paged-candidates, under a short time limit): a
-// barrier mistake in them would hang the whole suite. Elsewhere their tests say they were skipped.
-bool unverified_kernels_asked() {
-  const char* env = std::getenv("JFA_GPU_TESTS_UNVERIFIED");
-  return env != nullptr && std::string(env) == "1";
-}
-constexpr const char* kUnverifiedSkip =
-    "kernels not yet verified on a GPU: JFA_GPU_TESTS_UNVERIFIED=1 runs this test";
-
-// The prefill tiles' loads built for measurement (JFA_CUDA_UNVERIFIED_PAGED_LOADS "ahead" and
-// "tma", bf16 at head_dim 64 and 128): against the reference, then bit for bit the shipped loads'
-// output on the same case with an invalid entry among the longest sequence's pages, since all of
-// them bring the same tiles (rows past the keys and the rows of an invalid page zero-filled). Page
-// sizes 1 (no TMA boxes: the shipped loads), 8, 16, 24 and 48 (boxes of 8 and 16 rows, rows found
-// by division) and 256 (one box a tile); NaN in every cache row past the keys; GQA, causal or not,
-// sinks, LSE on and off. Which loads a call takes is paged_loads_for's
-// (tests/cuda_host/paged_loads_test.cu).
-TEST(PagedGpu, UnverifiedLoadsMatchReferenceAndTheShippedBits) {
-  if (!unverified_kernels_asked()) GTEST_SKIP() << kUnverifiedSkip;
+// The prefill tiles' loads (paged_loads.hpp): by default pages by TMA where they come in boxes of
+// 8 rows or more, else the row copies; against the reference, then bit for bit the row copies'
+// output (JFA_CUDA_PAGED_LOADS=rows) on the same case with an invalid entry among the longest
+// sequence's pages, since both bring the same tiles (rows past the keys and the rows of an invalid
+// page zero-filled). Page sizes 1 (no TMA boxes: the row copies both times), 8, 16, 24 and 48
+// (boxes of 8 and 16 rows, rows found by division) and 256 (one box a tile); every paged head size
+// and both dtypes; NaN in every cache row past the keys; GQA, causal or not, sinks, LSE on and off.
+// Which loads a call takes is paged_loads_for's (tests/cuda_host/paged_loads_test.cu).
+TEST(PagedGpu, PrefillPagesByTmaMatchReferenceAndTheRowCopiesBits) {
   int k = 0;
-  for (const char* loads : {"ahead", "tma"}) {
-    for (int32_t d : {64, 128}) {
-      for (int32_t page : {1, 8, 16, 24, 48, 256}) {
-        ++k;
-        if (quick_mode() && k % 4 != 0) continue;
-        PagedCase c;
-        c.head_dim = d;
-        c.page_size = page;
-        c.dtype = DType::kBFloat16;
-        c.heads_q = kGqas[k % 3].heads_q;
-        c.heads_kv = kGqas[k % 3].heads_kv;
-        c.causal = k % 4 != 1;
-        c.with_lse = k % 5 != 2;
-        c.sink_sd = k % 4 == 3 ? 2.f : 0.f;
-        c.share_pages = false;
-        c.nan_past_keys = true;
-        c.seqused = edge_lengths(page);
-        c.seqused.push_back(quick_mode() ? 700 : 3000);
-        for (size_t b = 0; b < c.seqused.size(); ++b) {
-          const int32_t chunk[] = {64, 1, 0, 300, 129, 17, 256, 200};
-          c.len_q.push_back(chunk[(b + k) % std::size(chunk)]);
-        }
-        c.max_q = 300;
-        SCOPED_TRACE(std::string("JFA_CUDA_UNVERIFIED_PAGED_LOADS=") + loads + ": " + describe(c));
-        const ScopedEnv prefill("JFA_CUDA_PAGED_PREFILL", "1");
-        {
-          const ScopedEnv on("JFA_CUDA_UNVERIFIED_PAGED_LOADS", loads);
-          run_case(c);
-        }
-        std::mt19937_64 rng(fresh_seed(describe(c).c_str()));
-        PagedHost h(c, rng);
-        const int64_t longest = static_cast<int64_t>(c.seqused.size()) - 1;
-        h.table[longest * h.max_pages + 1] = -1;  // its second page: zeros, whichever the loads
-        PagedDevice dev(h);
-        Outputs shipped, variant;
-        ASSERT_EQ(dev.run(h, &shipped), JFA_SUCCESS) << jfa_last_error_message();
-        {
-          const ScopedEnv on("JFA_CUDA_UNVERIFIED_PAGED_LOADS", loads);
-          ASSERT_EQ(dev.run(h, &variant), JFA_SUCCESS) << jfa_last_error_message();
-        }
-        EXPECT_TRUE(variant.out == shipped.out) << "out differs from the shipped loads'";
-        EXPECT_EQ(std::memcmp(variant.lse.data(), shipped.lse.data(), shipped.lse.size() * 4), 0)
-            << "lse differs from the shipped loads'";
+  for (int32_t d : {64, 128, 256}) {
+    for (int32_t page : {1, 8, 16, 24, 48, 256}) {
+      ++k;
+      if (quick_mode() && k % 3 != 0) continue;
+      PagedCase c;
+      c.head_dim = d;
+      c.page_size = page;
+      c.dtype = k % 2 ? DType::kBFloat16 : DType::kFloat16;
+      c.heads_q = kGqas[k % 3].heads_q;
+      c.heads_kv = kGqas[k % 3].heads_kv;
+      c.causal = k % 4 != 1;
+      c.with_lse = k % 5 != 2;
+      c.sink_sd = k % 4 == 3 ? 2.f : 0.f;
+      c.share_pages = false;
+      c.nan_past_keys = true;
+      c.seqused = edge_lengths(page);
+      c.seqused.push_back(quick_mode() ? 700 : 3000);
+      for (size_t b = 0; b < c.seqused.size(); ++b) {
+        const int32_t chunk[] = {64, 1, 0, 300, 129, 17, 256, 200};
+        c.len_q.push_back(chunk[(b + k) % std::size(chunk)]);
       }
+      c.max_q = 300;
+      SCOPED_TRACE(describe(c));
+      const ScopedEnv prefill("JFA_CUDA_PAGED_PREFILL", "1");
+      run_case(c);
+      std::mt19937_64 rng(fresh_seed(describe(c).c_str()));
+      PagedHost h(c, rng);
+      const int64_t longest = static_cast<int64_t>(c.seqused.size()) - 1;
+      h.table[longest * h.max_pages + 1] = -1;  // its second page: zeros, whichever the loads
+      PagedDevice dev(h);
+      Outputs rows, by_default;
+      ASSERT_EQ(dev.run(h, &by_default), JFA_SUCCESS) << jfa_last_error_message();
+      {
+        const ScopedEnv on("JFA_CUDA_PAGED_LOADS", "rows");
+        ASSERT_EQ(dev.run(h, &rows), JFA_SUCCESS) << jfa_last_error_message();
+      }
+      EXPECT_TRUE(by_default.out == rows.out) << "out differs from the row copies'";
+      EXPECT_EQ(std::memcmp(by_default.lse.data(), rows.lse.data(), rows.lse.size() * 4), 0)
+          << "lse differs from the row copies'";
     }
   }
 }
 
-// The splits of the chunked prefill's keys built for measurement
-// (JFA_CUDA_UNVERIFIED_PAGED_SPLITS=1, bf16 at head_dim 64 and 128, with the shipped loads and the
-// TMA loads): few chunks, whose items leave the SMs idle so that the call splits (2 to 5 splits by
-// the heads), against the reference: caches of 4000, 300 and no keys (a short item's later splits
-// hold no tile and end empty), chunks of 256, 64 and 200 tokens, causal or not, GQA 8:2, 4:1 and
-// 16:4, sinks, LSE on and off, the key-length hint given or not, an append, pages of 16 and 48
-// keys, NaN past the keys. The splits did run: their bits differ from the unsplit kernel's on the
-// same case.
-TEST(PagedGpu, UnverifiedKeySplitsMatchReference) {
-  if (!unverified_kernels_asked()) GTEST_SKIP() << kUnverifiedSkip;
+// The splits of the chunked prefill's keys (paged_prefill_splits.hpp), with the row copies and
+// with pages by TMA, every paged head size and both dtypes: few chunks, whose items leave the SMs
+// idle so that the call splits (2 to 5 splits by the heads), against the reference: caches of
+// 4000, 300 and no keys (a short item's later splits hold no tile and end empty), chunks of 256,
+// 64 and 200 tokens, causal or not, GQA 8:2, 4:1 and 16:4, sinks, LSE on and off, the key-length
+// hint given or not, an append, pages of 16 and 48 keys, NaN past the keys. The splits did run:
+// their bits differ from those of the same case with JFA_CUDA_PAGED_SPLITS=0.
+TEST(PagedGpu, PrefillKeySplitsMatchReference) {
   constexpr Gqa kHeads[] = {{8, 2}, {4, 1}, {16, 4}};
   int k = 0, differs = 0, compared = 0;
-  for (const char* loads : {"rows", "tma"}) {
-    for (int32_t d : {64, 128}) {
+  for (const char* loads : {"rows", "default"}) {
+    for (int32_t d : {64, 128, 256}) {
       for (int variant = 0; variant < 3; ++variant) {
         ++k;
         if (quick_mode() && k % 4 != 0) continue;  // each variant once, both loads
         PagedCase c;
         c.head_dim = d;
-        c.dtype = DType::kBFloat16;
+        c.dtype = k % 2 ? DType::kBFloat16 : DType::kFloat16;
         c.page_size = variant == 1 ? 48 : 16;
         c.heads_q = kHeads[variant].heads_q;
         c.heads_kv = kHeads[variant].heads_kv;
@@ -803,55 +785,57 @@ TEST(PagedGpu, UnverifiedKeySplitsMatchReference) {
         c.max_q = 256;
         SCOPED_TRACE(std::string("loads ") + loads + ": " + describe(c));
         const ScopedEnv prefill("JFA_CUDA_PAGED_PREFILL", "1");
-        const ScopedEnv on_loads("JFA_CUDA_UNVERIFIED_PAGED_LOADS", loads);
-        {
-          const ScopedEnv splits("JFA_CUDA_UNVERIFIED_PAGED_SPLITS", "1");
-          run_case(c);
-        }
+        const ScopedEnv on_loads("JFA_CUDA_PAGED_LOADS", loads);
+        run_case(c);
         if (variant == 2) continue;  // the append has moved the cache on
         std::mt19937_64 rng(fresh_seed(describe(c).c_str()));
         PagedHost h(c, rng);
         PagedDevice dev(h);
         Outputs split, whole;
+        ASSERT_EQ(dev.run(h, &split), JFA_SUCCESS) << jfa_last_error_message();
         {
-          const ScopedEnv splits("JFA_CUDA_UNVERIFIED_PAGED_SPLITS", "1");
-          ASSERT_EQ(dev.run(h, &split), JFA_SUCCESS) << jfa_last_error_message();
+          const ScopedEnv off("JFA_CUDA_PAGED_SPLITS", "0");
+          ASSERT_EQ(dev.run(h, &whole), JFA_SUCCESS) << jfa_last_error_message();
         }
-        ASSERT_EQ(dev.run(h, &whole), JFA_SUCCESS) << jfa_last_error_message();
         ++compared;
         differs += split.out != whole.out ? 1 : 0;
       }
     }
   }
   EXPECT_GT(compared, 0);
-  EXPECT_EQ(differs, compared) << "a case gave the unsplit kernel's bits with the splits asked";
+  EXPECT_EQ(differs, compared) << "a case gave the unsplit kernel's bits";
 }
 
-// By default the prefill tiles take a chunked prefill whose (q tile, query head) items fill the
-// SMs (8 chunks of 256 tokens on 32 query heads: 512 items) and the decode kernel one whose items
-// do not (one chunk: 64 items): the default call's bits are those of the path forced the same way.
-TEST(PagedGpu, PrefillTilesTakenWhereTheirItemsFillTheGpu) {
-  for (int32_t batch : {8, 1}) {
-    PagedCase c;
-    c.heads_q = 32;
-    c.heads_kv = 8;
-    c.dtype = DType::kBFloat16;
-    c.causal = true;
-    c.share_pages = false;
-    c.seqused.assign(static_cast<size_t>(batch), quick_mode() ? 700 : 2000);
-    c.len_q.assign(static_cast<size_t>(batch), 256);
-    std::mt19937_64 rng(fresh_seed(describe(c).c_str()));
-    PagedHost h(c, rng);
-    PagedDevice d(h);
-    Outputs by_default, forced;
-    ASSERT_EQ(d.run(h, &by_default), JFA_SUCCESS) << jfa_last_error_message();
-    {
-      const ScopedEnv force("JFA_CUDA_PAGED_PREFILL", batch == 8 ? "1" : "0");
-      ASSERT_EQ(d.run(h, &forced), JFA_SUCCESS) << jfa_last_error_message();
+// By default the prefill tiles take every chunked prefill whose pages come by TMA (pages of 16:
+// one chunk of 256 tokens on 32 query heads, 64 items, as 8 chunks, 512 items), and with the row
+// copies (pages of 4) only one whose (q tile, query head) items fill the SMs (8 chunks), the decode
+// kernel the other (one chunk): the default call's bits are those of the path forced the same way.
+TEST(PagedGpu, PrefillTilesTakenWherePagesComeByTmaOrTheirItemsFillTheGpu) {
+  for (int32_t page : {16, 4}) {
+    for (int32_t batch : {8, 1}) {
+      PagedCase c;
+      c.heads_q = 32;
+      c.heads_kv = 8;
+      c.page_size = page;
+      c.dtype = DType::kBFloat16;
+      c.causal = true;
+      c.share_pages = false;
+      c.seqused.assign(static_cast<size_t>(batch), quick_mode() ? 700 : 2000);
+      c.len_q.assign(static_cast<size_t>(batch), 256);
+      std::mt19937_64 rng(fresh_seed(describe(c).c_str()));
+      PagedHost h(c, rng);
+      PagedDevice d(h);
+      Outputs by_default, forced;
+      ASSERT_EQ(d.run(h, &by_default), JFA_SUCCESS) << jfa_last_error_message();
+      const bool prefill = page == 16 || batch == 8;
+      {
+        const ScopedEnv force("JFA_CUDA_PAGED_PREFILL", prefill ? "1" : "0");
+        ASSERT_EQ(d.run(h, &forced), JFA_SUCCESS) << jfa_last_error_message();
+      }
+      EXPECT_TRUE(by_default.out == forced.out)
+          << "pages of " << page << ", batch " << batch << ": the default call did not take the "
+          << (prefill ? "prefill tiles" : "decode kernel");
     }
-    EXPECT_TRUE(by_default.out == forced.out)
-        << "batch " << batch << ": the default call did not take the "
-        << (batch == 8 ? "prefill tiles" : "decode kernel");
   }
 }
 

@@ -3,8 +3,6 @@
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu-check.sh"
-# What the run stages share: gtest's and compute-sanitizer's counts.
-HELPERS = ("gtest_passed", "gtest_failed", "sanitizer_errors", "paged_bench")
 
 
 def functions(*names):

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from gpu_check_functions import HELPERS, SCRIPT, functions
+from gpu_check_functions import SCRIPT, functions
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -16,7 +16,7 @@ def run(stage, out, **env):
 
 
 @pytest.mark.parametrize("stage", ["suite", "sanitize", "bench-forward", "bench-backward",
-                                   "bench-paged", "paged-candidates", "profile-local",
+                                   "bench-paged", "profile-local",
                                    "profile-paged"])
 def test_run_stages_need_the_carried_build(tmp_path, stage):
     r = run(stage, tmp_path / "out", CARRY_DIR=str(tmp_path / "missing"))
@@ -107,63 +107,6 @@ def test_carried_wheels_are_installed_where_python_lacks_them(tmp_path):
     site = tmp_path / ".peers" / "site"
     assert (site / "jfa_carried_probe.py").exists() and not (site / "pytest.py").exists()
     assert (site / ".installed").exists()
-
-
-def candidates_stage(tmp_path, test_lines, test_rc=0):
-    """stage_paged_candidates with the machine stubbed: a carried jfa_gpu_tests that prints
-    test_lines (and the variable that asks for the unverified tests) and exits test_rc; sanitizers
-    that report no errors; timeout, python3 and the GPU's name recorded or faked."""
-    carry = tmp_path / "carry"
-    (carry / "bin").mkdir(parents=True)
-    tests = carry / "bin" / "jfa_gpu_tests"
-    tests.write_text("#!/bin/bash\necho \"asked=$JFA_GPU_TESTS_UNVERIFIED quick=$JFA_GPU_TESTS_QUICK "
-                     "$*\"\n" + "".join(f"echo '{line}'\n" for line in test_lines)
-                     + f"exit {test_rc}\n")
-    tests.chmod(0o755)
-    out = tmp_path / "out"
-    out.mkdir()
-    stubs = (f"runtime_env() {{ CARRY={carry}; JFA_LIBRARY=/c/libjfa.so FA3_FULL_LIB=/p/fa3.so; }}; "
-             "left() { echo 400; }; gpu_name() { echo GPU; }; summary() { echo \"$*\"; }; "
-             "timeout() { shift; \"$@\"; }; "
-             "compute-sanitizer() { echo \"$2 $JFA_GPU_TESTS_UNVERIFIED $JFA_GPU_TESTS_QUICK $*\"; "
-             "[ \"$2\" = memcheck ] && echo 'ERROR SUMMARY: 0 errors' || "
-             "echo 'RACECHECK SUMMARY: 0 hazards displayed'; }; "
-             "python3() { echo \"$*\" > \"$OUT/bench-args\"; }; ")
-    code = (f"source <({functions('stage_paged_candidates', *HELPERS)}); {stubs}"
-            f"OUT={out}; START=$SECONDS; stage_paged_candidates")
-    env = {k: v for k, v in os.environ.items() if k not in ("PAGED_CELLS", "PAGED_METHODS")}
-    r = subprocess.run(["bash", "-c", code], capture_output=True, text=True, env=env, timeout=60)
-    return r, out
-
-
-def test_paged_candidates_tests_the_unverified_kernels_then_benches_them(tmp_path):
-    r, out = candidates_stage(tmp_path, ["[       OK ] PagedGpu.UnverifiedA (5 ms)",
-                                         "[       OK ] PagedGpu.UnverifiedB (7 ms)"])
-    assert r.returncode == 0, r.stderr
-    log = (out / "candidates_tests.log").read_text()
-    assert log.startswith("asked=1 quick= --gtest_filter=PagedGpu.Unverified*")
-    for tool in ("memcheck", "racecheck"):
-        assert (out / f"candidates_{tool}.log").read_text().startswith(f"{tool} 1 1 ")
-    args = (out / "bench-args").read_text().split()
-    assert args[0] == "bench/paged_peers.py"
-    assert args[args.index("--methods") + 1] == (
-        "jfa,jfa_prefill,jfa_ahead,jfa_tma,jfa_splits,jfa_tma_splits,fa3")
-    assert args[args.index("--cells") + 1] == "chunk256,B1,B8,u4k,32:8,d128,d64"
-    assert args[args.index("--fa3-lib") + 1] == "/p/fa3.so"
-    assert r.stdout.strip() == ("paged-candidates GPU: tests: 2 passed, 0 failed (rc 0); memcheck 0 "
-                                "errors; racecheck 0 errors; bench: paged-candidates.json, table in "
-                                "paged-candidates.log (rc 0)")
-
-
-def test_paged_candidates_stop_after_tests_that_hang_and_fail_on_failures(tmp_path):
-    r, out = candidates_stage(tmp_path, ["[  FAILED  ] PagedGpu.UnverifiedA (5 ms)"], test_rc=1)
-    assert r.returncode == 1 and "tests: 0 passed, 1 failed (rc 1)" in r.stdout
-    assert (out / "bench-args").exists()  # the bench checks each method's output itself
-    hung = tmp_path / "hung"
-    hung.mkdir()
-    r, out = candidates_stage(hung, ["[       OK ] PagedGpu.UnverifiedA (5 ms)"], test_rc=124)
-    assert r.returncode == 1 and "(rc 124, timed out)" in r.stdout
-    assert not (out / "bench-args").exists() and not (out / "candidates_memcheck.log").exists()
 
 
 def test_the_carried_binaries_are_unpacked_once_with_their_modes(tmp_path):

@@ -1042,15 +1042,14 @@ def test_a_run_of_chunk_cells_on_the_cpu(monkeypatch, tmp_path, capsys):
 
 def test_jfa_s_variants_run_under_their_switches_beside_jfa_and_are_not_peers(monkeypatch,
                                                                               tmp_path):
-    """--methods jfa,jfa_prefill,jfa_ahead,jfa_tma,jfa_tma_splits,fa3: each variant prepared,
+    """--methods jfa,jfa_prefill,jfa_decode,jfa_rows,jfa_nosplits,fa3: each variant prepared,
     checked and timed with its switches set (the library reads them at each call) and the
     process's own values back after; jfa ÷ best peer stays jfa's, over the peers only; the table
     has a column per variant."""
-    switches = ("JFA_CUDA_PAGED_PREFILL", "JFA_CUDA_UNVERIFIED_PAGED_LOADS",
-                "JFA_CUDA_UNVERIFIED_PAGED_SPLITS")
+    switches = ("JFA_CUDA_PAGED_PREFILL", "JFA_CUDA_PAGED_LOADS", "JFA_CUDA_PAGED_SPLITS")
     monkeypatch.setenv("JFA_CUDA_PAGED_PREFILL", "0")
-    monkeypatch.delenv("JFA_CUDA_UNVERIFIED_PAGED_LOADS", raising=False)
-    monkeypatch.delenv("JFA_CUDA_UNVERIFIED_PAGED_SPLITS", raising=False)
+    monkeypatch.delenv("JFA_CUDA_PAGED_LOADS", raising=False)
+    monkeypatch.delenv("JFA_CUDA_PAGED_SPLITS", raising=False)
     seen = {}
     check = pp.prepare_and_check
 
@@ -1058,28 +1057,27 @@ def test_jfa_s_variants_run_under_their_switches_beside_jfa_and_are_not_peers(mo
         seen.setdefault(rec["method"], set()).add(tuple(os.environ.get(k) for k in switches))
         return check(G, prepare, x, rec)
 
+    variants = ("jfa_prefill", "jfa_decode", "jfa_rows", "jfa_nosplits")
     monkeypatch.setattr(pp, "prepare_and_check", recording)
     rc, doc = cpu_run(monkeypatch, ["--cells", "chunk256,B2,u512,16:4,d64", "--methods",
-                                    "jfa,jfa_prefill,jfa_ahead,jfa_tma,jfa_tma_splits,fa3",
+                                    ",".join(("jfa", *variants, "fa3")),
                                     "--warm-seconds", "0", "--out", str(tmp_path), "--name",
                                     "run"])
     assert rc == 0
     assert seen == {"jfa": {("0", None, None)}, "fa3": {("0", None, None)},
-                    "jfa_prefill": {("1", None, None)}, "jfa_ahead": {("1", "ahead", None)},
-                    "jfa_tma": {("1", "tma", None)}, "jfa_tma_splits": {("1", "tma", "1")}}
-    assert (os.environ["JFA_CUDA_PAGED_PREFILL"],
-            os.environ.get("JFA_CUDA_UNVERIFIED_PAGED_LOADS")) == ("0", None)
+                    "jfa_prefill": {("1", None, None)}, "jfa_decode": {("0", None, None)},
+                    "jfa_rows": {("1", "rows", None)}, "jfa_nosplits": {("1", None, "0")}}
+    assert (os.environ["JFA_CUDA_PAGED_PREFILL"], os.environ.get("JFA_CUDA_PAGED_LOADS")) == (
+        "0", None)
     by = {r["method"]: r for r in doc["results"]}
-    assert all(by[m]["status"] == "ok"
-               for m in ("jfa", "jfa_prefill", "jfa_ahead", "jfa_tma", "jfa_tma_splits"))
+    assert all(by[m]["status"] == "ok" for m in ("jfa", *variants))
     assert by["fa3"]["status"] == "unavailable"
     assert pp.best_peer(doc["results"], "graph") is None  # no peer ran: the variants are not peers
     head = doc["table"].splitlines()[1]
-    assert all(pp.SHORT[m] in head
-               for m in ("jfa_prefill", "jfa_ahead", "jfa_tma", "jfa_tma_splits")), head
-    with pp.environment({"JFA_CUDA_UNVERIFIED_PAGED_LOADS": "tma"}):
-        assert os.environ["JFA_CUDA_UNVERIFIED_PAGED_LOADS"] == "tma"
-    assert "JFA_CUDA_UNVERIFIED_PAGED_LOADS" not in os.environ
+    assert all(pp.SHORT[m] in head for m in variants), head
+    with pp.environment({"JFA_CUDA_PAGED_LOADS": "rows"}):
+        assert os.environ["JFA_CUDA_PAGED_LOADS"] == "rows"
+    assert "JFA_CUDA_PAGED_LOADS" not in os.environ
 
 
 def test_a_run_says_why_it_stopped(monkeypatch, tmp_path):
@@ -1155,15 +1153,15 @@ def test_the_table_says_each_variant_s_speed_over_jfa_s():
     c = pp.Cell("chunk256", 1, "u4k", 32, 8, 128, 16)
     d = pp.Cell("chunk256", 8, "u4k", 32, 8, 128, 16)
     records = [fake_record("jfa", c, eager=0.2, graph=0.18),
-               fake_record("jfa_tma", c, eager=0.1, graph=0.09),
-               fake_record("jfa_splits", c, "wrong", reason="relative error 0.5 > 0.01"),
+               fake_record("jfa_prefill", c, eager=0.1, graph=0.09),
+               fake_record("jfa_rows", c, "wrong", reason="relative error 0.5 > 0.01"),
                fake_record("fa3", c, eager=0.08, graph=0.05),
                fake_record("jfa", d, eager=0.7, graph=0.67),
                fake_record("fa3", d, eager=0.3, graph=0.25)]
     lines = pp.format_table(records).splitlines()
     at = lines.index("jfa's variants, speed over jfa's (graph / eager; > 1: the variant is "
                      "faster):")
-    assert lines[at + 1] == f"  {pp.cell_name(c)}: jfa tma 2.00 / 2.00, jfa splits - / -"
+    assert lines[at + 1] == f"  {pp.cell_name(c)}: jfa prefill 2.00 / 2.00, jfa rows - / -"
     assert not lines[at + 2].startswith(f"  {pp.cell_name(d)}")  # no variant ran there
     assert pp.summarize(records)[0]["jfa_over_best_graph"] == pytest.approx(0.05 / 0.18)
     assert pp.variant_lines(records[4:]) == []
@@ -1201,10 +1199,10 @@ def test_the_gpu_check_stage_passes_the_cells_through(tmp_path):
              "left() { echo 400; }; gpu_name() { echo GPU; }; summary() { echo \"$*\"; }; "
              "timeout() { shift; echo \"$*\"; }; ")
     for old_switch, cells, methods in ((None, None, None),
-                                       ("1", "decode,B64,u4k", "jfa,jfa_tma,fa3")):
+                                       ("1", "decode,B64,u4k", "jfa,jfa_rows,fa3")):
         out = tmp_path / f"{old_switch}-{cells}"
         out.mkdir()
-        code = (f"source <({functions('stage_bench_paged', 'paged_bench')}); {stubs}"
+        code = (f"source <({functions('stage_bench_paged')}); {stubs}"
                 f"OUT={out}; stage_bench_paged")
         env = {k: v for k, v in os.environ.items() if k not in ("PAGED_UNVERIFIED", "PAGED_CELLS",
                                                                "PAGED_METHODS", "BENCH_ROUNDS")}
@@ -1226,10 +1224,10 @@ def test_the_gpu_check_stage_passes_the_cells_through(tmp_path):
         assert r.stdout.strip() == "bench-paged GPU: rc 0 (paged.json, table in paged.log)"
     # The options the stage passes are the script's own.
     got = pp.parse_args(["--lib", "x.so", "--fa3-lib", "f.so", "--out", str(tmp_path), "--name",
-                         "paged", "--cells", "decode,B64,u4k", "--methods", "jfa,jfa_tma,fa3",
+                         "paged", "--cells", "decode,B64,u4k", "--methods", "jfa,jfa_rows,fa3",
                          "--rounds", "2", "--time-limit-s", "370"])
     assert len(got.cell_list) == 2 * 2 and got.time_limit_s == 370
-    assert got.method_names == ["jfa", "jfa_tma", "fa3"]
+    assert got.method_names == ["jfa", "jfa_rows", "fa3"]
 
 
 def test_the_gpu_check_stage_needs_the_carried_build(tmp_path):

@@ -54,21 +54,20 @@ struct SoftcapOf : std::false_type {};
 template <typename K>
 struct SoftcapOf<K, std::void_t<decltype(K::kSoftcap)>> : std::bool_constant<K::kSoftcap> {};
 
-// How the paged kernels' producer brings a K/V tile from its pages. kRowsByCpAsync (shipped): the
-// warp group copies every row by cp.async, after acquiring the tile's stage and looking up its
-// pages (producer_paged.cuh). The others are built for measurement beside it (paged_loads.hpp):
-// kRowsLookedUpAhead copies the same way but looks up the next K tile's pages before it waits for
-// a stage, once for K and V; kPagesByTma has one warp load every box of whole pages by TMA and copy
-// only the tile's rows at and past the sequence's last partial box by cp.async
-// (producer_paged_tma.cuh).
-enum class PagedLoads { kRowsByCpAsync, kRowsLookedUpAhead, kPagesByTma };
+// How the paged kernels' producer brings a K/V tile from its pages (paged_loads.hpp chooses).
+// kPagesByTma: one warp loads every box of whole pages by TMA and copies only the tile's rows at
+// and past the sequence's last partial box by cp.async (producer_paged_tma.cuh); taken where pages
+// come in boxes of 8 rows or more. kRowsByCpAsync: the warp group copies every row by cp.async,
+// after acquiring the tile's stage and looking up its pages (producer_paged.cuh); pages of 1, 2 or
+// 4 rows (or odd sizes) and JFA_CUDA_PAGED_LOADS=rows.
+enum class PagedLoads { kRowsByCpAsync, kPagesByTma };
 
 // The choices of `Base` over a paged KV cache (FwdPagedArgs): the producer loads each K/V tile
 // from its pages as `kLoads` says, the rest is `Base`'s. Chunked prefill over a paged cache runs
-// these (paged_prefill.cu). kKeySplits (built for measurement, not shipped): each item holds one of
-// FwdPagedSplitArgs::splits parts of its K tiles and ends in partial results that the paged
-// combine kernel merges (split_epilogue, epilogue.cuh), so that a batch of few (q tile, head)
-// items fills the SMs.
+// these (paged_prefill.cu). kKeySplits: each item holds one of FwdPagedSplitArgs::splits parts of
+// its K tiles and ends in partial results that the paged combine kernel merges (split_epilogue,
+// epilogue.cuh), so that a batch of few (q tile, head) items fills the SMs
+// (paged_prefill_splits.hpp).
 template <typename Base, PagedLoads kLoads = PagedLoads::kRowsByCpAsync, bool kKeySplits = false>
 struct WithPagedKV : Base {
   static constexpr bool kPagedKV = true;

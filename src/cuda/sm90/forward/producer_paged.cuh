@@ -8,9 +8,7 @@
 // arrives on the stage's full barrier once its copies have landed (the barrier expects the 128
 // threads); the consumers fence the async proxy before their wgmma reads the tile (wait_kv).
 // The K/V tile order is producer_loop's: K tiles from the last to the first, K one tile ahead of V.
-// With PagedLoads::kRowsLookedUpAhead (built for measurement, not shipped) each lane looks up the
-// next K tile's page before the producer waits for a stage, and V's copy of the same keys reuses
-// it.
+// Taken for pages that TMA boxes of 8 rows cannot cover (producer_paged_tma.cuh, paged_loads.hpp).
 #pragma once
 
 #include <cuda.h>
@@ -28,29 +26,13 @@ namespace jfa::sm90 {
 
 inline constexpr int kPagedProducerThreads = 128;
 
-// Whether a tile of `rows` keys spans at most 32 pages (31 page boundaries), so that a warp's
-// lanes hold all of its pages (copy_paged_tile's test, which keeps its verified form).
-__device__ __forceinline__ bool lanes_hold_tile_pages(int rows, int32_t page_size) {
-  return (rows - 1) / page_size <= 30;
-}
-
-// A tile's lane-th page (first_key's page + lane), -1 past the sequence's last page (whose table
-// entries are not read), as copy_paged_tile looks it up; page_of maps a key to its table index.
-template <typename PageOf>
-__device__ __forceinline__ int32_t lane_page(const int32_t* table, PageOf page_of,
-                                             int32_t first_key, int32_t len_k, int lane) {
-  const int32_t first_page = page_of(first_key);
-  return first_page + lane <= page_of(len_k - 1) ? __ldg(table + first_page + lane) : -1;
-}
-
 // Rows [0, Tile::rows) of one K or V tile of the item's sequence `seq`, keys first_key onwards,
 // into `tile`, for producer thread t: chunk t % kChunks of every kRowStep-th row from t / kChunks.
-// kLookedUp: where lanes_hold_tile_pages, `looked_up` is this lane's lane_page of the tile.
-template <bool kLookedUp = false, typename Tile>
+template <typename Tile>
 __device__ __forceinline__ void copy_paged_tile(Tile& tile, const FwdPagedArgs& a,
                                                 const void* cache, int32_t head_dim,
                                                 int32_t kv_head, int32_t seq, int32_t first_key,
-                                                int32_t len_k, int t, int32_t looked_up = -1) {
+                                                int32_t len_k, int t) {
   using T = std::remove_cv_t<std::remove_reference_t<decltype(tile.data[0])>>;
   constexpr int kChunks = Tile::cols * static_cast<int>(sizeof(T)) / 16;  // 16-byte chunks a row
   static_assert(kPagedProducerThreads % kChunks == 0, "whole rows a pass");
@@ -87,9 +69,8 @@ __device__ __forceinline__ void copy_paged_tile(Tile& tile, const FwdPagedArgs& 
     if ((Tile::rows - 1) / a.page_size <= 30) {
       const int32_t first_page = page_of(first_key);
       const int lane = t % 32;
-      const int32_t lane_page = kLookedUp                        ? looked_up
-                                : first_page + lane <= last_page ? __ldg(table + first_page + lane)
-                                                                 : -1;
+      const int32_t lane_page =
+          first_page + lane <= last_page ? __ldg(table + first_page + lane) : -1;
 #pragma unroll 1
       for (int i = 0; i < kRows; ++i) {
         const int32_t key = key0 + i * kRowStep;
@@ -135,22 +116,11 @@ __device__ __forceinline__ void producer_loop_paged(typename Cfg::Shared& s,
   auto load = [&](auto ring, auto* tiles, Ring& st, const void* cache, int32_t head_dim,
                   const typename Cfg::Item& w, int32_t kv_head, int it) {
     // Key offsets inside the sequence: a paged item is one sequence (no shared tiles), its keys
-    // from 0 (no window shifts them), or from its split's first key (added under if constexpr, not
-    // key_shift_of: the shipped kernels keep the machine code they were verified with).
+    // from 0 (no window shifts them), or from its split's first key.
     int32_t first_key = (w.n_blocks - 1 - it) * Cfg::kBlockN, len_k = w.seq.len_k;
     if constexpr (Cfg::kKeySplits) first_key += w.key_shift, len_k += w.key_shift;
     ring.acquire(st);
     copy_paged_tile(tiles[st.stage], a, cache, head_dim, kv_head, w.first_seq, first_key, len_k, t);
-    cp_async_arrive_on(&ring.full[st.stage]);
-    st.advance();
-  };
-  // The same with the tile's pages looked up before (kRowsLookedUpAhead).
-  auto load_looked_up = [&](auto ring, auto* tiles, Ring& st, const void* cache, int32_t head_dim,
-                            const typename Cfg::Item& w, int32_t kv_head, int it, int32_t pages) {
-    const int32_t first_key = key_shift_of(w) + (w.n_blocks - 1 - it) * Cfg::kBlockN;
-    ring.acquire(st);
-    copy_paged_tile<true>(tiles[st.stage], a, cache, head_dim, kv_head, w.first_seq, first_key,
-                          key_shift_of(w) + w.seq.len_k, t, pages);
     cp_async_arrive_on(&ring.full[st.stage]);
     st.advance();
   };
@@ -168,37 +138,9 @@ __device__ __forceinline__ void producer_loop_paged(typename Cfg::Shared& s,
       load_q<Cfg>(s, tm_q, qs, w);
       qs.advance();  // thread 0's alone: the others load no Q
     }
-    if constexpr (Cfg::kPagedLoads == PagedLoads::kRowsLookedUpAhead) {
-      // K tile it+1's pages are looked up before the waits for K tile it's and V tile it-1's
-      // stages, so that the lookup's round trip is not on the copies' path; V reuses K's.
-      const int32_t* table =
-          a.block_table + static_cast<int64_t>(w.first_seq) * a.max_pages_per_seq;
-      const bool ahead = lanes_hold_tile_pages(Cfg::kBlockN, a.page_size);
-      auto pages_of_tile = [&](int it) -> int32_t {
-        if (!ahead) return -1;  // small pages: copy_paged_tile looks up rows itself
-        const int32_t first_key = key_shift_of(w) + (w.n_blocks - 1 - it) * Cfg::kBlockN;
-        const int32_t len_k = key_shift_of(w) + w.seq.len_k;
-        return lane_page(
-            table, [&](int32_t key) { return page_index_of(key, a.page_shift, a.page_size); },
-            first_key, len_k, t % 32);
-      };
-      int32_t next_pages = pages_of_tile(0), v_pages = -1;
-#pragma unroll 1
-      for (int it = 0; it < w.n_blocks; ++it) {
-        const int32_t k_pages = next_pages;
-        if (it + 1 < w.n_blocks) next_pages = pages_of_tile(it + 1);
-        load_looked_up(s.k_ring(), s.k, ks, a.k_cache, Cfg::kD, w, kv_head, it, k_pages);
-        if (it > 0)
-          load_looked_up(s.v_ring(), s.v, vs, a.v_cache, Cfg::kDv, w, kv_head, it - 1, v_pages);
-        v_pages = k_pages;
-      }
-      load_looked_up(s.v_ring(), s.v, vs, a.v_cache, Cfg::kDv, w, kv_head, w.n_blocks - 1, v_pages);
-    } else {
-      load_item_kv(
-          w.n_blocks,
-          [&](int it) { load(s.k_ring(), s.k, ks, a.k_cache, Cfg::kD, w, kv_head, it); },
-          [&](int it) { load(s.v_ring(), s.v, vs, a.v_cache, Cfg::kDv, w, kv_head, it); });
-    }
+    load_item_kv(
+        w.n_blocks, [&](int it) { load(s.k_ring(), s.k, ks, a.k_cache, Cfg::kD, w, kv_head, it); },
+        [&](int it) { load(s.v_ring(), s.v, vs, a.v_cache, Cfg::kDv, w, kv_head, it); });
   }
 }
 

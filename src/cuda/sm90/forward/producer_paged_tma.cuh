@@ -1,16 +1,16 @@
-// The producer role over a paged KV cache with PagedLoads::kPagesByTma (built for measurement, not
-// shipped; paged_loads.hpp): one warp (warp 0; the warp group's other warps leave) loads a K/V tile
-// as boxes of paged_tma_box_rows rows, each inside one page, by TMA through a 4-D map over the
-// cache (dims head_dim, heads_kv, page_size, num_pages), so that a tile costs a few instructions
-// instead of a cp.async per row and 16 bytes. Lane b looks up box b's page, the next K tile's
-// before the waits for a stage (V reuses K's). A box that reaches past the sequence's keys is not
-// loaded by TMA: the tile's rows from the first such box on are copied by cp.async, and zero-filled
-// past the keys (a page's stale rows there may be NaN and would reach O through P V's zero
-// weights). A page entry outside [0, num_pages) loads a box wholly out of the map's bounds: zeros,
-// no access. Each stage's full barrier expects lane 0's arrival with the TMA bytes and one cp.async
-// arrival per lane (kPagedTmaFullArrivals); the consumers fence the async proxy before reading
-// (wait_kv). The K/V tile order is producer_loop's: K tiles from the last to the first, K one tile
-// ahead of V.
+// The producer role over a paged KV cache with PagedLoads::kPagesByTma (where pages come in boxes
+// of 8 rows or more; paged_loads.hpp): one warp (warp 0; the warp group's other warps leave) loads
+// a K/V tile as boxes of paged_tma_box_rows rows, each inside one page, by TMA through a 4-D map
+// over the cache (dims head_dim, heads_kv, page_size, num_pages), so that a tile costs a few
+// instructions instead of a cp.async per row and 16 bytes. Lane b looks up box b's page, the next K
+// tile's before the waits for a stage (V reuses K's). A box that reaches past the sequence's keys
+// is not loaded by TMA: the tile's rows from the first such box on are copied by cp.async, and
+// zero-filled past the keys (a page's stale rows there may be NaN and would reach O through P V's
+// zero weights). A page entry outside [0, num_pages) loads a box wholly out of the map's bounds:
+// zeros, no access. Each stage's full barrier expects lane 0's arrival with the TMA bytes and one
+// cp.async arrival per lane (kPagedTmaFullArrivals); the consumers fence the async proxy before
+// reading (wait_kv). The K/V tile order is producer_loop's: K tiles from the last to the first, K
+// one tile ahead of V.
 #pragma once
 
 #include <cuda.h>

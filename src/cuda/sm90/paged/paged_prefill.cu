@@ -1,8 +1,8 @@
 // Chunked prefill over a paged KV cache on the packed forward's tiles (paged_prefill.hpp): the
 // route's conditions, the key offsets, and the forward kernels WithPagedKV at head_dim 64, 128 and
 // 256 (two consumer groups; 128-key tiles, 64 at 256, as the packed forward's table of shapes has
-// them), both dtypes; and, for measurement beside them, bf16 at 64 and 128 with the other two
-// PagedLoads (not shipped: only JFA_CUDA_UNVERIFIED_PAGED_LOADS takes them, paged_loads.hpp).
+// them), both dtypes, both PagedLoads (paged_loads.hpp), with and without splits of the keys
+// (paged_prefill_splits.hpp).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -30,19 +30,27 @@ namespace {
 using jfa::detail::fail;
 using jfa::detail::Params;
 
-template <typename T, int kD, PagedLoads kLoads = PagedLoads::kRowsByCpAsync,
-          bool kKeySplits = false>
+template <typename T, int kD, PagedLoads kLoads, bool kKeySplits>
 using PrefillConfig =
     FwdConfig<T, kD, 2, kD == 256 ? 64 : 128, WithPagedKV<ShippedKernel, kLoads, kKeySplits>>;
-constexpr int kPrefillBlockM = PrefillConfig<__half, 128>::kBlockM;  // the same at every head size
-constexpr int kPrefillBlockN = PrefillConfig<__half, 128>::kBlockN;  // at 64 and 128
+// The same at every head size.
+constexpr int kPrefillBlockM =
+    PrefillConfig<__half, 128, PagedLoads::kRowsByCpAsync, false>::kBlockM;
 
-// JFA_CUDA_UNVERIFIED_PAGED_SPLITS=1: the splits of the keys, built for measurement
-// (paged_prefill_splits.hpp), where this build has their kernels.
-bool key_splits_asked(const Params& p) {
-  const char* env = std::getenv("JFA_CUDA_UNVERIFIED_PAGED_SPLITS");
-  return env != nullptr && env[0] == '1' && env[1] == '\0' && p.dtype == JFA_DTYPE_BFLOAT16 &&
-         (p.head_dim == 64 || p.head_dim == 128);
+// The keys of a K tile at head_dim d (PrefillConfig's).
+constexpr int32_t prefill_block_n(int32_t d) { return d == 256 ? 64 : 128; }
+
+// JFA_CUDA_PAGED_SPLITS=0 turns the splits of the keys off (to measure them), else they are planned
+// (paged_prefill_splits.hpp).
+bool key_splits_off() {
+  const char* env = std::getenv("JFA_CUDA_PAGED_SPLITS");
+  return env != nullptr && env[0] == '0' && env[1] == '\0';
+}
+
+// The loads of a call over `kv` (paged_loads.hpp; JFA_CUDA_PAGED_LOADS=rows: the row copies).
+PagedLoads loads_of(const Params& p, const jfa_paged_kv& kv) {
+  return paged_loads_for(paged_rows_named(std::getenv("JFA_CUDA_PAGED_LOADS")), kv.page_size,
+                         kv.num_pages, prefill_block_n(p.head_dim));
 }
 
 // The (q tile, query head) items of a call by its hints (a double: no overflow), and the K tiles
@@ -56,8 +64,8 @@ int64_t prefill_items_to_split(const Params& p) {
   return static_cast<int64_t>(std::min(prefill_items(p), 1e9));
 }
 int64_t prefill_tiles(const Params& p) {
-  return p.max_seqlen_k > 0 ? (p.max_seqlen_k + kPrefillBlockN - 1) / kPrefillBlockN
-                            : kPrefillNoHintTiles;
+  const int32_t block_n = prefill_block_n(p.head_dim);
+  return p.max_seqlen_k > 0 ? (p.max_seqlen_k + block_n - 1) / block_n : kPrefillNoHintTiles;
 }
 
 // JFA_CUDA_PAGED_PREFILL: 1 every call the prefill kernels can take, 0 none, else by the items.
@@ -76,7 +84,7 @@ size_t key_offsets_bytes(int64_t batch) {
   return (static_cast<size_t>(batch + 1) * sizeof(int32_t) + 255) / 256 * 256;
 }
 
-// The workspace: the key offsets, the packed forward's, then (splits asked) the splits' partials.
+// The workspace: the key offsets, the packed forward's, then the splits' partials.
 size_t partials_offset(const Params& p) {
   return (key_offsets_bytes(p.batch) + forward_workspace_bytes(p.total_q, p.batch) + 255) / 256 *
          256;
@@ -113,12 +121,15 @@ bool paged_prefill_takes(const Params& p, const jfa_paged_kv& kv,
     return false;
   const PrefillSwitch choice = prefill_switch();
   if (choice != PrefillSwitch::kByItems) return choice == PrefillSwitch::kAlways;
-  return prefill_items(p) >= device.sm_count;
+  // Pages by TMA beat the decode kernel also where the items leave SMs idle (one chunk of 256
+  // tokens, 32:8 heads, 4k keys, H100: 0.082 against 0.222 ms unsplit, 0.053 split); the row
+  // copies did only where the items filled them (B8 1.9x, B1 -7% to +2%).
+  return loads_of(p, kv) == PagedLoads::kPagesByTma || prefill_items(p) >= device.sm_count;
 }
 
+// The partials for any device the splits plan for (the size query has none), whether or not a
+// call splits.
 size_t paged_prefill_workspace_bytes(const Params& p) {
-  if (!key_splits_asked(p))
-    return key_offsets_bytes(p.batch) + forward_workspace_bytes(p.total_q, p.batch);
   return partials_offset(p) + prefill_partials_bytes(prefill_items_to_split(p), prefill_tiles(p),
                                                      p.total_q, p.heads_q, p.head_dim_v);
 }
@@ -138,12 +149,10 @@ jfa_status paged_prefill_forward(const Params& p, const jfa_paged_kv& kv, const 
   pp.total_k = p.batch * kv.max_pages_per_seq * kv.page_size;
   pp.workspace = workspace + key_offsets_bytes(p.batch);
   pp.workspace_bytes = forward_workspace_bytes(p.total_q, p.batch);
-  const PagedLoads loads =
-      paged_loads_for(paged_loads_named(std::getenv("JFA_CUDA_UNVERIFIED_PAGED_LOADS")), p.dtype,
-                      p.head_dim, kv.page_size, kv.num_pages, kPrefillBlockN);
-  // The splits of the keys (built for measurement), their partials after the forward's workspace.
+  const PagedLoads loads = loads_of(p, kv);
+  // The splits of the keys, their partials after the forward's workspace.
   KeySplitPartials partials;
-  if (key_splits_asked(p))
+  if (!key_splits_off())
     partials.splits =
         prefill_key_splits(prefill_items_to_split(p), prefill_tiles(p), device.sm_count);
   if (partials.splits > 1) {
@@ -153,33 +162,28 @@ jfa_status paged_prefill_forward(const Params& p, const jfa_paged_kv& kv, const 
     partials.part_o = reinterpret_cast<float*>(base);
     partials.part_ml = reinterpret_cast<float2*>(base + at.ml_offset);
   }
-  return visit_paged_head_dim(p.head_dim, [&](auto head_dim) {
-    constexpr int kD = decltype(head_dim)::value;
-    // The loads and splits built for measurement beside the shipped kernels: bf16 at 64 and 128
-    // (paged_loads.hpp, paged_prefill_splits.hpp).
-    if constexpr (kD == 64 || kD == 128) {
-      using Bf16 = __nv_bfloat16;
+  auto run = [&](auto element) {
+    using T = decltype(element);
+    return visit_paged_head_dim(p.head_dim, [&](auto head_dim) {
+      constexpr int kD = decltype(head_dim)::value;
       if (partials.splits > 1) {
         const jfa_status s =
             loads == PagedLoads::kPagesByTma
-                ? run_forward<PrefillConfig<Bf16, kD, PagedLoads::kPagesByTma, true>>(
+                ? run_forward<PrefillConfig<T, kD, PagedLoads::kPagesByTma, true>>(
                       pp, device, kShippedLaunch, &kv, partials)
-                : run_forward<PrefillConfig<Bf16, kD, PagedLoads::kRowsByCpAsync, true>>(
+                : run_forward<PrefillConfig<T, kD, PagedLoads::kRowsByCpAsync, true>>(
                       pp, device, kShippedLaunch, &kv, partials);
         if (s != JFA_SUCCESS) return s;
-        return combine_splits<Bf16, kD>(p, a, partials, device);
+        return combine_splits<T, kD>(p, a, partials, device);
       }
-      if (loads == PagedLoads::kRowsLookedUpAhead)
-        return run_forward<PrefillConfig<Bf16, kD, PagedLoads::kRowsLookedUpAhead>>(
-            pp, device, kShippedLaunch, &kv);
-      if (loads == PagedLoads::kPagesByTma)
-        return run_forward<PrefillConfig<Bf16, kD, PagedLoads::kPagesByTma>>(pp, device,
-                                                                             kShippedLaunch, &kv);
-    }
-    return p.dtype == JFA_DTYPE_FLOAT16
-               ? run_forward<PrefillConfig<__half, kD>>(pp, device, kShippedLaunch, &kv)
-               : run_forward<PrefillConfig<__nv_bfloat16, kD>>(pp, device, kShippedLaunch, &kv);
-  });
+      return loads == PagedLoads::kPagesByTma
+                 ? run_forward<PrefillConfig<T, kD, PagedLoads::kPagesByTma, false>>(
+                       pp, device, kShippedLaunch, &kv)
+                 : run_forward<PrefillConfig<T, kD, PagedLoads::kRowsByCpAsync, false>>(
+                       pp, device, kShippedLaunch, &kv);
+    });
+  };
+  return p.dtype == JFA_DTYPE_FLOAT16 ? run(__half{}) : run(__nv_bfloat16{});
 }
 
 }  // namespace jfa::sm90

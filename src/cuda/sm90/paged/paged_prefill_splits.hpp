@@ -1,5 +1,4 @@
-// Splits of the chunked prefill's keys (built for measurement, not shipped: only
-// JFA_CUDA_UNVERIFIED_PAGED_SPLITS=1 takes them, bf16 at head_dim 64 and 128): where a batch's
+// Splits of the chunked prefill's keys (JFA_CUDA_PAGED_SPLITS=0 turns them off): where a batch's
 // (q tile, query head) items cannot fill the SMs (one chunk of 256 tokens on 32 heads: 64 items on
 // 132 SMs), each item's K tiles are cut in parts that run as items of their own and end in
 // partials, which the paged combine kernel merges (paged_combine.cuh). Planned from plain shapes
