@@ -75,7 +75,8 @@
 #        "64 96 128 192 192/128 256 32"), BENCH_ROUNDS (default 2), BENCH_DTYPES (default
 #        fp16,bf16), BENCH_WORKLOADS (default "W1 W2 W3 W4"), JFA_METHODS (bench-backward: jfa's
 #        methods beside the peers, default jfa; e.g. jfa,jfa_autograd), BACKWARD_PASS
-#        (bench-backward: bench/backward_peers.py's --pass, default backward)
+#        (bench-backward: bench/backward_peers.py's --pass, default backward), BACKWARD_HEADS_KV
+#        (bench-backward: its --heads-kv, default as many as the query heads)
 set -u -o pipefail
 STAGE=${1:?usage: scripts/gpu-check.sh build|suite|sanitize|bench-forward|bench-backward|bench-local|bench-paged|profile-local|profile-paged|bench|all OUTDIR}
 OUT=${2:?usage: scripts/gpu-check.sh STAGE OUTDIR}
@@ -324,7 +325,7 @@ stage_bench_backward() {
     timeout "$share" python3 bench/backward_peers.py --lib "$JFA_LIBRARY" --cli "$CARRY/bin/jfa" \
       --fa3-lib "$FA3_LIB" --head-dim "$d" --workloads "$(workloads_at 128)" \
       --dtypes "${BENCH_DTYPES:-fp16,bf16}" --methods "$(bench_peers_for "$d" "${JFA_METHODS:-jfa}")" \
-      --pass "${BACKWARD_PASS:-backward}" \
+      --pass "${BACKWARD_PASS:-backward}" ${BACKWARD_HEADS_KV:+--heads-kv "$BACKWARD_HEADS_KV"} \
       --rounds "${BENCH_ROUNDS:-2}" --quick --json "$OUT/backward-d$d.json" \
       >"$OUT/backward-d$d.log" 2>&1 || rc=1
     done_dims+=("$d")

@@ -137,8 +137,9 @@ TEST(BackwardWorkspace, DqAccumulatorLayoutIsAPermutation) {
     }
 }
 
-// Head splits: none in deterministic mode, without grouped heads, or where the items fill the SMs;
-// else the least divisor of the group that brings the items to one per SM, or the whole group.
+// Head splits: none in deterministic mode, without grouped heads, or where the items fill the SMs
+// (and, bounded, walk at most that many query heads each); else the least divisor of the group
+// that brings the items to one per SM (within the bound), or the whole group.
 TEST(BackwardWorkspace, HeadSplitsRule) {
   using jfa::sm90::head_splits_for;
   // 2048 keys in 128-key tiles on 2 kv heads: 32 items.
@@ -150,6 +151,14 @@ TEST(BackwardWorkspace, HeadSplitsRule) {
   EXPECT_EQ(head_splits_for(2048, 2, 8, true, 128, 132), 1) << "deterministic";
   EXPECT_EQ(head_splits_for(2048, 8, 1, false, 128, 132), 1) << "no grouped heads";
   EXPECT_EQ(head_splits_for(132 * 128, 1, 8, false, 128, 132), 1) << "the items fill the SMs";
+  EXPECT_EQ(head_splits_for(132 * 128, 1, 4, false, 128, 132, 4), 1) << "within the bound";
+  EXPECT_EQ(head_splits_for(132 * 128, 1, 8, false, 128, 132, 4), 2) << "at most 4 heads an item";
+  EXPECT_EQ(head_splits_for(132 * 128, 1, 16, false, 128, 132, 4), 4);
+  EXPECT_EQ(head_splits_for(132 * 128, 1, 16, false, 128, 132, 2), 8);
+  EXPECT_EQ(head_splits_for(132 * 128, 1, 6, false, 128, 132, 4), 2) << "3 heads an item";
+  EXPECT_EQ(head_splits_for(132 * 128, 1, 5, false, 128, 132, 4), 5) << "a prime group above 4";
+  EXPECT_EQ(head_splits_for(132 * 128, 1, 16, true, 128, 132, 4), 1) << "deterministic";
+  EXPECT_EQ(head_splits_for(2048, 2, 8, false, 128, 128, 1), 8) << "the bound over the target";
   EXPECT_EQ(head_splits_for(131 * 128, 1, 8, false, 128, 132), 2);
   EXPECT_EQ(head_splits_for(2048, 2, 8, false, 64, 132), 4) << "64-key tiles: twice the items";
   EXPECT_EQ(head_splits_for(0, 2, 8, false, 128, 132), 1) << "no keys";
@@ -179,6 +188,41 @@ TEST(BackwardWorkspace, HeadSplitItemsPerSm) {
   // Aiming at 4 items an SM splits where 1 would not: 512 items of 16 query heads on 132 SMs.
   EXPECT_EQ(jfa::sm90::head_splits_for(512 * 128, 1, 16, false, 128, 132), 1);
   EXPECT_EQ(jfa::sm90::head_splits_for(512 * 128, 1, 16, false, 128, 4 * 132), 2);
+}
+
+// The knob for measuring other slices: a divisor of the group (1: none) replaces the rule's
+// slices, anything else (and deterministic mode) leaves the rule's; the bound on heads an item
+// where asked.
+TEST(BackwardWorkspace, HeadSplitsAsked) {
+  using jfa::sm90::chosen_head_splits;
+  const char* name = "JFA_CUDA_BWD_HEAD_SPLITS";
+  const char* bound = "JFA_CUDA_BWD_HEAD_SPLIT_MAX_HEADS";
+  const int64_t keys = 512 * 128;  // 512 K tiles of one kv head: the rule splits none on 132 SMs
+  unsetenv(name);
+  unsetenv(bound);
+  EXPECT_EQ(chosen_head_splits(keys, 1, 16, false, 128, 132), 1);
+  EXPECT_EQ(chosen_head_splits(1024, 1, 16, false, 128, 132), 16);  // 8 items: every query head
+  const std::pair<const char*, int> asked[] = {{"2", 2},  {"8", 8}, {"16", 16}, {"1", 1}, {"3", 1},
+                                               {"32", 1}, {"0", 1}, {"-4", 1},  {"x", 1}};
+  for (const auto& [text, want] : asked) {
+    setenv(name, text, 1);
+    EXPECT_EQ(chosen_head_splits(keys, 1, 16, false, 128, 132), want) << text;
+    EXPECT_EQ(chosen_head_splits(keys, 1, 16, true, 128, 132), 1) << text;
+  }
+  unsetenv(name);
+  const std::pair<const char*, int> bounded[] = {{"4", 4}, {"1", 16}, {"16", 1},
+                                                 {"0", 1}, {"65", 1}, {"x", 1}};
+  for (const auto& [text, want] : bounded) {
+    setenv(bound, text, 1);
+    EXPECT_EQ(chosen_head_splits(keys, 1, 16, false, 128, 132), want) << text;
+  }
+  setenv(name, "2", 1);
+  setenv(bound, "4", 1);
+  EXPECT_EQ(chosen_head_splits(keys, 1, 16, false, 128, 132), 2) << "the asked slices first";
+  unsetenv(bound);
+  EXPECT_EQ(jfa::sm90::head_splits_asked(1), 0);  // no group to split
+  EXPECT_EQ(chosen_head_splits(keys, 4, 1, false, 128, 132), 1);
+  unsetenv(name);
 }
 
 // The accumulators of dK and dV follow the dQ accumulator, 256-byte aligned; without head splits

@@ -637,6 +637,31 @@ INSTANTIATE_TEST_SUITE_P(PagedGpu, PagedGpuHeadDim, ::testing::Values(64, 128, 2
                            return "d" + std::to_string(info.param);
                          });
 
+// A chunked prefill over the sequences of edge_lengths(page) and one of `longest` keys, chunks of 0
+// to 300 tokens (decode steps among them), dtype, GQA, mask, LSE and sinks varied by k, NaN in
+// every cache row past the keys.
+PagedCase prefill_case(int k, int32_t d, int32_t page, int32_t longest) {
+  PagedCase c;
+  c.head_dim = d;
+  c.page_size = page;
+  c.dtype = k % 2 ? DType::kBFloat16 : DType::kFloat16;
+  c.heads_q = kGqas[k % 3].heads_q;
+  c.heads_kv = kGqas[k % 3].heads_kv;
+  c.causal = k % 4 != 1;
+  c.with_lse = k % 5 != 2;
+  c.sink_sd = k % 4 == 3 ? 2.f : 0.f;
+  c.share_pages = false;
+  c.nan_past_keys = true;
+  c.seqused = edge_lengths(page);
+  c.seqused.push_back(longest);
+  for (size_t b = 0; b < c.seqused.size(); ++b) {
+    const int32_t chunk[] = {64, 1, 0, 300, 129, 17, 256, 200};
+    c.len_q.push_back(chunk[(b + k) % std::size(chunk)]);
+  }
+  c.max_q = 300;
+  return c;
+}
+
 // Chunked prefill on the packed forward's tiles (forced by JFA_CUDA_PAGED_PREFILL=1, for calls
 // whose max_seqlen_q is at least 64): chunks of 0 to 300 tokens (decode steps among them) over
 // caches at the page edges and longer, appended or not, causal and not, GQA, sinks, LSE on and off,
@@ -650,28 +675,12 @@ TEST(PagedGpu, PrefillTilesMatchReference) {
       for (bool append : {false, true}) {
         ++k;
         if (quick_mode() && k % 3 != 0) continue;
-        PagedCase c;
-        c.head_dim = d;
-        c.page_size = page;
-        c.dtype = k % 2 ? DType::kBFloat16 : DType::kFloat16;
-        c.heads_q = kGqas[k % 3].heads_q;
-        c.heads_kv = kGqas[k % 3].heads_kv;
-        c.causal = k % 4 != 1;
-        c.with_lse = k % 5 != 2;
+        PagedCase c = prefill_case(k, d, page,
+                                   quick_mode() ? 700
+                                   : k % 2      ? 4000
+                                                : 1500);  // shorter for the sanitizers
         c.hint_k = k % 3 != 2;
-        c.sink_sd = k % 4 == 3 ? 2.f : 0.f;
-        c.share_pages = false;
-        c.nan_past_keys = true;
-        c.seqused = edge_lengths(page);
-        c.seqused.push_back(quick_mode() ? 700
-                            : k % 2      ? 4000
-                                         : 1500);  // shorter for the sanitizers
-        for (size_t b = 0; b < c.seqused.size(); ++b) {
-          const int32_t chunk[] = {64, 1, 0, 300, 129, 17, 256, 200};
-          c.len_q.push_back(chunk[(b + k) % std::size(chunk)]);
-        }
         if (append) c.len_new = c.len_q;
-        c.max_q = 300;
         {
           const ScopedEnv on("JFA_CUDA_PAGED_PREFILL", "1");
           run_case(c);
@@ -713,24 +722,7 @@ TEST(PagedGpu, PrefillPagesByTmaMatchReferenceAndTheRowCopiesBits) {
     for (int32_t page : {1, 8, 16, 24, 48, 256}) {
       ++k;
       if (quick_mode() && k % 3 != 0) continue;
-      PagedCase c;
-      c.head_dim = d;
-      c.page_size = page;
-      c.dtype = k % 2 ? DType::kBFloat16 : DType::kFloat16;
-      c.heads_q = kGqas[k % 3].heads_q;
-      c.heads_kv = kGqas[k % 3].heads_kv;
-      c.causal = k % 4 != 1;
-      c.with_lse = k % 5 != 2;
-      c.sink_sd = k % 4 == 3 ? 2.f : 0.f;
-      c.share_pages = false;
-      c.nan_past_keys = true;
-      c.seqused = edge_lengths(page);
-      c.seqused.push_back(quick_mode() ? 700 : 3000);
-      for (size_t b = 0; b < c.seqused.size(); ++b) {
-        const int32_t chunk[] = {64, 1, 0, 300, 129, 17, 256, 200};
-        c.len_q.push_back(chunk[(b + k) % std::size(chunk)]);
-      }
-      c.max_q = 300;
+      const PagedCase c = prefill_case(k, d, page, quick_mode() ? 700 : 3000);
       SCOPED_TRACE(describe(c));
       const ScopedEnv prefill("JFA_CUDA_PAGED_PREFILL", "1");
       run_case(c);

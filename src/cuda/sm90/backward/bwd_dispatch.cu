@@ -19,9 +19,8 @@ size_t backward_workspace_bytes(const jfa::detail::BackwardSizes& z) {
   // The K tiles of 128 keys (the fewest items) on the most SMs: a superset of the calls that split.
   const bool known_group = z.heads_kv > 0 && z.heads_q % z.heads_kv == 0;
   const int32_t splits = known_group
-                             ? head_splits_for(z.total_k, z.heads_kv, z.heads_q / z.heads_kv,
-                                               z.deterministic, kBwdBlockN,
-                                               int64_t{kHeadSplitsMaxSms} * head_split_items_per_sm())
+                             ? chosen_head_splits(z.total_k, z.heads_kv, z.heads_q / z.heads_kv,
+                                                  z.deterministic, kBwdBlockN, kHeadSplitsMaxSms)
                              : 1;
   return backward_workspace_layout(
              z.total_q, z.total_k, z.batch, z.heads_q, z.head_dim,

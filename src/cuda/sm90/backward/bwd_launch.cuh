@@ -39,10 +39,8 @@ inline BwdWorkspaceLayout call_workspace_layout(const jfa::detail::Params& p, in
 inline int32_t call_head_splits(const jfa::detail::BackwardParams& b, int block_n,
                                 const jfa::cuda::DeviceFacts& device) {
   const jfa::detail::Params& p = b.fwd;
-  const int32_t splits = head_splits_for(p.total_k, p.heads_kv, p.group_size(), b.deterministic,
-                                         block_n,
-                                         int64_t{std::min(device.sm_count, kHeadSplitsMaxSms)} *
-                                             head_split_items_per_sm());
+  const int32_t splits = chosen_head_splits(p.total_k, p.heads_kv, p.group_size(), b.deterministic,
+                                            block_n, std::min(device.sm_count, kHeadSplitsMaxSms));
   if (splits > 1 && p.workspace != nullptr &&
       p.workspace_bytes < call_workspace_layout(p, splits).bytes)
     return 1;
