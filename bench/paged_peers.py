@@ -44,11 +44,12 @@ Methods (--methods):
   cu_seqlens_k_new) and seqused_k the rows before the call, as flash_attn_with_kvcache(q, k_cache,
   v_cache, k=, v=, cache_seqlens=) passes them (it appends at seqused_k and attends over seqused_k
   + 1 keys); the wrapper gets k= and v=.
-- jfa_prefill, jfa_decode, jfa_rows, jfa_nosplits (by --methods only): jfa as above under the
-  library's switches, set for the method's measurement (JFA_VARIANTS): the prefill tiles forced
-  for every call they take (JFA_CUDA_PAGED_PREFILL=1) or for none (=0: the decode kernel), and the
-  prefill tiles' pages copied by rows instead of loaded by TMA (JFA_CUDA_PAGED_LOADS=rows) or their
-  keys never split (JFA_CUDA_PAGED_SPLITS=0). Beside jfa in the same process, so that a kernel
+- jfa_prefill, jfa_decode, jfa_rows, jfa_nosplits, jfa_pdl (by --methods only): jfa as above
+  under the library's switches, set for the method's measurement (JFA_VARIANTS): the prefill tiles
+  forced for every call they take (JFA_CUDA_PAGED_PREFILL=1) or for none (=0: the decode kernel),
+  the prefill tiles' pages copied by rows instead of loaded by TMA (JFA_CUDA_PAGED_LOADS=rows) or
+  their keys never split (JFA_CUDA_PAGED_SPLITS=0), and the decode kernel's combine launched as its
+  programmatic dependent (JFA_CUDA_UNVERIFIED_PAGED_PDL=1, built for measurement). Beside jfa in the same process, so that a kernel
   choice is an A/B of one run; they are not peers (jfa ÷ best peer is jfa's).
 - flashinfer: FlashInfer (flashinfer-python) where it imports, NHD pages (the cache's own layout):
   BatchDecodeWithPagedKVCacheWrapper for decode (tensor cores above 4 query heads a KV head, as
@@ -97,7 +98,7 @@ so.
 usage: python3 bench/paged_peers.py --lib build/gpu/src/libjfa.so
            --fa3-lib .peers/fa3_full_bf16.so [--quick]
            [--cells decode,spec4,append,chunk256,B8,B64,u4k,u8k,tail,32:8,d128,p16]
-           [--methods jfa,jfa_prefill,jfa_decode,jfa_rows,jfa_nosplits,fa3,flashinfer]
+           [--methods jfa,jfa_prefill,jfa_decode,jfa_rows,jfa_nosplits,jfa_pdl,fa3,flashinfer]
            [--rounds N] [--runs N] [--warmup N] [--host-calls N] [--max-cache-gib G]
            [--time-limit-s S] [--seed N] [--out bench/results] [--name NAME]
 """
@@ -158,6 +159,7 @@ JFA_VARIANTS = {
     "jfa_decode": {"JFA_CUDA_PAGED_PREFILL": "0"},
     "jfa_rows": {"JFA_CUDA_PAGED_PREFILL": "1", "JFA_CUDA_PAGED_LOADS": "rows"},
     "jfa_nosplits": {"JFA_CUDA_PAGED_PREFILL": "1", "JFA_CUDA_PAGED_SPLITS": "0"},
+    "jfa_pdl": {"JFA_CUDA_UNVERIFIED_PAGED_PDL": "1"},
 }
 METHODS = ("jfa", *JFA_VARIANTS, "fa3", "flashinfer")
 DEFAULT_METHODS = ("jfa", "fa3", "flashinfer")

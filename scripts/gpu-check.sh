@@ -27,7 +27,7 @@
 #                   its --cells (default decode and spec4; append, chunked prefill's chunk256 and
 #                   the u8k cache by name, e.g. chunk256,u4k,u8k), PAGED_METHODS its --methods
 #                   (jfa's kernel switches beside jfa: jfa_prefill, jfa_decode, jfa_rows,
-#                   jfa_nosplits). Not in all.
+#                   jfa_nosplits, jfa_pdl). Not in all.
 #   profile-local   Nsight Compute (--set full, clocks not locked) over one jfa and one
 #                   FlashAttention-3 call of one local-attention cell (bench/profile_local_pair.py,
 #                   PROFILE_ARGS its options, default the backward of W1, head_dim 128, window

@@ -11,6 +11,7 @@
 #include "cuda/sm90/paged/paged_args.hpp"
 #include "cuda/sm90/paged/paged_vec.cuh"
 #include "cuda/sm90/shared/row_end.cuh"
+#include "cuda/tlx/grid_dependency.hpp"
 #include "jfa/jfa.h"
 
 namespace jfa::sm90 {
@@ -33,9 +34,11 @@ __device__ __forceinline__ bool paged_row_not_finite(const PagedArgs& a, bool sa
 inline constexpr int kPagedCombineThreads = 128;
 
 // One warp per row (token * heads_q + head), kD / 32 columns a lane. A split's O is read only
-// where it saw a key (the others left it unwritten).
-template <typename T, int kD>
+// where it saw a key (the others left it unwritten). kAfterPrior: launched as the programmatic
+// dependent of the kernel that writes the partials, it waits for that kernel's writes first.
+template <typename T, int kD, bool kAfterPrior = false>
 __global__ void __launch_bounds__(kPagedCombineThreads) paged_combine_kernel(const PagedArgs a) {
+  if constexpr (kAfterPrior) tlx::wait_for_prior_grid();
   constexpr int kCols = kD / 32;
   constexpr int kWarps = kPagedCombineThreads / 32;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -74,15 +77,30 @@ __global__ void __launch_bounds__(kPagedCombineThreads) paged_combine_kernel(con
 }
 
 // The combine of a's splits (a.part_o, a.part_ml, a.splits) into a.out and a.lse, on `stream`: a
-// warp a row, at most 16 blocks an SM.
-template <typename T, int kD>
+// warp a row, at most 16 blocks an SM. kAfterPrior: launched as the programmatic dependent of the
+// kernel before it (which lets it start early), waiting for that kernel's partials in the kernel.
+template <typename T, int kD, bool kAfterPrior = false>
 jfa_status launch_paged_combine(const PagedArgs& a, int sm_count, cudaStream_t stream) {
   constexpr int kRowsPerBlock = kPagedCombineThreads / 32;
   const int64_t rows = a.total_q * a.heads_q;
   const int64_t blocks = std::min<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock,
                                            int64_t{16} * std::max(sm_count, 1));
-  paged_combine_kernel<T, kD>
-      <<<static_cast<unsigned>(blocks), kPagedCombineThreads, 0, stream>>>(a);
+  if constexpr (!kAfterPrior) {
+    paged_combine_kernel<T, kD>
+        <<<static_cast<unsigned>(blocks), kPagedCombineThreads, 0, stream>>>(a);
+  } else {
+    cudaLaunchAttribute dependent{};
+    dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    dependent.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(blocks));
+    config.blockDim = dim3(kPagedCombineThreads);
+    config.stream = stream;
+    config.attrs = &dependent;
+    config.numAttrs = 1;
+    // A failed launch's error is the last one, which launch_error reports.
+    static_cast<void>(cudaLaunchKernelEx(&config, paged_combine_kernel<T, kD, true>, a));
+  }
   return launch_error("paged combine kernel");
 }
 

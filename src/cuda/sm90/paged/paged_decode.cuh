@@ -26,6 +26,7 @@
 #include "cuda/sm90/paged/paged_stream.cuh"
 #include "cuda/sm90/paged/paged_vec.cuh"
 #include "cuda/sm90/shared/softmax.cuh"
+#include "cuda/tlx/grid_dependency.hpp"
 #include "jfa/jfa.h"
 
 namespace jfa::sm90 {
@@ -36,11 +37,15 @@ __device__ __forceinline__ int swizzled(int key, int vec) {
   return key * kD + ((vec ^ (key & 7)) * 8);
 }
 
-template <typename T, int kD>
+// kLetsCombineStart (built for measurement, not shipped: JFA_CUDA_UNVERIFIED_PAGED_PDL=1): the
+// combine kernel after this one, launched as its programmatic dependent, may start at once and
+// waits for this kernel's partials itself (paged_combine_kernel's kAfterPrior).
+template <typename T, int kD, bool kLetsCombineStart = false>
 __global__ void __launch_bounds__(PagedConfig<kD>::kThreads)
     paged_decode_kernel(const PagedArgs a) {
   using C = PagedConfig<kD>;
   extern __shared__ __align__(16) unsigned char smem[];
+  if constexpr (kLetsCombineStart) tlx::allow_dependent_launch();
   PagedCta w;
   if (!paged_cta<C::kRowsPerCta, C::kChunkKeys>(a, &w)) return;
 

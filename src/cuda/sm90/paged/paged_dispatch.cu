@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "common/params.hpp"
@@ -202,6 +203,15 @@ bool paged_kernels_take(const Params& p) {
 }
 
 // The append: the new rows into their pages, before the decode kernel reads them.
+// JFA_CUDA_UNVERIFIED_PAGED_PDL=1: the combine after the decode kernel launched as its
+// programmatic dependent, so that its launch overlaps the decode kernel's last CTAs (built for
+// measurement beside the separate launch, not yet run on a GPU; few sequences, where the combine's
+// launch is a visible share of a step).
+[[maybe_unused]] bool dependent_combine_asked() {
+  const char* env = std::getenv("JFA_CUDA_UNVERIFIED_PAGED_PDL");
+  return env != nullptr && env[0] == '1' && env[1] == '\0';
+}
+
 [[maybe_unused]] jfa_status launch_append(const PagedArgs& a, const jfa::cuda::DeviceFacts& device,
                                           cudaStream_t stream) {
   if (a.cu_new == nullptr || a.total_new == 0 || a.batch == 0) return JFA_SUCCESS;
@@ -241,9 +251,14 @@ jfa_status run_paged(const Params& p, const jfa_paged_kv& kv,
     if (const jfa_status s = launch_append(a, device, stream); s != JFA_SUCCESS) return s;
     return paged_prefill_forward(p, kv, a, device, workspace.base());
   }
+  // The combine as the decode kernel's programmatic dependent (built for measurement).
+  const bool dependent_combine = compute && plan.splits > 1 && dependent_combine_asked();
   if (compute) {
     if (const jfa_status s =
-            opt_in_shared_memory<paged_decode_kernel<T, kD>>(C::kSmemBytes, device.ordinal);
+            dependent_combine
+                ? opt_in_shared_memory<paged_decode_kernel<T, kD, true>>(C::kSmemBytes,
+                                                                         device.ordinal)
+                : opt_in_shared_memory<paged_decode_kernel<T, kD>>(C::kSmemBytes, device.ordinal);
         s != JFA_SUCCESS)
       return s;
   }
@@ -257,11 +272,16 @@ jfa_status run_paged(const Params& p, const jfa_paged_kv& kv,
   if (const jfa_status s = launch_checks(a, device, stream); s != JFA_SUCCESS) return s;
   if (const jfa_status s = launch_append(a, device, stream); s != JFA_SUCCESS) return s;
   if (!compute) return JFA_SUCCESS;
-  paged_decode_kernel<T, kD>
-      <<<static_cast<unsigned>(plan.ctas), C::kThreads, C::kSmemBytes, stream>>>(a);
+  if (dependent_combine)
+    paged_decode_kernel<T, kD, true>
+        <<<static_cast<unsigned>(plan.ctas), C::kThreads, C::kSmemBytes, stream>>>(a);
+  else
+    paged_decode_kernel<T, kD>
+        <<<static_cast<unsigned>(plan.ctas), C::kThreads, C::kSmemBytes, stream>>>(a);
   if (const jfa_status s = launch_error("paged decode kernel"); s != JFA_SUCCESS) return s;
   if (plan.splits == 1) return JFA_SUCCESS;
-  return launch_paged_combine<T, kD>(a, device.sm_count, stream);
+  return dependent_combine ? launch_paged_combine<T, kD, true>(a, device.sm_count, stream)
+                           : launch_paged_combine<T, kD>(a, device.sm_count, stream);
 }
 
 template <int kD>
