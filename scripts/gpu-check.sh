@@ -68,7 +68,8 @@
 #        fa3,fa2,flex; fa3,fa2 skips FlexAttention's compiles), SUITE_FILTER (suite: a gtest filter of
 #        the GPU tests, default all), SANITIZER_FILTER (sanitize: a gtest filter instead of the
 #        reduced case set), SUITE_PYTEST (suite: the pytest paths and options instead
-#        of tests/python and the ctypes list), SUITE_PYTEST_NATIVE (suite: those of the native
+#        of tests/python and the ctypes list; none: the GPU tests alone),
+#        SUITE_PYTEST_NATIVE (suite: those of the native
 #        ops' run alone), SUITE_SHARDS (default 3), SANITIZER_SHARDS (default 4: racecheck of the
 #        paged tests needs them to end within a stage),
 #        STAGE_SECONDS (the time a stage plans for, default 450), HEAD_DIMS (benchmarks: default
@@ -225,7 +226,15 @@ stage_suite() {
       --gtest_filter="${SUITE_FILTER:-*}" >"$OUT/gpu_tests_shard$i.log" 2>&1 &
     pids+=($!)
   done
-  local pytest_native pytest_ctypes
+  local pytest_native pytest_ctypes passed failed
+  if [ "${SUITE_PYTEST:-}" = none ]; then  # the GPU tests alone
+    for pid in "${pids[@]}"; do wait "$pid" || rc_gpu=1; done
+    passed=$(gtest_passed "$OUT"/gpu_tests_shard*.log)
+    failed=$(gtest_failed "$OUT"/gpu_tests_shard*.log)
+    summary suite "$(gpu_name): jfa_gpu_tests $passed passed, $failed failed (rc $rc_gpu,\
+ $shards shards); pytest: not run (SUITE_PYTEST=none)"
+    return $rc_gpu
+  fi
   local native=(tests/python) ctypes=(tests/python/test_torch.py
     tests/python/test_torch_cuda_backward.py tests/python/test_torch_cuda_graph_backward.py
     tests/python/test_torch_local_attention.py tests/python/test_readme.py)
@@ -239,7 +248,6 @@ stage_suite() {
   JFA_TORCH_OPS=ctypes timeout "$(left)" python3 -m pytest "${ctypes[@]}" -q -rs \
     -p no:cacheprovider >"$OUT/pytest_ctypes.log" 2>&1
   echo $? >"$OUT/pytest_ctypes.rc"
-  local passed failed
   passed=$(gtest_passed "$OUT"/gpu_tests_shard*.log)
   failed=$(gtest_failed "$OUT"/gpu_tests_shard*.log)
   pytest_native="$(tail -1 "$OUT/pytest.log") rc=$(cat "$OUT/pytest.rc")"

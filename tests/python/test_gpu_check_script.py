@@ -109,6 +109,35 @@ def test_carried_wheels_are_installed_where_python_lacks_them(tmp_path):
     assert (site / ".installed").exists()
 
 
+def test_suite_without_pytest_runs_the_gpu_tests_alone(tmp_path):
+    """SUITE_PYTEST=none: the carried GPU tests in their shards with the filter, no pytest, and the
+    stage's status that of the GPU tests (a failed test fails it)."""
+    for lines, rc in ((["[       OK ] PagedGpu.A (5 ms)"], 0),
+                      (["[  FAILED  ] PagedGpu.A (5 ms)"], 1)):
+        carry = tmp_path / f"carry{rc}"
+        (carry / "bin").mkdir(parents=True)
+        tests = carry / "bin" / "jfa_gpu_tests"
+        tests.write_text("#!/bin/bash\necho \"$GTEST_SHARD_INDEX $*\"\n"
+                         + "".join(f"echo '{line}'\n" for line in lines) + f"exit {rc}\n")
+        tests.chmod(0o755)
+        out = tmp_path / f"out{rc}"
+        out.mkdir()
+        stubs = (f"runtime_env() {{ CARRY={carry}; }}; left() {{ echo 400; }}; "
+                 "gpu_name() { echo GPU; }; summary() { echo \"$*\"; }; "
+                 "timeout() { shift; \"$@\"; }; python3() { touch \"$OUT/python-ran\"; }; ")
+        code = (f"source <({functions('stage_suite', 'gtest_passed', 'gtest_failed')}); "
+                f"{stubs}OUT={out}; SUITE_PYTEST=none SUITE_SHARDS=2 "
+                "SUITE_FILTER='PagedGpu.*' stage_suite")
+        r = subprocess.run(["bash", "-c", code], capture_output=True, text=True, timeout=60)
+        assert r.returncode == rc, r.stderr
+        assert not (out / "python-ran").exists()
+        assert (out / "gpu_tests_shard1.log").read_text().startswith(
+            "1 --gtest_filter=PagedGpu.*")
+        assert r.stdout.strip() == (f"suite GPU: jfa_gpu_tests {2 - 2 * rc} passed, {2 * rc} "
+                                    f"failed (rc {rc}, 2 shards); pytest: not run "
+                                    "(SUITE_PYTEST=none)")
+
+
 def test_the_carried_binaries_are_unpacked_once_with_their_modes(tmp_path):
     """unpack_carry (runtime_env's first step): each lib/*.xz and bin/*.xz of the carry unpacked
     beside itself with its mode, an unpacked file left as it is (a second stage's call)."""
