@@ -7,10 +7,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <string>
 
 #include "cuda/sm90/forward/work_items.cuh"
+#include "cuda/sm90/host/env_switch.hpp"
 #include "cuda/sm90/paged/paged_loads.hpp"
 #include "cuda/sm90/paged/paged_prefill_splits.hpp"
 
@@ -18,7 +20,6 @@ namespace {
 
 using jfa::sm90::kPagedTmaMinBoxRows;
 using jfa::sm90::paged_loads_for;
-using jfa::sm90::paged_rows_named;
 using jfa::sm90::paged_tma_box_rows;
 using jfa::sm90::PagedLoads;
 
@@ -80,11 +81,18 @@ TEST(PagedLoads, TmaRowsAreWholeBoxesInsideTheKeysAndTheTailOnePage) {
   EXPECT_EQ(jfa::sm90::paged_tma_rows(256, 256, 16, 128), 0);  // no key in the tile
 }
 
+// JFA_CUDA_PAGED_LOADS asks for the row copies with exactly "rows" (env_switch.hpp's env_is).
 TEST(PagedLoads, RowsNamedByTheVariable) {
-  EXPECT_TRUE(paged_rows_named("rows"));
-  for (const char* other :
-       {static_cast<const char*>(nullptr), "", "row", "rows ", "ROWS", "tma", "0", "1"})
-    EXPECT_FALSE(paged_rows_named(other)) << (other ? other : "(unset)");
+  const char* name = "JFA_CUDA_PAGED_LOADS";
+  setenv(name, "rows", 1);
+  EXPECT_TRUE(jfa::sm90::env_is(name, "rows"));
+  unsetenv(name);
+  EXPECT_FALSE(jfa::sm90::env_is(name, "rows")) << "(unset)";
+  for (const char* other : {"", "row", "rows ", "ROWS", "tma", "0", "1"}) {
+    setenv(name, other, 1);
+    EXPECT_FALSE(jfa::sm90::env_is(name, "rows")) << other;
+  }
+  unsetenv(name);
 }
 
 TEST(PagedLoads, TmaWherePagesComeInBoxesUnlessRowsAreAsked) {

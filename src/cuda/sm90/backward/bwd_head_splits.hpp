@@ -8,7 +8,8 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
+
+#include "cuda/sm90/host/env_switch.hpp"
 
 namespace jfa::sm90 {
 
@@ -20,8 +21,7 @@ inline constexpr int kHeadSplitsMaxSms = 256;
 // (read per call, 1 to 16) asks for more, to cut long items for balance: a knob to measure that
 // with (batches of long sequences on one or two kv heads), not a default until it has been.
 inline int head_split_items_per_sm() {
-  const char* env = std::getenv("JFA_CUDA_BWD_HEAD_SPLIT_ITEMS_PER_SM");
-  const int n = env != nullptr ? std::atoi(env) : 1;
+  const int n = env_int("JFA_CUDA_BWD_HEAD_SPLIT_ITEMS_PER_SM");
   return n < 1 ? 1 : n > 16 ? 16 : n;
 }
 
@@ -32,8 +32,7 @@ inline int head_split_items_per_sm() {
 // ms, L2 hit rate 48% against FlashAttention-3's 89%; 8 heads 4.91, 4 heads 4.44, 2 heads 4.54, 1
 // head 4.86; FlashAttention-3 3.95). 4 is to become the default once the rule has run on a GPU.
 inline int32_t head_split_max_item_heads() {
-  const char* env = std::getenv("JFA_CUDA_BWD_HEAD_SPLIT_MAX_HEADS");
-  const int n = env != nullptr ? std::atoi(env) : 0;
+  const int n = env_int("JFA_CUDA_BWD_HEAD_SPLIT_MAX_HEADS");
   return n >= 1 && n <= 64 ? n : 0;
 }
 
@@ -57,8 +56,7 @@ inline int32_t head_splits_for(int64_t total_k, int32_t heads_kv, int32_t group,
 // where it names a divisor of the group (1: no split; to measure the rule against others); 0
 // otherwise.
 inline int32_t head_splits_asked(int32_t group) {
-  const char* env = std::getenv("JFA_CUDA_BWD_HEAD_SPLITS");
-  const int n = env != nullptr ? std::atoi(env) : 0;
+  const int n = env_int("JFA_CUDA_BWD_HEAD_SPLITS");
   return n >= 1 && n <= group && group % n == 0 ? n : 0;
 }
 

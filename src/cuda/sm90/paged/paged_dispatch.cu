@@ -7,13 +7,13 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "common/params.hpp"
 #include "common/status.hpp"
 #include "cuda/common/device_facts.hpp"
 #include "cuda/sm90/host/call_workspace.hpp"
+#include "cuda/sm90/host/env_switch.hpp"
 #include "cuda/sm90/host/head_sizes.hpp"
 #include "cuda/sm90/host/launch_error.hpp"
 #include "cuda/sm90/host/shared_memory_opt_in.hpp"
@@ -202,16 +202,15 @@ bool paged_kernels_take(const Params& p) {
   return launch_error("paged append pages check");
 }
 
-// The append: the new rows into their pages, before the decode kernel reads them.
 // JFA_CUDA_UNVERIFIED_PAGED_PDL=1: the combine after the decode kernel launched as its
 // programmatic dependent, so that its launch overlaps the decode kernel's last CTAs (built for
 // measurement beside the separate launch, not yet run on a GPU; few sequences, where the combine's
 // launch is a visible share of a step).
 [[maybe_unused]] bool dependent_combine_asked() {
-  const char* env = std::getenv("JFA_CUDA_UNVERIFIED_PAGED_PDL");
-  return env != nullptr && env[0] == '1' && env[1] == '\0';
+  return env_is("JFA_CUDA_UNVERIFIED_PAGED_PDL", "1");
 }
 
+// The append: the new rows into their pages, before the decode kernel reads them.
 [[maybe_unused]] jfa_status launch_append(const PagedArgs& a, const jfa::cuda::DeviceFacts& device,
                                           cudaStream_t stream) {
   if (a.cu_new == nullptr || a.total_new == 0 || a.batch == 0) return JFA_SUCCESS;

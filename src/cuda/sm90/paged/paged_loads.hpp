@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <string_view>
 
 #include "common/visibility.hpp"
 #include "cuda/sm90/forward/choices.hpp"
@@ -41,12 +40,6 @@ constexpr PagedLoads paged_loads_for(bool rows_asked, int32_t page_size, int64_t
       num_pages < 1 || num_pages >= INT32_MAX)
     return PagedLoads::kRowsByCpAsync;
   return PagedLoads::kPagesByTma;
-}
-
-// Whether JFA_CUDA_PAGED_LOADS's value asks for the row copies everywhere ("rows"; to measure and
-// test them where TMA would load the pages).
-constexpr bool paged_rows_named(const char* name) {
-  return name != nullptr && std::string_view(name) == "rows";
 }
 
 }  // namespace jfa::sm90

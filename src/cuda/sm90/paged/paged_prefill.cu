@@ -16,6 +16,7 @@
 #include "cuda/sm90/forward/fwd_config.cuh"
 #include "cuda/sm90/forward/fwd_launch.cuh"
 #include "cuda/sm90/forward/workspace.hpp"
+#include "cuda/sm90/host/env_switch.hpp"
 #include "cuda/sm90/host/launch_error.hpp"
 #include "cuda/sm90/paged/paged_combine.cuh"
 #include "cuda/sm90/paged/paged_head_dims.hpp"
@@ -30,27 +31,25 @@ namespace {
 using jfa::detail::fail;
 using jfa::detail::Params;
 
+// The keys of a K tile at head_dim d: 128, 64 at 256 (the packed forward's table of shapes).
+constexpr int32_t prefill_block_n(int32_t d) { return d == 256 ? 64 : 128; }
+
 template <typename T, int kD, PagedLoads kLoads, bool kKeySplits>
 using PrefillConfig =
-    FwdConfig<T, kD, 2, kD == 256 ? 64 : 128, WithPagedKV<ShippedKernel, kLoads, kKeySplits>>;
+    FwdConfig<T, kD, 2, prefill_block_n(kD), WithPagedKV<ShippedKernel, kLoads, kKeySplits>>;
 // The same at every head size.
 constexpr int kPrefillBlockM =
     PrefillConfig<__half, 128, PagedLoads::kRowsByCpAsync, false>::kBlockM;
 
-// The keys of a K tile at head_dim d (PrefillConfig's).
-constexpr int32_t prefill_block_n(int32_t d) { return d == 256 ? 64 : 128; }
-
 // JFA_CUDA_PAGED_SPLITS=0 turns the splits of the keys off (to measure them), else they are planned
 // (paged_prefill_splits.hpp).
-bool key_splits_off() {
-  const char* env = std::getenv("JFA_CUDA_PAGED_SPLITS");
-  return env != nullptr && env[0] == '0' && env[1] == '\0';
-}
+bool key_splits_off() { return env_is("JFA_CUDA_PAGED_SPLITS", "0"); }
 
-// The loads of a call over `kv` (paged_loads.hpp; JFA_CUDA_PAGED_LOADS=rows: the row copies).
+// The loads of a call over `kv` (paged_loads.hpp; JFA_CUDA_PAGED_LOADS=rows: the row copies, to
+// measure and test them where TMA would load the pages).
 PagedLoads loads_of(const Params& p, const jfa_paged_kv& kv) {
-  return paged_loads_for(paged_rows_named(std::getenv("JFA_CUDA_PAGED_LOADS")), kv.page_size,
-                         kv.num_pages, prefill_block_n(p.head_dim));
+  return paged_loads_for(env_is("JFA_CUDA_PAGED_LOADS", "rows"), kv.page_size, kv.num_pages,
+                         prefill_block_n(p.head_dim));
 }
 
 // The (q tile, query head) items of a call by its hints (a double: no overflow), and the K tiles
